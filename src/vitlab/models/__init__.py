@@ -1,0 +1,9 @@
+from .config import BiTConfig, ResNetConfig, ViTConfig, config_from_dict
+from .registry import build_model, create_model, list_models, model_config
+from .resnet import BiT
+from .vit import VisionTransformer
+
+__all__ = [
+    "BiT", "BiTConfig", "ResNetConfig", "ViTConfig", "VisionTransformer",
+    "build_model", "config_from_dict", "create_model", "list_models", "model_config",
+]

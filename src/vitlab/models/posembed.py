@@ -1,0 +1,46 @@
+"""Position-embedding resampling with the official semantics (PAPER.md §1, "Resolution change").
+
+The official `load_pretrained` resizes the grid part with `scipy.ndimage.zoom(order=1)`: bilinear interpolation
+whose corner samples stay on the corners, i.e. `F.interpolate(..., mode="bilinear", align_corners=True)`.
+Prefix (class-token) entries are kept as they are.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def resample_pos_embed(
+    posemb: torch.Tensor,
+    new_grid: tuple[int, int],
+    old_grid: tuple[int, int],
+    num_prefix_tokens: int = 1,
+) -> torch.Tensor:
+    """(1, prefix + old_h*old_w, D) -> (1, prefix + new_h*new_w, D), grid resized bilinearly, corners aligned."""
+    if tuple(new_grid) == tuple(old_grid):
+        return posemb
+    prefix, grid = posemb[:, :num_prefix_tokens], posemb[:, num_prefix_tokens:]
+    dim = grid.shape[-1]
+    if grid.shape[1] != old_grid[0] * old_grid[1]:
+        raise ValueError(f"position embedding has {grid.shape[1]} grid entries, expected {old_grid[0]}x{old_grid[1]}")
+    grid = grid.reshape(1, old_grid[0], old_grid[1], dim).permute(0, 3, 1, 2)  # (1, D, gh, gw)
+    grid = F.interpolate(grid.float(), size=tuple(new_grid), mode="bilinear", align_corners=True).to(posemb.dtype)
+    grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim)  # (1, gh*gw, D)
+    return torch.cat([prefix, grid], dim=1)
+
+
+def resample_1d(table: torch.Tensor, new_len: int) -> torch.Tensor:
+    """(1, L, C) -> (1, new_len, C) by linear interpolation with the end samples aligned."""
+    if table.shape[1] == new_len:
+        return table
+    t = table.transpose(1, 2).float()  # (1, C, L)
+    t = F.interpolate(t, size=new_len, mode="linear", align_corners=True)
+    return t.transpose(1, 2).to(table.dtype)
+
+
+def relative_position_index(num_query: int, num_key: int, query_offset: int, device: torch.device) -> torch.Tensor:
+    """Index into a (2*num_key - 1) offset table for each (query, key) pair: i - j + num_key - 1."""
+    qi = torch.arange(query_offset, query_offset + num_query, device=device)[:, None]
+    kj = torch.arange(num_key, device=device)[None, :]
+    return qi - kj + (num_key - 1)  # (Tq, T)

@@ -1,0 +1,86 @@
+"""Named variants as a small table (PAPER.md Table 1 and the official configs), decoded from names.
+
+"ViT-B/16" = size B, patch 16; any patch size decodes ("ViT-B/14"). "-gap" selects the GAP classifier without
+class token. Hybrids and BiT ResNets are listed explicitly because their names do not encode the patch size.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from torch import nn
+
+from .config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
+
+# size: (depth L, width D, mlp_dim, heads)
+VIT_SIZES: dict[str, tuple[int, int, int, int]] = {
+    "Ti": (12, 192, 768, 3),
+    "S": (12, 384, 1536, 6),
+    "B": (12, 768, 3072, 12),
+    "L": (24, 1024, 4096, 16),
+    "H": (32, 1280, 5120, 16),
+}
+
+RESNET_DEPTHS: dict[str, tuple[int, ...]] = {
+    "26": (2, 2, 2, 2),
+    "50": (3, 4, 6, 3),
+    "101": (3, 4, 23, 3),
+    "152": (3, 8, 36, 3),
+}
+
+# hybrid name: (ViT size, ResNet stages, patch size on the stem's feature map)
+HYBRIDS: dict[str, tuple[str, tuple[int, ...], int]] = {
+    "R+ViT-Ti/16": ("Ti", (), 8),  # ResNet root only (stride 4), then 8×8 patches
+    "R26+ViT-S/32": ("S", RESNET_DEPTHS["26"], 1),
+    "R26+ViT-B/32": ("B", RESNET_DEPTHS["26"], 1),
+    "R50+ViT-B/16": ("B", (3, 4, 9), 1),  # the paper's R50: stage 4 dropped, 9 units in stage 3
+    "R50+ViT-L/32": ("L", RESNET_DEPTHS["50"], 1),
+}
+
+LISTED_VITS = ["Ti/16", "S/16", "S/32", "B/8", "B/16", "B/32", "L/16", "L/32", "H/14"]
+LISTED_BITS = ["R50x1", "R50x3", "R101x1", "R101x3", "R152x2", "R152x4"]
+
+_VIT_NAME = re.compile(r"^ViT-(Ti|S|B|L|H)/(\d+)(-gap)?$")
+_BIT_NAME = re.compile(r"^BiT-R(26|50|101|152)x(\d+)$")
+
+
+def list_models() -> list[str]:
+    """Every named variant: the ViTs of PAPER.md's table, their GAP versions, the hybrids, BiT ResNets."""
+    vits = [f"ViT-{v}" for v in LISTED_VITS]
+    return vits + [f"{v}-gap" for v in vits] + list(HYBRIDS) + [f"BiT-{b}" for b in LISTED_BITS]
+
+
+def model_config(name: str, **overrides: Any) -> ModelConfig:
+    """The config for a variant name; keyword overrides replace fields (num_classes, image_size, …)."""
+    if name in HYBRIDS:
+        size, layers, patch = HYBRIDS[name]
+        cfg: ModelConfig = _vit(size, patch, name).replace(resnet=ResNetConfig(layers=layers))
+    elif m := _VIT_NAME.match(name):
+        size, patch, gap = m.groups()
+        cfg = _vit(size, int(patch), name)
+        if gap:
+            cfg = cfg.replace(classifier="gap")
+    elif m := _BIT_NAME.match(name):
+        depth, wf = m.groups()
+        cfg = BiTConfig(resnet=ResNetConfig(layers=RESNET_DEPTHS[depth], width_factor=int(wf)), name=name)
+    else:
+        raise ValueError(f"unknown model {name!r}; `vitlab models` lists the names (e.g. 'ViT-B/16')")
+    return cfg.replace(**overrides) if overrides else cfg
+
+
+def _vit(size: str, patch: int, name: str) -> ViTConfig:
+    depth, width, mlp, heads = VIT_SIZES[size]
+    return ViTConfig(patch_size=patch, width=width, depth=depth, mlp_dim=mlp, num_heads=heads, name=name)
+
+
+def build_model(config: ModelConfig) -> nn.Module:
+    from .resnet import BiT
+    from .vit import VisionTransformer
+
+    return VisionTransformer(config) if isinstance(config, ViTConfig) else BiT(config)
+
+
+def create_model(name: str, **overrides: Any) -> nn.Module:
+    """`create_model("ViT-B/16", num_classes=10, image_size=384)`: a freshly initialised model."""
+    return build_model(model_config(name, **overrides))

@@ -1,0 +1,284 @@
+"""The Vision Transformer of PAPER.md §1, from patch embedding to head, in one file.
+
+Shapes: N batch, T tokens (prefix + grid), D width, H heads, hd head dim, (gh, gw) patch grid.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ViTConfig
+from .posembed import relative_position_index, resample_1d, resample_pos_embed
+from .resnet import ResNetStem
+
+
+class PatchEmbed(nn.Module):
+    """Cut into P×P patches and project each to D: a convolution with kernel = stride = P."""
+
+    def __init__(self, patch_size: int, in_chans: int, width: int):
+        super().__init__()
+        self.proj = nn.Conv2d(in_chans, width, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        x = self.proj(x)  # (N, D, gh, gw)
+        grid = (x.shape[-2], x.shape[-1])
+        return x.flatten(2).transpose(1, 2), grid  # (N, gh*gw, D)
+
+
+class RelativeLogits(nn.Module):
+    """Paper Appendix D.4: one learned embedding per 1-D offset between query and key, used as keys of an
+    extra attention with the original queries; its logits bias the content logits before the softmax."""
+
+    def __init__(self, num_tokens: int, num_heads: int, head_dim: int):
+        super().__init__()
+        self.num_tokens = num_tokens
+        self.embed = nn.Parameter(torch.randn(num_heads, 2 * num_tokens - 1, head_dim) * 0.02)
+
+    def forward(self, q: torch.Tensor, num_keys: int, query_offset: int) -> torch.Tensor:
+        # q: (N, H, Tq, hd), already scaled by 1/sqrt(hd) -> bias (N, H, Tq, T)
+        table = self.embed
+        if num_keys != self.num_tokens:  # other input size: stretch the offset axis, ends aligned
+            h, length, hd = table.shape
+            flat = table.permute(1, 0, 2).reshape(1, length, h * hd)
+            table = resample_1d(flat, 2 * num_keys - 1).reshape(2 * num_keys - 1, h, hd).permute(1, 0, 2)
+        logits = torch.einsum("nhqd,hod->nhqo", q, table)  # (N, H, Tq, 2T-1)
+        index = relative_position_index(q.shape[2], num_keys, query_offset, q.device)  # (Tq, T)
+        return logits.gather(-1, index.expand(*logits.shape[:2], *index.shape))
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ViTConfig, num_tokens: int):
+        super().__init__()
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.qkv = nn.Linear(cfg.width, 3 * cfg.width, bias=cfg.qkv_bias)  # q, k, v stacked along out
+        self.proj = nn.Linear(cfg.width, cfg.width)
+        self.attn_dropout = cfg.attn_dropout
+        self.rel = RelativeLogits(num_tokens, cfg.num_heads, cfg.head_dim) if cfg.pos_embed == "relative" else None
+
+    def forward(
+        self, x: torch.Tensor, num_queries: int | None = None, need_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Queries are the first `num_queries` tokens (all by default); keys and values are all tokens."""
+        n, t, d = x.shape
+        qkv = self.qkv(x).reshape(n, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # each (N, H, T, hd)
+        if num_queries is not None:
+            q = q[:, :, :num_queries]
+        scale = 1.0 / math.sqrt(self.head_dim)
+        bias = self.rel(q * scale, t, 0) if self.rel is not None else None
+        dropout = self.attn_dropout if self.training else 0.0
+        weights = None
+        if need_weights:
+            logits = (q * scale) @ k.transpose(-2, -1)  # (N, H, Tq, T)
+            if bias is not None:
+                logits = logits + bias
+            weights = logits.softmax(dim=-1)
+            out = F.dropout(weights, dropout, self.training) @ v
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout)
+        out = out.transpose(1, 2).reshape(n, q.shape[2], d)  # (N, Tq, D)
+        return self.proj(out), weights
+
+
+class Mlp(nn.Module):
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.width, cfg.mlp_dim)
+        self.act = nn.GELU(approximate="tanh" if cfg.gelu == "tanh" else "none")
+        self.fc2 = nn.Linear(cfg.mlp_dim, cfg.width)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+
+class Block(nn.Module):
+    """Pre-norm encoder block: z' = MSA(LN(z)) + z ; z = MLP(LN(z')) + z'."""
+
+    def __init__(self, cfg: ViTConfig, num_tokens: int):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.width, eps=cfg.ln_eps)
+        self.attn = Attention(cfg, num_tokens)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.norm2 = nn.LayerNorm(cfg.width, eps=cfg.ln_eps)
+        self.mlp = Mlp(cfg)
+
+    def forward(
+        self, x: torch.Tensor, num_queries: int | None = None, need_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        y, weights = self.attn(self.norm1(x), num_queries, need_weights)
+        if num_queries is not None:
+            x = x[:, :num_queries]
+        x = x + self.drop(y)
+        return x + self.mlp(self.norm2(x)), weights
+
+
+class VisionTransformer(nn.Module):
+    def __init__(self, config: ViTConfig):
+        super().__init__()
+        cfg = self.config = config
+        self.stem = ResNetStem(cfg.resnet, cfg.in_chans) if cfg.resnet is not None else None
+        embed_in = self.stem.out_channels if self.stem is not None else cfg.in_chans
+        self.patch_embed = PatchEmbed(cfg.patch_size, embed_in, cfg.width)
+        gh, gw = self.native_grid = cfg.grid_size()
+        prefix = cfg.num_prefix_tokens
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.width)) if prefix else None
+        if cfg.pos_embed == "learned":
+            self.pos_embed = nn.Parameter(torch.randn(1, prefix + gh * gw, cfg.width) * 0.02)
+        elif cfg.pos_embed == "2d":  # X and Y tables of width D/2, concatenated per patch
+            self.pos_embed_x = nn.Parameter(torch.randn(1, gw, cfg.width // 2) * 0.02)
+            self.pos_embed_y = nn.Parameter(torch.randn(1, gh, cfg.width // 2) * 0.02)
+            self.pos_embed_cls = nn.Parameter(torch.randn(1, prefix, cfg.width) * 0.02) if prefix else None
+        self.pos_drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, prefix + gh * gw) for _ in range(cfg.depth))
+        self.norm = nn.LayerNorm(cfg.width, eps=cfg.ln_eps)
+        rep = cfg.representation_size
+        self.pre_logits = nn.Sequential(nn.Linear(cfg.width, rep), nn.Tanh()) if rep else None
+        self.num_features = rep or cfg.width
+        self.head = nn.Linear(self.num_features, cfg.num_classes) if cfg.num_classes else nn.Identity()
+        self._pos_cache: dict[tuple, torch.Tensor] = {}
+        init_weights(self)
+
+    # --- embedding -------------------------------------------------------------------------------------
+    def position_embedding(self, grid: tuple[int, int]) -> torch.Tensor | None:
+        """(1, T, D) for this grid; resampled copies are cached while gradients are off (inference)."""
+        cfg = self.config
+        if cfg.pos_embed in ("none", "relative"):
+            return None
+        key = None
+        if not torch.is_grad_enabled() and grid != self.native_grid:
+            params = self.parameters_of_pos()
+            # _version moves on every in-place update (optimizer step, load_state_dict), data_ptr on .to()
+            key = (grid, *((p.data_ptr(), p._version, p.dtype) for p in params))
+            if key in self._pos_cache:
+                return self._pos_cache[key]
+        if cfg.pos_embed == "learned":
+            pos = resample_pos_embed(self.pos_embed, grid, self.native_grid, cfg.num_prefix_tokens)
+        else:
+            pos = self._pos_embed_2d(grid)
+        if key is not None:
+            self._pos_cache = {key: pos}  # one size at a time: the common case is a fixed eval size
+        return pos
+
+    def parameters_of_pos(self) -> list[nn.Parameter]:
+        names = ("pos_embed", "pos_embed_x", "pos_embed_y", "pos_embed_cls")
+        return [p for p in (getattr(self, n, None) for n in names) if isinstance(p, nn.Parameter)]
+
+    def _pos_embed_2d(self, grid: tuple[int, int]) -> torch.Tensor:
+        gh, gw = grid
+        x_emb = resample_1d(self.pos_embed_x, gw)  # (1, gw, D/2)
+        y_emb = resample_1d(self.pos_embed_y, gh)  # (1, gh, D/2)
+        pos = torch.cat(
+            [x_emb[:, None, :, :].expand(1, gh, gw, -1), y_emb[:, :, None, :].expand(1, gh, gw, -1)], dim=-1
+        ).reshape(1, gh * gw, -1)  # (1, gh*gw, D): patch (r, c) gets [X_c ; Y_r]
+        if self.pos_embed_cls is not None:
+            pos = torch.cat([self.pos_embed_cls, pos], dim=1)
+        return pos
+
+    def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Pixels -> z0 = [x_class; patches·E] + E_pos, with dropout. (N, C, H, W) -> (N, T, D)."""
+        s = self.config.total_stride
+        if x.shape[-2] % s or x.shape[-1] % s:
+            raise ValueError(
+                f"input size {tuple(x.shape[-2:])} is not divisible by the effective patch size {s}; "
+                f"resize or crop to a multiple of {s}"
+            )
+        if self.stem is not None:
+            x = self.stem(x)
+        tokens, grid = self.patch_embed(x)  # (N, gh*gw, D)
+        if self.cls_token is not None:
+            tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)
+        pos = self.position_embedding(grid)
+        if pos is not None:
+            tokens = tokens + pos
+        return self.pos_drop(tokens), grid
+
+    # --- public forward API (DESIGN.md) ------------------------------------------------------------------
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Tokens after the final LayerNorm: (N, T, D)."""
+        z, _ = self.embed(x)
+        for block in self.blocks:
+            z, _ = block(z)
+        return self.norm(z)
+
+    def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Pool (class token or mean), then the representation layer; the classifier unless pre_logits."""
+        pooled = tokens[:, 0] if self.config.classifier == "token" else tokens.mean(dim=1)
+        if self.pre_logits is not None:
+            pooled = self.pre_logits(pooled)
+        return pooled if pre_logits else self.head(pooled)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z, _ = self.embed(x)
+        last = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            # The token classifier reads only token 0, and after the last attention no token mixes with
+            # another: the last block computes queries, residual and MLP for the class token alone.
+            only_cls = i == last and self.config.classifier == "token"
+            z, _ = block(z, num_queries=1 if only_cls else None)
+        return self.forward_head(self.norm(z))
+
+    def forward_intermediates(self, x: torch.Tensor, attention: bool = True) -> dict[str, object]:
+        """Per-layer outputs as a dict: "tokens" (L × (N, T, D), each block's output), "attention"
+        (L × (N, H, T, T), softmax weights; explicit path), "embeddings" (z0), "features" (after the final
+        norm), "grid" (gh, gw). With attention=False the fused attention kernel is used."""
+        z, grid = self.embed(x)
+        embeddings = z
+        tokens, weights = [], []
+        for block in self.blocks:
+            z, w = block(z, need_weights=attention)
+            tokens.append(z)
+            if attention:
+                weights.append(w)
+        out: dict[str, object] = {"embeddings": embeddings, "tokens": tokens, "grid": grid}
+        out["features"] = self.norm(z)
+        if attention:
+            out["attention"] = weights
+        return out
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """Fine-tuning rule (PAPER.md §1): drop the representation layer, attach a zero-initialised head."""
+        self.pre_logits = None
+        self.num_features = self.config.width
+        self.head = nn.Linear(self.num_features, num_classes) if num_classes else nn.Identity()
+        if num_classes:
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+        self.config = self.config.replace(num_classes=num_classes, representation_size=None)
+
+
+def _xavier_per_projection(weight: torch.Tensor, parts: int) -> None:
+    """Xavier-uniform as if q, k and v were separate D×D kernels, as in the official attention."""
+    for chunk in weight.data.chunk(parts, dim=0):
+        nn.init.xavier_uniform_(chunk)
+
+
+@torch.no_grad()
+def init_weights(model: VisionTransformer) -> None:
+    """Official initialisers (PAPER.md §1): xavier-uniform kernels with normal(1e-6) biases, LeCun-normal patch
+    embedding, zero class token, zero head."""
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Linear):
+            if name.endswith("attn.qkv"):
+                _xavier_per_projection(m.weight, 3)
+            else:
+                nn.init.xavier_uniform_(m.weight)
+            if m.bias is not None:
+                if name.endswith("attn.qkv") or name.endswith("attn.proj"):
+                    nn.init.zeros_(m.bias)
+                else:
+                    nn.init.normal_(m.bias, std=1e-6)
+    fan_in = model.patch_embed.proj.weight[0].numel()
+    nn.init.trunc_normal_(model.patch_embed.proj.weight, std=math.sqrt(1.0 / fan_in) / 0.87962566103423978)
+    nn.init.zeros_(model.patch_embed.proj.bias)
+    if model.pre_logits is not None:
+        fc = model.pre_logits[0]
+        nn.init.trunc_normal_(fc.weight, std=math.sqrt(1.0 / fc.in_features) / 0.87962566103423978)
+        nn.init.zeros_(fc.bias)
+    if isinstance(model.head, nn.Linear):
+        nn.init.zeros_(model.head.weight)
+        nn.init.zeros_(model.head.bias)
