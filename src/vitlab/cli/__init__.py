@@ -1,0 +1,43 @@
+"""`vitlab <verb>`: argparse sub-commands only; each verb module registers its parser and calls a library
+function. Errors the user can fix become one line on stderr and exit code 2, never a stack trace."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Each module defines `register(subparsers)`; its parsers set `func` to a callable taking the parsed args.
+VERB_MODULES = ["models", "weights"]
+
+
+class UserError(Exception):
+    """A problem with the user's input: printed as one line."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vitlab", description="Vision Transformers exact to the paper.")
+    sub = parser.add_subparsers(dest="verb", metavar="<verb>")
+    sub.required = True
+    for name in VERB_MODULES:
+        importlib.import_module(f"vitlab.cli.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from ..weights.errors import WeightsError
+
+    try:
+        result = args.func(args)
+    except (UserError, WeightsError, ValueError, FileNotFoundError) as err:
+        print(f"vitlab {args.verb}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"vitlab {args.verb}: interrupted", file=sys.stderr)
+        return 130
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
