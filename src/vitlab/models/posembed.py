@@ -39,6 +39,17 @@ def resample_1d(table: torch.Tensor, new_len: int) -> torch.Tensor:
     return t.transpose(1, 2).to(table.dtype)
 
 
+def resample_relative_table(table: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """(H, 2T0-1, hd) offset table -> (H, 2T-1, hd) for T tokens, the offset axis stretched with ends aligned.
+    1-D offsets in raster order have no exact meaning at another grid width; stretching keeps the learned
+    profile from the nearest to the farthest offset, the same choice as for 1-D tables elsewhere."""
+    h, length, hd = table.shape
+    if length == 2 * num_tokens - 1:
+        return table
+    flat = table.permute(1, 0, 2).reshape(1, length, h * hd)  # (1, 2T0-1, H*hd)
+    return resample_1d(flat, 2 * num_tokens - 1).reshape(2 * num_tokens - 1, h, hd).permute(1, 0, 2)
+
+
 def relative_position_index(num_query: int, num_key: int, query_offset: int, device: torch.device) -> torch.Tensor:
     """Index into a (2*num_key - 1) offset table for each (query, key) pair: i - j + num_key - 1."""
     qi = torch.arange(query_offset, query_offset + num_query, device=device)[:, None]

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ViTConfig
-from .posembed import relative_position_index, resample_1d, resample_pos_embed
+from .posembed import relative_position_index, resample_1d, resample_pos_embed, resample_relative_table
 from .resnet import ResNetStem
 
 
@@ -40,11 +40,7 @@ class RelativeLogits(nn.Module):
 
     def forward(self, q: torch.Tensor, num_keys: int, query_offset: int) -> torch.Tensor:
         # q: (N, H, Tq, hd), already scaled by 1/sqrt(hd) -> bias (N, H, Tq, T)
-        table = self.embed
-        if num_keys != self.num_tokens:  # other input size: stretch the offset axis, ends aligned
-            h, length, hd = table.shape
-            flat = table.permute(1, 0, 2).reshape(1, length, h * hd)
-            table = resample_1d(flat, 2 * num_keys - 1).reshape(2 * num_keys - 1, h, hd).permute(1, 0, 2)
+        table = resample_relative_table(self.embed, num_keys)  # other input sizes: offsets stretched
         logits = torch.einsum("nhqd,hod->nhqo", q, table)  # (N, H, Tq, 2T-1)
         index = relative_position_index(q.shape[2], num_keys, query_offset, q.device)  # (Tq, T)
         return logits.gather(-1, index.expand(*logits.shape[:2], *index.shape))

@@ -1,0 +1,33 @@
+# Two commands do all the set-up on a fresh machine: `make demo` (train + evaluate on embedded data) and
+# `make test`. Both create .venv first if it is missing.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test test-slow lint bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+demo: setup
+	$(BIN)/vitlab train --out runs/demo
+
+test: setup
+	$(BIN)/python -m pytest
+
+test-slow: setup
+	$(BIN)/python -m pytest -m slow
+
+lint: setup
+	$(BIN)/ruff check .
+
+bench: setup
+	$(BIN)/vitlab bench --model ViT-S/16 --batch-size 32 --compare timm
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info

@@ -1,0 +1,98 @@
+"""vitlab's own format: safetensors with the model config (and optional class names) in the metadata.
+
+Also the safetensors header reader the other readers share: it checks the file against its own header so that a
+truncated or corrupt file is reported as such instead of failing deep inside a reader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..models.config import config_from_dict
+from .checkpoint import Checkpoint
+from .errors import WeightsError
+
+FORMAT_TAG = "vitlab"
+_MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit; a larger length means garbage, not a header
+
+
+def safetensors_header(path: str | Path) -> dict[str, Any]:
+    """The parsed JSON header; WeightsError if the file is not safetensors or is shorter than its header says."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise WeightsError(path, "file is too short to be safetensors", "re-download or re-export it")
+        (n,) = struct.unpack("<Q", head)
+        if n <= 0 or n > _MAX_HEADER or 8 + n > size:
+            raise WeightsError(path, "not a safetensors file or truncated header", "re-download or re-export it")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise WeightsError(path, "corrupt safetensors header", "re-download or re-export it") from None
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    if 8 + n + max(ends, default=0) > size:
+        raise WeightsError(
+            path, f"truncated: {size} bytes, header needs {8 + n + max(ends)}", "re-download or re-export the file"
+        )
+    return header
+
+
+def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+    safetensors_header(path)  # precise errors first
+    try:
+        return load_file(str(path), device="cpu")
+    except Exception as err:  # the library's own errors are not one-liners
+        raise WeightsError(path, f"cannot read safetensors ({type(err).__name__})", "re-export the file") from None
+
+
+def is_vitlab_file(path: str | Path) -> bool:
+    meta = safetensors_header(path).get("__metadata__") or {}
+    return meta.get("format") == FORMAT_TAG
+
+
+def atomic_write(path: str | Path, write: Any) -> None:
+    """Call write(tmp_path) for a temp file beside `path`, then rename: readers never see a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save(model: torch.nn.Module, path: str | Path, meta: dict[str, Any] | None = None) -> None:
+    """Weights + config (+ meta such as class names) in one safetensors file, written atomically."""
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    metadata = {"format": FORMAT_TAG, "config": model.config.to_json()}
+    class_names = (meta or {}).get("class_names", getattr(model, "class_names", None))
+    extra = {**(meta or {}), **({"class_names": list(class_names)} if class_names else {})}
+    if extra:
+        metadata["meta"] = json.dumps(extra)
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+
+
+def read_vitlab(path: str | Path) -> Checkpoint:
+    header = safetensors_header(path)
+    metadata = header.get("__metadata__") or {}
+    if metadata.get("format") != FORMAT_TAG or "config" not in metadata:
+        raise WeightsError(path, "safetensors file has no vitlab config", "load it as timm weights with arch=NAME")
+    try:
+        config = config_from_dict(json.loads(metadata["config"]))
+    except (ValueError, TypeError) as err:
+        raise WeightsError(path, f"invalid vitlab config in metadata: {err}", "re-save the model") from None
+    meta = json.loads(metadata["meta"]) if "meta" in metadata else {}
+    return Checkpoint(config, read_safetensors(path), source="vitlab", meta=meta)

@@ -1,0 +1,150 @@
+"""`vitlab.load`: any supported file or folder -> a ready model, the architecture read from the file.
+
+Format detection is one decision on what the path is (folder with config.json, zip of .npy arrays, safetensors,
+torch pickle), not a chain of sniffers. Resolution change and head replacement follow the official fine-tuning
+rules (PAPER.md §1): the position embedding is resized bilinearly with corners aligned, class token kept; a
+different class count drops `pre_logits` and attaches a zero-initialised head.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+from torch import nn
+
+from ..models.config import BiTConfig, ModelConfig, ViTConfig
+from ..models.posembed import resample_1d, resample_pos_embed, resample_relative_table
+from ..models.registry import build_model
+from .checkpoint import Checkpoint
+from .errors import WeightsError
+
+FORMATS = ("vitlab", "jax-npz", "timm", "hf")
+
+
+def detect_format(path: str | Path) -> str:
+    """One of FORMATS, from what the path is; WeightsError naming the fix otherwise."""
+    path = Path(path)
+    if not path.exists():
+        raise WeightsError(path, "no such file or folder", "check the path")
+    if path.is_dir():
+        return _folder_format(path)
+    with open(path, "rb") as f:
+        magic = f.read(8)
+    if magic[:2] == b"PK":
+        return _zip_format(path)
+    if path.suffix in (".pth", ".pt", ".bin", ".ckpt"):
+        return "timm"
+    from .io import is_vitlab_file
+
+    return "vitlab" if is_vitlab_file(path) else "timm"  # a bare safetensors state dict
+
+
+def _folder_format(path: Path) -> str:
+    cfg_path = path / "config.json"
+    if not cfg_path.exists():
+        raise WeightsError(path, "folder has no config.json", "pass a timm hub folder, an HF folder or a file")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError:
+        raise WeightsError(cfg_path, "config.json is not valid JSON", "re-export the folder") from None
+    if cfg.get("model_type") == "vit":
+        return "hf"
+    if "architecture" in cfg:
+        return "timm"
+    kind = cfg.get("model_type") or "unknown"
+    raise WeightsError(cfg_path, f"unsupported model_type {kind!r}", "vitlab reads timm ViT and HF 'vit' folders")
+
+
+def _zip_format(path: Path) -> str:
+    try:
+        names = zipfile.ZipFile(path).namelist()
+    except (zipfile.BadZipFile, OSError):
+        raise WeightsError(path, "corrupt or truncated zip archive", "re-download or re-export the file") from None
+    if any(n.endswith(".npy") for n in names):
+        return "jax-npz"
+    if any(n.endswith("data.pkl") for n in names):
+        return "timm"  # torch.save's zip format: a state dict, read with weights_only=True
+    raise WeightsError(path, "zip archive holds neither .npy arrays nor a torch state dict", "pass an official .npz")
+
+
+def read_checkpoint(path: str | Path, arch: str | None = None) -> Checkpoint:
+    fmt = detect_format(path)
+    if fmt == "vitlab":
+        from .io import read_vitlab
+
+        return read_vitlab(path)
+    if fmt == "jax-npz":
+        from .jax_npz import read_jax_npz
+
+        return read_jax_npz(path)
+    if fmt == "hf":
+        from .hf import read_hf
+
+        return read_hf(path)
+    from .timm import read_timm
+
+    return read_timm(path, arch=arch)
+
+
+def load(
+    path: str | Path,
+    image_size: int | tuple[int, int] | None = None,
+    num_classes: int | None = None,
+    arch: str | None = None,
+) -> nn.Module:
+    """A model in eval mode with the file's weights. `image_size` resamples the position embedding,
+    `num_classes` (if different from the file's) attaches a new zero-initialised head. `arch` names the
+    architecture of a bare timm state dict when its shapes alone do not determine it."""
+    ck = read_checkpoint(path, arch)
+    config, state = ck.config, dict(ck.state_dict)
+    if image_size is not None:
+        config, state = change_image_size(config, state, image_size, path)
+    if num_classes is not None and num_classes != config.num_classes:
+        config, state = drop_head(config, state, num_classes)
+        ck.meta.pop("class_names", None)
+    model = build_model(config)
+    from .validate import check_state_dict
+
+    expected = model.state_dict()
+    fresh = {k for k in expected if k.startswith("head.") and k not in state}  # the new zero-init head
+    check_state_dict(path, {k: v.shape for k, v in expected.items() if k not in fresh}, state)
+    model.load_state_dict(state, strict=not fresh)
+    if ck.meta.get("class_names"):
+        model.class_names = list(ck.meta["class_names"])
+    return model.eval()
+
+
+def drop_head(config: ModelConfig, state: dict, num_classes: int) -> tuple[ModelConfig, dict]:
+    """Fine-tuning rule: remove the whole head (representation layer too), the new one starts at zero."""
+    state = {k: v for k, v in state.items() if not k.startswith(("head.", "pre_logits."))}
+    if isinstance(config, ViTConfig):
+        return config.replace(num_classes=num_classes, representation_size=None), state
+    return config.replace(num_classes=num_classes), state
+
+
+def change_image_size(
+    config: ModelConfig, state: dict, image_size: int | tuple[int, int], path: str | Path
+) -> tuple[ModelConfig, dict]:
+    """Config and state dict for another native input size; the position embeddings are resampled."""
+    try:
+        new = config.replace(image_size=image_size)
+    except ValueError as err:
+        raise WeightsError(path, str(err), "choose an image size divisible by the effective patch size") from None
+    if isinstance(config, BiTConfig):
+        return new, state
+    old_grid, new_grid = config.grid_size(), new.grid_size()
+    state = dict(state)
+    prefix = config.num_prefix_tokens
+    if config.pos_embed == "learned" and "pos_embed" in state:
+        state["pos_embed"] = resample_pos_embed(state["pos_embed"], new_grid, old_grid, prefix)
+    elif config.pos_embed == "2d":
+        state["pos_embed_x"] = resample_1d(state["pos_embed_x"], new_grid[1])
+        state["pos_embed_y"] = resample_1d(state["pos_embed_y"], new_grid[0])
+    elif config.pos_embed == "relative":
+        n_tokens = prefix + new_grid[0] * new_grid[1]
+        for key in [k for k in state if k.endswith("attn.rel.embed")]:
+            state[key] = resample_relative_table(state[key], n_tokens).contiguous()
+    return new, state
+
