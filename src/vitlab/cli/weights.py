@@ -1,0 +1,55 @@
+"""`vitlab info` and `vitlab convert`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("info", help="show the format and architecture of a weights file or folder",
+                       description="Show what a weights file holds: format, inferred architecture, sizes.")
+    p.add_argument("path", help="official .npz, timm folder/state dict, HF folder or vitlab .safetensors")
+    p.add_argument("--arch", help="architecture name for a bare timm state dict (e.g. vit_small_patch16_224)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=run_info)
+
+    p = sub.add_parser("convert", help="convert weights between formats",
+                       description="Convert weights: official .npz, timm, HF and vitlab in any direction.")
+    p.add_argument("src", help="weights to read (any format vitlab.load accepts)")
+    p.add_argument("dst", help="output path: .safetensors (vitlab), .npz (official JAX) or a folder (--to)")
+    p.add_argument("--to", choices=["vitlab", "jax-npz", "timm", "hf"], help="output format (default: by suffix)")
+    p.add_argument("--image-size", type=int, help="resample the position embedding to this input size")
+    p.add_argument("--num-classes", type=int, help="replace the head (zero-initialised) with this many classes")
+    p.add_argument("--arch", help="architecture name for a bare timm state dict")
+    p.add_argument("--numbering", choices=["pre-linen", "linen"], default="pre-linen",
+                   help="module numbering of a written .npz (2020 releases: pre-linen)")
+    p.set_defaults(func=run_convert)
+
+
+def run_info(args: argparse.Namespace) -> int:
+    from ..weights.convert import describe
+
+    info = describe(args.path, arch=args.arch)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    cfg = info.pop("config")
+    for key, value in info.items():
+        print(f"{key:>20}: {value}")
+    fields = ["image_size", "patch_size", "width", "depth", "num_heads", "mlp_dim", "num_classes", "classifier",
+              "representation_size", "pos_embed", "gelu", "ln_eps", "resnet"]
+    for key in fields:
+        if key in cfg:
+            print(f"{key:>20}: {cfg[key]}")
+    return 0
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    from ..weights.convert import convert
+
+    options = {"numbering": args.numbering} if (args.to == "jax-npz" or str(args.dst).endswith(".npz")) else {}
+    fmt = convert(args.src, args.dst, to=args.to, image_size=args.image_size, num_classes=args.num_classes,
+                  arch=args.arch, **options)
+    print(f"wrote {args.dst} ({fmt})")
+    return 0
