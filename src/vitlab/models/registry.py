@@ -51,7 +51,7 @@ def list_models() -> list[str]:
     return vits + [f"{v}-gap" for v in vits] + list(HYBRIDS) + [f"BiT-{b}" for b in LISTED_BITS]
 
 
-def model_config(name: str, **overrides: Any) -> ModelConfig:
+def model_config(name: str, /, **overrides: Any) -> ModelConfig:
     """The config for a variant name; keyword overrides replace fields (num_classes, image_size, …)."""
     if name in HYBRIDS:
         size, layers, patch = HYBRIDS[name]
@@ -81,6 +81,6 @@ def build_model(config: ModelConfig) -> nn.Module:
     return VisionTransformer(config) if isinstance(config, ViTConfig) else BiT(config)
 
 
-def create_model(name: str, **overrides: Any) -> nn.Module:
+def create_model(name: str, /, **overrides: Any) -> nn.Module:
     """`create_model("ViT-B/16", num_classes=10, image_size=384)`: a freshly initialised model."""
     return build_model(model_config(name, **overrides))

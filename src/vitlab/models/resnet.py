@@ -129,8 +129,7 @@ class BiT(nn.Module):
         return self.forward_head(self.forward_features(x))
 
     def reset_classifier(self, num_classes: int) -> None:
-        self.head = nn.Linear(self.num_features, num_classes) if num_classes else nn.Identity()
-        if num_classes:
-            nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
+        from .vit import zero_head
+
+        self.head = zero_head(self.num_features, num_classes, self.stem.norm.weight)
         self.config = self.config.replace(num_classes=num_classes)

@@ -240,11 +240,18 @@ class VisionTransformer(nn.Module):
         """Fine-tuning rule (PAPER.md §1): drop the representation layer, attach a zero-initialised head."""
         self.pre_logits = None
         self.num_features = self.config.width
-        self.head = nn.Linear(self.num_features, num_classes) if num_classes else nn.Identity()
-        if num_classes:
-            nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
+        self.head = zero_head(self.num_features, num_classes, self.norm.weight)
         self.config = self.config.replace(num_classes=num_classes, representation_size=None)
+
+
+def zero_head(in_features: int, num_classes: int, like: torch.Tensor) -> nn.Module:
+    """A zero-initialised classifier on the device and dtype of `like` (the paper's fine-tuning head)."""
+    if not num_classes:
+        return nn.Identity()
+    head = nn.Linear(in_features, num_classes, device=like.device, dtype=like.dtype)
+    nn.init.zeros_(head.weight)
+    nn.init.zeros_(head.bias)
+    return head
 
 
 def _xavier_per_projection(weight: torch.Tensor, parts: int) -> None:
