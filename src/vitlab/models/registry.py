@@ -41,6 +41,9 @@ HYBRIDS: dict[str, tuple[str, tuple[int, ...], int]] = {
 LISTED_VITS = ["Ti/16", "S/16", "S/32", "B/8", "B/16", "B/32", "L/16", "L/32", "H/14"]
 LISTED_BITS = ["R50x1", "R50x3", "R101x1", "R101x3", "R152x2", "R152x4"]
 
+# Overrides that leave the architecture the named one (head size, input size, regularisation, normalisation).
+_NAME_KEEPING = {"num_classes", "image_size", "dropout", "attn_dropout", "mean", "std", "name"}
+
 _VIT_NAME = re.compile(r"^ViT-(Ti|S|B|L|H)/(\d+)(-gap)?$")
 _BIT_NAME = re.compile(r"^BiT-R(26|50|101|152)x(\d+)$")
 
@@ -66,7 +69,11 @@ def model_config(name: str, /, **overrides: Any) -> ModelConfig:
         cfg = BiTConfig(resnet=ResNetConfig(layers=RESNET_DEPTHS[depth], width_factor=int(wf)), name=name)
     else:
         raise ValueError(f"unknown model {name!r}; `vitlab models` lists the names (e.g. 'ViT-B/16')")
-    return cfg.replace(**overrides) if overrides else cfg
+    if not overrides:
+        return cfg
+    if set(overrides) - _NAME_KEEPING:  # e.g. depth=2: no longer the named variant
+        overrides = {"name": "", **overrides}
+    return cfg.replace(**overrides)
 
 
 def _vit(size: str, patch: int, name: str) -> ViTConfig:

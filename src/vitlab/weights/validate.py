@@ -22,12 +22,12 @@ def check_state_dict(
     missing = [k for k in expected if k not in got]
     if missing:
         raise WeightsError(path, f"missing tensors {_names(missing)}",
-                           "the file does not match its architecture; re-export it or pass the right arch")
+                           "the file does not match the architecture it declares; re-export it")
     extra = [k for k in got if k not in expected]
     if extra:
         raise WeightsError(path, f"unexpected tensors {_names(extra)}",
-                           "the file holds parts this architecture lacks; check the model name / arch")
+                           "the file holds parts this architecture lacks; re-export it or name the right arch")
     for key, shape in expected.items():
         if tuple(got[key].shape) != tuple(shape):
             raise WeightsError(path, f"tensor {key} has shape {tuple(got[key].shape)}, expected {tuple(shape)}",
-                               "the file does not match its architecture; re-export it or pass the right arch")
+                               "the file does not match the architecture it declares; re-export it")

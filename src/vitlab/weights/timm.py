@@ -1,0 +1,293 @@
+"""timm's VisionTransformer weights, both ways: hub folders, bare state dicts, timm model names.
+
+Plain ViTs already use timm's key names; only the hybrid ResNet stem and old `pre_logits.fc` files need a key map.
+timm builds ViTs with exact GELU and LayerNorm eps 1e-6. Its hybrid stem uses GroupNorm eps 1e-5 and weight
+standardisation (w - mean) / sqrt(var + 1e-8) where the official code (and vitlab) uses 1e-6 and
+(w - mean) / (std + 1e-5): same weights, slightly different outputs. timm's hybrid weights were converted from the
+official ones, so vitlab's numerics are the ones they were trained with.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from ..models.config import ModelConfig, ViTConfig
+from ..models.registry import HYBRIDS, VIT_SIZES
+from .checkpoint import Checkpoint
+from .errors import WeightsError
+from .files import (
+    PICKLE_SUFFIXES,
+    check_against,
+    expected_shapes,
+    read_json,
+    read_tensor_file,
+    read_weights_folder,
+    write_folder_atomically,
+)
+from .io import atomic_write
+from .timm_arch import (
+    GAP_NAMES,
+    HYBRID_NAMES,
+    PLAIN_RESOLUTIONS,
+    TIMM_SIZES,
+    USE_TIMM,
+    complete_from_tensors,
+    config_from_timm_options,
+    infer_timm_options,
+    timm_config,
+    timm_name_options,
+)
+
+__all__ = ["read_timm", "timm_config", "timm_model_args", "timm_model_name", "to_timm_state_dict", "write_timm"]
+
+HUB_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
+HYBRID_NOTE = (
+    "timm's hybrid stem uses GroupNorm eps 1e-5 and weight-standardisation eps 1e-8 on the variance; vitlab uses "
+    "the official 1e-6 and 1e-5 on the std, so outputs differ slightly from timm's (the weights are the same)"
+)
+
+# Tensors of timm features vitlab cannot represent: key pattern -> what it is.
+_UNSUPPORTED_TENSORS = [
+    (r"^reg_token$", "register tokens (reg_tokens)"), (r"\.ls[12]\.gamma$", "layer scale (init_values)"),
+    (r"\.attn\.[qk]_norm\.", "qk_norm"), (r"^fc_norm\.", "fc_norm (LayerNorm after pooling)"),
+    (r"^norm_pre\.", "pre_norm (LayerNorm before the blocks)"), (r"^attn_pool\.", "attention pooling ('map')"),
+    (r"^(dist_token|head_dist\.)", "a distillation token (DeiT)"), (r"^patch_embed\.norm\.", "embed_norm_layer"),
+    (r"\.(attn|mlp)\.norm\.", "scale_attn_norm / scale_mlp_norm"), (r"\.mlp\.(fc1_[gx]|w12)\.", "a gated MLP"),
+    (r"^patch_embed\.backbone\.(conv1|layer\d|stem\.conv1|\d)", "a backbone other than BiT's ResNet"),
+]  # fmt: skip
+# timm -> vitlab key renames, first match wins; keys matching none are the same in both.
+_TO_VITLAB = [
+    (r"^patch_embed\.backbone\.(?:stem\.)?(conv|norm)\.", r"stem.\1."),  # root-only stems lack "stem."
+    (r"^patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.downsample\.conv\.", r"stem.stages.\1.\2.downsample.0."),
+    (r"^patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.downsample\.norm\.", r"stem.stages.\1.\2.downsample.1."),
+    (r"^patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.", r"stem.stages.\1.\2."),
+    (r"^pre_logits\.fc\.", "pre_logits.0."),  # timm < 0.6 kept the in21k representation layer
+]
+_TO_TIMM = [
+    (r"^stem\.stages\.(\d+)\.(\d+)\.downsample\.0\.", r"patch_embed.backbone.stages.\1.blocks.\2.downsample.conv."),
+    (r"^stem\.stages\.(\d+)\.(\d+)\.downsample\.1\.", r"patch_embed.backbone.stages.\1.blocks.\2.downsample.norm."),
+    (r"^stem\.stages\.(\d+)\.(\d+)\.", r"patch_embed.backbone.stages.\1.blocks.\2."),
+    (r"^pre_logits\.0\.", "pre_logits.fc."),
+]
+
+
+def vitlab_key(key: str) -> str:
+    """timm's name for a tensor -> vitlab's."""
+    for pattern, repl in _TO_VITLAB:
+        new, n = re.subn(pattern, repl, key)
+        if n:
+            return new
+    return key
+
+
+def timm_key(key: str, config: ViTConfig) -> str:
+    """vitlab's name for a tensor -> timm's. timm's root-only stem (layers=()) is the stem Sequential itself."""
+    if key.startswith(("stem.conv.", "stem.norm.")):
+        root = "patch_embed.backbone." if config.resnet and not config.resnet.layers else "patch_embed.backbone.stem."
+        return root + key[len("stem.") :]
+    for pattern, repl in _TO_TIMM:
+        new, n = re.subn(pattern, repl, key)
+        if n:
+            return new
+    return key
+
+
+def reject_unsupported_tensors(tensors: dict[str, torch.Tensor], path: str | Path) -> None:
+    for key in tensors:
+        for pattern, what in _UNSUPPORTED_TENSORS:
+            if re.search(pattern, key):
+                raise WeightsError(path, f"timm feature {what} has no vitlab equivalent (tensor {key!r})", USE_TIMM)
+
+
+# --- reading -------------------------------------------------------------------------------------------------
+def read_timm(path: str | Path, arch: str | None = None) -> Checkpoint:
+    """A timm hub folder (config.json + model.safetensors or pytorch_model.bin) or a bare state dict
+    (.safetensors/.pth/.bin). `arch` (a timm model name) overrides the folder's architecture; without either
+    the architecture is inferred from the tensor shapes."""
+    path = Path(path)
+    hub: dict[str, Any] = {}
+    if path.is_dir():
+        hub = _hub_config(path / "config.json")
+        file, tensors = read_weights_folder(path, ("model.safetensors", "pytorch_model.bin"))
+    else:
+        file, tensors = path, read_tensor_file(path)
+    reject_unsupported_tensors(tensors, file)
+    name = arch or hub.get("architecture")
+    named_by = file if arch or not hub else path / "config.json"
+    opts = timm_name_options(name, named_by) if name else infer_timm_options(tensors, file)
+    args = hub.get("model_args") or {}
+    if not isinstance(args, dict):
+        raise WeightsError(path / "config.json", "'model_args' is not an object", "the config is corrupt")
+    opts.update(args)
+    if isinstance(hub.get("num_classes"), int):
+        opts["num_classes"] = hub["num_classes"]
+    opts = complete_from_tensors(opts, tensors, file)
+    pcfg = hub.get("pretrained_cfg") or {}
+    config = config_from_timm_options(opts, path / "config.json" if hub else file, pcfg.get("mean"), pcfg.get("std"))
+    expected = {timm_key(k, config): shape for k, shape in expected_shapes(config).items()}
+    arch_text = f"{name or 'the inferred ' + (config.name or 'ViT')} at {config.image_size[0]}x{config.image_size[1]}"
+    check_against(file, expected, tensors, arch_text)
+    state = {vitlab_key(k): v for k, v in tensors.items()}
+    return Checkpoint(config, state, source="timm", meta=_meta(name, hub, config))
+
+
+def _hub_config(path: Path) -> dict[str, Any]:
+    """timm's config.json; the legacy single-dict layout (no "pretrained_cfg") is split as timm does."""
+    cfg = read_json(path)
+    if "pretrained_cfg" not in cfg:
+        cfg = {"architecture": cfg.get("architecture"), "num_classes": cfg.get("num_classes"),
+               "label_names": cfg.get("label_names", cfg.get("labels")), "pretrained_cfg": cfg}  # fmt: skip
+    if not isinstance(cfg.get("architecture"), str):
+        raise WeightsError(path, "no 'architecture' (not a timm config.json)", "pass the folder save_for_hf wrote")
+    return cfg
+
+
+def _meta(name: str | None, hub: dict[str, Any], config: ViTConfig) -> dict[str, Any]:
+    meta: dict[str, Any] = {"timm_name": name} if name else {}
+    pcfg = hub.get("pretrained_cfg") or {}
+    labels = hub.get("label_names") or pcfg.get("label_names")
+    if isinstance(labels, dict):  # {index: name} when the indices have gaps
+        labels = [labels.get(str(i), labels.get(i)) for i in range(config.num_classes)]
+    if isinstance(labels, list) and len(labels) == config.num_classes and all(isinstance(x, str) for x in labels):
+        meta["class_names"] = labels
+    notes = [] if "mean" in pcfg else ["input normalisation not in the file: assumed mean = std = 0.5"]
+    if config.resnet is not None:
+        notes.append(HYBRID_NOTE)
+    return {**meta, "notes": notes} if notes else meta
+
+
+# --- writing -------------------------------------------------------------------------------------------------
+def check_timm_representable(config: ModelConfig, where: str | Path = "model") -> None:
+    """WeightsError for vitlab architectures timm's VisionTransformer cannot build."""
+    if not isinstance(config, ViTConfig):
+        raise WeightsError(where, "a BiT ResNet classifier has no timm ViT equivalent", "save it in vitlab's format")
+    problem = ""
+    if config.pos_embed in ("2d", "relative"):
+        problem = f"pos_embed={config.pos_embed!r}"
+    elif config.ln_eps != 1e-6:
+        problem = f"ln_eps={config.ln_eps} (timm's ViTs use 1e-6)"
+    elif config.representation_size:
+        problem = f"a representation layer (pre_logits, {config.representation_size} wide)"
+    elif config.resnet is not None and _hybrid_stem(config) is None:
+        problem = f"a ResNet stem with layers={config.resnet.layers}, width_factor={config.resnet.width_factor}"
+    if problem:
+        raise WeightsError(where, f"timm's VisionTransformer has no equivalent of {problem}",
+                           "export to vitlab's own format (or HF/npz where they fit) instead")  # fmt: skip
+
+
+def _timm_size(config: ViTConfig) -> str | None:
+    """timm's size word by width, as timm itself names a model whose depth or heads were overridden."""
+    return next((t for t, s in TIMM_SIZES.items() if VIT_SIZES[s][1] == config.width), None)
+
+
+def _hybrid_stem(config: ViTConfig) -> str | None:
+    """timm's hybrid name stem for a vitlab hybrid: ResNet, patch size and width must match (depth and heads
+    may differ, the model options carry them)."""
+    if config.resnet is None or config.resnet.width_factor != 1:
+        return None  # timm's hybrids all use width factor 1
+    for stem, (hybrid, _) in HYBRID_NAMES.items():
+        size, layers, patch = HYBRIDS[hybrid]
+        if (config.resnet.layers, config.patch_size, config.width) == (layers, patch, VIT_SIZES[size][1]):
+            return stem
+    return None
+
+
+def timm_model_name(config: ViTConfig) -> str:
+    """A registered timm name for the architecture; `timm_model_args` gives the arguments that make it exact
+    (image size, classes, depth, heads, pooling), as timm's own save_for_hf records them."""
+    check_timm_representable(config)
+    h, w = config.image_size
+    if config.resnet is not None:
+        stem = _hybrid_stem(config)
+        sizes = HYBRID_NAMES[stem][1]
+        return f"{stem}_{h if h == w and h in sizes else sizes[0]}"
+    size = _timm_size(config)
+    key = (TIMM_SIZES.get(size or "", ""), config.patch_size)
+    if key not in PLAIN_RESOLUTIONS:
+        raise WeightsError(
+            "model", f"timm has no name for width {config.width} with patch {config.patch_size}",
+            "build timm.models.VisionTransformer(**timm_model_args(config)) directly",
+        )  # fmt: skip
+    gap = GAP_NAMES.get(key)
+    if config.classifier == "gap" and gap and timm_name_options(gap)["num_heads"] == config.num_heads:
+        return gap
+    sizes = PLAIN_RESOLUTIONS[key]
+    return f"vit_{size}_patch{config.patch_size}_{h if h == w and h in sizes else sizes[0]}"
+
+
+def timm_model_args(config: ViTConfig) -> dict[str, Any]:
+    """Keyword arguments for timm.create_model(timm_model_name(config), **args) (or timm's VisionTransformer for
+    a plain ViT) that build exactly this architecture."""
+    check_timm_representable(config)
+    gap = config.classifier == "gap"
+    args: dict[str, Any] = {
+        "img_size": list(config.image_size), "patch_size": config.patch_size, "in_chans": config.in_chans,
+        "num_classes": config.num_classes, "embed_dim": config.width, "depth": config.depth,
+        "num_heads": config.num_heads, "mlp_ratio": config.mlp_dim / config.width, "qkv_bias": config.qkv_bias,
+        "class_token": not gap, "global_pool": "avg" if gap else "token",
+    }  # fmt: skip
+    if gap:
+        args["fc_norm"] = False  # the paper's GAP: final LayerNorm, then the mean
+    if config.gelu == "tanh":
+        args["act_layer"] = "gelu_tanh"
+    if config.pos_embed == "none":
+        args["pos_embed"] = "none"
+    return args
+
+
+def to_timm_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's tensors under timm's names (shared with the model, not copied)."""
+    config = model.config
+    check_timm_representable(config)
+    return {timm_key(k, config): v.detach() for k, v in model.state_dict().items()}
+
+
+def timm_hub_config(config: ViTConfig, class_names: list[str] | None = None) -> dict[str, Any]:
+    """timm's config.json for this architecture, as save_for_hf writes it."""
+    args = timm_model_args(config)
+    first_conv = timm_key("stem.conv.weight" if config.resnet else "patch_embed.proj.weight", config)[: -len(".weight")]
+    hub: dict[str, Any] = {
+        "architecture": timm_model_name(config), "num_classes": config.num_classes, "num_features": config.width,
+        "global_pool": args["global_pool"], "model_args": args,
+        "pretrained_cfg": {
+            "input_size": [config.in_chans, *config.image_size], "fixed_input_size": True,
+            "interpolation": "bicubic", "crop_pct": 1.0, "crop_mode": "center", "mean": list(config.mean),
+            "std": list(config.std), "num_classes": config.num_classes, "first_conv": first_conv,
+            "classifier": "head",
+        },
+    }  # fmt: skip
+    if class_names:
+        hub["label_names"] = list(class_names)
+    return hub
+
+
+def write_timm(model: nn.Module, path: str | Path) -> None:
+    """A path ending in .safetensors/.pth/.bin gets a bare timm state dict; any other path a timm hub folder
+    (config.json + model.safetensors) that timm.create_model("local-dir:<path>", pretrained=True) loads.
+    Written atomically; an existing folder is replaced only if it holds nothing but an earlier export."""
+    path = Path(path)
+    check_timm_representable(model.config, path)
+    tensors = {k: v.to("cpu").contiguous() for k, v in to_timm_state_dict(model).items()}
+
+    def save(p: str | Path) -> None:
+        save_file(tensors, str(p), metadata={"format": "pt"})  # timm/HF mark safetensors files as PyTorch's
+
+    if path.suffix == ".safetensors":
+        atomic_write(path, save)
+    elif path.suffix in PICKLE_SUFFIXES:
+        atomic_write(path, lambda p: torch.save(tensors, p))
+    else:
+        hub = timm_hub_config(model.config, getattr(model, "class_names", None))
+
+        def write(folder: Path) -> None:
+            (folder / "config.json").write_text(json.dumps(hub, indent=2) + "\n", encoding="utf-8")
+            save(folder / "model.safetensors")
+
+        write_folder_atomically(path, write, owned=HUB_FILES)
