@@ -177,6 +177,10 @@ class VisionTransformer(nn.Module):
 
     def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """Pixels -> z0 = [x_class; patches·E] + E_pos, with dropout. (N, C, H, W) -> (N, T, D)."""
+        return self.add_prefix_and_position(*self.embed_patches(x))
+
+    def embed_patches(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Pixels -> patch embeddings x_p·E (after the ResNet stem for hybrids): (N, gh*gw, D), (gh, gw)."""
         s = self.config.total_stride
         if x.shape[-2] % s or x.shape[-1] % s:
             raise ValueError(
@@ -185,7 +189,13 @@ class VisionTransformer(nn.Module):
             )
         if self.stem is not None:
             x = self.stem(x)
-        tokens, grid = self.patch_embed(x)  # (N, gh*gw, D)
+        return self.patch_embed(x)
+
+    def add_prefix_and_position(
+        self, tokens: torch.Tensor, grid: tuple[int, int]
+    ) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Patch embeddings -> z0: class token prepended, position embedding added, dropout. Separate from
+        `embed_patches` so that masked patch prediction can corrupt the patch embeddings in between."""
         if self.cls_token is not None:
             tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)
         pos = self.position_embedding(grid)
