@@ -1,0 +1,32 @@
+"""Looking inside a ViT as the paper does (PAPER.md §5, paper Section 4.5): attention maps and rollout, mean
+attention distance, position-embedding similarity, principal components of the embedding filters, and
+`analyze`, which writes all of them as figures with an index page and a summary of the numbers."""
+
+from .attention import (
+    attention_distance_from_attention,
+    attention_maps,
+    attention_rollout,
+    class_token_attention,
+    class_token_attention_from_attention,
+    grid_distances,
+    mean_attention_distance,
+    rollout_from_attention,
+)
+from .embeddings import (
+    EmbeddingFilters,
+    embedding_filters,
+    position_embedding_similarity,
+    principal_filters,
+    row_column_summary,
+    similarity_from_embeddings,
+)
+from .images import embedded_images, load_images, to_display
+from .report import analyze
+
+__all__ = [
+    "EmbeddingFilters", "analyze", "attention_distance_from_attention", "attention_maps", "attention_rollout",
+    "class_token_attention", "class_token_attention_from_attention", "embedded_images", "embedding_filters",
+    "grid_distances", "load_images", "mean_attention_distance", "position_embedding_similarity",
+    "principal_filters", "rollout_from_attention", "row_column_summary", "similarity_from_embeddings",
+    "to_display",
+]

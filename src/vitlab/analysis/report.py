@@ -1,0 +1,163 @@
+"""`analyze`: every Section 4.5 analysis of one model on a batch of images, written to a folder as PNG figures,
+`summary.json` (the numbers) and `index.html` (the figures with captions)."""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import figures
+from .attention import (
+    attention_distance_from_attention,
+    class_token_attention_from_attention,
+    pooled_row,
+    require_vit,
+    rollout_from_attention,
+    run_attention,
+)
+from .embeddings import embedding_filters, position_embedding_similarity, row_column_summary
+from .images import to_display
+
+CHUNK = 16  # images per forward pass: bounds the (L, N, H, T, T) attention tensor held at once
+
+
+@dataclass
+class AttentionStats:
+    grid: tuple[int, int]
+    distance: torch.Tensor  # (L, H) pixels, averaged over all images
+    rollout: torch.Tensor  # (N, gh, gw)
+    last_layer_heads: torch.Tensor  # (N, H, gh, gw) class-token attention of the last layer
+
+
+def collect_attention(model: nn.Module, x: torch.Tensor, head_fusion: str, discard_ratio: float) -> AttentionStats:
+    """One explicit-attention forward per chunk of images; rollout, head maps and distances from the same
+    weights. Distances are summed weighted by chunk size so the result is the mean over all images."""
+    cfg = require_vit(model).config
+    prefix, stride = cfg.num_prefix_tokens, cfg.total_stride
+    rollouts, heads, dist_sum = [], [], None
+    for chunk in x.split(CHUNK):
+        attn, grid = run_attention(model, chunk)  # (L, n, H, T, T)
+        rolled = rollout_from_attention(attn, head_fusion, discard_ratio, prefix)  # (n, T, T)
+        rollouts.append(pooled_row(rolled, prefix)[:, prefix:].reshape(-1, *grid))
+        heads.append(class_token_attention_from_attention(attn[-1], grid, prefix))
+        dist = torch.stack([attention_distance_from_attention(a, grid, stride, prefix) for a in attn])  # (L, H)
+        dist_sum = dist * len(chunk) if dist_sum is None else dist_sum + dist * len(chunk)
+    return AttentionStats(grid, dist_sum / len(x), torch.cat(rollouts), torch.cat(heads))
+
+
+def _model_summary(model: nn.Module) -> dict[str, Any]:
+    cfg = model.config
+    return {
+        "name": cfg.name, "native_image_size": list(cfg.image_size), "patch_size": cfg.patch_size,
+        "effective_patch_px": cfg.total_stride, "depth": cfg.depth, "heads": cfg.num_heads, "width": cfg.width,
+        "classifier": cfg.classifier, "pos_embed": cfg.pos_embed, "hybrid": cfg.resnet is not None,
+    }
+
+
+def _embedding_figures(model: nn.Module, grid: tuple[int, int], out: Path, summary: dict, k: int) -> list:
+    """Fig. 7 left and centre; each is skipped with a note where the model lacks what it draws."""
+    entries = []
+    try:
+        filt = embedding_filters(model, k)
+        figures.plot_embedding_filters(filt, out / "embedding_filters.png")
+        ratios = [round(float(r), 6) for r in filt.explained_variance_ratio]
+        summary["embedding_filters"] = {"explained_variance_ratio": ratios}
+        entries.append(("embedding_filters.png", f"First {len(ratios)} principal components of the patch-embedding"
+                        f" filters (paper Fig. 7 left); together they explain {sum(ratios):.1%} of the variance."))
+    except ValueError as err:
+        summary["embedding_filters"] = None
+        summary["notes"].append(f"embedding filters skipped: {err}")
+    try:
+        sim = position_embedding_similarity(model, grid)
+        figures.plot_position_similarity(sim, out / "position_similarity.png")
+        rc = {key: None if v is None else round(v, 4) for key, v in row_column_summary(sim).items()}
+        summary["position_embedding_similarity"] = {"grid": list(grid), **rc}
+        fmt = {key: "n/a" if v is None else f"{v:.2f}" for key, v in rc.items()}
+        entries.append(("position_similarity.png", "Cosine similarity of each patch's position embedding with all "
+                        f"others (paper Fig. 7 centre). Mean similarity of pairs in the same row {fmt['same_row']}, "
+                        f"same column {fmt['same_column']}, neither {fmt['other']}."))
+    except ValueError as err:
+        summary["position_embedding_similarity"] = None
+        summary["notes"].append(f"position-embedding similarity skipped: {err}")
+    return entries
+
+
+def _attention_figures(model: nn.Module, x: torch.Tensor, stats: AttentionStats, out: Path, summary: dict) -> list:
+    cfg, size = model.config, tuple(x.shape[-2:])
+    g = stats.grid[0] * stats.grid[1]
+    uniform = float(attention_distance_from_attention(torch.ones(1, 1, g, g), stats.grid, cfg.total_stride, 0)[0])
+    figures.plot_attention_distance(stats.distance, out / "attention_distance.png", size, uniform)
+    per_layer = stats.distance.mean(dim=1)
+    shown = min(len(x), figures.MAX_DRAWN_IMAGES)
+    images = to_display(x[:shown], cfg)
+    fusion, ratio = summary["rollout"]["head_fusion"], summary["rollout"]["discard_ratio"]
+    figures.plot_rollout(images, stats.rollout, out / "attention_rollout.png",
+                         f"Attention rollout ({fusion} over heads, discard ratio {ratio:g})")
+    pooled = "class-token" if cfg.num_prefix_tokens else "mean-over-tokens"
+    figures.plot_head_maps(images, stats.last_layer_heads, out / "last_layer_heads.png",
+                           f"Last layer (layer {cfg.depth}): {pooled} attention per head")
+    summary["uniform_attention_distance_px"] = round(uniform, 4)
+    summary["mean_attention_distance_px"] = [[round(float(v), 4) for v in row] for row in stats.distance]
+    summary["mean_attention_distance_per_layer_px"] = [round(float(v), 4) for v in per_layer]
+    return [
+        ("attention_distance.png", f"Mean attention distance of each head against depth (paper Fig. 7 right), "
+         f"{size[0]}×{size[1]} input, {len(x)} images. Layer means go from {per_layer[0]:.1f} px (layer 1) to "
+         f"{per_layer[-1]:.1f} px (layer {len(per_layer)}); uniform attention would give {uniform:.1f} px."),
+        ("attention_rollout.png", f"Attention rollout of the {pooled} output over all layers, laid over the "
+         f"input (first {shown} images)."),
+        ("last_layer_heads.png", f"{pooled.capitalize()} attention of each head in the last layer "
+         f"(first {shown} images)."),
+    ]
+
+
+def write_index(out: Path, summary: dict, entries: list[tuple[str, str]]) -> Path:
+    """A self-contained page: the figures with captions, the notes, a link to the numbers."""
+    m = summary["model"]
+    title = f"vitlab analyze: {m['name'] or 'model'}"
+    parts = [f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>",
+             "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}img{max-width:100%}"
+             "figure{margin:2em 0}figcaption{color:#333}</style>", f"<h1>{html.escape(title)}</h1>",
+             f"<p>{html.escape(summary['input']['description'])}. Numbers: <a href='summary.json'>summary.json</a>"
+             "</p>"]
+    for name, caption in entries:
+        parts.append(f"<figure><img src='{name}' alt='{name}'><figcaption>{html.escape(caption)}</figcaption>"
+                     "</figure>")
+    if summary["notes"]:
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in summary["notes"]) + "</ul>")
+    path = out / "index.html"
+    path.write_text("\n".join(parts) + "\n", encoding="utf-8")
+    return path
+
+
+def analyze(
+    model: nn.Module, x: torch.Tensor, out_dir: str | Path, *, head_fusion: str = "mean",
+    discard_ratio: float = 0.0, components: int = 28, source: str = "images",
+) -> dict[str, Any]:
+    """All analyses on normalised images x (N, C, H, W): figures, summary.json and index.html in out_dir.
+    Returns the summary dict."""
+    vit = require_vit(model)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stats = collect_attention(vit, x, head_fusion, discard_ratio)
+    size = list(x.shape[-2:])
+    summary: dict[str, Any] = {
+        "model": _model_summary(vit),
+        "input": {"image_size": size, "grid": list(stats.grid), "num_images": len(x), "source": source,
+                  "description": f"{len(x)} {source}, {size[0]}×{size[1]} pixels, {stats.grid[0]}×"
+                                 f"{stats.grid[1]} patches of {vit.config.total_stride} px"},
+        "rollout": {"head_fusion": head_fusion, "discard_ratio": discard_ratio,
+                    "maps": [[[round(float(v), 6) for v in row] for row in m] for m in stats.rollout]},
+        "notes": [],
+    }
+    entries = _embedding_figures(vit, stats.grid, out, summary, components)
+    entries += _attention_figures(vit, x, stats, out, summary)
+    summary["figures"] = {name: caption for name, caption in entries}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    write_index(out, summary, entries)
+    return summary

@@ -1,0 +1,81 @@
+"""`vitlab analyze`: the paper's Section 4.5 figures for a weights file (see `vitlab.analysis.analyze`)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "analyze", help="figures of attention, attention distance and embeddings (paper Section 4.5)",
+        description="Write the paper's Section 4.5 figures for a ViT or hybrid: PCA of the embedding filters, "
+        "position-embedding similarity, mean attention distance per head against depth, attention rollout and "
+        "last-layer per-head attention, as PNG files with index.html and summary.json.",
+    )
+    p.add_argument("--weights", required=True, help="weights file or folder (any format vitlab.load accepts)")
+    p.add_argument("--images", nargs="+", metavar="IMG",
+                   help="image files (default: --num-images held-out images of the embedded --data set)")
+    p.add_argument("--out", required=True, help="output folder (created if needed)")
+    p.add_argument("--image-size", type=int, nargs="+", metavar="PX",
+                   help="input size H [W] (default: the model's native size); a multiple of the patch size")
+    p.add_argument("--data", choices=["digits", "mnist"], default="digits",
+                   help="embedded dataset used without --images (default digits)")
+    p.add_argument("--num-images", type=int, default=8, help="embedded images to use without --images (default 8)")
+    p.add_argument("--head-fusion", choices=["mean", "max", "min"], default="mean",
+                   help="how rollout combines heads (default mean, as in the paper)")
+    p.add_argument("--discard-ratio", type=float, default=0.0,
+                   help="share of the lowest attention weights rollout drops per layer (default 0)")
+    p.add_argument("--components", type=int, default=28, help="principal components of the filters (default 28)")
+    p.set_defaults(func=run_analyze)
+
+
+def _image_size(args: argparse.Namespace, native: tuple[int, int]) -> tuple[int, int]:
+    from . import UserError
+
+    if not args.image_size:
+        return tuple(native)
+    if len(args.image_size) > 2 or min(args.image_size) < 1:
+        raise UserError("--image-size takes one or two positive numbers: H [W]")
+    return (args.image_size[0], args.image_size[-1])
+
+
+def _inputs(args: argparse.Namespace, cfg, size: tuple[int, int]):
+    """(images (N, C, H, W), description of where they came from)."""
+    from ..analysis.images import embedded_images, load_images
+    from . import UserError
+
+    if args.images:
+        return load_images(args.images, cfg, size), "image files"
+    if args.num_images < 1:
+        raise UserError("--num-images must be at least 1")
+    return embedded_images(cfg, size, args.num_images, args.data), f"held-out images of the embedded {args.data} set"
+
+
+def run_analyze(args: argparse.Namespace) -> int:
+    import vitlab
+
+    from ..analysis import analyze
+    from ..models.vit import VisionTransformer
+    from . import UserError
+
+    if not 0.0 <= args.discard_ratio < 1.0:
+        raise UserError("--discard-ratio must be in [0, 1)")
+    if args.components < 1:
+        raise UserError("--components must be at least 1")
+    model = vitlab.load(args.weights)
+    if not isinstance(model, VisionTransformer):
+        raise UserError(f"{args.weights} holds a {type(model).__name__}; analyze needs a ViT or hybrid (attention)")
+    cfg = model.config
+    size = _image_size(args, cfg.image_size)
+    stride = cfg.total_stride
+    if size[0] % stride or size[1] % stride:
+        raise UserError(f"image size {size[0]}x{size[1]} is not a multiple of the effective patch size {stride}")
+    x, source = _inputs(args, cfg, size)
+    summary = analyze(model, x, args.out, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio,
+                      components=args.components, source=source)
+    for name in summary["figures"]:
+        print(f"wrote {args.out}/{name}")
+    for note in summary["notes"]:
+        print(f"note: {note}")
+    print(f"wrote {args.out}/summary.json and {args.out}/index.html")
+    return 0
