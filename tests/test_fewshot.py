@@ -73,3 +73,22 @@ def test_fewshot_on_a_model_uses_pre_logits_representation():
     data = torch.utils.data.TensorDataset(x, y)
     res = fewshot(model, data, data, shots=(5,), seeds=2)
     assert 0.0 <= res.table["5"]["mean"] <= 1.0 and len(res.table["5"]["per_seed"]) == 2
+
+
+def test_cli_fewshot_on_embedded_digits_writes_json(tmp_path, capsys):
+    import json
+
+    from vitlab.cli import main
+
+    model = vitlab.models.build_model(vitlab.ViTConfig(
+        image_size=16, patch_size=4, width=32, depth=1, mlp_dim=64, num_heads=2, num_classes=10))
+    vitlab.save(model, tmp_path / "m.safetensors")
+    out = tmp_path / "fs.json"
+    code = main(["fewshot", "--weights", str(tmp_path / "m.safetensors"), "--data", "digits", "--shots", "1,5,all",
+                 "--seeds", "2", "--json", str(out), "--device", "cpu"])
+    assert code == 0
+    table = json.loads(out.read_text())["accuracy"]
+    assert list(table) == ["1", "5", "all"] and len(table["5"]["per_seed"]) == 2
+    assert table["all"]["mean"] > 0.3  # even random ViT features are far above chance (0.1) with a full probe
+    assert "shots" in capsys.readouterr().out
+    assert main(["fewshot", "--weights", str(tmp_path / "m.safetensors"), "--shots", "0"]) == 2

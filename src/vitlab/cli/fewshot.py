@@ -1,0 +1,77 @@
+"""`vitlab fewshot`: the paper's few-shot linear evaluation of saved weights."""
+
+from __future__ import annotations
+
+import argparse
+
+from . import UserError
+
+
+def parse_shots(text: str) -> tuple[int | str, ...]:
+    shots: list[int | str] = []
+    for part in text.split(","):
+        part = part.strip()
+        if part == "all":
+            shots.append("all")
+        elif part.isdigit() and int(part) > 0:
+            shots.append(int(part))
+        else:
+            raise UserError(f"--shots takes positive integers or 'all', comma-separated (e.g. 1,5,10,25), not {text!r}")
+    return tuple(shots)
+
+
+def parse_floats(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        raise UserError(f"--l2-sweep takes comma-separated numbers (e.g. 1,32,1024), not {text!r}") from None
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("fewshot", help="few-shot linear evaluation (closed-form ridge, PAPER.md §4)",
+                       description="Few-shot linear evaluation of a frozen representation: draws k examples per "
+                                   "class from the train split (3 seeds), fits closed-form ridge regression, "
+                                   "reports accuracy on the val/test split.")
+    p.add_argument("--weights", required=True, help="weights file, folder or run directory")
+    p.add_argument("--data", default="digits", help="embedded dataset (digits, mnist) or image folder")
+    p.add_argument("--shots", default="1,5,10,25", help="shots per class, comma-separated; 'all' = linear probe")
+    p.add_argument("--seeds", type=int, default=3, help="random draws per shot count")
+    p.add_argument("--l2", type=float, default=2.0**10, help="ridge L2 (the protocol's 2^10)")
+    p.add_argument("--l2-sweep", help="also report the best of these L2 values (chosen on test: optimistic)")
+    p.add_argument("--random-init", action="store_true",
+                   help="evaluate a freshly initialised model of the same architecture (a baseline)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--json", dest="json_out", help="also write the table as JSON here")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..eval.fewshot_data import fewshot_weights, write_json
+    from ..models import build_model
+    from ..train.distributed import pick_device
+    from ..train.evaluate import load_for_inference
+
+    shots = parse_shots(args.shots)
+    sweep = parse_floats(args.l2_sweep) if args.l2_sweep else None
+    if args.seeds < 1:
+        raise UserError("--seeds must be at least 1")
+    device = pick_device(args.device)
+    model, _ = load_for_inference(args.weights, device)
+    if args.random_init:
+        torch.manual_seed(0)
+        model = build_model(model.config).to(device).eval()
+    result = fewshot_weights(model, args.data, shots, args.seeds, args.l2, sweep, args.batch_size)
+    label = "random init of " if args.random_init else ""
+    print(f"few-shot linear accuracy, {label}{args.weights} on {args.data}")
+    print(result.format())
+    if args.json_out:
+        write_json(result, args.json_out, {"weights": str(args.weights), "data": args.data,
+                                           "random_init": args.random_init})
+        print(f"wrote {args.json_out}")
+    return 0
+
+
+__all__ = ["register"]

@@ -1,0 +1,60 @@
+"""Few-shot evaluation of saved weights on a vitlab dataset: the library side of `vitlab fewshot`.
+
+Features of each split are computed once (evaluation pre-processing at the model's input size) and reused for
+every shot count, seed and L2 value.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..data import EvalTransform, ShardSampler, TransformedSplit, load_split, make_loader, normalize
+from .fewshot_lsr import DEFAULT_L2, FewshotResult, fewshot_on_features
+
+
+@torch.no_grad()
+def split_features(
+    model: nn.Module, data: str, split: str, batch_size: int = 256, workers: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """(features (N, D) float64, labels (N,)) of one split: the frozen `pre_logits` representation."""
+    device = next(model.parameters()).device
+    images = load_split(data, split)
+    loader = make_loader(TransformedSplit(images, EvalTransform(model.config.image_size)),
+                         ShardSampler(len(images), batch_size), workers, device)
+    feats, labels = [], []
+    model.eval()
+    for batch in loader:
+        valid = batch["valid"]
+        x = normalize(batch["images"].to(device), model.config.mean, model.config.std)
+        rep = model.forward_head(model.forward_features(x), pre_logits=True).float().cpu()
+        feats.append(rep[valid])
+        labels.append(batch["labels"][valid])
+    return torch.cat(feats).double().numpy(), torch.cat(labels).numpy()
+
+
+def fewshot_weights(
+    model: nn.Module,
+    data: str,
+    shots: tuple[int | str, ...] = (1, 5, 10, 25),
+    seeds: int = 3,
+    l2_reg: float = DEFAULT_L2,
+    l2_sweep: list[float] | None = None,
+    batch_size: int = 256,
+    workers: int = 0,
+) -> FewshotResult:
+    """Few-shot draws from the `train` split, accuracy on the `val` split (embedded sets: their test split)."""
+    train = split_features(model, data, "train", batch_size, workers)
+    test = split_features(model, data, "val", batch_size, workers)
+    return fewshot_on_features(train, test, shots, seeds, l2_reg, l2_sweep)
+
+
+def write_json(result: FewshotResult, path: str | Path, extra: dict | None = None) -> None:
+    from ..weights.io import atomic_write
+
+    text = json.dumps({**(extra or {}), **result.to_dict()}, indent=2)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
