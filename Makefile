@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(BIN)/vitlab train --out runs/demo
+	$(BIN)/vitlab train --out runs/demo --resume
 
 test: setup
 	$(BIN)/python -m pytest

@@ -8,7 +8,7 @@ import importlib
 import sys
 
 # Each module defines `register(subparsers)`; its parsers set `func` to a callable taking the parsed args.
-VERB_MODULES = ["models", "weights", "analyze"]
+VERB_MODULES = ["models", "weights", "train", "fewshot", "analyze"]
 
 
 class UserError(Exception):

@@ -1,0 +1,199 @@
+"""`vitlab train`, `vitlab finetune`, `vitlab eval`, `vitlab predict`: flags onto `vitlab.train` functions.
+
+Every training flag defaults to None, meaning "the recipe's value" (or, with --resume, the recorded run's), so
+only the flags a user types change anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from typing import Any
+
+from . import UserError
+
+# flag dest -> TrainConfig field, where the names differ
+_RENAMED = {"wd": "weight_decay", "clip": "grad_clip"}
+_MODEL_ARGS = {"depth": "depth", "width": "width", "heads": "num_heads", "mlp_dim": "mlp_dim"}
+_NOT_CONFIG = {"func", "verb", "recipe", "flip", "no_flip", *_MODEL_ARGS}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    train = sub.add_parser("train", help="train a ViT (default: a small ViT on the embedded digits, ~2 min on CPU)",
+                           description="Train with a recipe (demo, pretrain, finetune); flags override its values.")
+    _training_flags(train, default_recipe="demo")
+    train.set_defaults(func=_train)
+    tune = sub.add_parser("finetune", help="fine-tune weights (official .npz, timm, HF, vitlab) on new data",
+                          description="Fine-tune: new zero-init head, position embedding resized, SGD recipe.")
+    tune.add_argument("--init", required=True, metavar="WEIGHTS", help="weights file or folder to start from")
+    _training_flags(tune, default_recipe="finetune")
+    tune.set_defaults(func=_train)
+    _register_eval(sub)
+    _register_predict(sub)
+
+
+def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
+    from ..train import RECIPES
+
+    a = p.add_argument
+    a("--recipe", choices=sorted(RECIPES), default=default_recipe, help=f"preset (default {default_recipe})")
+    g = p.add_argument_group("data")
+    g.add_argument("--data", help="embedded dataset (digits, mnist) or image folder root/[train|val]/<class>/")
+    g.add_argument("--val-fraction", type=float, help="hold out this fraction of train for validation")
+    g.add_argument("--strict", action="store_true", default=None, help="unreadable images are fatal")
+    g.add_argument("--num-classes", type=int, help="expected class count (checked against the data)")
+    g.add_argument("--workers", type=int, help="data-loading processes (default: CPUs - 1, at most 8)")
+    g.add_argument("--crop-scale", type=float, nargs=2, metavar=("MIN", "MAX"), help="inception-crop area range")
+    g.add_argument("--no-flip", dest="no_flip", action="store_true", help="no random horizontal flip")
+    g.add_argument("--flip", dest="flip", action="store_true", help="random horizontal flip")
+    m = p.add_argument_group("model")
+    m.add_argument("--model", help="variant name, e.g. ViT-B/16 (`vitlab models`)")
+    for flag in ("depth", "width", "heads", "mlp-dim"):
+        m.add_argument(f"--{flag}", type=int, help=f"override the variant's {flag}")
+    m.add_argument("--image-size", type=int, help="training resolution")
+    m.add_argument("--dropout", type=float)
+    m.add_argument("--mean", type=float, nargs=3, help="input mean (default: what the weights expect)")
+    m.add_argument("--std", type=float, nargs=3, help="input std")
+    o = p.add_argument_group("optimisation")
+    o.add_argument("--optimizer", choices=["adam", "sgd"])
+    o.add_argument("--lr", type=float, help="base learning rate")
+    o.add_argument("--wd", type=float, help="decoupled weight decay")
+    o.add_argument("--betas", type=float, nargs=2, help="Adam betas")
+    o.add_argument("--momentum", type=float, help="SGD momentum")
+    o.add_argument("--warmup", type=int, help="linear warm-up steps")
+    o.add_argument("--decay", choices=["linear", "cosine"])
+    o.add_argument("--clip", type=float, help="global gradient-norm clipping (0: off)")
+    o.add_argument("--loss", choices=["softmax", "sigmoid"])
+    o.add_argument("--label-smoothing", type=float)
+    o.add_argument("--batch-size", type=int, help="global batch size (all processes, all accumulation steps)")
+    o.add_argument("--accum", type=int, help="gradient accumulation steps")
+    o.add_argument("--steps", type=int, help="optimiser steps")
+    o.add_argument("--ema", type=float, help="Polyak/EMA decay for the evaluated weights, e.g. 0.9999")
+    r = p.add_argument_group("run")
+    r.add_argument("--out", help="run directory (default runs/<recipe>-<time>)")
+    r.add_argument("--resume", action="store_true", default=None, help="continue the run in --out")
+    r.add_argument("--seed", type=int)
+    r.add_argument("--device", help="auto, cpu, cuda, cuda:N")
+    r.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    r.add_argument("--fsdp", action="store_true", default=None, help="shard parameters (FSDP2) instead of DDP")
+    r.add_argument("--eval-every", type=int, help="evaluate every N steps (0: at the end)")
+    r.add_argument("--eval-batch-size", type=int)
+    r.add_argument("--save-every", type=int, help="checkpoint every N steps (default: with evaluations)")
+    r.add_argument("--keep-last", type=int, help="step checkpoints to keep")
+    r.add_argument("--log-every", type=int)
+
+
+def training_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The TrainConfig fields the user set on the command line."""
+    values = {k: v for k, v in vars(args).items() if k not in _NOT_CONFIG and v is not None}
+    out = {_RENAMED.get(k, k): v for k, v in values.items()}
+    for key in ("crop_scale", "betas", "mean", "std"):
+        if key in out:
+            out[key] = tuple(out[key])
+    model_args = {field: getattr(args, dest) for dest, field in _MODEL_ARGS.items() if getattr(args, dest)}
+    if model_args:
+        out["model_args"] = model_args
+    if args.no_flip or args.flip:
+        out["flip"] = bool(args.flip)
+    return out
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    from ..train import resolve_config
+    from ..train.config import resume_config
+
+    overrides = training_overrides(args)
+    if args.resume:
+        if not args.out:
+            raise UserError("--resume needs --out RUN_DIR: the run to continue")
+        recorded = resume_config(args.out, overrides)
+        if recorded is not None:
+            return recorded
+    if not args.out:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise UserError("pass --out with torchrun: every process must write to the same run directory")
+        overrides["out"] = f"runs/{args.recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.verb == "finetune" and "data" not in overrides:
+        raise UserError("--data is required for finetune (an image folder, or digits / mnist)")
+    return resolve_config(args.recipe, **overrides)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from ..train import TrainingDiverged, run
+
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
+    cfg = build_config(args)
+    try:
+        result = run(cfg)
+    except TrainingDiverged as err:
+        raise UserError(str(err)) from None
+    if rank != 0:
+        return 0
+    if result.status == "preempted":
+        print(f"preempted at step {result.step}; continue with: vitlab {args.verb} --out {result.out_dir} --resume")
+        return 0
+    m = result.metrics
+    print(
+        f"done: step {result.step}, val top-1 {100 * m.get('top1', 0):.2f}%, top-5 {100 * m.get('top5', 0):.2f}%, "
+        f"loss {m.get('loss', 0):.4f} ({m.get('count', 0)} images) in {result.seconds:.0f} s; "
+        f"{result.images_per_s:.0f} img/s model, {result.data_images_per_s:.0f} img/s data; "
+        f"weights {result.weights}"
+    )
+    return 0
+
+
+def _register_eval(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="top-1/top-5 and a confusion matrix of weights on a dataset",
+                       description="Evaluate weights (file, checkpoint or run directory) on a dataset split.")
+    p.add_argument("--weights", required=True, help="weights file, checkpoint directory or run directory")
+    p.add_argument("--data", required=True, help="embedded dataset (digits, mnist) or image folder")
+    p.add_argument("--split", default="val", choices=["val", "train"], help="embedded sets: val = test split")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--confusion", default="confusion.png", help="where to write the confusion-matrix PNG")
+    p.add_argument("--strict", action="store_true", help="unreadable images are fatal")
+    p.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    p.set_defaults(func=_eval)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from ..train import evaluate_weights
+
+    r = evaluate_weights(args.weights, args.data, args.split, args.batch_size, args.workers, args.device,
+                         args.confusion, args.strict)
+    if args.json:
+        print(json.dumps({**r.metrics, "confusion_png": str(r.confusion_png)}))
+    else:
+        m = r.metrics
+        print(f"top-1 {100 * m['top1']:.2f}%  top-5 {100 * m['top5']:.2f}%  loss {m['loss']:.4f}  "
+              f"({m['count']} images)")
+        print(f"confusion matrix: {r.confusion_png}")
+    return 0
+
+
+def _register_predict(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("predict", help="top-5 classes of images", description="Classify images with weights.")
+    p.add_argument("--weights", required=True, help="weights file, checkpoint directory or run directory")
+    p.add_argument("images", nargs="+", help="image files")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--json", action="store_true", help="one JSON document with every image's predictions")
+    p.set_defaults(func=_predict)
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from ..train import predict
+
+    results = predict(args.weights, args.images, args.top_k, args.device)
+    if args.json:
+        print(json.dumps(results, indent=1))
+        return 0
+    for r in results:
+        tops = ", ".join(f"{t['class']} {t['probability']:.3f}" for t in r["top"])
+        print(f"{r['image']}: {tops}")
+    return 0

@@ -1,0 +1,65 @@
+"""Where the pixels come from: arrays in memory (the embedded sets) or image files (folders).
+
+A split is a list of images plus integer labels; `ImageSplit.load(i)` returns a PIL image. Decoding a JPEG
+uses Pillow's draft mode when the file is much larger than needed: the decoder then skips detail (DCT scaling by
+1/2, 1/4 or 1/8), which makes decoding big photos several times faster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+# Errors Pillow raises for files it cannot decode: truncated (OSError), not an image (UnidentifiedImageError,
+# an OSError), broken PNG chunks (SyntaxError), bad headers (ValueError), absurd sizes (DecompressionBombError).
+DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+
+
+@dataclass
+class ImageSplit:
+    """One split of a dataset. Exactly one of `arrays` (uint8 (N, H, W) or (N, H, W, 3)) and `paths` is set."""
+
+    name: str
+    labels: np.ndarray  # int64 (N,)
+    class_names: list[str]
+    arrays: np.ndarray | None = None
+    paths: list[str] | None = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def describe(self, i: int) -> str:
+        return self.paths[i] if self.paths is not None else f"{self.name}[{i}]"
+
+    def load(self, i: int, min_size: int | None = None) -> Image.Image:
+        """The i-th image; grayscale arrays stay 'L', files become 'RGB'. `min_size` allows JPEG draft
+        decoding down to that short side. Raises one of DECODE_ERRORS for unreadable files."""
+        if self.arrays is not None:
+            return Image.fromarray(self.arrays[i])
+        with Image.open(self.paths[i]) as img:
+            if min_size and img.format == "JPEG" and min(img.size) >= 2 * min_size:
+                img.draft("RGB", (min_size, min_size))  # both sides stay >= min_size
+            return img.convert("RGB")  # also decodes: errors in the data surface here, inside the `with`
+
+    def subset(self, indices: np.ndarray, name: str) -> ImageSplit:
+        arrays = self.arrays[indices] if self.arrays is not None else None
+        paths = [self.paths[i] for i in indices] if self.paths is not None else None
+        return ImageSplit(name, self.labels[indices], self.class_names, arrays, paths)
+
+
+def stratified_holdout(labels: np.ndarray, fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(keep, held_out) index arrays: `fraction` of each class held out (at least one image of every class
+    that has two or more). The seed is fixed by default so a split is the same for every training seed."""
+    rng = np.random.RandomState(seed)
+    keep, held = [], []
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        idx = idx[rng.permutation(len(idx))]
+        n = int(round(fraction * len(idx)))
+        if fraction > 0 and len(idx) >= 2:
+            n = min(max(n, 1), len(idx) - 1)
+        held.append(idx[:n])
+        keep.append(idx[n:])
+    return np.sort(np.concatenate(keep)), np.sort(np.concatenate(held))

@@ -1,0 +1,92 @@
+"""Classification metrics: loss, top-1, top-5 and the confusion matrix, accumulated over batches.
+
+The meter keeps plain sums in tensors so that a distributed evaluation adds them over processes with one
+all-reduce (`meter.totals`, `meter.confusion`) before `result()`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def topk_correct(logits: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...] = (1, 5)) -> list[torch.Tensor]:
+    """Per k, a bool (N,) tensor: is the label among the k highest logits? k is capped at the class count."""
+    kmax = min(max(ks), logits.shape[-1])
+    top = logits.topk(kmax, dim=-1).indices  # (N, kmax)
+    hit = top == labels[:, None]  # (N, kmax)
+    return [hit[:, : min(k, kmax)].any(dim=-1) for k in ks]
+
+
+def confusion_matrix(preds: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """(K, K) int64 counts, rows = true class, columns = predicted class."""
+    flat = labels.long() * num_classes + preds.long()
+    return torch.bincount(flat, minlength=num_classes * num_classes).reshape(num_classes, num_classes)
+
+
+class ClassificationMeter:
+    """Sums of per-image loss, top-1 and top-5 hits, and the confusion matrix (optional: K² memory)."""
+
+    def __init__(self, num_classes: int, device: torch.device | str = "cpu", confusion: bool = False):
+        self.num_classes = num_classes
+        self.totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, count, top-1, top-5
+        self.confusion = (
+            torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device) if confusion else None
+        )
+
+    @torch.no_grad()
+    def update(self, logits: torch.Tensor, labels: torch.Tensor, losses: torch.Tensor) -> None:
+        """logits (N, K), labels (N,), losses (N,) per-image loss."""
+        top1, top5 = topk_correct(logits, labels, (1, 5))
+        batch = torch.stack([losses.double().sum(), torch.tensor(float(len(labels)), device=losses.device),
+                             top1.double().sum(), top5.double().sum()])
+        self.totals += batch.to(self.totals.device)
+        if self.confusion is not None:
+            preds = logits.argmax(dim=-1)
+            self.confusion += confusion_matrix(preds, labels, self.num_classes).to(self.confusion.device)
+
+    def result(self) -> dict[str, float]:
+        loss, count, top1, top5 = self.totals.tolist()
+        n = max(count, 1.0)
+        return {"loss": loss / n, "top1": top1 / n, "top5": top5 / n, "count": int(count)}
+
+
+def per_class_accuracy(confusion: torch.Tensor) -> torch.Tensor:
+    """Recall of each class (diagonal over row sums); NaN for classes without images."""
+    rows = confusion.sum(dim=1).double()
+    return confusion.diagonal().double() / rows.where(rows > 0, torch.tensor(float("nan"), dtype=torch.float64))
+
+
+def plot_confusion_matrix(
+    confusion: torch.Tensor, class_names: list[str], path: str | Path, title: str = "Confusion matrix"
+) -> Path:
+    """A PNG of the row-normalised matrix; counts are written in the cells when there are few classes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cm = confusion.cpu().double()
+    k = cm.shape[0]
+    norm = cm / cm.sum(dim=1, keepdim=True).clamp(min=1)
+    size = min(4 + 0.4 * k, 24)
+    fig, ax = plt.subplots(figsize=(size, size))
+    ax.imshow(norm.numpy(), cmap="Blues", vmin=0, vmax=1)
+    if k <= 50:  # beyond that, tick labels and numbers are unreadable
+        ax.set_xticks(range(k), class_names, rotation=90)
+        ax.set_yticks(range(k), class_names)
+    if k <= 20:
+        for i in range(k):
+            for j in range(k):
+                color = "white" if norm[i, j] > 0.5 else "black"
+                ax.text(j, i, int(cm[i, j]), ha="center", va="center", color=color, fontsize=8)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title(title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,144 @@
+"""Checkpoints: a directory per step, written atomically and verified before use.
+
+    run/checkpoints/step_00001500/
+        model.safetensors   vitlab weights (config + class names inside): `vitlab.load` reads it
+        state.pt            optimizer, scheduler, EMA, RNG states of every process, step (= data position)
+        manifest.json       size and SHA-256 of the two files, written last
+
+The directory is assembled under a temporary name, flushed to disk and renamed: a reader sees all of it or
+none of it. A file damaged later (a truncated copy, a full disk on another tool) fails its manifest check and
+resuming falls back to the previous checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..models.config import ModelConfig
+from .runlog import log
+
+CHECKPOINTS = "checkpoints"
+_FILES = ("model.safetensors", "state.pt")
+
+
+class WeightsHolder:
+    """What `vitlab.save` needs from a model (state_dict, config, class_names), for a state dict that was
+    gathered from shards or taken from EMA weights."""
+
+    def __init__(self, state: dict[str, torch.Tensor], config: ModelConfig, class_names: list[str] | None):
+        self._state, self.config, self.class_names = state, config, class_names
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self._state
+
+
+def save_weights(path: Path, state: dict[str, torch.Tensor], config: ModelConfig, class_names: list[str]) -> None:
+    """vitlab safetensors (atomic): loadable by `vitlab.load`, class names in the metadata."""
+    from .. import save
+
+    save(WeightsHolder(state, config, class_names), path)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def step_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / CHECKPOINTS / f"step_{step:08d}"
+
+
+def write_checkpoint(
+    run_dir: Path, step: int, weights: dict[str, torch.Tensor], config: ModelConfig,
+    class_names: list[str], state: dict[str, Any],
+) -> Path:
+    """Write step's checkpoint atomically; returns its directory."""
+    final = step_dir(run_dir, step)
+    tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_weights(tmp / "model.safetensors", weights, config, class_names)
+    torch.save(state, tmp / "state.pt")
+    manifest = {"step": step, "files": {}}
+    for name in _FILES:
+        _fsync(tmp / name)
+        manifest["files"][name] = {"size": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    _fsync(tmp / "manifest.json")
+    if final.exists():  # the same step saved again (e.g. preempted right after a periodic save)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync(final.parent)  # the rename itself must reach the disk
+    return final
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """None if the checkpoint is complete and intact, else what is wrong with it."""
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return "manifest.json missing or unreadable"
+    for name, expect in manifest.get("files", {}).items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != expect["size"]:
+            return f"{name} has {f.stat().st_size} bytes, expected {expect['size']} (truncated?)"
+        if _sha256(f) != expect["sha256"]:
+            return f"{name} does not match its checksum (corrupt)"
+    return None
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Step checkpoints, newest first."""
+    root = run_dir / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_")]
+    return sorted(found, key=lambda p: int(p.name.split("_")[1]), reverse=True)
+
+
+def latest_valid_checkpoint(run_dir: Path) -> Path | None:
+    """The newest checkpoint that passes verification; damaged newer ones are reported and skipped."""
+    for path in list_checkpoints(run_dir):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            return path
+        log.warning("checkpoint %s is damaged (%s); falling back to the previous one", path, problem)
+    return None
+
+
+def read_checkpoint(path: Path) -> tuple[Any, dict[str, Any]]:
+    """(weights: a `vitlab.weights.checkpoint.Checkpoint` with config and state dict, training state)."""
+    from ..weights.io import read_vitlab
+
+    weights = read_vitlab(path / "model.safetensors")
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+    return weights, state
+
+
+def prune_checkpoints(run_dir: Path, keep_last: int) -> None:
+    """Delete all but the newest `keep_last` step checkpoints (and stale temporary directories)."""
+    for path in list_checkpoints(run_dir)[keep_last:]:
+        shutil.rmtree(path, ignore_errors=True)
+    root = run_dir / CHECKPOINTS
+    for tmp in root.glob(".step_*.tmp*") if root.is_dir() else []:
+        shutil.rmtree(tmp, ignore_errors=True)

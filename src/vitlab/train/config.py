@@ -1,0 +1,144 @@
+"""Training configuration: one flat dataclass, and the paper's recipes as plain dicts of values over it.
+
+`resolve_config("finetune", lr=0.01)` = defaults, then the recipe, then the overrides. The resolved config is
+what the run directory records (config.json) and what `--resume` restores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    recipe: str = "demo"
+    # data
+    data: str = "digits"  # an embedded dataset (digits, mnist) or an image folder
+    val_fraction: float | None = None  # hold out this fraction of train as the validation split
+    strict: bool = False  # unreadable images are fatal instead of skipped
+    num_classes: int | None = None  # if set, must equal the dataset's class count
+    workers: int | None = None  # DataLoader worker processes; None: one fewer than the CPU count, at most 8
+    # model
+    model: str = "ViT-B/16"
+    model_args: dict[str, Any] = field(default_factory=dict)  # config overrides: depth, width, num_heads, …
+    init: str | None = None  # weights to fine-tune from: anything vitlab.load reads
+    image_size: int = 224
+    dropout: float | None = None  # None: keep the model's (init weights) value
+    mean: tuple[float, float, float] | None = None  # None: what the weights expect (official: 0.5)
+    std: tuple[float, float, float] | None = None
+    # optimisation
+    optimizer: Literal["adam", "sgd"] = "adam"
+    lr: float = 1e-3
+    weight_decay: float = 0.0  # decoupled (AdamW-style: p -= lr * wd * p), on kernels only
+    betas: tuple[float, float] = (0.9, 0.999)
+    momentum: float = 0.9
+    warmup: int = 0  # linear warm-up steps
+    decay: Literal["linear", "cosine"] = "linear"
+    grad_clip: float = 1.0  # global-norm clipping; 0: off
+    loss: Literal["softmax", "sigmoid"] = "softmax"
+    label_smoothing: float = 0.0
+    batch_size: int = 4096  # global batch: over all processes and accumulation steps
+    accum: int = 1  # gradient accumulation steps per optimiser step
+    steps: int = 1000
+    ema: float | None = None  # Polyak/EMA decay of the weights used for evaluation, e.g. 0.9999
+    # augmentation (PAPER.md §3: inception crop 5%-100% + flip)
+    crop_scale: tuple[float, float] = (0.05, 1.0)
+    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip: bool = True
+    # run
+    out: str = "runs/run"
+    resume: bool = False
+    seed: int = 0
+    device: str = "auto"  # auto, cpu, cuda, cuda:1
+    compile: bool = False
+    fsdp: bool = False  # shard parameters with FSDP2 instead of replicating them with DDP
+    eval_every: int = 0  # 0: only at the end
+    eval_batch_size: int = 256
+    save_every: int = 0  # 0: with every evaluation
+    keep_last: int = 2  # step checkpoints kept (best and final are extra)
+    log_every: int = 10
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# PAPER.md §3. Values are the paper's; the step count of `pretrain` is ~90 epochs of ImageNet-21k.
+RECIPES: dict[str, dict[str, Any]] = {
+    "pretrain": dict(
+        model="ViT-B/16", image_size=224, optimizer="adam", lr=1e-3, weight_decay=0.03, betas=(0.9, 0.999),
+        warmup=10_000, decay="linear", grad_clip=1.0, dropout=0.1, loss="softmax", batch_size=4096,
+        steps=300_000, crop_scale=(0.05, 1.0), flip=True, eval_every=10_000, log_every=50,
+    ),
+    "finetune": dict(
+        model="ViT-B/16", image_size=384, optimizer="sgd", lr=0.03, momentum=0.9, weight_decay=0.0,
+        warmup=500, decay="cosine", grad_clip=1.0, dropout=0.0, loss="softmax", batch_size=512, steps=10_000,
+        crop_scale=(0.05, 1.0), flip=True, eval_every=1000, log_every=50,
+    ),
+    # The pretrain recipe scaled to a laptop: a 4-layer, 128-wide ViT with 4×4 patches on the 8×8 digits
+    # upsampled to 16×16 (16 tokens + class token), cosine decay, 1000 steps of 128 (~90 epochs): 98.1-98.6%
+    # test top-1 over seeds 0-2 in about 2 minutes on 2 CPU cores. Digits are not mirror-symmetric (no flip), and
+    # an inception crop of 5% of an 8×8 image is a blur, so crops keep at least half of the area.
+    "demo": dict(
+        data="digits", model="ViT-Ti/4", model_args={"depth": 4, "width": 128, "num_heads": 4, "mlp_dim": 256},
+        image_size=16, optimizer="adam", lr=1e-3, weight_decay=0.05, betas=(0.9, 0.999), warmup=100,
+        decay="cosine", grad_clip=1.0, dropout=0.0, loss="softmax", label_smoothing=0.1, batch_size=128,
+        steps=1000, crop_scale=(0.5, 1.0), flip=False, eval_every=250, log_every=50,
+    ),
+}
+
+
+def resolve_config(recipe: str = "demo", **overrides: Any) -> TrainConfig:
+    """Defaults < recipe < overrides (None values are ignored, so CLI flags left unset change nothing)."""
+    if recipe not in RECIPES:
+        raise ValueError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPES)}")
+    unknown = set(overrides) - {f.name for f in dataclasses.fields(TrainConfig)}
+    if unknown:
+        raise ValueError(f"unknown training settings: {', '.join(sorted(unknown))}")
+    values = {**RECIPES[recipe], **{k: v for k, v in overrides.items() if v is not None}, "recipe": recipe}
+    return validate(TrainConfig(**values))
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Errors that would otherwise surface minutes into a run."""
+    checks = [
+        (cfg.steps > 0, f"--steps must be positive, got {cfg.steps}"),
+        (cfg.batch_size > 0 and cfg.accum > 0, "--batch-size and --accum must be positive"),
+        (cfg.batch_size % cfg.accum == 0, f"--batch-size {cfg.batch_size} is not divisible by --accum {cfg.accum}"),
+        (cfg.warmup >= 0, f"--warmup must be >= 0, got {cfg.warmup}"),
+        (cfg.lr >= 0, f"--lr must be >= 0, got {cfg.lr}"),
+        (cfg.ema is None or 0.0 < cfg.ema < 1.0, f"--ema must be in (0, 1), got {cfg.ema}"),
+        (cfg.optimizer in ("adam", "sgd"), f"unknown optimizer {cfg.optimizer!r}; use adam or sgd"),
+        (cfg.decay in ("linear", "cosine"), f"unknown decay {cfg.decay!r}; use linear or cosine"),
+        (cfg.loss in ("softmax", "sigmoid"), f"unknown loss {cfg.loss!r}; use softmax or sigmoid"),
+        (cfg.keep_last >= 1, "--keep-last must be at least 1"),
+        (0.0 < cfg.crop_scale[0] <= cfg.crop_scale[1] <= 1.0, f"bad crop scale {cfg.crop_scale}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)
+    return cfg
+
+
+def config_from_json(path: str | Path) -> TrainConfig:
+    """The config a run directory recorded; lists become tuples again."""
+    d = json.loads(Path(path).read_text())
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in known}
+    return TrainConfig(**d)
+
+
+def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> TrainConfig | None:
+    """The settings a run directory recorded, with `overrides` (the flags typed now) on top; None when the
+    directory has no recorded run yet (a job script may pass --resume from its first start)."""
+    recorded = Path(run_dir) / "config.json"
+    if not recorded.exists():
+        return None
+    base = config_from_json(recorded).to_dict()
+    return validate(TrainConfig(**{**base, **{k: v for k, v in overrides.items() if v is not None}, "resume": True}))

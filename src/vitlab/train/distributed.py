@@ -1,0 +1,120 @@
+"""Processes and devices. torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT, or a
+rendezvous for several nodes) selects distributed mode; parallelism wraps the model from outside (the model
+itself knows nothing of DDP or FSDP), as torchtitan does."""
+
+from __future__ import annotations
+
+import os
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass
+class Dist:
+    rank: int
+    world: int
+    local_rank: int
+    local_world: int
+    device: torch.device
+    owns_group: bool  # we initialised the process group, so we destroy it
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def pick_device(name: str, local_rank: int = 0) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda but no CUDA device is available; use --device cpu")
+        if device.index is None:
+            device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    return device
+
+
+def setup(device_name: str = "auto") -> Dist:
+    """One process per device. Gloo on CPU, NCCL on CUDA."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    device = pick_device(device_name, local_rank)
+    owns = False
+    if world > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+        owns = True
+    return Dist(rank, world, local_rank, local_world, device, owns)
+
+
+def teardown(d: Dist) -> None:
+    if d.owns_group and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_model(model: nn.Module, d: Dist, compile: bool, fsdp: bool) -> nn.Module:
+    """Compile in place (state-dict keys unchanged), then shard (FSDP2: each block, then the root) or
+    replicate (DDP). Returns the module to call for training."""
+    model.to(d.device)
+    if compile:
+        model.compile()
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in getattr(model, "blocks", []):
+            fully_shard(block)
+        fully_shard(model)
+        return model
+    if d.world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+    return model
+
+
+def grad_sync(model: nn.Module, sync: bool) -> AbstractContextManager:
+    """Skip the gradient all-reduce on accumulation micro-steps but the last."""
+    if sync:
+        return nullcontext()
+    if hasattr(model, "no_sync"):  # DDP
+        return model.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(False)
+        return _ResyncOnExit(model)
+    return nullcontext()
+
+
+class _ResyncOnExit(AbstractContextManager):
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def __exit__(self, *exc: object) -> None:
+        self.model.set_requires_gradient_sync(True)
+
+
+def all_reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """In place over all processes; a no-op in a single process."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return t
+
+
+def all_gather_objects(obj: object) -> list[object]:
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [obj]
+    out: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()

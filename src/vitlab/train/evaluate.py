@@ -1,0 +1,139 @@
+"""Evaluation and prediction with trained weights: the library side of `vitlab eval` and `vitlab predict`."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..data import EvalTransform, ShardSampler, TransformedSplit, load_split, make_loader, normalize
+from ..data.errors import DataError
+from ..data.sources import DECODE_ERRORS, ImageSplit
+from ..eval.metrics import ClassificationMeter, plot_confusion_matrix
+from .distributed import all_reduce, pick_device
+
+
+def autocast(device: torch.device) -> AbstractContextManager:
+    """bf16 autocast on CUDA; float32 everywhere else (CPU bf16 is slower than float32 on most CPUs)."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+
+
+def per_image_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str = "softmax") -> torch.Tensor:
+    if kind == "sigmoid":
+        targets = F.one_hot(labels, logits.shape[-1]).float()
+        return F.binary_cross_entropy_with_logits(logits, targets, reduction="none").sum(-1)
+    return F.cross_entropy(logits, labels, reduction="none")
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, loader: Any, device: torch.device, mean: tuple, std: tuple, num_classes: int,
+    loss_kind: str = "softmax", confusion: bool = False,
+) -> ClassificationMeter:
+    """Loss, top-1, top-5 (and the confusion matrix) over a loader; sums are reduced over processes."""
+    was_training = model.training
+    model.eval()
+    meter = ClassificationMeter(num_classes, device, confusion)
+    for batch in loader:
+        x = normalize(batch["images"].to(device, non_blocking=True), mean, std)
+        y = batch["labels"].to(device, non_blocking=True)
+        valid = batch["valid"].to(device)
+        with autocast(device):
+            logits = model(x)
+        logits = logits.float()
+        meter.update(logits[valid], y[valid], per_image_loss(logits, y, loss_kind)[valid])
+    all_reduce(meter.totals)
+    if meter.confusion is not None:
+        all_reduce(meter.confusion)
+    model.train(was_training)
+    return meter
+
+
+def resolve_weights(path: str | Path) -> Path:
+    """A weights file or folder as `vitlab.load` takes it; a checkpoint or run directory means its
+    model.safetensors (a run without final weights: its newest intact checkpoint)."""
+    path = Path(path)
+    if path.is_dir() and (path / "model.safetensors").is_file():
+        return path / "model.safetensors"
+    if path.is_dir() and (path / "checkpoints").is_dir():
+        from .checkpoint import latest_valid_checkpoint
+
+        ckpt = latest_valid_checkpoint(path)
+        if ckpt is None:
+            raise DataError(f"run directory {path} has no intact checkpoint")
+        return ckpt / "model.safetensors"
+    return path
+
+
+def load_for_inference(weights: str | Path, device: torch.device) -> tuple[nn.Module, list[str]]:
+    """(model on device in eval mode, class names: the file's, else the class indices as text)."""
+    from .. import load
+
+    model = load(resolve_weights(weights)).to(device).eval()
+    k = model.config.num_classes
+    names = list(getattr(model, "class_names", None) or [str(i) for i in range(k)])
+    return model, names
+
+
+@dataclass
+class EvalResult:
+    metrics: dict[str, float]  # loss, top1, top5, count
+    confusion: torch.Tensor  # (K, K) rows: true class
+    class_names: list[str]
+    confusion_png: Path | None
+
+
+def evaluate_weights(
+    weights: str | Path, data: str, split: str = "val", batch_size: int = 256, workers: int = 0,
+    device: str = "auto", confusion_png: str | Path | None = None, strict: bool = False,
+) -> EvalResult:
+    """`vitlab eval`: top-1/top-5/loss of saved weights on a dataset split, and a confusion-matrix PNG."""
+    dev = pick_device(device)
+    model, names = load_for_inference(weights, dev)
+    has_names = getattr(model, "class_names", None) is not None
+    data_split: ImageSplit = load_split(data, split, names if has_names else None, strict)
+    if len(data_split.class_names) != model.config.num_classes:
+        raise DataError(
+            f"num_classes mismatch: the weights have {model.config.num_classes} classes, {data} has "
+            f"{len(data_split.class_names)}; evaluate on the dataset the model was trained for"
+        )
+    if has_names and list(data_split.class_names) != names:
+        raise DataError(f"class names of {data} differ from the weights' ({', '.join(names[:5])}, …)")
+    transform = EvalTransform(model.config.image_size)
+    loader = make_loader(TransformedSplit(data_split, transform), ShardSampler(len(data_split), batch_size),
+                         workers, dev)
+    meter = evaluate(model, loader, dev, model.config.mean, model.config.std, model.config.num_classes,
+                     confusion=True)
+    png = plot_confusion_matrix(meter.confusion, names, confusion_png) if confusion_png else None
+    return EvalResult(meter.result(), meter.confusion.cpu(), names, png)
+
+
+@torch.no_grad()
+def predict(weights: str | Path, images: list[str], top_k: int = 5, device: str = "auto") -> list[dict[str, Any]]:
+    """`vitlab predict`: for each image, the top-k classes with softmax probabilities."""
+    dev = pick_device(device)
+    model, names = load_for_inference(weights, dev)
+    transform = EvalTransform(model.config.image_size)
+    split = ImageSplit("predict", torch.zeros(len(images), dtype=torch.long).numpy(), names, paths=list(images))
+    results = []
+    for i, path in enumerate(images):
+        try:
+            arr = transform(split.load(i, transform.min_source_size))
+        except (FileNotFoundError, *DECODE_ERRORS) as err:
+            raise DataError(f"cannot read image {path}: {type(err).__name__}: {err}") from None
+        x = torch.tensor(arr).permute(2, 0, 1)[None].to(dev)  # (1, 3, H, W) uint8
+        with autocast(dev):
+            logits = model(normalize(x, model.config.mean, model.config.std))
+        probs = logits.float().softmax(-1)[0]
+        top = probs.topk(min(top_k, probs.numel()))
+        results.append({
+            "image": str(path),
+            "top": [{"class": names[j], "index": int(j), "probability": float(p)}
+                    for p, j in zip(top.values.tolist(), top.indices.tolist(), strict=True)],
+        })
+    return results

@@ -1,0 +1,365 @@
+"""The training loop: one loop for pre-training and fine-tuning (the recipe decides which).
+
+`run(config)` trains in this process, or as one of torchrun's processes (DDP or FSDP2), and returns a
+`RunResult`. Each optimiser step consumes one global batch (all processes × accumulation micro-steps), checks the
+loss, clips the global gradient norm, steps the optimiser and the schedule, and updates the EMA weights.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from ..data import build_datasets, normalize
+from ..data.errors import DataError, describe_paths
+from ..models.registry import build_model as build_from_config
+from .checkpoint import latest_valid_checkpoint, prune_checkpoints, read_checkpoint, save_weights, write_checkpoint
+from .config import TrainConfig
+from .distributed import Dist, all_gather_objects, all_reduce, barrier, grad_sync, setup, teardown, wrap_model
+from .evaluate import autocast, evaluate
+from .optim import Ema, build_optimizer, build_scheduler, classification_loss
+from .runlog import RunLog, log, plot_curves
+from .setup import build_model, check_classes, make_loaders, prepare_run_dir, rng_state, set_rng_state, write_run_config
+
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; the run stopped without saving the bad state."""
+
+
+@dataclass
+class RunResult:
+    out_dir: Path
+    status: str  # "completed" or "preempted"
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)  # last validation: loss, top1, top5
+    best_top1: float | None = None
+    weights: Path | None = None  # the final (evaluated) weights, vitlab safetensors
+    images_per_s: float = 0.0  # model throughput: images per second of compute
+    data_images_per_s: float = 0.0  # loader capacity: images per second the workers can produce
+    seconds: float = 0.0
+    skipped_images: list[str] = field(default_factory=list)
+
+
+def run(config: TrainConfig) -> RunResult:
+    """Train as configured; in a torchrun job every process calls this and rank 0 writes."""
+    d = setup(config.device)
+    try:
+        trainer = Trainer(config, d)
+        try:
+            return trainer.fit()
+        finally:
+            trainer.close()
+    finally:
+        teardown(d)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, d: Dist):
+        self.cfg, self.d = cfg, d
+        self.run_dir = prepare_run_dir(cfg, d)
+        self.data = build_datasets(cfg.data, cfg.val_fraction, cfg.strict)
+        check_classes(cfg, self.data)
+        self.step, self.best, self.last_checkpoint, self.metrics = 0, None, None, {}
+        torch.manual_seed(cfg.seed)
+        state = self._resume_model() if cfg.resume else None
+        if state is None:
+            self.model = build_model(cfg, self.data.class_names)
+        self.model_config = self.model.config
+        # self.model stays the model (sharded in place under FSDP); train_module is what the step calls (DDP)
+        self.train_module = wrap_model(self.model, d, cfg.compile, cfg.fsdp)
+        self.optimizer = build_optimizer(self.model, cfg)
+        self.scheduler = build_scheduler(self.optimizer, cfg)
+        self.ema = Ema(self.model, cfg.ema) if cfg.ema else None
+        if state is not None:
+            self._restore(state)
+        else:
+            torch.manual_seed(cfg.seed + 1 + 1_000_003 * d.rank)  # dropout: its own stream per process
+        self.train_loader, self.val_loader, self.workers = make_loaders(cfg, self.data, self.step, d)
+        self.bad_images: list[str] = list(self.data.skipped)
+        self._stop_requested = False
+        if d.is_main:
+            write_run_config(self.run_dir / "config.json", cfg, self.model, self.data, d)
+        self.log = RunLog(self.run_dir, cfg.steps, self.step, d.is_main)
+
+    # --- setup helpers ---------------------------------------------------------------------------------
+    def _resume_model(self) -> dict[str, Any] | None:
+        """The model of the newest intact checkpoint (its own architecture: --init is not read again) and the
+        training state saved with it; None if the run has no checkpoint yet."""
+        ckpt = latest_valid_checkpoint(self.run_dir)
+        if ckpt is None:
+            if self.d.is_main:
+                log.info("no checkpoint in %s: starting from step 0", self.run_dir)
+            return None
+        weights, state = read_checkpoint(ckpt)
+        if list(state["class_names"]) != self.data.class_names:
+            raise DataError(
+                f"the classes of {self.data.source} differ from those of checkpoint {ckpt} "
+                f"({describe_paths(list(state['class_names']), 5)}); resume on the same data"
+            )
+        self.model = build_from_config(weights.config)
+        self.model.load_state_dict(weights.state_dict)
+        self.model.class_names = list(self.data.class_names)
+        self.model.train()
+        self.last_checkpoint = ckpt
+        if self.d.is_main:
+            log.info("resuming from %s (step %d)", ckpt, state["step"])
+        return state
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=_FULL)
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.ema is not None and state.get("ema") is not None:
+            with self.ema.applied(self.model):
+                set_model_state_dict(self.model, state["ema"], options=_FULL)
+                self.ema.capture(self.model)
+        self.step, self.best = int(state["step"]), state.get("best")
+        rngs = state["rng"]
+        if self.d.rank < len(rngs):
+            set_rng_state(rngs[self.d.rank])
+        else:  # resumed on more processes than saved: the extra ones start a fresh stream
+            torch.manual_seed(self.cfg.seed + 1 + 1_000_003 * self.d.rank)
+
+    # --- the loop --------------------------------------------------------------------------------------
+    def fit(self) -> RunResult:
+        cfg, start_time = self.cfg, time.perf_counter()
+        previous = self._catch_sigterm()
+        window = _Window()
+        totals = _Window()
+        status = "completed"
+        try:
+            batches = iter(self.train_loader)
+            while self.step < cfg.steps:
+                if self._preemption_agreed():
+                    status = "preempted"
+                    break
+                stats = self._train_step(batches)
+                self.step += 1
+                window.add(stats)
+                totals.add(stats)
+                self._after_step(window)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+        return self._finish(status, totals, time.perf_counter() - start_time)
+
+    def _train_step(self, batches: Any) -> dict[str, float]:
+        cfg, d = self.cfg, self.d
+        t0 = time.perf_counter()
+        wait = load = 0.0
+        images = 0
+        loss_sum = torch.zeros((), device=d.device)
+        for j in range(cfg.accum):
+            t = time.perf_counter()
+            batch = next(batches)
+            wait += time.perf_counter() - t
+            load += batch["load_seconds"]
+            self._note_bad_images(batch["bad"])
+            x = normalize(batch["images"].to(d.device, non_blocking=True), self.model_config.mean,
+                          self.model_config.std)
+            y = batch["labels"].to(d.device, non_blocking=True)
+            images += len(y)
+            with grad_sync(self.train_module, j == cfg.accum - 1):
+                with autocast(d.device):
+                    loss = classification_loss(self.train_module(x), y, cfg.loss, cfg.label_smoothing) / cfg.accum
+                loss.backward()
+            loss_sum += loss.detach()
+        loss_value = all_reduce(loss_sum).item() / d.world
+        if not math.isfinite(loss_value):
+            self._diverged(loss_value)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip or math.inf)
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update(self.model)
+        seconds = time.perf_counter() - t0
+        return {"loss": loss_value, "lr": lr, "grad_norm": _to_float(grad_norm), "images": images * d.world,
+                "seconds": seconds, "wait": wait, "load": load, "local_images": images}
+
+    def _diverged(self, value: float) -> None:
+        last = f"the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint else "no checkpoint"
+        raise TrainingDiverged(
+            f"loss is {value} at step {self.step + 1}; stopped without saving it ({last}). "
+            "Lower --lr, lengthen --warmup or check the data"
+        )
+
+    def _after_step(self, window: _Window) -> None:
+        cfg, step = self.cfg, self.step
+        show = step % cfg.log_every == 0 or step == cfg.steps
+        stats = window.summary(self.workers, self.d.world)
+        self.log.train(step, stats, show)
+        if show:
+            self.log.record({"step": step, "split": "train", **stats})
+            window.reset()
+        evaluate_now = step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)
+        if evaluate_now:
+            self._evaluate()
+        save_every = cfg.save_every or cfg.eval_every
+        if step == cfg.steps or (save_every and step % save_every == 0):
+            self.save_checkpoint()
+        if evaluate_now and self.d.is_main:
+            plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png")
+
+    def _note_bad_images(self, bad: list[str]) -> None:
+        if not bad:
+            return
+        if self.cfg.strict:
+            raise DataError(f"unreadable image(s): {describe_paths(bad)} (--strict)")
+        new = [p for p in dict.fromkeys(bad) if p not in self.bad_images]
+        if new and self.d.is_main:
+            log.warning("skipping unreadable image(s), replaced by the next readable one: %s", describe_paths(new))
+        self.bad_images += new
+
+    # --- evaluation, checkpoints, preemption -----------------------------------------------------------
+    def _evaluate(self, record: bool = True) -> dict[str, float]:
+        t0 = time.perf_counter()
+        with self.ema.applied(self.model) if self.ema is not None else nullcontext():
+            meter = evaluate(self.model, self.val_loader, self.d.device, self.model_config.mean,
+                             self.model_config.std, self.data.num_classes, self.cfg.loss)
+            self.metrics = meter.result()
+            improved = self.best is None or self.metrics["top1"] > self.best["top1"]
+            if improved:
+                self.best = {"top1": self.metrics["top1"], "step": self.step}
+                self._save_evaluated_weights(self.run_dir / "best.safetensors")
+        if record:
+            self.log.record({"step": self.step, "split": "val", **self.metrics, "ema": self.ema is not None,
+                             "seconds": time.perf_counter() - t0})
+        self.log.message(
+            f"step {self.step}: val loss {self.metrics['loss']:.4f}  top-1 {100 * self.metrics['top1']:.2f}%  "
+            f"top-5 {100 * self.metrics['top5']:.2f}%  ({self.metrics['count']} images)"
+        )
+        return self.metrics
+
+    def _save_evaluated_weights(self, path: Path) -> None:
+        """The weights as currently loaded in the model (EMA inside `ema.applied`), gathered from shards."""
+        weights = get_model_state_dict(self.model, options=_FULL)
+        if self.d.is_main:
+            save_weights(path, weights, self.model_config, self.data.class_names)
+        barrier()
+
+    def save_checkpoint(self) -> Path:
+        weights = get_model_state_dict(self.model, options=_FULL)
+        optimizer = get_optimizer_state_dict(self.model, self.optimizer, options=_FULL)
+        ema = None
+        if self.ema is not None:
+            with self.ema.applied(self.model):
+                ema = get_model_state_dict(self.model, options=_FULL)
+        rngs = all_gather_objects(rng_state())
+        path = self.run_dir / "checkpoints" / f"step_{self.step:08d}"
+        if self.d.is_main:
+            state = {
+                "step": self.step,  # also the data position: the loader restarts at this step's global batch
+                "samples_seen": self.step * self.cfg.batch_size, "optimizer": optimizer,
+                "scheduler": self.scheduler.state_dict(), "ema": ema, "rng": rngs, "best": self.best,
+                "class_names": self.data.class_names, "world_size": self.d.world,
+            }
+            path = write_checkpoint(self.run_dir, self.step, weights, self.model_config, self.data.class_names,
+                                    state)
+            prune_checkpoints(self.run_dir, self.cfg.keep_last)
+        barrier()
+        self.last_checkpoint = path
+        return path
+
+    def _catch_sigterm(self) -> Any:
+        """SIGTERM (preemption) asks the loop to save and stop after the current step."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def request_stop(signum: int, frame: Any) -> None:
+            self._stop_requested = True
+
+        return signal.signal(signal.SIGTERM, request_stop)
+
+    def _preemption_agreed(self) -> bool:
+        """Every process stops at the same step, even if only some of them received the signal."""
+        flag = torch.tensor([1.0 if self._stop_requested else 0.0])
+        if self.d.world > 1:
+            flag = all_reduce(flag.to(self.d.device), "max").cpu()
+        if flag.item() > 0:
+            self.log.message(f"SIGTERM: saving a checkpoint at step {self.step} and stopping")
+            self.save_checkpoint()
+            return True
+        return False
+
+    def _finish(self, status: str, totals: _Window, seconds: float) -> RunResult:
+        weights = None
+        if status == "completed":
+            if not self.metrics:  # a resumed run that had already finished: evaluate again, log nothing new
+                self._evaluate(record=False)
+            weights = self.run_dir / "model.safetensors"
+            with self.ema.applied(self.model) if self.ema is not None else nullcontext():
+                self._save_evaluated_weights(weights)
+            if self.d.is_main:
+                plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png")
+        summary = totals.summary(self.workers, self.d.world) if totals.steps else {}
+        if self.bad_images and self.d.is_main:
+            log.warning("%d unreadable image(s) were skipped: %s", len(self.bad_images),
+                        describe_paths(self.bad_images))
+        return RunResult(
+            self.run_dir, status, self.step, dict(self.metrics), self.best["top1"] if self.best else None,
+            weights, summary.get("images_per_s", 0.0), summary.get("data_images_per_s", 0.0), seconds,
+            list(self.bad_images),
+        )
+
+    def close(self) -> None:
+        self.log.close()
+        for loader in (getattr(self, "train_loader", None), getattr(self, "val_loader", None)):
+            iterator = getattr(loader, "_iterator", None)
+            if iterator is not None:
+                iterator._shutdown_workers()
+
+
+def _to_float(t: Any) -> float:
+    if hasattr(t, "full_tensor"):  # a DTensor under FSDP
+        t = t.full_tensor()
+    return float(t)
+
+
+class _Window:
+    """Sums over a stretch of steps, summarised as rates."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.steps, self.loss, self.images, self.seconds, self.wait, self.load, self.local = 0, 0.0, 0, 0.0, 0.0, 0.0, 0
+        self.last: dict[str, float] = {}
+
+    def add(self, s: dict[str, float]) -> None:
+        self.steps += 1
+        self.loss += s["loss"]
+        self.images += s["images"]
+        self.seconds += s["seconds"]
+        self.wait += s["wait"]
+        self.load += s["load"]
+        self.local += s["local_images"]
+        self.last = s
+
+    def summary(self, workers: int, world: int) -> dict[str, float]:
+        """Model images/s: global images per second of compute (waiting for data excluded). Data images/s:
+        what the loaders of all processes can deliver, from the time the workers spent producing batches."""
+        compute = max(self.seconds - self.wait, 1e-9)
+        capacity = self.local / max(self.load / max(workers, 1), 1e-9) * world
+        return {
+            "loss": self.loss / max(self.steps, 1), "lr": self.last.get("lr", 0.0),
+            "grad_norm": self.last.get("grad_norm", 0.0), "images_per_s": self.images / compute,
+            "data_images_per_s": capacity, "data_wait": self.wait / max(self.seconds, 1e-9),
+        }

@@ -1,0 +1,95 @@
+"""Optimisers, the learning-rate schedule, the losses and Polyak/EMA weights (PAPER.md §3)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import TrainConfig
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on kernels only (Linear and Conv weights), as big_vision's default `wd_mults`: biases,
+    LayerNorm scales, position embeddings and the class token are not pulled towards zero."""
+    kernels = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear | nn.Conv2d)}
+    decay = [p for p in model.parameters() if p.requires_grad and id(p) in kernels]
+    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in kernels]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """`adam`: Adam with decoupled weight decay (AdamW: p -= lr·wd·p, like optax's adamw); `sgd`: momentum."""
+    groups = param_groups(model, cfg.weight_decay)
+    if cfg.optimizer == "adam":
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8, foreach=True)
+    return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, foreach=True)
+
+
+class Schedule:
+    """big_vision's schedule as a factor on the base LR: min(1, step/warmup) times linear or cosine decay of
+    the progress after warm-up, reaching 0 at `total`. A callable object (not a lambda) so that LambdaLR's
+    state dict can hold it."""
+
+    def __init__(self, warmup: int, total: int, decay: str):
+        self.warmup, self.total, self.decay = warmup, total, decay
+
+    def __call__(self, step: int) -> float:
+        warm = min(1.0, step / self.warmup) if self.warmup else 1.0
+        progress = min(max((step - self.warmup) / max(self.total - self.warmup, 1), 0.0), 1.0)
+        if self.decay == "cosine":
+            return warm * 0.5 * (1.0 + math.cos(math.pi * progress))
+        return warm * (1.0 - progress)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, Schedule(cfg.warmup, cfg.steps, cfg.decay))
+
+
+def classification_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str, smoothing: float) -> torch.Tensor:
+    """`softmax`: cross-entropy; `sigmoid`: per-class binary cross-entropy summed over classes (big_vision's
+    sigmoid_xent, the paper's JFT loss). Both averaged over the batch; computed in float32 under autocast."""
+    logits = logits.float()
+    if kind == "softmax":
+        return F.cross_entropy(logits, labels, label_smoothing=smoothing)
+    k = logits.shape[-1]
+    targets = F.one_hot(labels, k).float() * (1.0 - smoothing) + smoothing / k
+    return F.binary_cross_entropy_with_logits(logits, targets, reduction="none").sum(-1).mean()
+
+
+class Ema:
+    """Polyak/EMA weights: ema = decay·ema + (1 - decay)·w after every optimiser step. Kept as tensors
+    parallel to `model.parameters()` (local shards under FSDP), swapped in for evaluation."""
+
+    def __init__(self, model: nn.Module, decay: float):
+        self.decay = decay
+        self.params = [p.detach().clone() for p in model.parameters()]
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        torch._foreach_lerp_(self.params, [p.detach() for p in model.parameters()], 1.0 - self.decay)
+
+    @torch.no_grad()
+    def capture(self, model: nn.Module) -> None:
+        """Set the EMA to the model's current weights (used when restoring a checkpoint)."""
+        for e, p in zip(self.params, model.parameters(), strict=True):
+            e.copy_(p.detach())
+
+    @contextmanager
+    def applied(self, model: nn.Module) -> Iterator[None]:
+        """The model holds the EMA weights inside the block and its own weights again after it."""
+        params = list(model.parameters())
+        backup = [p.detach().clone() for p in params]
+        with torch.no_grad():
+            for p, e in zip(params, self.params, strict=True):
+                p.copy_(e)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, b in zip(params, backup, strict=True):
+                    p.copy_(b)

@@ -1,0 +1,133 @@
+"""What a run reports: `metrics.jsonl` (one JSON object per line), `curves.png`, TensorBoard events when
+tensorboard is installed, and progress on the console (a tqdm bar on a terminal, plain lines otherwise).
+Only the main process (rank 0) creates one of these."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("vitlab.train")
+
+
+def _tensorboard(run_dir: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is optional
+        return None
+    return SummaryWriter(str(run_dir / "tensorboard"))
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Drop records after `last_step`: a resumed run rewrites the steps the killed run logged after its
+    last checkpoint, and the file must describe one run, not two overlapping ones."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+class RunLog:
+    def __init__(self, run_dir: Path, total_steps: int, start_step: int, enabled: bool):
+        self.enabled, self.total, self.run_dir = enabled, total_steps, run_dir
+        self.metrics_path = run_dir / "metrics.jsonl"
+        self.bar = None
+        self.writer = None
+        self._t0, self._step0 = time.perf_counter(), start_step
+        if not enabled:
+            return
+        truncate_metrics(self.metrics_path, start_step)
+        self.writer = _tensorboard(run_dir)
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+
+    def record(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            for key, value in record.items():
+                if key not in ("step", "split") and isinstance(value, int | float):
+                    self.writer.add_scalar(f"{record['split']}/{key}", value, record["step"])
+
+    def train(self, step: int, stats: dict[str, float], show: bool) -> None:
+        """Progress every step on a bar; a line every log interval (show=True) otherwise."""
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+            self.bar.set_postfix(
+                loss=f"{stats['loss']:.4f}", lr=f"{stats['lr']:.2e}", img_s=f"{stats['images_per_s']:.0f}",
+                data_img_s=f"{stats['data_images_per_s']:.0f}", refresh=False,
+            )
+        elif show:
+            done = step - self._step0
+            eta = (time.perf_counter() - self._t0) / max(done, 1) * (self.total - step)
+            log.info(
+                "step %d/%d  loss %.4f  lr %.2e  %.0f img/s (data %.0f img/s, wait %.0f%%)  eta %s",
+                step, self.total, stats["loss"], stats["lr"], stats["images_per_s"],
+                stats["data_images_per_s"], 100 * stats["data_wait"], _duration(eta),
+            )
+
+    def message(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(text, file=sys.stderr)
+        else:
+            log.info("%s", text)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def plot_curves(metrics_path: Path, out: Path) -> Path | None:
+    """curves.png: loss (train and val), accuracy (val top-1 and top-5) and learning rate against step."""
+    records = read_metrics(metrics_path) if metrics_path.exists() else []
+    train = [r for r in records if r["split"] == "train"]
+    val = [r for r in records if r["split"] == "val"]
+    if not train and not val:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_loss, ax_acc, ax_lr) = plt.subplots(1, 3, figsize=(15, 4))
+    ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train", lw=1)
+    ax_loss.plot([r["step"] for r in val], [r["loss"] for r in val], "o-", label="val")
+    ax_loss.set_yscale("log")
+    for key in ("top1", "top5"):
+        ax_acc.plot([r["step"] for r in val], [r[key] for r in val], "o-", label=f"val {key}")
+    ax_lr.plot([r["step"] for r in train], [r["lr"] for r in train])
+    for ax, title in ((ax_loss, "loss"), (ax_acc, "accuracy"), (ax_lr, "learning rate")):
+        ax.set_xlabel("step")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    ax_loss.legend()
+    ax_acc.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out

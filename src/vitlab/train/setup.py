@@ -1,0 +1,148 @@
+"""Building what a run needs from its config: run directory, datasets, model, loaders, RNG state."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..data import Datasets, EvalTransform, ShardSampler, StepSampler, TrainTransform, TransformedSplit, make_loader
+from ..data.errors import DataError, describe_paths
+from ..models.config import ViTConfig
+from ..models.registry import build_model as build_from_config
+from ..models.registry import model_config
+from .config import TrainConfig
+from .distributed import Dist
+
+
+def prepare_run_dir(cfg: TrainConfig, d: Dist) -> Path:
+    """The run directory; a directory that already holds a run is only reused with --resume."""
+    out = Path(cfg.out)
+    used = (out / "checkpoints").is_dir() or (out / "metrics.jsonl").exists()
+    if used and not cfg.resume:
+        raise ValueError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+    if d.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def check_classes(cfg: TrainConfig, data: Datasets) -> None:
+    if cfg.num_classes is not None and cfg.num_classes != data.num_classes:
+        raise DataError(
+            f"num_classes mismatch: --num-classes {cfg.num_classes} but {data.source} has {data.num_classes} "
+            f"classes ({describe_paths(data.class_names, 5)})"
+        )
+    if len(data.val) == 0:
+        raise DataError(f"the validation split of {data.source} is empty; add images or raise --val-fraction")
+
+
+def _with_config(model: nn.Module, config: Any) -> nn.Module:
+    """The same weights under a config that differs only in settings without parameters (dropout, mean)."""
+    if config == model.config:
+        return model
+    rebuilt = build_from_config(config)
+    rebuilt.load_state_dict(model.state_dict())
+    return rebuilt
+
+
+def _setting_changes(cfg: TrainConfig, config: Any) -> dict[str, Any]:
+    changes: dict[str, Any] = {}
+    if cfg.dropout is not None and isinstance(config, ViTConfig):
+        changes["dropout"] = cfg.dropout
+    if cfg.mean is not None:
+        changes["mean"] = tuple(cfg.mean)
+    if cfg.std is not None:
+        changes["std"] = tuple(cfg.std)
+    return changes
+
+
+def build_model(cfg: TrainConfig, class_names: list[str]) -> nn.Module:
+    """From scratch (`--model`) or, for fine-tuning, from `--init` weights in any format `vitlab.load` reads:
+    position embedding resampled to the run's image size and, as the paper prescribes, the whole head
+    replaced by a zero-initialised one for the new classes."""
+    k = len(class_names)
+    if cfg.init:
+        from .. import load
+
+        model = load(cfg.init, image_size=cfg.image_size)
+        model.reset_classifier(k)
+        model = _with_config(model, model.config.replace(**_setting_changes(cfg, model.config)))
+    else:
+        config = model_config(cfg.model, num_classes=k, image_size=cfg.image_size, **cfg.model_args)
+        if cfg.model_args:
+            args = ", ".join(f"{key}={value}" for key, value in sorted(cfg.model_args.items()))
+            config = config.replace(name=f"{cfg.model} ({args})")
+        model = build_from_config(config.replace(**_setting_changes(cfg, config)))
+    model.class_names = list(class_names)
+    return model.train()
+
+
+def _cpus_per_process(d: Dist) -> int:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cpus // max(d.local_world, 1))
+
+
+def default_workers(d: Dist) -> int:
+    """One CPU for the training process, the rest (at most 8) for loading."""
+    return max(0, min(8, _cpus_per_process(d) - 1))
+
+
+def set_cpu_threads(d: Dist, workers: int) -> None:
+    """On CPU, compute threads = this process's CPUs minus its loader workers, unless OMP_NUM_THREADS says
+    otherwise. PyTorch would take every core; OpenMP threads then spin-wait for threads the workers (or other
+    programs) pushed off a core, which made a 2-core run 8x slower than with one thread."""
+    if d.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, _cpus_per_process(d) - workers))
+
+
+def make_loaders(cfg: TrainConfig, data: Datasets, start_step: int, d: Dist) -> tuple[Any, Any, int]:
+    """(train loader from start_step, validation loader, workers)."""
+    workers = default_workers(d) if cfg.workers is None else cfg.workers
+    set_cpu_threads(d, workers)
+    size = (cfg.image_size, cfg.image_size)
+    train_tf = TrainTransform(size, tuple(cfg.crop_scale), tuple(cfg.crop_ratio), cfg.flip)
+    sampler = StepSampler(len(data.train), cfg.batch_size, cfg.seed, start_step, cfg.steps, d.rank, d.world, cfg.accum)
+    train = make_loader(TransformedSplit(data.train, train_tf), sampler, workers, d.device)
+    val_sampler = ShardSampler(len(data.val), cfg.eval_batch_size, d.rank, d.world)
+    val = make_loader(TransformedSplit(data.val, EvalTransform(size)), val_sampler, workers, d.device)
+    return train, val, workers
+
+
+def write_run_config(path: Path, cfg: TrainConfig, model: nn.Module, data: Datasets, d: Dist) -> None:
+    record = {
+        **cfg.to_dict(),
+        "model_config": model.config.to_dict(),
+        "class_names": data.class_names,
+        "train_images": len(data.train),
+        "val_images": len(data.val),
+        "world_size": d.world,
+        "torch": torch.__version__,
+    }
+    path.write_text(json.dumps(record, indent=1))
+
+
+def rng_state() -> dict[str, Any]:
+    """Every generator the step may draw from, in types `torch.load(weights_only=True)` accepts."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
+        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))

@@ -1,0 +1,68 @@
+"""Distributed training under torchrun on CPU (gloo): 2 processes reproduce 1 process with the same global batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vitlab.cli import build_parser
+from vitlab.cli.train import build_config
+from vitlab.train import run
+
+ARGS = ["--model", "ViT-Ti/4", "--depth", "1", "--width", "32", "--heads", "2", "--mlp-dim", "64", "--image-size", "8",
+        "--batch-size", "32", "--warmup", "3", "--workers", "0", "--log-every", "1", "--eval-every", "10",
+        "--steps", "20"]
+TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+
+
+def losses(run_dir: Path, split: str = "train", key: str = "loss") -> list[float]:
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r[key] for r in records if r["split"] == split]
+
+
+def torchrun(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "vitlab", "train", "--out", str(out), *ARGS,
+           *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def single(out: Path, *extra: str) -> None:
+    run(build_config(build_parser().parse_args(["train", "--out", str(out), *ARGS, *extra])))
+
+
+def check_same_curves(a: Path, b: Path) -> None:
+    la, lb = losses(a), losses(b)
+    assert len(la) == len(lb) == 20
+    assert la == pytest.approx(lb, rel=1e-5)
+    assert losses(a, "val", "top1") == pytest.approx(losses(b, "val", "top1"), abs=1e-9)  # same images right
+    config = json.loads((a / "config.json").read_text())
+    assert config["world_size"] == 2
+
+
+def test_ddp_two_processes_match_one(tmp_path):
+    done = torchrun(tmp_path / "ddp")
+    single(tmp_path / "one")
+    check_same_curves(tmp_path / "ddp", tmp_path / "one")
+    assert done.stdout.count("done: step 20") == 1  # only rank 0 reports
+    assert sorted(p.name for p in (tmp_path / "ddp").iterdir()) == [
+        "best.safetensors", "checkpoints", "config.json", "curves.png", "metrics.jsonl", "model.safetensors"]
+
+
+def test_fsdp_two_processes_match_one_and_resume(tmp_path):
+    torchrun(tmp_path / "fsdp", "--fsdp", "--accum", "2")
+    single(tmp_path / "one", "--accum", "2")
+    check_same_curves(tmp_path / "fsdp", tmp_path / "one")
+    # resume a sharded run from its step-10 checkpoint: same final loss
+    final = losses(tmp_path / "fsdp")[-1]
+    shutil.rmtree(tmp_path / "fsdp" / "checkpoints" / "step_00000020")
+    torchrun(tmp_path / "fsdp", "--fsdp", "--accum", "2", "--resume")
+    assert losses(tmp_path / "fsdp")[-1] == pytest.approx(final, rel=1e-6)

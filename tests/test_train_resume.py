@@ -1,0 +1,168 @@
+"""Checkpoints and recovery: SIGTERM preemption, kill -9 then --resume bit for bit, damaged checkpoints."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import vitlab
+from vitlab.train import resolve_config, run
+from vitlab.train.checkpoint import list_checkpoints, verify_checkpoint
+
+TINY = {"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64}
+
+
+def tiny(out, **overrides):
+    base = dict(out=str(out), model="ViT-Ti/4", model_args=TINY, image_size=8, batch_size=32, steps=8, warmup=2,
+                eval_every=0, save_every=2, keep_last=3, log_every=1, workers=0, dropout=0.1, eval_batch_size=512)
+    return resolve_config("demo", **{**base, **overrides})
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    wa, wb = load_file(str(a)), load_file(str(b))
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_sigterm_saves_and_resume_is_exact(tmp_path, monkeypatch):
+    """In-process preemption at step 3 (dropout on, so the RNG state must be restored too)."""
+    reference = run(tiny(tmp_path / "ref"))
+    import vitlab.train.loop as loop
+
+    real_step = loop.Trainer._train_step
+
+    def step_then_signal(self, batches):
+        stats = real_step(self, batches)
+        if self.step == 2:  # the loop increments after this returns: SIGTERM arrives during step 3
+            os.kill(os.getpid(), signal.SIGTERM)
+        return stats
+
+    monkeypatch.setattr(loop.Trainer, "_train_step", step_then_signal)
+    first = run(tiny(tmp_path / "run"))
+    assert (first.status, first.step) == ("preempted", 3)
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000003"
+    assert verify_checkpoint(ckpt) is None and vitlab.load(ckpt / "model.safetensors").config.depth == 1
+    monkeypatch.setattr(loop.Trainer, "_train_step", real_step)
+    resumed = run(tiny(tmp_path / "run", resume=True))
+    assert resumed.status == "completed"
+    assert same_weights(reference.weights, resumed.weights)
+    steps = [r for r in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"train"' in r]
+    assert len(steps) == 8  # the resumed run continued the log, no step twice
+
+
+def test_damaged_checkpoint_falls_back_to_previous(tmp_path, caplog):
+    reference = run(tiny(tmp_path / "run"))
+    final = load_file(str(reference.weights))
+    newest = list_checkpoints(tmp_path / "run")[0]
+    assert newest.name == "step_00000008"
+    path = newest / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-100])  # truncated on purpose
+    with caplog.at_level(logging.INFO):
+        resumed = run(tiny(tmp_path / "run", resume=True))
+    assert "step_00000008 is damaged (model.safetensors has" in caplog.text and "truncated" in caplog.text
+    assert "resuming from" in caplog.text and "step_00000006" in caplog.text
+    again = load_file(str(resumed.weights))
+    assert all(torch.equal(final[k], again[k]) for k in final)
+
+
+def _cli(out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "vitlab", "train", "--out", str(out), "--model", "ViT-Ti/4", "--depth", "1",
+            "--width", "32", "--heads", "2", "--mlp-dim", "64", "--image-size", "8", "--batch-size", "32",
+            "--steps", "300", "--warmup", "10", "--eval-every", "0", "--save-every", "20", "--log-every", "100",
+            "--workers", "0", "--dropout", "0.1", *extra]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _start_and_signal(out: Path, sig: int, after_step: int) -> subprocess.CompletedProcess:
+    """Start a CLI run and send `sig` once the checkpoint of `after_step` exists."""
+    proc = subprocess.Popen(_cli(out), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    target = out / "checkpoints" / f"step_{after_step:08d}"
+    deadline = time.monotonic() + 120
+    while not target.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, f"the run ended before it could be interrupted: {proc.communicate()}"
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def _reference_in_process(out: Path) -> None:
+    """The uninterrupted run, here rather than in one more subprocess; one thread like the CLI runs, since
+    the float32 kernels' summation order may depend on the thread count."""
+    from vitlab.cli import build_parser
+    from vitlab.cli.train import build_config
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run(build_config(build_parser().parse_args(_cli(out)[3:])))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_kill_then_resume_equals_uninterrupted_run(tmp_path):
+    _reference_in_process(tmp_path / "ref")
+    killed = _start_and_signal(tmp_path / "run", signal.SIGKILL, after_step=40)
+    assert killed.returncode == -signal.SIGKILL
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+    resumed = subprocess.run(_cli(tmp_path / "run", "--resume"), env=_env(), capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming from" in resumed.stderr
+    assert same_weights(tmp_path / "ref" / "model.safetensors", tmp_path / "run" / "model.safetensors")
+
+
+def test_sigterm_leaves_a_loadable_checkpoint(tmp_path):
+    done = _start_and_signal(tmp_path / "run", signal.SIGTERM, after_step=20)
+    assert done.returncode == 0, done.stderr
+    assert "preempted at step" in done.stdout and "--resume" in done.stdout
+    newest = list_checkpoints(tmp_path / "run")[0]
+    assert verify_checkpoint(newest) is None
+    step = int(newest.name.split("_")[1])
+    assert 20 <= step < 300
+    model = vitlab.load(newest / "model.safetensors")
+    assert model.class_names == [str(d) for d in range(10)]
+
+
+@pytest.mark.parametrize("missing", ["manifest.json", "state.pt"])
+def test_incomplete_checkpoint_is_not_used(tmp_path, missing):
+    run(tiny(tmp_path / "run", steps=4))
+    newest = list_checkpoints(tmp_path / "run")[0]
+    (newest / missing).unlink()
+    assert verify_checkpoint(newest) is not None
+    resumed = run(tiny(tmp_path / "run", steps=4, resume=True))
+    assert resumed.step == 4
+
+
+def test_resume_on_other_classes_is_refused(tmp_path):
+    from PIL import Image
+
+    from vitlab.data import DataError
+
+    run(tiny(tmp_path / "run", steps=2))
+    for split in ("train", "val"):
+        for name in ("x", "y"):
+            (tmp_path / "data" / split / name).mkdir(parents=True)
+            Image.new("RGB", (8, 8)).save(tmp_path / "data" / split / name / "0.png")
+    with pytest.raises(DataError, match=r"the classes of .*data differ from those of checkpoint .*step_00000002 "
+                                        r"\(0, 1, 2, 3, 4 and 5 more\); resume on the same data"):
+        run(tiny(tmp_path / "run", steps=4, resume=True, data=str(tmp_path / "data"), batch_size=2))
+
+
+def test_resume_of_a_finished_run_only_evaluates(tmp_path):
+    first = run(tiny(tmp_path / "run", steps=2))
+    log = (tmp_path / "run" / "metrics.jsonl").read_text()
+    again = run(tiny(tmp_path / "run", steps=2, resume=True))
+    assert again.step == 2 and again.metrics == first.metrics
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == log
