@@ -35,7 +35,7 @@ def test_recipes_hold_the_paper_values():
     assert (fine.optimizer, fine.momentum, fine.weight_decay, fine.decay, fine.grad_clip) == (
         "sgd", 0.9, 0.0, "cosine", 1.0)
     assert (fine.batch_size, fine.image_size) == (512, 384)
-    assert set(RECIPES) == {"pretrain", "finetune", "demo"}
+    assert set(RECIPES) == {"pretrain", "finetune", "demo", "mpp"}
     assert resolve_config("finetune", lr=0.01, steps=None).lr == 0.01  # None = not given
 
 
@@ -136,17 +136,17 @@ def test_ema_and_sigmoid_and_sgd_run(tmp_path):
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
-    import vitlab.train.loop as loop
+    import vitlab.train.objective as objective
 
     calls = {"n": 0}
-    real = loop.classification_loss
+    real = objective.classification_loss
 
     def poisoned(logits, labels, kind, smoothing):
         calls["n"] += 1
         loss = real(logits, labels, kind, smoothing)
         return loss * float("nan") if calls["n"] == 5 else loss
 
-    monkeypatch.setattr(loop, "classification_loss", poisoned)
+    monkeypatch.setattr(objective, "classification_loss", poisoned)
     with pytest.raises(TrainingDiverged, match=r"loss is nan at step 5; stopped without saving it \(the last good "
                                                r"checkpoint is .*step_00000004\)\. Lower --lr"):
         run(tiny(tmp_path, save_every=2, eval_every=0, steps=8, keep_last=5))

@@ -66,6 +66,10 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
     o.add_argument("--warmup", type=int, help="linear warm-up steps")
     o.add_argument("--decay", choices=["linear", "cosine"])
     o.add_argument("--clip", type=float, help="global gradient-norm clipping (0: off)")
+    o.add_argument("--objective", choices=["classify", "mpp"],
+                   help="classify (default) or mpp: masked patch prediction, self-supervised (recipe mpp)")
+    o.add_argument("--mpp-target", choices=["mean-color", "mean-color-4x4", "pixels"],
+                   help="mpp: 3-bit mean colour (paper), its 4x4 downsized variant, or L2 on the pixels")
     o.add_argument("--loss", choices=["softmax", "sigmoid"])
     o.add_argument("--label-smoothing", type=float)
     o.add_argument("--batch-size", type=int, help="global batch size (all processes, all accumulation steps)")

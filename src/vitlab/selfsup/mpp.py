@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
 
 Target = Literal["mean-color", "mean-color-4x4", "pixels"]
@@ -110,21 +111,41 @@ class MaskedPatchPredictor(nn.Module):
         pixels01 = (images * std + mean).clamp(0, 1)  # undo the input normalisation
         return mean_color_targets(pixels01, enc.patch_size, cfg.bits, 4 if cfg.target == "mean-color-4x4" else 1)
 
-    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def predictions(
+        self, images: torch.Tensor, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(predictions, targets) for the corrupted patches: colour logits (M, colours) and ids (M,) (the 4×4
+        variant: M·16 rows), or pixel values (M, P·P·C) for the L2 target."""
         enc = self.encoder
         patches, grid = enc.embed_patches(images)  # (N, P, D)
-        corrupted_tokens, corrupted, _ = corrupt_patches(patches, self.mask_token, self.cfg)
+        corrupted_tokens, corrupted, _ = corrupt_patches(patches, self.mask_token, self.cfg, generator)
         z, _ = enc.add_prefix_and_position(corrupted_tokens, grid)
         for block in enc.blocks:
             z, _ = block(z)
         z = enc.norm(z)[:, enc.config.num_prefix_tokens:]  # (N, P, D): patch tokens only
         pred = self.head(z[corrupted])  # (M, out) for the M corrupted patches
         target = self.targets(images)[corrupted]
-        if self.cfg.target == "pixels":
-            loss = F.mse_loss(pred, target)
-            return loss, {"loss": loss.detach()}
         if self.cfg.target == "mean-color-4x4":
             pred = pred.reshape(-1, pred.shape[-1] // 16)  # (M·16, colours)
             target = target.reshape(-1)
-        loss = F.cross_entropy(pred, target)
-        return loss, {"loss": loss.detach(), "acc": (pred.argmax(-1) == target).float().mean()}
+        return pred, target
+
+    def loss(self, pred: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        if self.cfg.target == "pixels":
+            per_patch = F.mse_loss(pred, target, reduction="none").mean(-1)  # (M,)
+            return per_patch.mean() if reduction == "mean" else per_patch
+        return F.cross_entropy(pred.float(), target, reduction=reduction)
+
+    def forward(
+        self, images: torch.Tensor, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        pred, target = self.predictions(images, generator)
+        loss = self.loss(pred, target)
+        metrics = {"loss": loss.detach()}
+        if self.cfg.target != "pixels":
+            metrics["acc"] = (pred.argmax(-1) == target).float().mean()
+        return loss, metrics
+
+    @property
+    def config(self) -> ViTConfig:  # what the training loop reads: the encoder's input normalisation and architecture
+        return self.encoder.config

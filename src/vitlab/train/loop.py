@@ -31,8 +31,9 @@ from ..models.registry import build_model as build_from_config
 from .checkpoint import latest_valid_checkpoint, prune_checkpoints, read_checkpoint, save_weights, write_checkpoint
 from .config import TrainConfig
 from .distributed import Dist, all_gather_objects, all_reduce, barrier, grad_sync, setup, teardown, wrap_model
-from .evaluate import autocast, evaluate
-from .optim import Ema, build_optimizer, build_scheduler, classification_loss
+from .evaluate import autocast
+from .objective import objective_for
+from .optim import Ema, build_optimizer, build_scheduler
 from .runlog import RunLog, log, plot_curves
 from .setup import build_model, check_classes, make_loaders, prepare_run_dir, rng_state, set_rng_state, write_run_config
 
@@ -78,10 +79,11 @@ class Trainer:
         check_classes(cfg, self.data)
         self.step, self.best, self.last_checkpoint, self.metrics = 0, None, None, {}
         torch.manual_seed(cfg.seed)
+        self.objective = objective_for(cfg)
         state = self._resume_model() if cfg.resume else None
         if state is None:
-            self.model = build_model(cfg, self.data.class_names)
-        self.model_config = self.model.config
+            self.model = self.objective.wrap(build_model(cfg, self.data.class_names, self.objective.has_head))
+        self.model_config = self.model.config  # of the saved ViT (the encoder, for self-supervision)
         # self.model stays the model (sharded in place under FSDP); train_module is what the step calls (DDP)
         self.train_module = wrap_model(self.model, d, cfg.compile, cfg.fsdp)
         self.optimizer = build_optimizer(self.model, cfg)
@@ -113,8 +115,8 @@ class Trainer:
                 f"the classes of {self.data.source} differ from those of checkpoint {ckpt} "
                 f"({describe_paths(list(state['class_names']), 5)}); resume on the same data"
             )
-        self.model = build_from_config(weights.config)
-        self.model.load_state_dict(weights.state_dict)
+        self.model = self.objective.wrap(build_from_config(weights.config))
+        self.model.load_state_dict(self.objective.merge_state(weights.state_dict, state.get("objective", {})))
         self.model.class_names = list(self.data.class_names)
         self.model.train()
         self.last_checkpoint = ckpt
@@ -177,7 +179,7 @@ class Trainer:
             images += len(y)
             with grad_sync(self.train_module, j == cfg.accum - 1):
                 with autocast(d.device):
-                    loss = classification_loss(self.train_module(x), y, cfg.loss, cfg.label_smoothing) / cfg.accum
+                    loss = self.objective.loss(self.train_module, x, y, cfg) / cfg.accum
                 loss.backward()
             loss_sum += loss.detach()
         loss_value = all_reduce(loss_sum).item() / d.world
@@ -232,12 +234,12 @@ class Trainer:
     def _evaluate(self, record: bool = True) -> dict[str, float]:
         t0 = time.perf_counter()
         with self.ema.applied(self.model) if self.ema is not None else nullcontext():
-            meter = evaluate(self.model, self.val_loader, self.d.device, self.model_config.mean,
-                             self.model_config.std, self.data.num_classes, self.cfg.loss)
-            self.metrics = meter.result()
-            improved = self.best is None or self.metrics["top1"] > self.best["top1"]
+            self.metrics = self.objective.evaluate(self.model, self.val_loader, self.d.device,
+                                                   self.data.num_classes, self.cfg)
+            score = self.objective.score(self.metrics)
+            improved = self.best is None or score > self.best.get("score", self.best["top1"])
             if improved:
-                self.best = {"top1": self.metrics["top1"], "step": self.step}
+                self.best = {"top1": self.metrics["top1"], "score": score, "step": self.step}
                 self._save_evaluated_weights(self.run_dir / "best.safetensors")
         if record:
             self.log.record({"step": self.step, "split": "val", **self.metrics, "ema": self.ema is not None,
@@ -250,13 +252,13 @@ class Trainer:
 
     def _save_evaluated_weights(self, path: Path) -> None:
         """The weights as currently loaded in the model (EMA inside `ema.applied`), gathered from shards."""
-        weights = get_model_state_dict(self.model, options=_FULL)
+        weights, _ = self.objective.split_state(get_model_state_dict(self.model, options=_FULL))
         if self.d.is_main:
             save_weights(path, weights, self.model_config, self.data.class_names)
         barrier()
 
     def save_checkpoint(self) -> Path:
-        weights = get_model_state_dict(self.model, options=_FULL)
+        weights, extras = self.objective.split_state(get_model_state_dict(self.model, options=_FULL))
         optimizer = get_optimizer_state_dict(self.model, self.optimizer, options=_FULL)
         ema = None
         if self.ema is not None:
@@ -270,6 +272,7 @@ class Trainer:
                 "samples_seen": self.step * self.cfg.batch_size, "optimizer": optimizer,
                 "scheduler": self.scheduler.state_dict(), "ema": ema, "rng": rngs, "best": self.best,
                 "class_names": self.data.class_names, "world_size": self.d.world,
+                "objective": extras,  # self-supervision: mask token and prediction head, not in the weights file
             }
             path = write_checkpoint(self.run_dir, self.step, weights, self.model_config, self.data.class_names,
                                     state)

@@ -62,15 +62,16 @@ def _setting_changes(cfg: TrainConfig, config: Any) -> dict[str, Any]:
     return changes
 
 
-def build_model(cfg: TrainConfig, class_names: list[str]) -> nn.Module:
-    """From scratch (`--model`) or, for fine-tuning, from `--init` weights in any format `vitlab.load` reads:
-    position embedding resampled to the run's image size and, as the paper prescribes, the whole head
-    replaced by a zero-initialised one for the new classes."""
-    k = len(class_names)
+def build_model(cfg: TrainConfig, class_names: list[str], with_head: bool = True) -> nn.Module:
+    """From scratch (`--model`) or, for fine-tuning, from `--init` weights in any format `vitlab.load` reads
+    (or a run directory): position embedding resampled to the run's image size and, as the paper prescribes,
+    the whole head replaced by a zero-initialised one for the new classes. Without a head for self-supervision."""
+    k = len(class_names) if with_head else 0
     if cfg.init:
         from .. import load
+        from .evaluate import resolve_weights
 
-        model = load(cfg.init, image_size=cfg.image_size)
+        model = load(resolve_weights(cfg.init), image_size=cfg.image_size)
         model.reset_classifier(k)
         model = _with_config(model, model.config.replace(**_setting_changes(cfg, model.config)))
     else:

@@ -1,0 +1,111 @@
+"""What the loop optimises: image classification (the default) or masked patch prediction (PAPER.md §4).
+
+An objective wraps the model that is saved (a plain ViT) into the module that is trained, computes the loss of a
+batch, evaluates, and splits the trained module's state into the vitlab weights file (the ViT, loadable by
+`vitlab.load` and `vitlab finetune --init`) and objective-only extras kept with the checkpoint for resuming.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..data import normalize
+from ..eval.metrics import ClassificationMeter
+from .config import TrainConfig
+from .distributed import all_reduce
+from .evaluate import autocast, evaluate, per_image_loss
+from .optim import classification_loss
+
+
+class Classification:
+    name = "classify"
+    has_head = True
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def loss(self, module: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
+        return classification_loss(module(x), y, cfg.loss, cfg.label_smoothing)
+
+    def evaluate(self, module: nn.Module, loader: Any, device: torch.device, num_classes: int,
+                 cfg: TrainConfig) -> dict[str, float]:
+        c = module.config
+        return evaluate(module, loader, device, c.mean, c.std, num_classes, cfg.loss).result()
+
+    def score(self, metrics: dict[str, float]) -> float:
+        """Higher is better: what best.safetensors is chosen by."""
+        return metrics["top1"]
+
+    def split_state(self, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        return state, {}
+
+    def merge_state(self, weights: dict[str, torch.Tensor], extras: dict[str, torch.Tensor]) -> dict[str, Any]:
+        return weights
+
+
+class MaskedPatches(Classification):
+    """The encoder is trained without a classifier; top-1/top-5 are the colour predictions' accuracies over the
+    corrupted patches (the L2-pixel target reports only its loss and is scored by it)."""
+
+    name = "mpp"
+    has_head = False
+
+    def __init__(self, target: str):
+        self.target = target
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        from ..selfsup import MaskedPatchPredictor, MPPConfig
+
+        return MaskedPatchPredictor(model, MPPConfig(target=self.target))
+
+    def loss(self, module: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
+        return module(x)[0]
+
+    @torch.no_grad()
+    def evaluate(self, module: nn.Module, loader: Any, device: torch.device, num_classes: int,
+                 cfg: TrainConfig) -> dict[str, float]:
+        was_training = module.training
+        module.eval()
+        c = module.config
+        # The same corruption at every evaluation, so that the numbers are comparable across steps.
+        generator = torch.Generator(device=device).manual_seed(cfg.seed)
+        meter = ClassificationMeter(2 ** (3 * c.in_chans), device)
+        for batch in loader:
+            valid = batch["valid"].to(device)
+            if not valid.any():  # an all-padding evaluation shard
+                continue
+            x = normalize(batch["images"].to(device)[valid], c.mean, c.std)
+            with autocast(device):
+                pred, target = module.predictions(x, generator)
+            pred = pred.float()
+            if self.target == "pixels":
+                losses = module.loss(pred, target, reduction="none")
+                meter.totals += torch.stack([losses.sum(), torch.tensor(float(len(losses)), device=device),
+                                             torch.zeros((), device=device), torch.zeros((), device=device)])
+            else:
+                meter.update(pred, target, per_image_loss(pred, target))
+        all_reduce(meter.totals)
+        module.train(was_training)
+        return meter.result()
+
+    def score(self, metrics: dict[str, float]) -> float:
+        return -metrics["loss"] if self.target == "pixels" else metrics["top1"]
+
+    def split_state(self, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        encoder = {k.removeprefix("encoder."): v for k, v in state.items() if k.startswith("encoder.")}
+        extras = {k: v for k, v in state.items() if not k.startswith("encoder.")}  # mask token, prediction head
+        return encoder, extras
+
+    def merge_state(self, weights: dict[str, torch.Tensor], extras: dict[str, torch.Tensor]) -> dict[str, Any]:
+        return {**{f"encoder.{k}": v for k, v in weights.items()}, **extras}
+
+
+def objective_for(cfg: TrainConfig) -> Classification:
+    if cfg.objective == "classify":
+        return Classification()
+    if cfg.objective == "mpp":
+        return MaskedPatches(cfg.mpp_target)
+    raise ValueError(f"unknown objective {cfg.objective!r}; use classify or mpp")
