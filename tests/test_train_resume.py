@@ -111,7 +111,9 @@ def _reference_in_process(out: Path) -> None:
         torch.set_num_threads(threads)
 
 
-def test_kill_then_resume_equals_uninterrupted_run(tmp_path):
+def test_kill_then_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
+    # The run sets its thread count from the CPUs unless OMP_NUM_THREADS is set: pin it like the subprocesses'.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     _reference_in_process(tmp_path / "ref")
     killed = _start_and_signal(tmp_path / "run", signal.SIGKILL, after_step=40)
     assert killed.returncode == -signal.SIGKILL

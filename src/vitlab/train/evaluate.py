@@ -58,9 +58,13 @@ def resolve_weights(path: str | Path) -> Path:
     """A weights file or folder as `vitlab.load` takes it; a checkpoint or run directory means its
     model.safetensors (a run without final weights: its newest intact checkpoint)."""
     path = Path(path)
-    if path.is_dir() and (path / "model.safetensors").is_file():
+    # A run directory, not a timm/HF folder (those also hold a model.safetensors, next to their config.json).
+    markers = ("checkpoints", "metrics.jsonl", "manifest.json")  # run directory, or one checkpoint of it
+    if not (path.is_dir() and any((path / m).exists() for m in markers)):
+        return path
+    if (path / "model.safetensors").is_file():
         return path / "model.safetensors"
-    if path.is_dir() and (path / "checkpoints").is_dir():
+    if (path / "checkpoints").is_dir():
         from .checkpoint import latest_valid_checkpoint
 
         ckpt = latest_valid_checkpoint(path)
