@@ -28,6 +28,15 @@ def _pair(v: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     return (int(v[0]), int(v[1]))
 
 
+def _normalize_common_fields(cfg: Any) -> None:
+    """Accept lists/ints/dicts (from JSON or users) and store tuples and dataclasses, so equal configs compare equal."""
+    object.__setattr__(cfg, "image_size", _pair(cfg.image_size))
+    object.__setattr__(cfg, "mean", tuple(float(v) for v in cfg.mean))
+    object.__setattr__(cfg, "std", tuple(float(v) for v in cfg.std))
+    if isinstance(cfg.resnet, dict):
+        object.__setattr__(cfg, "resnet", ResNetConfig(**cfg.resnet))
+
+
 @dataclass(frozen=True)
 class ResNetConfig:
     """BiT ResNet (v1.5 bottlenecks, GroupNorm + weight standardisation, JAX "SAME" padding)."""
@@ -80,11 +89,7 @@ class ViTConfig:
     name: str = ""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "image_size", _pair(self.image_size))
-        object.__setattr__(self, "mean", tuple(float(v) for v in self.mean))
-        object.__setattr__(self, "std", tuple(float(v) for v in self.std))
-        if isinstance(self.resnet, dict):
-            object.__setattr__(self, "resnet", ResNetConfig(**self.resnet))
+        _normalize_common_fields(self)
         if self.width % self.num_heads:
             raise ValueError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
         if self.pos_embed == "2d" and self.width % 2:
@@ -142,11 +147,7 @@ class BiTConfig:
     name: str = ""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "image_size", _pair(self.image_size))
-        object.__setattr__(self, "mean", tuple(float(v) for v in self.mean))
-        object.__setattr__(self, "std", tuple(float(v) for v in self.std))
-        if isinstance(self.resnet, dict):
-            object.__setattr__(self, "resnet", ResNetConfig(**self.resnet))
+        _normalize_common_fields(self)
 
     def replace(self, **changes: Any) -> BiTConfig:
         return dataclasses.replace(self, **changes)
