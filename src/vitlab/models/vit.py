@@ -60,8 +60,10 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Queries are the first `num_queries` tokens (all by default); keys and values are all tokens."""
         n, t, d = x.shape
-        qkv = self.qkv(x).reshape(n, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)  # each (N, H, T, hd)
+        # Unbinding the stacked axis in place (not after a permute) makes the backward one stack straight into
+        # qkv's (N, T, 3, H, hd) layout, where a permute first would cost an extra copy of the qkv gradient.
+        qkv = self.qkv(x).reshape(n, t, 3, self.num_heads, self.head_dim)
+        q, k, v = (z.transpose(1, 2) for z in qkv.unbind(2))  # each (N, H, T, hd)
         if num_queries is not None:
             q = q[:, :, :num_queries]
         scale = 1.0 / math.sqrt(self.head_dim)
@@ -198,6 +200,8 @@ class VisionTransformer(nn.Module):
         `embed_patches` so that masked patch prediction can corrupt the patch embeddings in between."""
         if self.cls_token is not None:
             tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)
+        else:  # the conv's layout transposed: copy once, or every later op inherits (and re-copies) the strides
+            tokens = tokens.contiguous()
         pos = self.position_embedding(grid)
         if pos is not None:
             tokens = tokens + pos

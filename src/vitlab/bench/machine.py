@@ -1,0 +1,54 @@
+"""The machine side of a benchmark: what to record for reproduction, and the allocator setting."""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import os
+import platform
+from typing import Any
+
+import torch
+
+from .result import BenchSettings
+
+
+def environment(settings: BenchSettings) -> dict[str, Any]:
+    """What a reader needs to reproduce the numbers: versions, machine, threads, precision, date."""
+    env: dict[str, Any] = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "torch": torch.__version__, "python": platform.python_version(), "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
+        "precision": "bf16 autocast" if settings.device.startswith("cuda") else "fp32",
+    }
+    if settings.device.startswith("cuda"):
+        env["gpu"] = torch.cuda.get_device_name(torch.device(settings.device))
+    if settings.compare == "timm":
+        import timm
+
+        env["timm"] = timm.__version__
+    return env
+
+
+def tune_malloc() -> bool:
+    """Process-wide, irreversible: glibc maps every allocation above 32 MB afresh with mmap and returns freed heap
+    to the OS, so the large activations of every layer are page-faulted in again on every step (5-20% of a CPU
+    step, varying from run to run). Serving all allocations from a heap that is never trimmed removes that cost
+    and its noise for every implementation alike. False where the C library is not glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
+    return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

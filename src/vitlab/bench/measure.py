@@ -1,0 +1,190 @@
+"""The measuring protocol of `vitlab bench` (see the package docstring)."""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..flops import count_macs
+from ..models.config import ViTConfig
+from ..models.registry import create_model, model_config
+from .compare import timm_equivalent
+from .machine import environment, tune_malloc
+from .result import MODES, BenchResult, BenchSettings, Measurement
+
+
+def gemm_peak_gflops(device: str = "cpu", size: int | None = None, repeats: int = 5) -> float:
+    """Best GFLOP/s of a large square matmul at the current thread count: fp32 on CPU, bf16 on CUDA (the
+    precision the benchmark's autocast computes in)."""
+    dev = torch.device(device)
+    size = size or (8192 if dev.type == "cuda" else 4096)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    a, b = torch.randn(size, size, device=dev, dtype=dtype), torch.randn(size, size, device=dev, dtype=dtype)
+    out = torch.empty(size, size, device=dev, dtype=dtype)  # preallocated: time the GEMM, not the allocator
+    torch.mm(a, b, out=out)
+    best = math.inf
+    for _ in range(repeats):
+        _sync(dev)
+        t0 = time.perf_counter()
+        torch.mm(a, b, out=out)
+        _sync(dev)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * size**3 / best / 1e9
+
+
+def build_models(settings: BenchSettings) -> list[tuple[str, str, nn.Module]]:
+    """[(impl, name in that library, model)]: vitlab's, then the comparison's with the same weights if the
+    parameter names agree (they do for the plain ViTs)."""
+    overrides = {"num_classes": settings.num_classes, "image_size": settings.image_size}
+    ours = create_model(settings.model, **overrides)
+    models = [("vitlab", settings.model, ours)]
+    if settings.compare == "timm":
+        name, theirs = timm_equivalent(settings.model, settings.num_classes, settings.image_size)
+        try:
+            theirs.load_state_dict(ours.state_dict())
+        except RuntimeError:
+            pass  # hybrids and BiT name their parameters differently; random weights time the same
+        models.append(("timm", name, theirs))
+    elif settings.compare is not None:
+        raise ValueError(f"--compare supports 'timm' only, not {settings.compare!r}")
+    return models
+
+
+def make_step(model: nn.Module, mode: str, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
+    """One inference pass or one training step (forward, cross-entropy, backward, AdamW) as a closure."""
+    cuda = x.device.type == "cuda"
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else nullcontext()
+    if mode == "infer":
+        model.eval()
+
+        def infer() -> None:
+            with torch.inference_mode(), autocast:
+                model(x)
+
+        return infer
+    model.train()
+    # The same optimizer for every implementation: fused AdamW (one kernel over all parameters; CPU and CUDA).
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, fused=True)
+
+    def train() -> None:
+        with autocast:
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return train
+
+
+def time_steps(step: Callable[[], None], steps: int, device: torch.device) -> float:
+    """Seconds for `steps` calls, the garbage collector paused so that it cannot land in one side's repeat."""
+    gc.collect()
+    gc.disable()
+    try:
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        _sync(device)
+        return time.perf_counter() - t0
+    finally:
+        gc.enable()
+
+
+def run_benchmark(settings: BenchSettings, progress: Callable[[str], None] | None = None) -> BenchResult:
+    """Measure every implementation in every mode; see the module docstring for the protocol."""
+    _check(settings)
+    device = torch.device(settings.device)
+    malloc = "glibc tuned (no mmap, no trim)" if device.type == "cpu" and settings.tune_malloc and tune_malloc() \
+        else "default"
+    old_threads = torch.get_num_threads()
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    try:
+        torch.manual_seed(settings.seed)
+        models = [(impl, name, m.to(device)) for impl, name, m in build_models(settings)]
+        if settings.compile:
+            models = [(impl, name, torch.compile(m)) for impl, name, m in models]
+        peak = gemm_peak_gflops(settings.device, settings.gemm_size)
+        result = BenchResult(settings, {**environment(settings), "malloc": malloc}, peak)
+        size = (settings.image_size, settings.image_size)
+        x = torch.randn(settings.batch_size, 3, *size, device=device)
+        y = torch.randint(0, settings.num_classes, (settings.batch_size,), device=device)
+        for mode in settings.modes:
+            steps = {impl: make_step(m, mode, x, y) for impl, _, m in models}
+            times = _interleaved(steps, settings, device, mode, progress)
+            for impl, name, _ in models:
+                n_steps, seconds = times[impl]
+                ips = [settings.batch_size * n_steps / s for s in seconds]
+                result.measurements.append(_measurement(settings, impl, name, mode, ips, peak, n_steps))
+        return result
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+def _interleaved(
+    steps: dict[str, Callable[[], None]], settings: BenchSettings, device: torch.device, mode: str,
+    progress: Callable[[str], None] | None,
+) -> dict[str, tuple[int, list[float]]]:
+    """{impl: (steps per repeat, [seconds per repeat])}; every implementation warms up first, then the
+    repeats alternate between them, the first implementation changing every repeat."""
+    per_step = {}
+    for impl, step in steps.items():
+        for _ in range(max(settings.warmup, 1)):
+            step()
+        per_step[impl] = time_steps(step, 1, device)  # calibrates the steps per repeat
+    n = max(1, math.ceil(settings.min_time / min(per_step.values())))
+    order = list(steps)
+    seconds: dict[str, list[float]] = {impl: [] for impl in steps}
+    for r in range(settings.repeats):
+        for impl in order if r % 2 == 0 else order[::-1]:
+            seconds[impl].append(time_steps(steps[impl], n, device))
+            if progress:
+                ips = settings.batch_size * n / seconds[impl][-1]
+                progress(f"{mode} {impl} repeat {r + 1}/{settings.repeats}: {ips:.2f} img/s")
+    return {impl: (n, s) for impl, s in seconds.items()}
+
+
+def _measurement(
+    settings: BenchSettings, impl: str, name: str, mode: str, ips: list[float], peak: float, steps: int
+) -> Measurement:
+    cfg = model_config(settings.model, num_classes=settings.num_classes, image_size=settings.image_size)
+    full = count_macs(cfg)
+    # vitlab's forward computes only the class token in the last block; timm computes every token.
+    executed = count_macs(cfg, class_token_last_block=impl == "vitlab" and isinstance(cfg, ViTConfig))
+    pick = (lambda c: c.total) if mode == "infer" else (lambda c: c.training)
+    return Measurement(impl, name, mode, ips, pick(full), pick(executed), peak, steps)
+
+
+def _check(settings: BenchSettings) -> None:
+    if settings.batch_size < 1 or settings.repeats < 1 or settings.image_size < 1:
+        raise ValueError("batch size, repeats and image size must be positive")
+    if settings.threads is not None and settings.threads < 1:
+        raise ValueError(f"--threads must be positive, not {settings.threads}")
+    bad = [m for m in settings.modes if m not in MODES]
+    if bad or not settings.modes:
+        raise ValueError(f"modes must be among {MODES}, not {list(settings.modes)}")
+    try:
+        dev = torch.device(settings.device)
+    except RuntimeError as err:
+        raise ValueError(f"--device must be cpu or cuda[:N], not {settings.device!r}") from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda asked for, but torch sees no CUDA device")
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"no {dev}: torch sees {torch.cuda.device_count()} CUDA device(s)")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be cpu or cuda[:N], not {settings.device!r}")
+    # Unknown names and sizes the patch size does not divide fail here, with the registry's message.
+    model_config(settings.model, image_size=settings.image_size)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

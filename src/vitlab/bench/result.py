@@ -1,0 +1,121 @@
+"""What `vitlab bench` measures and reports: settings, per-implementation measurements, ratios, table."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+MODES = ("infer", "train")
+
+
+@dataclass
+class BenchSettings:
+    model: str = "ViT-S/16"
+    batch_size: int = 32
+    image_size: int = 224
+    threads: int | None = None  # None: keep torch's current setting
+    repeats: int = 3
+    warmup: int = 2  # untimed steps per implementation and mode (compilation happens here)
+    min_time: float = 1.0  # seconds each timed repeat lasts at least; sets the steps per repeat
+    modes: tuple[str, ...] = MODES
+    compare: str | None = None  # "timm"
+    compile: bool = False
+    device: str = "cpu"  # "cuda" runs under bf16 autocast
+    num_classes: int = 1000
+    seed: int = 0
+    gemm_size: int | None = None  # side of the peak-measuring matmul (default 4096 on CPU, 8192 on CUDA)
+    tune_malloc: bool = True  # CPU: serve large tensors from glibc's heap (see `tune_malloc`)
+
+
+@dataclass
+class Measurement:
+    impl: str  # "vitlab" or "timm"
+    model: str  # the model's name in that library
+    mode: str  # "infer" or "train"
+    images_per_s: list[float]  # one per timed repeat, in repeat order
+    macs_per_image: int  # the full model's multiply-adds (paper convention), forward or fwd+bwd
+    executed_macs_per_image: int  # what this implementation actually computes
+    peak_gflops: float
+    steps_per_repeat: int = 1
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.images_per_s)
+
+    @property
+    def gflops(self) -> float:
+        """Model GFLOP/s at the median: 2 FLOPs per multiply-add."""
+        return 2 * self.macs_per_image * self.median / 1e9
+
+    @property
+    def pct_peak(self) -> float:
+        return 100 * self.gflops / self.peak_gflops
+
+    @property
+    def executed_gflops(self) -> float:
+        return 2 * self.executed_macs_per_image * self.median / 1e9
+
+    @property
+    def executed_pct_peak(self) -> float:
+        return 100 * self.executed_gflops / self.peak_gflops
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.update(median=self.median, min=min(self.images_per_s), max=max(self.images_per_s), gflops=self.gflops,
+                 pct_peak=self.pct_peak, executed_gflops=self.executed_gflops,
+                 executed_pct_peak=self.executed_pct_peak)
+        return d
+
+
+@dataclass
+class BenchResult:
+    settings: BenchSettings
+    environment: dict[str, Any]
+    gemm_peak_gflops: float
+    measurements: list[Measurement] = field(default_factory=list)
+
+    def get(self, impl: str, mode: str) -> Measurement | None:
+        return next((m for m in self.measurements if m.impl == impl and m.mode == mode), None)
+
+    def ratios(self) -> dict[str, dict[str, Any]]:
+        """vitlab/other per mode. Repeats are paired (run back to back), so each pair's ratio cancels the
+        machine's slow drift; min and median are over those pairs."""
+        out: dict[str, dict[str, Any]] = {}
+        for mode in self.settings.modes:
+            ours, theirs = self.get("vitlab", mode), self.get(self.settings.compare or "", mode)
+            if ours is None or theirs is None:
+                continue
+            pairs = [a / b for a, b in zip(ours.images_per_s, theirs.images_per_s, strict=True)]
+            out[mode] = {"median": statistics.median(pairs), "min": min(pairs), "per_repeat": pairs,
+                         "of_medians": ours.median / theirs.median}
+        return out
+
+    def table(self) -> str:
+        """Markdown: a header line, one row per implementation and mode, then the ratios."""
+        s, env = self.settings, self.environment
+        lines = [
+            f"{s.model}, batch {s.batch_size}, {s.image_size}x{s.image_size}, {s.device} {env['precision']}, "
+            f"{env['threads']} threads, compile={s.compile}; GEMM peak {self.gemm_peak_gflops:.1f} GFLOP/s",
+            "",
+            "| impl | model | mode | img/s median | img/s min-max | GMACs/img | GFLOP/s | % peak | % peak executed |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for m in self.measurements:
+            lines.append(
+                f"| {m.impl} | {m.model} | {m.mode} | {m.median:.2f} | {min(m.images_per_s):.2f}-"
+                f"{max(m.images_per_s):.2f} | {m.macs_per_image / 1e9:.3f} | {m.gflops:.1f} | {m.pct_peak:.1f} | "
+                f"{m.executed_pct_peak:.1f} |"
+            )
+        lines.append("")
+        for mode, r in self.ratios().items():
+            pairs = ", ".join(f"{v:.3f}" for v in r["per_repeat"])
+            lines.append(f"vitlab/{s.compare} {mode}: median {r['median']:.3f}, min {r['min']:.3f} "
+                         f"(per repeat: {pairs})")
+        return "\n".join(lines).rstrip()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"settings": dataclasses.asdict(self.settings), "environment": self.environment,
+                "gemm_peak_gflops": self.gemm_peak_gflops,
+                "measurements": [m.to_dict() for m in self.measurements], "ratios": self.ratios()}

@@ -1,0 +1,94 @@
+"""`vitlab models` (the named variants with their size and cost) and `vitlab bench` (throughput)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("models", help="list the named models with parameters and multiply-adds",
+                       description="Every name vitlab.create_model accepts, with its parameter count (1000 "
+                                   "classes) and multiply-adds per image (the paper's 'FLOPs').")
+    p.add_argument("--image-size", type=int, default=224, help="input size for the multiply-add count")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=run_models)
+
+    p = sub.add_parser("bench", help="measure inference and training throughput",
+                       description="Images/s for inference and training (forward + backward + AdamW step), "
+                                   "GFLOP/s from the analytic multiply-add count and its share of this "
+                                   "machine's measured GEMM peak; --compare timm measures timm's equivalent "
+                                   "model interleaved in the same process on the same input.")
+    p.add_argument("--model", default="ViT-S/16", help="a name from `vitlab models` (default ViT-S/16)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--threads", type=int, help="intra-op CPU threads (default: torch's current setting)")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats per implementation and mode")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps before timing (compilation happens here)")
+    p.add_argument("--min-time", type=float, default=1.0, help="seconds each timed repeat lasts at least")
+    p.add_argument("--compare", choices=["timm"], help="also measure this library's equivalent model")
+    p.add_argument("--compile", action="store_true", help="wrap every model with torch.compile")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (cuda runs under bf16 autocast)")
+    p.add_argument("--mode", choices=["infer", "train", "both"], default="both")
+    p.add_argument("--no-malloc-tuning", action="store_true",
+                   help="keep glibc's default of mapping large tensors afresh (page faults on every step)")
+    p.add_argument("--json", metavar="OUT", help="also write the full result as JSON to this file")
+    p.set_defaults(func=run_bench)
+
+
+def model_rows(image_size: int = 224) -> list[dict[str, Any]]:
+    """One row per registry name: parameters at 1000 classes, multiply-adds per image at image_size."""
+    import torch
+
+    from ..flops import count_macs
+    from ..models import build_model, list_models, model_config
+
+    rows = []
+    for name in list_models():
+        cfg = model_config(name, num_classes=1000)
+        with torch.device("meta"):  # shapes only: no memory, no initialisation cost for the 600M-param models
+            params = sum(p.numel() for p in build_model(cfg).parameters())
+        try:
+            gmacs: float | None = count_macs(cfg.replace(image_size=image_size)).total / 1e9
+        except ValueError:  # the model's patch size (times its stem's stride) does not divide image_size
+            gmacs = None
+        rows.append({"name": name, "params": params, "gmacs": gmacs, "image_size": image_size})
+    return rows
+
+
+def run_models(args: argparse.Namespace) -> int:
+    from . import UserError
+
+    if args.image_size < 1:
+        raise UserError(f"--image-size must be positive, not {args.image_size}")
+    rows = model_rows(args.image_size)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    size = args.image_size
+    print(f"{'name':<16} {'params':>13}  {f'GMACs@{size}':>11}")
+    for r in rows:
+        gmacs = "-" if r["gmacs"] is None else f"{r['gmacs']:.2f}"
+        print(f"{r['name']:<16} {r['params']:>13,}  {gmacs:>11}")
+    print("GMACs: multiply-adds per image, the unit the paper calls FLOPs (1 MAC = 2 FLOPs); "
+          "'-': the size is not a multiple of the model's patch size.")
+    return 0
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from ..bench import BenchSettings, run_benchmark
+
+    modes = ("infer", "train") if args.mode == "both" else (args.mode,)
+    settings = BenchSettings(
+        model=args.model, batch_size=args.batch_size, image_size=args.image_size, threads=args.threads,
+        repeats=args.repeats, warmup=args.warmup, min_time=args.min_time, modes=modes, compare=args.compare,
+        compile=args.compile, device=args.device, tune_malloc=not args.no_malloc_tuning,
+    )
+    result = run_benchmark(settings, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(result.table())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result.to_dict(), f, indent=2)
+    return 0
