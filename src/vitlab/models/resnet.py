@@ -31,10 +31,8 @@ class StdConv2d(nn.Conv2d):
         super().__init__(in_ch, out_ch, kernel, stride=stride, padding=static, bias=False)
 
     def standardized_weight(self) -> torch.Tensor:
-        w = self.weight
-        mean = w.mean(dim=(1, 2, 3), keepdim=True)
-        std = w.std(dim=(1, 2, 3), keepdim=True, unbiased=False)
-        return (w - mean) / (std + WS_EPS)
+        var, mean = torch.var_mean(self.weight, dim=(1, 2, 3), keepdim=True, unbiased=False)  # one pass
+        return (self.weight - mean) / (var.sqrt() + WS_EPS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.stride[0] > 1:
