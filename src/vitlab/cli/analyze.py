@@ -12,7 +12,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "position-embedding similarity, mean attention distance per head against depth, attention rollout and "
         "last-layer per-head attention, as PNG files with index.html and summary.json.",
     )
-    p.add_argument("--weights", required=True, help="weights file or folder (any format vitlab.load accepts)")
+    p.add_argument("--weights", required=True, help="weights (any format vitlab.load reads) or a run directory")
     p.add_argument("--images", nargs="+", metavar="IMG",
                    help="image files (default: --num-images held-out images of the embedded --data set)")
     p.add_argument("--out", required=True, help="output folder (created if needed)")
@@ -62,7 +62,9 @@ def run_analyze(args: argparse.Namespace) -> int:
         raise UserError("--discard-ratio must be in [0, 1)")
     if args.components < 1:
         raise UserError("--components must be at least 1")
-    model = vitlab.load(args.weights)
+    from ..train.evaluate import resolve_weights
+
+    model = vitlab.load(resolve_weights(args.weights))
     if not isinstance(model, VisionTransformer):
         raise UserError(f"{args.weights} holds a {type(model).__name__}; analyze needs a ViT or hybrid (attention)")
     cfg = model.config
