@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # Each module defines `register(subparsers)`; its parsers set `func` to a callable taking the parsed args.
@@ -33,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, WeightsError, ValueError, FileNotFoundError) as err:
         print(f"vitlab {args.verb}: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `vitlab models | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print(f"vitlab {args.verb}: interrupted", file=sys.stderr)
         return 130
