@@ -92,3 +92,21 @@ def test_cli_fewshot_on_embedded_digits_writes_json(tmp_path, capsys):
     assert table["all"]["mean"] > 0.3  # even random ViT features are far above chance (0.1) with a full probe
     assert "shots" in capsys.readouterr().out
     assert main(["fewshot", "--weights", str(tmp_path / "m.safetensors"), "--shots", "0"]) == 2
+
+
+def test_fewshot_tracked_during_training(tmp_path):
+    """The paper tracks 5-shot accuracy during pre-training: `fewshot_every` logs it to metrics.jsonl."""
+    import json
+
+    from vitlab.train import resolve_config, run
+
+    cfg = resolve_config("demo", out=str(tmp_path / "run"), model="ViT-Ti/4", image_size=8, batch_size=32, steps=4,
+                         warmup=1, eval_every=4, log_every=1, workers=0, fewshot_every=2,
+                         model_args={"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64})
+    run(cfg)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    shots = [r for r in records if r["split"] == "fewshot"]
+    assert [r["step"] for r in shots] == [2, 4] and all(0.0 <= r["5shot"] <= 1.0 for r in shots)
+    assert shots[-1]["5shot"] > 0.2  # above chance (0.1) on digits already
+    with pytest.raises(ValueError, match="--fewshot-every runs on one process"):
+        resolve_config("demo", fewshot_every=10, fsdp=True)

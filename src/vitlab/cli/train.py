@@ -85,6 +85,8 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
     r.add_argument("--fsdp", action="store_true", default=None, help="shard parameters (FSDP2) instead of DDP")
     r.add_argument("--eval-every", type=int, help="evaluate every N steps (0: at the end)")
     r.add_argument("--eval-batch-size", type=int)
+    r.add_argument("--fewshot-every", type=int,
+                   help="5-shot linear accuracy of the representation every N steps (the paper's pre-training signal)")
     r.add_argument("--save-every", type=int, help="checkpoint every N steps (default: with evaluations)")
     r.add_argument("--keep-last", type=int, help="step checkpoints to keep")
     r.add_argument("--log-every", type=int)

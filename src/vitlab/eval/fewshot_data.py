@@ -27,6 +27,7 @@ def split_features(
     loader = make_loader(TransformedSplit(images, EvalTransform(model.config.image_size)),
                          ShardSampler(len(images), batch_size), workers, device)
     feats, labels = [], []
+    was_training = model.training
     model.eval()
     for batch in loader:
         valid = batch["valid"]
@@ -34,6 +35,7 @@ def split_features(
         rep = model.forward_head(model.forward_features(x), pre_logits=True).float().cpu()
         feats.append(rep[valid])
         labels.append(batch["labels"][valid])
+    model.train(was_training)
     return torch.cat(feats).double().numpy(), torch.cat(labels).numpy()
 
 

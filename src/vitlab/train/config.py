@@ -60,6 +60,7 @@ class TrainConfig:
     fsdp: bool = False  # shard parameters with FSDP2 instead of replicating them with DDP
     eval_every: int = 0  # 0: only at the end
     eval_batch_size: int = 256
+    fewshot_every: int = 0  # 5-shot linear accuracy of the representation every N steps and at the end; 0: off
     save_every: int = 0  # 0: with every evaluation
     keep_last: int = 2  # step checkpoints kept (best and final are extra)
     log_every: int = 10
@@ -130,6 +131,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          f"unknown --mpp-target {cfg.mpp_target!r}; use mean-color, mean-color-4x4 or pixels"),
         (cfg.objective != "mpp" or not cfg.init, "masked patch prediction pre-trains; fine-tune with finetune"),
         (cfg.keep_last >= 1, "--keep-last must be at least 1"),
+        (cfg.fewshot_every >= 0, f"--fewshot-every must be >= 0, got {cfg.fewshot_every}"),
+        (not (cfg.fewshot_every and cfg.fsdp), "--fewshot-every runs on one process: use DDP, not --fsdp"),
         (0.0 < cfg.crop_scale[0] <= cfg.crop_scale[1] <= 1.0, f"bad crop scale {cfg.crop_scale}"),
     ]
     for ok, message in checks:

@@ -214,6 +214,8 @@ class Trainer:
         evaluate_now = step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)
         if evaluate_now:
             self._evaluate()
+        if cfg.fewshot_every and (step % cfg.fewshot_every == 0 or step == cfg.steps):
+            self._fewshot()
         save_every = cfg.save_every or cfg.eval_every
         if step == cfg.steps or (save_every and step % save_every == 0):
             self.save_checkpoint()
@@ -249,6 +251,19 @@ class Trainer:
             f"top-5 {100 * self.metrics['top5']:.2f}%  ({self.metrics['count']} images)"
         )
         return self.metrics
+
+    def _fewshot(self) -> None:
+        """The paper's progress signal during pre-training: 5-shot linear accuracy (3 seeds) of the frozen
+        representation, few-shot sets from the train split, accuracy on the validation split. Rank 0 only."""
+        if self.d.is_main:
+            from ..eval.fewshot_data import fewshot_weights
+
+            encoder = getattr(self.model, "encoder", self.model)  # self-supervision: the ViT inside
+            with self.ema.applied(self.model) if self.ema is not None else nullcontext():
+                accuracy = fewshot_weights(encoder, self.cfg.data, shots=(5,), seeds=3).table["5"]["mean"]
+            self.log.record({"step": self.step, "split": "fewshot", "5shot": accuracy})
+            self.log.message(f"step {self.step}: 5-shot linear accuracy {100 * accuracy:.2f}% on {self.cfg.data}")
+        barrier()
 
     def _save_evaluated_weights(self, path: Path) -> None:
         """The weights as currently loaded in the model (EMA inside `ema.applied`), gathered from shards."""

@@ -120,6 +120,9 @@ def plot_curves(metrics_path: Path, out: Path) -> Path | None:
     ax_loss.set_yscale("log")
     for key in ("top1", "top5"):
         ax_acc.plot([r["step"] for r in val], [r[key] for r in val], "o-", label=f"val {key}")
+    fewshot = [r for r in records if r["split"] == "fewshot"]
+    if fewshot:  # the paper's progress signal during pre-training
+        ax_acc.plot([r["step"] for r in fewshot], [r["5shot"] for r in fewshot], "s--", label="5-shot linear")
     ax_lr.plot([r["step"] for r in train], [r["lr"] for r in train])
     for ax, title in ((ax_loss, "loss"), (ax_acc, "accuracy"), (ax_lr, "learning rate")):
         ax.set_xlabel("step")
