@@ -10,14 +10,12 @@ import json
 from pathlib import Path
 
 import numpy as np
-import torch
 from torch import nn
 
 from ..data import EvalTransform, ShardSampler, TransformedSplit, load_split, make_loader, normalize
-from .fewshot_lsr import DEFAULT_L2, FewshotResult, fewshot_on_features
+from .fewshot_lsr import DEFAULT_L2, FewshotResult, fewshot_on_features, representations
 
 
-@torch.no_grad()
 def split_features(
     model: nn.Module, data: str, split: str, batch_size: int = 256, workers: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -26,17 +24,14 @@ def split_features(
     images = load_split(data, split)
     loader = make_loader(TransformedSplit(images, EvalTransform(model.config.image_size)),
                          ShardSampler(len(images), batch_size), workers, device)
-    feats, labels = [], []
-    was_training = model.training
-    model.eval()
-    for batch in loader:
-        valid = batch["valid"]
-        x = normalize(batch["images"].to(device), model.config.mean, model.config.std)
-        rep = model.forward_head(model.forward_features(x), pre_logits=True).float().cpu()
-        feats.append(rep[valid])
-        labels.append(batch["labels"][valid])
-    model.train(was_training)
-    return torch.cat(feats).double().numpy(), torch.cat(labels).numpy()
+
+    def batches():  # normalised, without the padding entries of the evaluation shard
+        for batch in loader:
+            valid = batch["valid"]
+            x = normalize(batch["images"][valid].to(device), model.config.mean, model.config.std)
+            yield x, batch["labels"][valid]
+
+    return representations(model, batches())
 
 
 def fewshot_weights(

@@ -8,6 +8,7 @@ diagonal rescale. Float64 throughout: the result should not depend on the solver
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,23 +105,28 @@ def fewshot_indices(labels: np.ndarray, shots: int, seed: int) -> np.ndarray:
 
 # --- on a model ---------------------------------------------------------------------------------------------
 @torch.no_grad()
+def representations(model: torch.nn.Module, batches: Iterable) -> tuple[np.ndarray, np.ndarray]:
+    """The frozen representation `forward_head(..., pre_logits=True)` (float64) and labels of (images, labels)
+    batches, images already normalised and on the model's device; the model's train/eval mode is restored."""
+    was_training = model.training
+    model.eval()
+    feats, labels = [], []
+    for images, targets in batches:
+        feats.append(model.forward_head(model.forward_features(images), pre_logits=True).float().cpu())
+        labels.append(torch.as_tensor(targets))
+    model.train(was_training)
+    return torch.cat(feats).double().numpy(), torch.cat(labels).numpy()
+
+
 def extract_features(
     model: torch.nn.Module, data: object, batch_size: int = 256, device: str | torch.device | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The frozen representation `forward_head(..., pre_logits=True)` and labels of a dataset or DataLoader."""
+    """Representations of a dataset or DataLoader of (image tensor, label) pairs."""
     from torch.utils.data import DataLoader
 
     loader = data if isinstance(data, DataLoader) else DataLoader(data, batch_size=batch_size, shuffle=False)
     device = torch.device(device or next(model.parameters()).device)
-    was_training = model.training
-    model.eval()
-    feats, labels = [], []
-    for images, targets in loader:
-        tokens = model.forward_features(images.to(device))
-        feats.append(model.forward_head(tokens, pre_logits=True).float().cpu())
-        labels.append(torch.as_tensor(targets))
-    model.train(was_training)
-    return torch.cat(feats).double().numpy(), torch.cat(labels).numpy()
+    return representations(model, ((images.to(device), targets) for images, targets in loader))
 
 
 @dataclass
