@@ -123,7 +123,7 @@ def test_models_rows_cover_the_registry() -> None:
     rows = model_rows(224)
     assert [r["name"] for r in rows] == vitlab.list_models()
     by_name = {r["name"]: r for r in rows}
-    assert by_name["ViT-B/16"]["params"] == 86_567_656  # PAPER.md Table 1
+    assert by_name["ViT-B/16"]["params"] == 86_567_656  # official models_test.py
     assert by_name["R50+ViT-B/16"]["params"] == 98_659_112
     assert by_name["ViT-B/16"]["gmacs"] == pytest.approx(17.58, rel=0.01)
     assert all(r["gmacs"] > 0 for r in rows)

@@ -1,4 +1,4 @@
-"""Analytic multiply-add counts: the paper's figures (PAPER.md §6) and torch's own flop counter."""
+"""Analytic multiply-add counts: the paper's figures (ViT paper, analytic counts) and torch's own flop counter."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import vitlab
 from vitlab.flops import count_macs
 from vitlab.models import BiTConfig, ResNetConfig, ViTConfig, build_model
 
-# PAPER.md §6: multiply-adds per 224 image (and B/16 at 384), in G.
+# Multiply-adds per 224 image (and B/16 at 384), in G.
 PAPER_GMACS = [
     ("ViT-Ti/16", 224, 1.26),
     ("ViT-S/16", 224, 4.61),

@@ -1,4 +1,4 @@
-"""The model family: parameter counts against PAPER.md's table, forward paths, position embeddings, configs."""
+"""The model family: parameter counts against the official models_test.py, forward paths, position embeddings, configs."""
 
 import math
 
@@ -9,7 +9,7 @@ import torch
 import vitlab
 from vitlab.models import ViTConfig, config_from_dict, model_config
 
-# PAPER.md §1: official models_test.py counts, 1000 classes, 224×224.
+# Official models_test.py counts, 1000 classes, 224×224.
 PAPER_PARAMS = {
     "ViT-Ti/16": 5_717_416,
     "ViT-S/16": 22_050_664,

@@ -76,7 +76,7 @@ def stem_shapes(layers: tuple[int, ...], gn_4d: bool) -> tuple[dict[str, tuple[i
 
 def official_arrays(*, depth=2, width=48, heads=4, mlp=96, patch=8, grid=4, numbering="pre-linen", cls=True,
                     rep=None, classes=7, layers=None, gn_4d=False, seed=0) -> dict[str, np.ndarray]:
-    """A checkpoint in the official layout, written from PAPER.md §2 alone (not from the code under test)."""
+    """A checkpoint in the official layout, written from the documented official key layout alone (not from the code under test)."""
     shapes, embed_in = stem_shapes(layers, gn_4d) if layers is not None else ({}, 3)
     shapes |= {"embedding/kernel": (patch, patch, embed_in, width), "embedding/bias": (width,),
                POSEMBED: (1, grid * grid + int(cls), width), "Transformer/encoder_norm/scale": (width,),

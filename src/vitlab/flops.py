@@ -1,4 +1,4 @@
-"""Analytic multiply-add counts per image, the unit the paper calls "FLOPs" (PAPER.md §6: ViT-B/16 17.58 G).
+"""Analytic multiply-add counts per image, the unit the paper calls "FLOPs" (ViT-B/16 at 224: 17.58 G).
 
 Only multiply-adds of matrix products and convolutions are counted (Dense, conv, the two attention products
 and the relative-position logits); norms, activations, softmax and additions are not, as in the paper. Rule of

@@ -1,4 +1,4 @@
-"""Looking inside a ViT as the paper does (PAPER.md §5, paper Section 4.5): attention maps and rollout, mean
+"""Looking inside a ViT as the paper does (paper Section 4.5, Appendix D.7–D.8): attention maps and rollout, mean
 attention distance, position-embedding similarity, principal components of the embedding filters, and
 `analyze`, which writes all of them as figures with an index page and a summary of the numbers."""
 

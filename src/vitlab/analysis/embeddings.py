@@ -1,4 +1,4 @@
-"""What a ViT learns before the first block (PAPER.md §5, paper Fig. 7 left and centre): the principal
+"""What a ViT learns before the first block (paper Section 4.5, Fig. 7 left and centre): the principal
 components of the patch-embedding filters and the similarity structure of the position embeddings."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Few-shot linear evaluation as big_vision's `fewshot_lsr` defines it (PAPER.md §4).
+"""Few-shot linear evaluation as big_vision's `fewshot_lsr` defines it (paper Section 4.1 "few-shot accuracies").
 
 Frozen representations are standardised with the few-shot set's statistics, a constant feature 100 acts as an
 almost unregularised bias, targets are 2·onehot − 1, and the ridge solution comes from one eigendecomposition of

@@ -65,7 +65,7 @@ class ResNetConfig:
 
 @dataclass(frozen=True)
 class ViTConfig:
-    """A Vision Transformer, optionally with a ResNet stem (hybrid). Field names follow PAPER.md §1."""
+    """A Vision Transformer, optionally with a ResNet stem (hybrid). Field names follow paper Section 3.1 and Table 1."""
 
     image_size: tuple[int, int] = (224, 224)  # native size: the position embedding's grid
     patch_size: int = 16  # on the input, or on the stem's feature map for hybrids

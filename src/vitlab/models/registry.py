@@ -1,4 +1,4 @@
-"""Named variants as a small table (PAPER.md Table 1 and the official configs), decoded from names.
+"""Named variants as a small table (paper Table 1 and the official vit_jax configs), decoded from names.
 
 "ViT-B/16" = size B, patch 16; any patch size decodes ("ViT-B/14"). "-gap" selects the GAP classifier without
 class token. Hybrids and BiT ResNets are listed explicitly because their names do not encode the patch size.
@@ -49,7 +49,7 @@ _BIT_NAME = re.compile(r"^BiT-R(26|50|101|152)x(\d+)$")
 
 
 def list_models() -> list[str]:
-    """Every named variant: the ViTs of PAPER.md's table, their GAP versions, the hybrids, BiT ResNets."""
+    """Every named variant: the ViTs of paper Table 1 and the official configs, their GAP versions, the hybrids, BiT ResNets."""
     vits = [f"ViT-{v}" for v in LISTED_VITS]
     return vits + [f"{v}-gap" for v in vits] + list(HYBRIDS) + [f"BiT-{b}" for b in LISTED_BITS]
 

@@ -1,4 +1,4 @@
-"""BiT ResNet (PAPER.md §1 "Hybrid"): v1.5 bottlenecks, GroupNorm(32, eps 1e-6), weight-standardised convs,
+"""BiT ResNet (paper Section 3.1 "Hybrid Architecture"; official vit_jax models_resnet.py): v1.5 bottlenecks, GroupNorm(32, eps 1e-6), weight-standardised convs,
 JAX "SAME" padding. Used as the hybrid stem and, with a pooled head, as the paper's CNN baseline.
 """
 

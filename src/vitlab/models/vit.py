@@ -1,4 +1,4 @@
-"""The Vision Transformer of PAPER.md §1, from patch embedding to head, in one file.
+"""The Vision Transformer of the paper (Section 3.1, Eq. 1-4), from patch embedding to head, in one file.
 
 Shapes: N batch, T tokens (prefix + grid), D width, H heads, hd head dim, (gh, gw) patch grid.
 """
@@ -207,7 +207,7 @@ class VisionTransformer(nn.Module):
             tokens = tokens + pos
         return self.pos_drop(tokens), grid
 
-    # --- public forward API (DESIGN.md) ------------------------------------------------------------------
+    # --- public forward API  ------------------------------------------------------------------
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens after the final LayerNorm: (N, T, D)."""
         z, _ = self.embed(x)
@@ -251,7 +251,7 @@ class VisionTransformer(nn.Module):
         return out
 
     def reset_classifier(self, num_classes: int) -> None:
-        """Fine-tuning rule (PAPER.md §1): drop the representation layer, attach a zero-initialised head."""
+        """Fine-tuning rule (paper Section 3.2): drop the representation layer, attach a zero-initialised head."""
         self.pre_logits = None
         self.num_features = self.config.width
         self.head = zero_head(self.num_features, num_classes, self.norm.weight)
@@ -276,7 +276,7 @@ def _xavier_per_projection(weight: torch.Tensor, parts: int) -> None:
 
 @torch.no_grad()
 def init_weights(model: VisionTransformer) -> None:
-    """Official initialisers (PAPER.md §1): xavier-uniform kernels with normal(1e-6) biases, LeCun-normal patch
+    """Official initialisers (vit_jax models_vit.py): xavier-uniform kernels with normal(1e-6) biases, LeCun-normal patch
     embedding, zero class token, zero head."""
     for name, m in model.named_modules():
         if isinstance(m, nn.Linear):

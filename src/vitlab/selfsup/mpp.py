@@ -1,4 +1,4 @@
-"""Masked patch prediction, the paper's self-supervised objective (PAPER.md §4, Appendix B.1.2).
+"""Masked patch prediction, the paper's self-supervised objective (paper Section 4.6, Appendix B.1.2).
 
 Half of the patch embeddings are corrupted (80% replaced by a learned [mask] embedding, 10% by a random other
 patch embedding, 10% kept as they are), and each corrupted patch's final representation predicts the patch's

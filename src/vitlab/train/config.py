@@ -47,7 +47,7 @@ class TrainConfig:
     accum: int = 1  # gradient accumulation steps per optimiser step
     steps: int = 1000
     ema: float | None = None  # Polyak/EMA decay of the weights used for evaluation, e.g. 0.9999
-    # augmentation (PAPER.md §3: inception crop 5%-100% + flip)
+    # augmentation (official vit_jax input_pipeline: inception crop 5%-100% + flip)
     crop_scale: tuple[float, float] = (0.05, 1.0)
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
     flip: bool = True
@@ -72,7 +72,7 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-# PAPER.md §3. Values are the paper's; the step count of `pretrain` is ~90 epochs of ImageNet-21k.
+# Paper Tables 3 and 4, Appendix B.1. Values are the paper's; the step count of `pretrain` is ~90 epochs of ImageNet-21k.
 RECIPES: dict[str, dict[str, Any]] = {
     "pretrain": dict(
         model="ViT-B/16", image_size=224, optimizer="adam", lr=1e-3, weight_decay=0.03, betas=(0.9, 0.999),

@@ -1,4 +1,4 @@
-"""What the loop optimises: image classification (the default) or masked patch prediction (PAPER.md §4).
+"""What the loop optimises: image classification (the default) or masked patch prediction (paper Section 4.6).
 
 An objective wraps the model that is saved (a plain ViT) into the module that is trained, computes the loss of a
 batch, evaluates, and splits the trained module's state into the vitlab weights file (the ViT, loadable by

@@ -1,4 +1,4 @@
-"""Optimisers, the learning-rate schedule, the losses and Polyak/EMA weights (PAPER.md §3)."""
+"""Optimisers, the learning-rate schedule, the losses and Polyak/EMA weights (paper Appendix B.1, Tables 3-4)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Format detection is one decision on what the path is (folder with config.json, zip of .npy arrays, safetensors,
 torch pickle), not a chain of sniffers. Resolution change and head replacement follow the official fine-tuning
-rules (PAPER.md §1): the position embedding is resized bilinearly with corners aligned, class token kept; a
+rules (paper Section 3.2): the position embedding is resized bilinearly with corners aligned, class token kept; a
 different class count drops `pre_logits` and attaches a zero-initialised head.
 """
 
