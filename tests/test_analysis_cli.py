@@ -11,7 +11,7 @@ from PIL import Image
 import vitlab
 import vitlab.cli
 from vitlab.analysis import analyze, embedded_images, load_images
-from vitlab.models import BiT, BiTConfig, ResNetConfig, VisionTransformer, ViTConfig
+from vitlab.models import BiT, BiTConfig, VisionTransformer, ViTConfig
 
 FIGURES = ["embedding_filters.png", "position_similarity.png", "attention_distance.png",
            "attention_rollout.png", "last_layer_heads.png"]
@@ -111,7 +111,7 @@ def test_user_errors_are_one_line(tmp_path, capsys, extra, message):
 
 
 def test_bit_weights_are_refused(tmp_path, capsys):
-    bit = BiT(BiTConfig(resnet=ResNetConfig(layers=(1,)), image_size=32, num_classes=2))
+    bit = BiT(BiTConfig(layers=(1,), image_size=32, num_classes=2))
     rc, _, stderr = run_cli(["analyze", "--weights", saved(bit, tmp_path), "--out", str(tmp_path / "o")], capsys)
     assert rc == 2 and "needs a ViT or hybrid" in stderr
 

@@ -60,7 +60,7 @@ TINY_CONFIGS = {
     "vit-gap": TINY_VIT.replace(classifier="gap"),
     "hybrid": TINY_VIT.replace(image_size=64, patch_size=1, resnet=ResNetConfig(layers=(1, 1, 1))),
     "hybrid-root": TINY_VIT.replace(image_size=64, patch_size=2, resnet=ResNetConfig(layers=())),
-    "bit": BiTConfig(resnet=ResNetConfig(layers=(1, 2, 1, 1)), image_size=64, num_classes=10),
+    "bit": BiTConfig(layers=(1, 2, 1, 1), image_size=64, num_classes=10),
 }
 
 

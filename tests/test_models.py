@@ -1,4 +1,5 @@
-"""The model family: parameter counts against the official models_test.py, forward paths, position embeddings, configs."""
+"""The model family: parameter counts against the official models_test.py, forward paths, position embeddings,
+configs."""
 
 import math
 

@@ -76,7 +76,8 @@ def stem_shapes(layers: tuple[int, ...], gn_4d: bool) -> tuple[dict[str, tuple[i
 
 def official_arrays(*, depth=2, width=48, heads=4, mlp=96, patch=8, grid=4, numbering="pre-linen", cls=True,
                     rep=None, classes=7, layers=None, gn_4d=False, seed=0) -> dict[str, np.ndarray]:
-    """A checkpoint in the official layout, written from the documented official key layout alone (not from the code under test)."""
+    """A checkpoint in the official layout, written from the documented key layout alone (not from the code
+    under test)."""
     shapes, embed_in = stem_shapes(layers, gn_4d) if layers is not None else ({}, 3)
     shapes |= {"embedding/kernel": (patch, patch, embed_in, width), "embedding/bias": (width,),
                POSEMBED: (1, grid * grid + int(cls), width), "Transformer/encoder_norm/scale": (width,),
@@ -367,7 +368,7 @@ def test_image_size_must_match_the_grid(tmp_path: Path) -> None:
     (lambda: VisionTransformer(tiny(pos_embed="2d")), "2d position"),
     (lambda: VisionTransformer(tiny(pos_embed="relative")), "relative position"),
     (lambda: VisionTransformer(tiny(qkv_bias=False)), "qkv_bias"),
-    (lambda: BiT(BiTConfig(resnet=ResNetConfig(layers=(1,)), num_classes=3)), "not BiT"),
+    (lambda: BiT(BiTConfig(layers=(1,), num_classes=3)), "not BiT"),
 ], ids=["2d", "relative", "no-qkv-bias", "bit"])
 def test_writer_refuses_what_the_format_cannot_hold(tmp_path: Path, model, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -47,10 +47,11 @@ def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
 
 
 def match_timm_hybrid_numerics(model: nn.Module) -> nn.Module:
-    """timm's hybrid stem differs from the official one (vit_jax models_resnet.py) in two constants: GroupNorm eps 1e-5 (official
-    1e-6), and weight standardisation (w - mean) / sqrt(var + 1e-8) (official (w - mean) / (std + 1e-5)). We set
-    timm's GroupNorm eps to 1e-6, and the stem convs get weights of std 10: standardisation is scale-invariant, so
-    that changes nothing the test checks except making both eps conventions negligible (1e-5 / 10 = 1e-6)."""
+    """timm's hybrid stem differs from the official one (vit_jax models_resnet.py) in two constants:
+    GroupNorm eps 1e-5 (official 1e-6), and weight standardisation (w - mean) / sqrt(var + 1e-8) (official
+    (w - mean) / (std + 1e-5)). We set timm's GroupNorm eps to 1e-6, and the stem convs get weights of std 10:
+    standardisation is scale-invariant, so that changes nothing the test checks except making both eps
+    conventions negligible (1e-5 / 10 = 1e-6)."""
     for m in model.modules():
         if isinstance(m, nn.GroupNorm):
             m.eps = 1e-6

@@ -52,8 +52,11 @@ def count_macs(
     cfg = model_config(model) if isinstance(model, str) else model
     size = _pair(image_size) if image_size is not None else cfg.image_size
     if isinstance(cfg, BiTConfig):
-        stem, first, _ = resnet_macs(cfg.resnet, size, cfg.in_chans)
-        return MacCount(stem=stem, head=cfg.resnet.out_channels * cfg.num_classes, first_layer=first)
+        # BiT's ResNetV2 has the hybrid stem's convolutions at the same resolutions (its symmetric padding gives
+        # ceil(size / stride) like "SAME"); only norms and activations, which are not multiply-adds, move.
+        topology = ResNetConfig(layers=cfg.layers, width_factor=cfg.width_factor)
+        stem, first, _ = resnet_macs(topology, size, cfg.in_chans)
+        return MacCount(stem=stem, head=cfg.out_channels * cfg.num_classes, first_layer=first)
     return _vit_macs(cfg, size, class_token_last_block)
 
 

@@ -1,4 +1,5 @@
-"""Attention maps, attention rollout and mean attention distance (paper Section 4.5, Appendix D.7; Abnar & Zuidema 2020).
+"""Attention maps, attention rollout and mean attention distance (paper Section 4.5, Appendix D.7;
+Abnar & Zuidema 2020).
 
 The math lives in functions over attention tensors (`rollout_from_attention`,
 `attention_distance_from_attention`, `class_token_attention_from_attention`) so that hand-made attention can be

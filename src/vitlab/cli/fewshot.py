@@ -28,7 +28,7 @@ def parse_floats(text: str) -> list[float]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("fewshot", help="few-shot linear evaluation (closed-form ridge; paper Section 4.1, big_vision fewshot_lsr)",
+    p = sub.add_parser("fewshot", help="few-shot linear evaluation (closed-form ridge; paper Section 4.1)",
                        description="Few-shot linear evaluation of a frozen representation: draws k examples per "
                                    "class from the train split (3 seeds), fits closed-form ridge regression, "
                                    "reports accuracy on the val/test split.")

@@ -1,4 +1,5 @@
-"""The official pre-processing (paper Appendix B.1; official vit_jax input_pipeline) on PIL images, with the randomness passed in explicitly.
+"""The official pre-processing (paper Appendix B.1; official vit_jax input_pipeline) on PIL images, with the
+randomness passed in explicitly.
 
 Training: "inception crop" (random area 5%-100%, aspect ratio 3/4-4/3, resized to the target) and a random
 horizontal flip. Evaluation: resize the short side to the target, then central crop. Transforms return uint8

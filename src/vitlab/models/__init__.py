@@ -1,6 +1,6 @@
+from .bit import BiT
 from .config import BiTConfig, ResNetConfig, ViTConfig, config_from_dict
 from .registry import build_model, create_model, list_models, model_config
-from .resnet import BiT
 from .vit import VisionTransformer
 
 __all__ = [

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass
 from typing import Any, Literal
 
 PosEmbedKind = Literal["none", "learned", "2d", "relative"]
@@ -33,23 +34,28 @@ def _normalize_common_fields(cfg: Any) -> None:
     object.__setattr__(cfg, "image_size", _pair(cfg.image_size))
     object.__setattr__(cfg, "mean", tuple(float(v) for v in cfg.mean))
     object.__setattr__(cfg, "std", tuple(float(v) for v in cfg.std))
-    if isinstance(cfg.resnet, dict):
+    if isinstance(getattr(cfg, "resnet", None), dict):
         object.__setattr__(cfg, "resnet", ResNetConfig(**cfg.resnet))
 
 
 @dataclass(frozen=True)
 class ResNetConfig:
-    """BiT ResNet (v1.5 bottlenecks, GroupNorm + weight standardisation, JAX "SAME" padding)."""
+    """The hybrid stem: the official vit_jax `models_resnet.py` ResNet (post-activation v1.5 bottlenecks,
+    GroupNorm + weight standardisation, JAX "SAME" padding). Not BiT: see BiTConfig."""
 
     layers: tuple[int, ...] = (3, 4, 6, 3)  # bottleneck units per stage; () = root only
-    width_factor: int = 1
+    width_factor: float = 1  # any float, as in the official code: the root width is int(64 · width_factor)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(int(n) for n in self.layers))
+        wf = float(self.width_factor)
+        if not (math.isfinite(wf) and int(64 * wf) >= 1):
+            raise ValueError(f"width_factor must give a root width int(64·wf) of at least 1, got {self.width_factor}")
+        object.__setattr__(self, "width_factor", int(wf) if wf.is_integer() else wf)  # 1.0 and 1 compare equal
 
     @property
     def root_width(self) -> int:
-        return 64 * self.width_factor
+        return int(64 * self.width_factor)
 
     @property
     def out_channels(self) -> int:
@@ -65,7 +71,7 @@ class ResNetConfig:
 
 @dataclass(frozen=True)
 class ViTConfig:
-    """A Vision Transformer, optionally with a ResNet stem (hybrid). Field names follow paper Section 3.1 and Table 1."""
+    """A Vision Transformer, optionally with a ResNet stem (hybrid). Fields follow paper Section 3.1, Table 1."""
 
     image_size: tuple[int, int] = (224, 224)  # native size: the position embedding's grid
     patch_size: int = 16  # on the input, or on the stem's feature map for hybrids
@@ -136,24 +142,44 @@ class ViTConfig:
 
 @dataclass(frozen=True)
 class BiTConfig:
-    """A BiT ResNet classifier (the paper's CNN baseline): ResNet stages, GN+ReLU, global average pool, head."""
+    """A BiT ResNetV2 classifier (Kolesnikov et al. 2020; the ViT paper's CNN baselines): pre-activation
+    bottlenecks with GroupNorm and weight standardisation, final GN + ReLU, global mean pool, head."""
 
-    resnet: ResNetConfig = field(default_factory=ResNetConfig)
-    image_size: tuple[int, int] = (224, 224)
+    layers: tuple[int, ...] = (3, 4, 6, 3)  # units per stage: R50 (3,4,6,3), R101 (3,4,23,3), R152 (3,8,36,3)
+    width_factor: int = 1  # the "x1", "x3" of BiT-R50x3: root width 64·wf
+    image_size: tuple[int, int] = (224, 224)  # a CNN takes any size; this is the size it was trained at
     num_classes: int = 1000
     in_chans: int = 3
+    gn_eps: float = 1e-5
+    ws_eps: float = 1e-10  # weight standardisation (w − mean) / sqrt(var + ws_eps): big_transfer 1e-10, timm 1e-8
     mean: tuple[float, float, float] = OFFICIAL_MEAN
     std: tuple[float, float, float] = OFFICIAL_STD
     name: str = ""
 
     def __post_init__(self) -> None:
         _normalize_common_fields(self)
+        object.__setattr__(self, "layers", tuple(int(n) for n in self.layers))
+        if not self.layers or min(self.layers) < 1:
+            raise ValueError(f"BiT layers must be one or more positive unit counts per stage, got {self.layers}")
+        if self.width_factor < 1:
+            raise ValueError(f"BiT width_factor must be a positive integer, got {self.width_factor}")
+        if not (self.gn_eps > 0 and self.ws_eps > 0):
+            raise ValueError(f"gn_eps and ws_eps must be positive, got {self.gn_eps} and {self.ws_eps}")
+
+    @property
+    def root_width(self) -> int:
+        return 64 * self.width_factor
+
+    @property
+    def out_channels(self) -> int:
+        """Width of the representation: 4 · 64·wf · 2^(stages − 1) (2048·wf for four stages)."""
+        return 4 * self.root_width * 2 ** (len(self.layers) - 1)
 
     def replace(self, **changes: Any) -> BiTConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"arch": "bit", **_plain(dataclasses.asdict(self))}
+        return {"arch": "bit-v2", **_plain(dataclasses.asdict(self))}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -179,9 +205,12 @@ def config_from_dict(d: dict[str, Any]) -> ModelConfig:
     """Inverse of `to_dict`; unknown keys are an error so that a newer file is not silently misread."""
     d = dict(d)
     arch = d.pop("arch", "vit")
-    cls = {"vit": ViTConfig, "bit": BiTConfig}.get(arch)
+    if arch == "bit":  # vitlab 0.1 called the post-activation hybrid stem with a pooled head "BiT"
+        raise ValueError("architecture 'bit' is vitlab 0.1's post-activation ResNet, not BiT's ResNetV2, and is no "
+                         "longer supported; load the original BiT weights (.npz, timm, HF) instead")
+    cls = {"vit": ViTConfig, "bit-v2": BiTConfig}.get(arch)
     if cls is None:
-        raise ValueError(f"unknown architecture {arch!r} in config (expected 'vit' or 'bit')")
+        raise ValueError(f"unknown architecture {arch!r} in config (expected 'vit' or 'bit-v2')")
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = set(d) - known
     if unknown:

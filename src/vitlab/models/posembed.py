@@ -1,4 +1,5 @@
-"""Position-embedding resampling with the official semantics (paper Section 3.2; official vit_jax checkpoint.py uses scipy.ndimage.zoom(order=1)).
+"""Position-embedding resampling with the official semantics (paper Section 3.2;
+official vit_jax checkpoint.py uses scipy.ndimage.zoom(order=1)).
 
 The official `load_pretrained` resizes the grid part with `scipy.ndimage.zoom(order=1)`: bilinear interpolation
 whose corner samples stay on the corners, i.e. `F.interpolate(..., mode="bilinear", align_corners=True)`.

@@ -1,7 +1,8 @@
 """Named variants as a small table (paper Table 1 and the official vit_jax configs), decoded from names.
 
 "ViT-B/16" = size B, patch 16; any patch size decodes ("ViT-B/14"). "-gap" selects the GAP classifier without
-class token. Hybrids and BiT ResNets are listed explicitly because their names do not encode the patch size.
+class token. Hybrids are listed explicitly because their names do not encode the patch size; BiT names decode as
+"BiT-R<depth>x<width factor>" (big_transfer's naming).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ RESNET_DEPTHS: dict[str, tuple[int, ...]] = {
     "50": (3, 4, 6, 3),
     "101": (3, 4, 23, 3),
     "152": (3, 8, 36, 3),
+    "200": (3, 24, 36, 3),
 }
 
 # hybrid name: (ViT size, ResNet stages, patch size on the stem's feature map)
@@ -39,17 +41,19 @@ HYBRIDS: dict[str, tuple[str, tuple[int, ...], int]] = {
 }
 
 LISTED_VITS = ["Ti/16", "S/16", "S/32", "B/8", "B/16", "B/32", "L/16", "L/32", "H/14"]
-LISTED_BITS = ["R50x1", "R50x3", "R101x1", "R101x3", "R152x2", "R152x4"]
+# big_transfer's released BiT-S/BiT-M models and the paper's Table 6 (R50x2, R152x1, R200x3)
+LISTED_BITS = ["R50x1", "R50x2", "R50x3", "R101x1", "R101x3", "R152x1", "R152x2", "R152x4", "R200x3"]
 
 # Overrides that leave the architecture the named one (head size, input size, regularisation, normalisation).
 _NAME_KEEPING = {"num_classes", "image_size", "dropout", "attn_dropout", "mean", "std", "name"}
 
 _VIT_NAME = re.compile(r"^ViT-(Ti|S|B|L|H)/(\d+)(-gap)?$")
-_BIT_NAME = re.compile(r"^BiT-R(26|50|101|152)x(\d+)$")
+_BIT_NAME = re.compile(r"^BiT-R(26|50|101|152|200)x(\d+)$")
 
 
 def list_models() -> list[str]:
-    """Every named variant: the ViTs of paper Table 1 and the official configs, their GAP versions, the hybrids, BiT ResNets."""
+    """Every named variant: the ViTs of paper Table 1 and the official configs, their GAP versions, the
+    hybrids, the BiT ResNetV2s."""
     vits = [f"ViT-{v}" for v in LISTED_VITS]
     return vits + [f"{v}-gap" for v in vits] + list(HYBRIDS) + [f"BiT-{b}" for b in LISTED_BITS]
 
@@ -66,7 +70,7 @@ def model_config(name: str, /, **overrides: Any) -> ModelConfig:
             cfg = cfg.replace(classifier="gap")
     elif m := _BIT_NAME.match(name):
         depth, wf = m.groups()
-        cfg = BiTConfig(resnet=ResNetConfig(layers=RESNET_DEPTHS[depth], width_factor=int(wf)), name=name)
+        cfg = BiTConfig(layers=RESNET_DEPTHS[depth], width_factor=int(wf), name=name)
     else:
         raise ValueError(f"unknown model {name!r}; `vitlab models` lists the names (e.g. 'ViT-B/16')")
     if not overrides:
@@ -82,7 +86,7 @@ def _vit(size: str, patch: int, name: str) -> ViTConfig:
 
 
 def build_model(config: ModelConfig) -> nn.Module:
-    from .resnet import BiT
+    from .bit import BiT
     from .vit import VisionTransformer
 
     return VisionTransformer(config) if isinstance(config, ViTConfig) else BiT(config)

@@ -1,5 +1,7 @@
-"""BiT ResNet (paper Section 3.1 "Hybrid Architecture"; official vit_jax models_resnet.py): v1.5 bottlenecks, GroupNorm(32, eps 1e-6), weight-standardised convs,
-JAX "SAME" padding. Used as the hybrid stem and, with a pooled head, as the paper's CNN baseline.
+"""The hybrid stem (paper Section 3.1 "Hybrid Architecture"; official vit_jax `models_resnet.py`): a
+POST-activation ResNet with v1.5 bottlenecks, GroupNorm(32, eps 1e-6), weight-standardised convs
+((w − mean) / (std + 1e-5)) and JAX "SAME" padding. The paper's CNN baselines are BiT's pre-activation ResNetV2,
+a different network: models/bit.py.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import BiTConfig, ResNetConfig
+from .config import ResNetConfig
 
 GN_EPS = 1e-6
 WS_EPS = 1e-5
@@ -100,34 +102,3 @@ class ResNetStem(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = max_pool_same(F.relu(self.norm(self.conv(x))))
         return self.stages(x)
-
-
-class BiT(nn.Module):
-    """ResNet classifier: stem and all stages, global average pool, zero-initialised head."""
-
-    def __init__(self, config: BiTConfig):
-        super().__init__()
-        self.config = config
-        self.stem = ResNetStem(config.resnet, config.in_chans)
-        self.num_features = config.resnet.out_channels
-        self.head = nn.Linear(self.num_features, config.num_classes) if config.num_classes else nn.Identity()
-        if config.num_classes:
-            nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Feature map as tokens (N, h*w, C), the same layout a ViT's forward_features returns."""
-        return self.stem(x).flatten(2).transpose(1, 2)
-
-    def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        pooled = tokens.mean(dim=1)
-        return pooled if pre_logits else self.head(pooled)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
-
-    def reset_classifier(self, num_classes: int) -> None:
-        from .vit import zero_head
-
-        self.head = zero_head(self.num_features, num_classes, self.stem.norm.weight)
-        self.config = self.config.replace(num_classes=num_classes)

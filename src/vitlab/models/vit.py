@@ -276,8 +276,8 @@ def _xavier_per_projection(weight: torch.Tensor, parts: int) -> None:
 
 @torch.no_grad()
 def init_weights(model: VisionTransformer) -> None:
-    """Official initialisers (vit_jax models_vit.py): xavier-uniform kernels with normal(1e-6) biases, LeCun-normal patch
-    embedding, zero class token, zero head."""
+    """Official initialisers (vit_jax models_vit.py): xavier-uniform kernels with normal(1e-6) biases,
+    LeCun-normal patch embedding, zero class token, zero head."""
     for name, m in model.named_modules():
         if isinstance(m, nn.Linear):
             if name.endswith("attn.qkv"):

@@ -72,7 +72,7 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-# Paper Tables 3 and 4, Appendix B.1. Values are the paper's; the step count of `pretrain` is ~90 epochs of ImageNet-21k.
+# Paper Tables 3 and 4, Appendix B.1. Values are the paper's; `pretrain` runs ~90 epochs of ImageNet-21k.
 RECIPES: dict[str, dict[str, Any]] = {
     "pretrain": dict(
         model="ViT-B/16", image_size=224, optimizer="adam", lr=1e-3, weight_decay=0.03, betas=(0.9, 0.999),

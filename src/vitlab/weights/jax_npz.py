@@ -1,4 +1,4 @@
-"""Official google-research/vision_transformer `.npz` checkpoints (github.com/google-research/vision_transformer): read and write.
+"""Official `.npz` checkpoints of github.com/google-research/vision_transformer: read and write.
 
 The file is a flat dict of arrays named by their place in the Flax parameter tree
 ("Transformer/encoderblock_0/LayerNorm_0/scale"). One table (`_RULES`) maps each vitlab state-dict key to its
