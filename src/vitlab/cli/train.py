@@ -64,7 +64,11 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
     o.add_argument("--betas", type=float, nargs=2, help="Adam betas")
     o.add_argument("--momentum", type=float, help="SGD momentum")
     o.add_argument("--warmup", type=int, help="linear warm-up steps")
-    o.add_argument("--decay", choices=["linear", "cosine"])
+    o.add_argument("--decay", choices=["linear", "cosine", "step"],
+                   help="after warm-up: linear (to --linear-end), cosine (to 0), or step (x0.1 at --lr-drops)")
+    o.add_argument("--linear-end", type=float, help="LR at the end of linear decay (official pre-training: 1e-5)")
+    o.add_argument("--lr-drops", type=float, nargs="*", metavar="F",
+                   help="step decay: fractions of --steps after which the LR drops x0.1 (BiT-HyperRule 0.3 0.6 0.9)")
     o.add_argument("--clip", type=float, help="global gradient-norm clipping (0: off)")
     o.add_argument("--objective", choices=["classify", "mpp"],
                    help="classify (default) or mpp: masked patch prediction, self-supervised (recipe mpp)")
@@ -96,7 +100,7 @@ def training_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The TrainConfig fields the user set on the command line."""
     values = {k: v for k, v in vars(args).items() if k not in _NOT_CONFIG and v is not None}
     out = {_RENAMED.get(k, k): v for k, v in values.items()}
-    for key in ("crop_scale", "betas", "mean", "std"):
+    for key in ("crop_scale", "betas", "mean", "std", "lr_drops"):
         if key in out:
             out[key] = tuple(out[key])
     model_args = {field: getattr(args, dest) for dest, field in _MODEL_ARGS.items() if getattr(args, dest)}

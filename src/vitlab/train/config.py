@@ -28,6 +28,7 @@ class TrainConfig:
     init: str | None = None  # weights to fine-tune from: anything vitlab.load reads
     image_size: int = 224
     dropout: float | None = None  # None: keep the model's (init weights) value
+    representation_size: int | None = None  # `pre_logits` Dense + tanh width when built from scratch; 0: none
     mean: tuple[float, float, float] | None = None  # None: what the weights expect (official: 0.5)
     std: tuple[float, float, float] | None = None
     # optimisation
@@ -37,11 +38,14 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     momentum: float = 0.9
     warmup: int = 0  # linear warm-up steps
-    decay: Literal["linear", "cosine"] = "linear"
+    decay: Literal["linear", "cosine", "step"] = "linear"
+    linear_end: float = 0.0  # the LR linear decay ends at (vit_jax `linear_end`, 1e-5 in pre-training)
+    lr_drops: tuple[float, ...] = (0.3, 0.6, 0.9)  # "step" decay: LR ×0.1 after these fractions of the steps
     grad_clip: float = 1.0  # global-norm clipping; 0: off
     objective: Literal["classify", "mpp"] = "classify"  # mpp: masked patch prediction (self-supervised)
     mpp_target: Literal["mean-color", "mean-color-4x4", "pixels"] = "mean-color"
     loss: Literal["softmax", "sigmoid"] = "softmax"
+    head_bias_init: float = 0.0  # classifier bias of a model built from scratch (−10 for sigmoid pre-training)
     label_smoothing: float = 0.0
     batch_size: int = 4096  # global batch: over all processes and accumulation steps
     accum: int = 1  # gradient accumulation steps per optimiser step
@@ -124,7 +128,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (cfg.lr >= 0, f"--lr must be >= 0, got {cfg.lr}"),
         (cfg.ema is None or 0.0 < cfg.ema < 1.0, f"--ema must be in (0, 1), got {cfg.ema}"),
         (cfg.optimizer in ("adam", "sgd"), f"unknown optimizer {cfg.optimizer!r}; use adam or sgd"),
-        (cfg.decay in ("linear", "cosine"), f"unknown decay {cfg.decay!r}; use linear or cosine"),
+        (cfg.decay in ("linear", "cosine", "step"), f"unknown decay {cfg.decay!r}; use linear, cosine or step"),
+        (cfg.linear_end >= 0, f"--linear-end must be >= 0, got {cfg.linear_end}"),
+        (all(a < b for a, b in zip((0.0, *cfg.lr_drops), (*cfg.lr_drops, 1.0), strict=True)),
+         f"--lr-drops must be increasing fractions in (0, 1), got {cfg.lr_drops}"),
+        (cfg.representation_size is None or cfg.representation_size >= 0,
+         f"--representation-size must be >= 0 (0: none), got {cfg.representation_size}"),
         (cfg.loss in ("softmax", "sigmoid"), f"unknown loss {cfg.loss!r}; use softmax or sigmoid"),
         (cfg.objective in ("classify", "mpp"), f"unknown objective {cfg.objective!r}; use classify or mpp"),
         (cfg.mpp_target in ("mean-color", "mean-color-4x4", "pixels"),

@@ -31,23 +31,38 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
 
 
 class Schedule:
-    """big_vision's schedule as a factor on the base LR: min(1, step/warmup) times linear or cosine decay of
-    the progress after warm-up, reaching 0 at `total`. A callable object (not a lambda) so that LambdaLR's
-    state dict can hold it."""
+    """The learning rate as a factor on the base LR, at the 0-based update index `step`: update k of a run uses
+    the factor at k − 1, as the official loops do (vit_jax feeds `lr_fn(0)` to its first update, optax schedules
+    and big_transfer's `get_lr` start at 0), so with warm-up the first update has LR 0.
 
-    def __init__(self, warmup: int, total: int, decay: str):
+    - warm-up: min(1, step/warmup), multiplying every decay below (vit_jax `create_learning_rate_schedule`);
+    - "linear": end + (1 − end)·(1 − progress), progress over the steps after warm-up; `end` is `linear_end`
+      relative to the base LR (vit_jax default 1e-5 absolute);
+    - "cosine": 0.5·(1 + cos(π·progress)), reaching 0 (linear_end does not apply, as in vit_jax);
+    - "step": ×0.1 after each boundary round(f·total), f in `drops` (BiT-HyperRule, big_transfer
+      `bit_hyperrule.get_lr`: boundaries 30%, 60%, 90% of the steps; 40/60/80% for its smallest schedule).
+
+    A callable object (not a lambda) so that LambdaLR's state dict holds its settings; a checkpoint written before
+    `end`/`drops` existed restores only the fields it has, the others keep the (old-behaviour) defaults."""
+
+    def __init__(self, warmup: int, total: int, decay: str, end: float = 0.0,
+                 drops: tuple[float, ...] = (0.3, 0.6, 0.9)):
         self.warmup, self.total, self.decay = warmup, total, decay
+        self.end, self.drops = end, tuple(drops)
 
     def __call__(self, step: int) -> float:
         warm = min(1.0, step / self.warmup) if self.warmup else 1.0
+        if self.decay == "step":
+            return warm * 0.1 ** sum(round(f * self.total) < step for f in self.drops)
         progress = min(max((step - self.warmup) / max(self.total - self.warmup, 1), 0.0), 1.0)
         if self.decay == "cosine":
             return warm * 0.5 * (1.0 + math.cos(math.pi * progress))
-        return warm * (1.0 - progress)
+        return warm * (self.end + (1.0 - self.end) * (1.0 - progress))
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, Schedule(cfg.warmup, cfg.steps, cfg.decay))
+    end = cfg.linear_end / cfg.lr if cfg.lr else 0.0
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, Schedule(cfg.warmup, cfg.steps, cfg.decay, end, cfg.lr_drops))
 
 
 def classification_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str, smoothing: float) -> torch.Tensor:
