@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import pickle
 import re
-import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ import torch
 
 from ..models.config import ModelConfig
 from ..models.registry import build_model
+from ..outputs import atomic_folder
 from .errors import WeightsError
 from .io import read_safetensors
 from .validate import check_state_dict
@@ -105,9 +104,22 @@ def read_weights_folder(folder: Path, names: tuple[str, ...]) -> tuple[Path, dic
                 raise WeightsError(index, "has no 'weight_map'", "the shard index is corrupt")
             tensors: dict[str, torch.Tensor] = {}
             for shard in sorted(set(weight_map.values())):
-                tensors.update(read_tensor_file(folder / shard))
+                tensors.update(read_tensor_file(confined(folder, shard, index)))
             return index, tensors
     raise WeightsError(folder, f"holds none of {list(names)}", "point to the folder save_pretrained/save_for_hf wrote")
+
+
+def confined(folder: Path, name: Any, named_in: Path) -> Path:
+    """`folder / name` for a file name that another file (a shard index) gives; a name that is not a plain
+    relative path inside `folder` (absolute, `..`, a symlink out) is refused: a downloaded index must not make
+    vitlab open files elsewhere on the machine."""
+    if not isinstance(name, str) or not name:
+        raise WeightsError(named_in, f"names a shard {name!r} that is not a file name", "the index is corrupt")
+    target = (folder / name).resolve()
+    if not target.is_relative_to(folder.resolve()):
+        raise WeightsError(named_in, f"names a shard outside its folder ({name!r})",
+                           "shard files must lie in the model folder; the index is corrupt or malicious")
+    return target
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -148,17 +160,4 @@ def write_folder_atomically(folder: str | Path, write: Callable[[Path], None], o
         foreign = [p.name for p in folder.iterdir() if p.name not in owned] if folder.is_dir() else [folder.name]
         if foreign:
             raise WeightsError(folder, f"exists and holds {foreign[0]!r}", "write to a new or empty folder")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
-    old = tmp.with_name(tmp.name + ".old")
-    try:
-        write(tmp)
-        if folder.exists():
-            folder.rename(old)
-        tmp.rename(folder)
-    except BaseException:
-        if old.exists() and not folder.exists():
-            old.rename(folder)  # put the earlier export back
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+    atomic_folder(folder, write)

@@ -7,9 +7,7 @@ truncated or corrupt file is reported as such instead of failing deep inside a r
 from __future__ import annotations
 
 import json
-import os
 import struct
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..models.config import config_from_dict
+from ..outputs import atomic_write
 from .checkpoint import Checkpoint
 from .errors import WeightsError
 
@@ -60,20 +59,6 @@ def is_vitlab_file(path: str | Path) -> bool:
     return meta.get("format") == FORMAT_TAG
 
 
-def atomic_write(path: str | Path, write: Any) -> None:
-    """Call write(tmp_path) for a temp file beside `path`, then rename: readers never see a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def save(model: torch.nn.Module, path: str | Path, meta: dict[str, Any] | None = None) -> None:
     """Weights + config (+ meta such as class names) in one safetensors file, written atomically."""
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
@@ -94,5 +79,21 @@ def read_vitlab(path: str | Path) -> Checkpoint:
         config = config_from_dict(json.loads(metadata["config"]))
     except (ValueError, TypeError) as err:
         raise WeightsError(path, f"invalid vitlab config in metadata: {err}", "re-save the model") from None
-    meta = json.loads(metadata["meta"]) if "meta" in metadata else {}
+    _check_header_shapes(path, config, header)
+    try:
+        meta = json.loads(metadata["meta"]) if "meta" in metadata else {}
+    except json.JSONDecodeError:
+        raise WeightsError(path, "corrupt vitlab metadata ('meta' is not JSON)", "re-save the model") from None
+    if not isinstance(meta, dict):
+        raise WeightsError(path, "corrupt vitlab metadata ('meta' is not an object)", "re-save the model")
     return Checkpoint(config, read_safetensors(path), source="vitlab", meta=meta)
+
+
+def _check_header_shapes(path: str | Path, config: Any, header: dict[str, Any]) -> None:
+    """The config in the metadata against the tensor shapes in the header, before anything is built or read:
+    a crafted config (image_size 40000 beside a small position embedding) must not make vitlab allocate for it."""
+    from .files import expected_shapes
+    from .validate import check_state_dict
+
+    declared = {k: torch.empty(v["shape"], device="meta") for k, v in header.items() if k != "__metadata__"}
+    check_state_dict(path, expected_shapes(config), declared)
