@@ -255,11 +255,22 @@ def test_fields_the_format_cannot_hold(tmp_path: Path) -> None:
     (the writer refuses False); name is recomputed from the architecture."""
     cfg = tiny(gelu="exact", ln_eps=1e-5, dropout=0.1, attn_dropout=0.1, mean=(0.485, 0.456, 0.406),
                std=(0.229, 0.224, 0.225), name="mine")
-    with pytest.warns(UserWarning, match="tanh GELU"):
+    with pytest.warns(UserWarning, match=r"gelu='exact' \(official: 'tanh'\) and ln_eps=1e-05 \(official: 1e-6\)"):
         write_jax_npz(VisionTransformer(cfg), tmp_path / "m.npz")
     official = dataclasses.replace(cfg, gelu="tanh", ln_eps=1e-6, dropout=0.0, attn_dropout=0.0,
                                    mean=(0.5,) * 3, std=(0.5,) * 3, name="")
     assert read_jax_npz(tmp_path / "m.npz").config == official
+
+
+def test_official_numerics_export_without_a_warning(tmp_path: Path) -> None:
+    """Only what differs from the official code is warned about: ln_eps 1e-6 is the official value."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_jax_npz(VisionTransformer(tiny(gelu="tanh", ln_eps=1e-6)), tmp_path / "m.npz")
+    with pytest.warns(UserWarning, match=r"^the model uses gelu='exact' \(official: 'tanh'\); "):
+        write_jax_npz(VisionTransformer(tiny(gelu="exact", ln_eps=1e-6)), tmp_path / "e.npz")
 
 
 def test_prefixed_trees_read_the_same(tmp_path: Path) -> None:

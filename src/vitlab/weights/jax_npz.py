@@ -14,7 +14,6 @@ import dataclasses
 import math
 import os
 import re
-import uuid
 import warnings
 import zipfile
 import zlib
@@ -27,6 +26,7 @@ import torch
 from ..models.config import ResNetConfig, ViTConfig
 from ..models.registry import list_models, model_config
 from ..models.vit import VisionTransformer
+from ..outputs import atomic_write
 from .checkpoint import Checkpoint
 from .errors import WeightsError
 
@@ -354,21 +354,22 @@ def _exportable(model: VisionTransformer) -> ViTConfig:
                          "learned or none); save this model with vitlab.save")
     if not config.qkv_bias:
         raise ValueError("the official .npz format needs query/key/value biases (qkv_bias=True)")
-    if config.gelu != "tanh" or config.ln_eps != 1e-6:
-        warnings.warn(f"model uses gelu={config.gelu!r}, ln_eps={config.ln_eps}; the official JAX code computes "
-                      "tanh GELU and LayerNorm eps 1e-6, so its outputs will differ slightly", stacklevel=3)
+    differs = [f"gelu={config.gelu!r} (official: 'tanh')"] if config.gelu != "tanh" else []
+    if config.ln_eps != 1e-6:
+        differs.append(f"ln_eps={config.ln_eps} (official: 1e-6)")
+    if differs:
+        warnings.warn(f"the model uses {' and '.join(differs)}; the official JAX code will compute slightly "
+                      "different outputs from these weights", stacklevel=3)
     return config
 
 
 def _atomic_savez(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """np.savez into a temporary file beside `path`, then rename: readers see the old file or the new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "xb") as f:  # a file object keeps np.savez from appending ".npz" to the name
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:  # a file object keeps np.savez from appending ".npz" to the name
             np.savez(f, **arrays)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+
+    atomic_write(path, write)
