@@ -200,3 +200,24 @@ def test_config_dict_round_trip_and_unknown_fields():
 def test_image_size_must_be_divisible_by_effective_patch():
     with pytest.raises(ValueError, match="not divisible by the effective patch size 32"):
         model_config("R50+ViT-L/32", image_size=200)
+
+
+@pytest.mark.parametrize("name,changes,message", [
+    ("ViT-Ti/16", {"image_size": 0}, "image_size must be positive, got 0x0"),
+    ("ViT-Ti/16", {"num_classes": -5}, r"num_classes must be an integer >= 0 \(0: no classifier\), got -5"),
+    ("ViT-Ti/16", {"depth": 0}, "depth must be a positive integer, got 0"),
+    ("ViT-Ti/16", {"num_heads": 0}, "num_heads must be a positive integer, got 0"),
+    ("ViT-Ti/16", {"mlp_dim": -1}, "mlp_dim must be a positive integer, got -1"),
+    ("ViT-Ti/16", {"dropout": 1.0}, r"dropout must be in \[0, 1\), got 1.0"),
+    ("ViT-Ti/16", {"std": (0.5, 0.0, 0.5)}, "std positive"),
+    ("ViT-Ti/16", {"ln_eps": float("nan")}, "ln_eps must be a positive number"),
+    ("ViT-Ti/16", {"representation_size": 0}, "representation_size must be a positive integer"),
+    ("BiT-R50x1", {"image_size": -3}, "image_size must be positive"),
+    ("BiT-R50x1", {"width_factor": 0}, "width_factor must be a positive integer"),
+    ("BiT-R50x1", {"ws_eps": 0.0}, "gn_eps and ws_eps must be positive"),
+])
+def test_configs_outside_their_range_are_refused(name, changes, message):
+    """Every architecture field is checked where the config is made, with the allowed range in the message:
+    `create_model(image_size=0)` used to build a model."""
+    with pytest.raises(ValueError, match=message):
+        model_config(name, **changes)

@@ -30,10 +30,31 @@ def _pair(v: int | tuple[int, int] | list[int]) -> tuple[int, int]:
 
 
 def _normalize_common_fields(cfg: Any) -> None:
-    """Accept lists/ints/dicts (from JSON or users) and store tuples and dataclasses, so equal configs compare equal."""
+    """Accept lists/ints/dicts (from JSON or users) and store tuples and dataclasses, so equal configs compare equal;
+    refuse sizes, class counts and normalisations no model can have."""
     object.__setattr__(cfg, "image_size", _pair(cfg.image_size))
     object.__setattr__(cfg, "mean", tuple(float(v) for v in cfg.mean))
     object.__setattr__(cfg, "std", tuple(float(v) for v in cfg.std))
+    if min(cfg.image_size) < 1:
+        raise ValueError(f"image_size must be positive, got {cfg.image_size[0]}x{cfg.image_size[1]}")
+    if not isinstance(cfg.num_classes, int) or cfg.num_classes < 0:
+        raise ValueError(f"num_classes must be an integer >= 0 (0: no classifier), got {cfg.num_classes}")
+    if len(cfg.mean) != 3 or len(cfg.std) != 3:
+        raise ValueError(f"mean and std need 3 values (RGB), got {len(cfg.mean)} and {len(cfg.std)}")
+    if not all(math.isfinite(v) for v in cfg.mean) or not all(math.isfinite(v) and v > 0 for v in cfg.std):
+        raise ValueError(f"mean must be finite and std positive, got mean {cfg.mean} and std {cfg.std}")
+
+
+def check_ranges(cfg: Any, positive: tuple[str, ...] = (), unit: tuple[str, ...] = ()) -> None:
+    """ValueError naming the first field outside its range: `positive` integers >= 1, `unit` floats in [0, 1)."""
+    for name in positive:
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    for name in unit:
+        value = getattr(cfg, name)
+        if not (isinstance(value, int | float) and 0.0 <= value < 1.0):
+            raise ValueError(f"{name} must be in [0, 1), got {value!r}")
     if isinstance(getattr(cfg, "resnet", None), dict):
         object.__setattr__(cfg, "resnet", ResNetConfig(**cfg.resnet))
 
@@ -96,6 +117,12 @@ class ViTConfig:
 
     def __post_init__(self) -> None:
         _normalize_common_fields(self)
+        check_ranges(self, positive=("patch_size", "width", "depth", "mlp_dim", "num_heads", "in_chans"),
+                     unit=("dropout", "attn_dropout"))
+        if self.representation_size is not None:
+            check_ranges(self, positive=("representation_size",))
+        if not (math.isfinite(self.ln_eps) and self.ln_eps > 0):
+            raise ValueError(f"ln_eps must be a positive number, got {self.ln_eps}")
         if self.width % self.num_heads:
             raise ValueError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
         if self.pos_embed == "2d" and self.width % 2:
@@ -161,8 +188,7 @@ class BiTConfig:
         object.__setattr__(self, "layers", tuple(int(n) for n in self.layers))
         if not self.layers or min(self.layers) < 1:
             raise ValueError(f"BiT layers must be one or more positive unit counts per stage, got {self.layers}")
-        if self.width_factor < 1:
-            raise ValueError(f"BiT width_factor must be a positive integer, got {self.width_factor}")
+        check_ranges(self, positive=("width_factor", "in_chans"))
         if not (self.gn_eps > 0 and self.ws_eps > 0):
             raise ValueError(f"gn_eps and ws_eps must be positive, got {self.gn_eps} and {self.ws_eps}")
 
