@@ -1,0 +1,39 @@
+"""torch.hub entry points: `torch.hub.load("path/to/vitlab", "vit_b16", source="local", num_classes=10)`.
+
+Each entry builds the named vitlab model (`vitlab.create_model`), or with `weights=` loads any file or folder
+`vitlab.load` reads (official .npz, timm, HF transformers, vitlab safetensors, a run directory). Nothing is
+downloaded: published checkpoints are files you pass.
+"""
+
+import os
+import re
+import sys
+
+dependencies = ["torch", "numpy", "safetensors"]
+
+try:
+    import vitlab
+except ImportError:  # a clone that was not pip-installed: the package lives in src/
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "src"))
+    import vitlab
+
+
+def _entry_name(model_name: str) -> str:
+    """"ViT-B/16" -> "vit_b16", "R50+ViT-B/16" -> "r50_vit_b16", "BiT-R50x1" -> "bit_r50x1"."""
+    return re.sub(r"[^a-z0-9]+", "_", model_name.lower().replace("/", "")).strip("_")
+
+
+def _make_entry(model_name: str):
+    def entry(weights=None, **kwargs):
+        if weights is not None:
+            return vitlab.load(weights, **kwargs)
+        return vitlab.create_model(model_name, **kwargs)
+
+    entry.__name__ = _entry_name(model_name)
+    entry.__doc__ = (f"{model_name}: a fresh model (keyword arguments override its config, e.g. num_classes=10, "
+                     f"image_size=384), or weights=PATH to load a file with vitlab.load(PATH, **kwargs).")
+    return entry
+
+
+for _name in vitlab.list_models():
+    globals()[_entry_name(_name)] = _make_entry(_name)
