@@ -22,7 +22,7 @@ from vitlab.data import (
     make_loader,
     normalize,
 )
-from vitlab.data.transforms import inception_box
+from vitlab.data.transforms import subpixel_inception_box, tf_inception_box
 
 
 def write_image(path, size=(12, 10), color=(255, 0, 0), fmt=None):
@@ -67,29 +67,25 @@ def test_val_fraction_holds_out_of_train():
 
 
 # --- transforms --------------------------------------------------------------------------------------------
-def test_inception_box_respects_ranges():
+@pytest.mark.parametrize("sampler", [tf_inception_box, subpixel_inception_box])
+def test_inception_box_respects_ranges(sampler):
     rng = random.Random(0)
     for _ in range(200):
-        left, top, right, bottom = inception_box(40, 30, (0.05, 1.0), (3 / 4, 4 / 3), rng)
+        left, top, right, bottom = sampler(40, 30, (0.05, 1.0), (3 / 4, 4 / 3), rng)
         assert 0 <= left < right <= 40 and 0 <= top < bottom <= 30
         area = (right - left) * (bottom - top) / 1200
         assert 0.05 - 1e-9 <= area <= 1.0 + 1e-9
+        if sampler is tf_inception_box:
+            assert all(isinstance(v, int) for v in (left, top, right, bottom))
 
 
-def test_train_transform_is_seeded_and_sized():
+@pytest.mark.parametrize("crop", ["inception", "inception-subpixel", "resize-random-crop"])
+def test_train_transform_is_seeded_and_sized(crop):
     img = Image.fromarray((np.random.RandomState(0).rand(30, 40, 3) * 255).astype(np.uint8))
-    t = TrainTransform((16, 16))
-    a, b, c = t(img, random.Random(5)), t(img, random.Random(5)), t(img, random.Random(6))
-    assert a.shape == (16, 16, 3) and a.dtype == np.uint8
-    assert np.array_equal(a, b) and not np.array_equal(a, c)
-
-
-def test_eval_transform_resizes_short_side_and_crops_centre():
-    arr = np.zeros((20, 40), dtype=np.uint8)
-    arr[:, 10:30] = 255  # the central 20x20 square is white
-    out = EvalTransform((10, 10))(Image.fromarray(arr))
-    assert out.shape == (10, 10, 3)
-    assert out[:, 1:-1].min() == 255 and out.min() > 200  # only the centre survives (edges: filter support)
+    t = TrainTransform((16, 16), crop=crop)
+    a, b = t(img, random.Random(5)), t(img, random.Random(5))
+    assert a.shape == (16, 16, 3) and a.dtype == np.uint8 and np.array_equal(a, b)
+    assert any(not np.array_equal(a, t(img, random.Random(s))) for s in range(6, 10))
 
 
 def test_normalize_official_range():
@@ -219,9 +215,10 @@ def test_shard_sampler_pads_to_equal_length():
     assert sum(seed < 0 for _, seed in keys) == 1
 
 
-def test_loader_workers_do_not_change_batches():
+@pytest.mark.parametrize("crop", ["inception", "inception-subpixel"])
+def test_loader_workers_do_not_change_batches(crop):
     ds = build_datasets("digits")
-    data = TransformedSplit(ds.train, TrainTransform((16, 16), crop_scale=(0.5, 1.0), flip=False))
+    data = TransformedSplit(ds.train, TrainTransform((16, 16), crop_scale=(0.5, 1.0), flip=False, crop=crop))
     batches = []
     for workers in (0, 1):
         loader = make_loader(data, StepSampler(len(ds.train), 16, 0, 0, 3), workers, torch.device("cpu"))

@@ -28,6 +28,8 @@ def parse_floats(text: str) -> list[float]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from ..data.transforms import EVAL_RESIZES, FEWSHOT_RESIZE
+
     p = sub.add_parser("fewshot", help="few-shot linear evaluation (closed-form ridge; paper Section 4.1)",
                        description="Few-shot linear evaluation of a frozen representation: draws k examples per "
                                    "class from the train split (3 seeds), fits closed-form ridge regression, "
@@ -40,6 +42,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--l2-sweep", help="also report the best of these L2 values (chosen on test: optimistic)")
     p.add_argument("--random-init", action="store_true",
                    help="evaluate a freshly initialised model of the same architecture (a baseline)")
+    p.add_argument("--eval-resize", default=FEWSHOT_RESIZE, choices=[FEWSHOT_RESIZE, *EVAL_RESIZES],
+                   help="image pre-processing: fewshot (default; big_vision common_fewshot: resize to 256x256 "
+                        "ignoring the aspect ratio, central crop 224, scaled by 8/7 for other sizes), or an "
+                        "evaluation resize: official (whole image to the input size), big_vision (short side "
+                        "to 8/7 of it, central crop), resize-short-crop (short side to it, central crop)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--device", default="auto")
     p.add_argument("--json", dest="json_out", help="also write the table as JSON here")
@@ -63,13 +70,14 @@ def run(args: argparse.Namespace) -> int:
     if args.random_init:
         torch.manual_seed(0)
         model = build_model(model.config).to(device).eval()
-    result = fewshot_weights(model, args.data, shots, args.seeds, args.l2, sweep, args.batch_size)
+    result = fewshot_weights(model, args.data, shots, args.seeds, args.l2, sweep, args.batch_size,
+                             resize=args.eval_resize)
     label = "random init of " if args.random_init else ""
-    print(f"few-shot linear accuracy, {label}{args.weights} on {args.data}")
+    print(f"few-shot linear accuracy, {label}{args.weights} on {args.data} ({args.eval_resize} pre-processing)")
     print(result.format())
     if args.json_out:
         write_json(result, args.json_out, {"weights": str(args.weights), "data": args.data,
-                                           "random_init": args.random_init})
+                                           "random_init": args.random_init, "eval_resize": args.eval_resize})
         print(f"wrote {args.json_out}")
     return 0
 

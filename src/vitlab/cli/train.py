@@ -15,6 +15,10 @@ from typing import Any
 
 from . import UserError
 
+EVAL_RESIZE_HELP = ("evaluation pre-processing: official (whole image to the input size, aspect ignored; vit_jax), "
+                    "big_vision (short side to 8/7 of it: 256 for 224, 448 for 384; central crop), "
+                    "resize-short-crop (short side to the input size, central crop)")
+
 # flag dest -> TrainConfig field, where the names differ
 _RENAMED = {"wd": "weight_decay", "clip": "grad_clip"}
 _MODEL_ARGS = {"depth": "depth", "width": "width", "heads": "num_heads", "mlp_dim": "mlp_dim"}
@@ -36,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
+    from ..data.transforms import EVAL_RESIZES, TRAIN_CROPS
     from ..train import RECIPES
 
     a = p.add_argument
@@ -47,6 +52,10 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
     g.add_argument("--num-classes", type=int, help="expected class count (checked against the data)")
     g.add_argument("--workers", type=int, help="data-loading processes (default: CPUs - 1, at most 8)")
     g.add_argument("--crop-scale", type=float, nargs=2, metavar=("MIN", "MAX"), help="inception-crop area range")
+    g.add_argument("--train-crop", choices=TRAIN_CROPS,
+                   help="inception: TF's sample_distorted_bounding_box (official code); inception-subpixel: "
+                        "uniform area, fractional boxes (tiny images); resize-random-crop: BiT-HyperRule")
+    g.add_argument("--eval-resize", choices=EVAL_RESIZES, help=EVAL_RESIZE_HELP)
     g.add_argument("--no-flip", dest="no_flip", action="store_true", help="no random horizontal flip")
     g.add_argument("--flip", dest="flip", action="store_true", help="random horizontal flip")
     m = p.add_argument_group("model")
@@ -157,11 +166,15 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _register_eval(sub: argparse._SubParsersAction) -> None:
+    from ..data.transforms import EVAL_RESIZES
+
     p = sub.add_parser("eval", help="top-1/top-5 and a confusion matrix of weights on a dataset",
                        description="Evaluate weights (file, checkpoint or run directory) on a dataset split.")
     p.add_argument("--weights", required=True, help="weights file, checkpoint directory or run directory")
     p.add_argument("--data", required=True, help="embedded dataset (digits, mnist) or image folder")
     p.add_argument("--split", default="val", choices=["val", "train"], help="embedded sets: val = test split")
+    p.add_argument("--eval-resize", choices=EVAL_RESIZES,
+                   help=EVAL_RESIZE_HELP + ". Default: the one recorded with vitlab weights, else official")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--device", default="auto")
@@ -175,13 +188,13 @@ def _eval(args: argparse.Namespace) -> int:
     from ..train import evaluate_weights
 
     r = evaluate_weights(args.weights, args.data, args.split, args.batch_size, args.workers, args.device,
-                         args.confusion, args.strict)
+                         args.confusion, args.strict, args.eval_resize)
     if args.json:
-        print(json.dumps({**r.metrics, "confusion_png": str(r.confusion_png)}))
+        print(json.dumps({**r.metrics, "eval_resize": r.eval_resize, "confusion_png": str(r.confusion_png)}))
     else:
         m = r.metrics
         print(f"top-1 {100 * m['top1']:.2f}%  top-5 {100 * m['top5']:.2f}%  loss {m['loss']:.4f}  "
-              f"({m['count']} images)")
+              f"({m['count']} images)  eval resize: {r.eval_resize}")
         print(f"confusion matrix: {r.confusion_png}")
     return 0
 

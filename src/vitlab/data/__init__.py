@@ -1,13 +1,15 @@
-"""Datasets (image folders, embedded digits/MNIST), the official pre-processing and deterministic loaders."""
+"""Datasets (image folders, embedded digits/MNIST), the official pre-processing (inception crop as TF draws it,
+the named evaluation resizes, big_vision's few-shot resize) and deterministic loaders."""
 
 from .datasets import Datasets, build_datasets, load_split
 from .embedded import EMBEDDED
 from .errors import DataError
 from .loader import ShardSampler, StepSampler, TransformedSplit, make_loader
 from .sources import ImageSplit
-from .transforms import EvalTransform, TrainTransform, normalize
+from .transforms import EVAL_RESIZES, FEWSHOT_RESIZE, TRAIN_CROPS, EvalTransform, TrainTransform, normalize
 
 __all__ = [
-    "EMBEDDED", "DataError", "Datasets", "EvalTransform", "ImageSplit", "ShardSampler", "StepSampler",
-    "TrainTransform", "TransformedSplit", "build_datasets", "load_split", "make_loader", "normalize",
+    "EMBEDDED", "EVAL_RESIZES", "FEWSHOT_RESIZE", "TRAIN_CROPS", "DataError", "Datasets", "EvalTransform",
+    "ImageSplit", "ShardSampler", "StepSampler", "TrainTransform", "TransformedSplit", "build_datasets",
+    "load_split", "make_loader", "normalize",
 ]

@@ -1,10 +1,28 @@
-"""The official pre-processing (paper Appendix B.1; official vit_jax input_pipeline) on PIL images, with the
-randomness passed in explicitly.
+"""The official pre-processing on PIL images, with the randomness passed in explicitly.
 
-Training: "inception crop" (random area 5%-100%, aspect ratio 3/4-4/3, resized to the target) and a random
-horizontal flip. Evaluation: resize the short side to the target, then central crop. Transforms return uint8
-(H, W, 3) arrays; `normalize` maps them to the range the weights expect on the device, so workers ship 1 byte
-per value instead of 4 and the mean/std stay a property of the model (official: [-1, 1]).
+Training crops (`train_crop`):
+- "inception": the official code's inception crop (vit_jax input_pipeline, big_vision
+  `decode_jpeg_and_inception_crop`): TF's `sample_distorted_bounding_box(area_range=(0.05, 1),
+  min_object_covered=0)`, i.e. the aspect ratio drawn uniformly, then an integer crop HEIGHT drawn uniformly
+  between the heights of the smallest and largest allowed areas (clamped to the image), width = round(height ·
+  aspect), up to 100 attempts, else the whole image. The crop is resized to the target and flipped with p = 0.5.
+- "inception-subpixel": area fraction and aspect ratio uniform, fractional boxes, 10 attempts. Not TF's
+  sampler (it favours larger crops: mean area 0.43 instead of 0.34 on a 500×375 image); kept for tiny images
+  such as the 8×8 digits, where an integer box is a coarse choice among a handful of pixels.
+- "resize-random-crop": BiT-HyperRule (Kolesnikov et al. 2020, big_transfer): the whole image resized to R×R,
+  a random S×S crop, flip; R = 160 for S = 128, 448 for S = 384, otherwise round(S·8/7).
+
+Evaluation resizes (`eval_resize`):
+- "official": the whole image to S×S, aspect ratio ignored, no crop (vit_jax input_pipeline).
+- "big_vision": short side to round(S·8/7) (256 for 224; 448 for 384, as big_vision's transfer configs), then
+  the central S×S crop.
+- "resize-short-crop": short side to S, then the central crop (what vitlab did before the choice existed).
+Few-shot evaluation ("fewshot", big_vision configs/common_fewshot.py): the whole image to 256×256, aspect
+ignored, then the central 224 crop; scaled as round(S·8/7) (448 for 384) for other sizes.
+
+Resampling is bilinear (PIL). Transforms return uint8 (H, W, 3) arrays; `normalize` maps them to the range the
+weights expect on the device, so workers ship 1 byte per value instead of 4 and the mean/std stay a property
+of the model (official: [-1, 1]).
 
 Every random draw comes from a `random.Random` seeded per sample by the loader, so an augmented batch depends
 only on (seed, position in the sample stream): the same with 0 or 8 workers, 1 or 2 processes, before or after
@@ -22,6 +40,12 @@ import torch
 from PIL import Image
 
 Size = tuple[int, int]  # (height, width)
+Box = tuple[float, float, float, float]  # (left, top, right, bottom) in source pixels, as PIL takes it
+
+TRAIN_CROPS = ("inception", "inception-subpixel", "resize-random-crop")
+EVAL_RESIZES = ("official", "big_vision", "resize-short-crop")
+FEWSHOT_RESIZE = "fewshot"  # big_vision common_fewshot; an eval resize may be used for few-shot instead
+TF_MAX_ATTEMPTS = 100  # sample_distorted_bounding_box's default max_attempts
 
 
 def as_size(image_size: int | tuple[int, int] | list[int]) -> Size:
@@ -30,16 +54,73 @@ def as_size(image_size: int | tuple[int, int] | list[int]) -> Size:
     return (int(image_size[0]), int(image_size[1]))
 
 
-def inception_box(
+def resize_before_crop(size: int) -> int:
+    """The side an image is resized to before a central crop of `size` (big_vision: resize_small(256) then
+    central_crop(224); transfer: 448 then 384). Other sizes keep the ratio 8/7."""
+    return 448 if size == 384 else round(size * 8 / 7)
+
+
+def bit_resize(size: int) -> int:
+    """BiT-HyperRule's resize before its random crop (big_transfer: 160 → 128, 448 → 384)."""
+    return {128: 160, 384: 448}.get(size, round(size * 8 / 7))
+
+
+def tf_inception_box(
+    width: int, height: int, area_range: tuple[float, float], ratio_range: tuple[float, float],
+    rng: random.Random, max_attempts: int = TF_MAX_ATTEMPTS,
+) -> tuple[int, int, int, int]:
+    """An integer crop box (left, top, right, bottom) drawn as TF's `sample_distorted_bounding_box` kernel
+    draws it (min_object_covered = 0, no bounding boxes): per attempt an aspect ratio uniform in
+    `ratio_range`, then a crop. Whole image if no attempt succeeds."""
+    for _ in range(max_attempts):
+        aspect = ratio_range[0] + rng.random() * (ratio_range[1] - ratio_range[0])
+        box = _tf_random_crop(width, height, area_range, aspect, rng)
+        if box is not None:
+            return box
+    return (0, 0, width, height)
+
+
+def _tf_random_crop(
+    width: int, height: int, area_range: tuple[float, float], aspect: float, rng: random.Random
+) -> tuple[int, int, int, int] | None:
+    """One attempt (the kernel's GenerateRandomCrop). Heights are drawn, not areas: the crop's side length is
+    uniform, so small crops are more likely than with a uniform area. Rounding is half-to-even (lrintf)."""
+    min_area = area_range[0] * width * height
+    max_area = area_range[1] * width * height
+    h = round(math.sqrt(min_area / aspect))
+    max_h = round(math.sqrt(max_area / aspect))
+    if round(max_h * aspect) > width:  # the largest height whose rounded width still fits
+        max_h = int((width + 0.5 - 1e-7) / aspect)
+        if round(max_h * aspect) > width:
+            max_h -= 1
+    max_h = min(max_h, height)
+    h = min(h, max_h)
+    if h < max_h:
+        h += rng.randrange(max_h - h + 1)  # uniform in [h, max_h], both ends included
+    w = round(h * aspect)
+    if w * h < min_area:  # rounding made it too small: one pixel taller
+        h += 1
+        w = round(h * aspect)
+    if w * h > max_area:  # too large: one pixel shorter
+        h -= 1
+        w = round(h * aspect)
+    if not (min_area <= w * h <= max_area and 0 < w <= width and 0 < h <= height):
+        return None
+    top = rng.randrange(height - h) if h < height else 0  # Uniform(n) is [0, n): the last offset is never drawn
+    left = rng.randrange(width - w) if w < width else 0
+    return (left, top, left + w, top + h)
+
+
+def subpixel_inception_box(
     width: int, height: int, scale: tuple[float, float], ratio: tuple[float, float], rng: random.Random
-) -> tuple[float, float, float, float]:
-    """A crop box (left, top, right, bottom) as TF's `sample_distorted_bounding_box` draws it for the
-    inception crop: area fraction and aspect ratio uniform in their ranges, 10 attempts, else the whole image.
-    Boxes are fractional: PIL resamples from sub-pixel boxes, which matters for tiny images such as digits."""
+) -> Box:
+    """A fractional crop box: area fraction and aspect ratio uniform in their ranges, 10 attempts, else the
+    whole image. Not TF's sampler (see the module docstring); PIL resamples from sub-pixel boxes, which keeps
+    crops of an 8×8 image varied."""
     area = width * height
     for _ in range(10):
         target_area = area * rng.uniform(*scale)
-        aspect = rng.uniform(*ratio)  # TF draws the ratio uniformly (torchvision: log-uniformly)
+        aspect = rng.uniform(*ratio)
         w = math.sqrt(target_area * aspect)
         h = math.sqrt(target_area / aspect)
         if w <= width and h <= height:
@@ -56,24 +137,49 @@ def _to_rgb_array(img: Image.Image) -> np.ndarray:
     return arr
 
 
+def _crop_of_resized(img: Image.Image, resized: Size, top: int, left: int, size: Size) -> Image.Image:
+    """img resized to `resized` (h, w), then the `size` crop at integer offset (top, left). Resampling only
+    the matching source box would save work but moves the filter by float rounding: one grey level off in ~5%
+    of the pixels of an upsampled digit."""
+    img = img.resize((resized[1], resized[0]), Image.Resampling.BILINEAR)
+    return img.crop((left, top, left + size[1], top + size[0]))
+
+
 @dataclass(frozen=True)
 class TrainTransform:
-    """Inception crop + random horizontal flip. Digits must not be flipped, so `flip` is a setting."""
+    """Random crop (`crop`: one of TRAIN_CROPS) + random horizontal flip. Digits must not be flipped, so
+    `flip` is a setting. `crop_scale` / `crop_ratio` are the inception crops' area and aspect ranges."""
 
     image_size: Size
     crop_scale: tuple[float, float] = (0.05, 1.0)
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
     flip: bool = True
+    crop: str = "inception"
+
+    def __post_init__(self) -> None:
+        if self.crop not in TRAIN_CROPS:
+            raise ValueError(f"unknown train crop {self.crop!r}; use one of {', '.join(TRAIN_CROPS)}")
 
     @property
     def min_source_size(self) -> int:
         """Smallest short side a JPEG may be decoded at (draft mode) so that the smallest crop still has the
         target's resolution."""
+        if self.crop == "resize-random-crop":
+            return bit_resize(max(self.image_size))
         return math.ceil(max(self.image_size) / math.sqrt(max(self.crop_scale[0], 1e-4)))
 
     def __call__(self, img: Image.Image, rng: random.Random) -> np.ndarray:
-        box = inception_box(img.width, img.height, self.crop_scale, self.crop_ratio, rng)
-        img = img.resize((self.image_size[1], self.image_size[0]), Image.Resampling.BILINEAR, box=box)
+        th, tw = self.image_size
+        if self.crop == "resize-random-crop":
+            r = bit_resize(max(th, tw))
+            top, left = rng.randrange(r - th + 1), rng.randrange(r - tw + 1)  # tf.image.random_crop: both ends
+            img = _crop_of_resized(img, (r, r), top, left, (th, tw))
+        elif self.crop == "inception":  # slice, then resize: only the crop's pixels enter it (tf.slice)
+            box = tf_inception_box(img.width, img.height, self.crop_scale, self.crop_ratio, rng)
+            img = img.crop(box).resize((tw, th), Image.Resampling.BILINEAR)
+        else:
+            box_f = subpixel_inception_box(img.width, img.height, self.crop_scale, self.crop_ratio, rng)
+            img = img.resize((tw, th), Image.Resampling.BILINEAR, box=box_f)
         if self.flip and rng.random() < 0.5:
             img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         return _to_rgb_array(img)
@@ -81,22 +187,46 @@ class TrainTransform:
 
 @dataclass(frozen=True)
 class EvalTransform:
-    """Resize the short side to the target, then central crop (big_vision's resize_small + central_crop),
-    done as one resampling of the central source box."""
+    """Deterministic resize to the target (`resize`: one of EVAL_RESIZES, or FEWSHOT_RESIZE)."""
 
     image_size: Size
+    resize: str = "official"
+
+    def __post_init__(self) -> None:
+        if self.resize not in (*EVAL_RESIZES, FEWSHOT_RESIZE):
+            raise ValueError(f"unknown eval resize {self.resize!r}; use one of {', '.join(EVAL_RESIZES)}")
 
     @property
     def min_source_size(self) -> int:
+        if self.resize in ("big_vision", FEWSHOT_RESIZE):
+            return resize_before_crop(max(self.image_size))
         return max(self.image_size)
 
     def __call__(self, img: Image.Image, rng: random.Random | None = None) -> np.ndarray:
         th, tw = self.image_size
-        scale = max(th / img.height, tw / img.width)  # source pixels -> target pixels
-        ch, cw = th / scale, tw / scale  # the central source box that becomes the target
-        left, top = (img.width - cw) / 2, (img.height - ch) / 2
-        img = img.resize((tw, th), Image.Resampling.BILINEAR, box=(left, top, left + cw, top + ch))
+        if self.resize == "official":
+            img = img.resize((tw, th), Image.Resampling.BILINEAR)
+        elif self.resize == "resize-short-crop":
+            img = _short_side_crop(img, (th, tw))
+        else:
+            r = resize_before_crop(max(th, tw))
+            if self.resize == "big_vision":  # resize_small(r): short side to r, the other side rounded
+                ratio = r / min(img.height, img.width)
+                resized = (round(img.height * ratio), round(img.width * ratio))
+            else:  # few-shot: resize(r), aspect ignored
+                resized = (r, r)
+            top, left = (resized[0] - th) // 2, (resized[1] - tw) // 2  # central_crop's integer offsets
+            img = _crop_of_resized(img, resized, top, left, (th, tw))
         return _to_rgb_array(img)
+
+
+def _short_side_crop(img: Image.Image, size: Size) -> Image.Image:
+    """Short side to the target, then the central crop, as one resampling of the fractional central box."""
+    th, tw = size
+    scale = max(th / img.height, tw / img.width)  # source pixels -> target pixels
+    ch, cw = th / scale, tw / scale  # the central source box that becomes the target
+    left, top = (img.width - cw) / 2, (img.height - ch) / 2
+    return img.resize((tw, th), Image.Resampling.BILINEAR, box=(left, top, left + cw, top + ch))
 
 
 def normalize(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:

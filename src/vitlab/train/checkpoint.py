@@ -39,11 +39,32 @@ class WeightsHolder:
         return self._state
 
 
-def save_weights(path: Path, state: dict[str, torch.Tensor], config: ModelConfig, class_names: list[str]) -> None:
-    """vitlab safetensors (atomic): loadable by `vitlab.load`, class names in the metadata."""
-    from .. import save
+def save_weights(
+    path: Path, state: dict[str, torch.Tensor], config: ModelConfig, class_names: list[str],
+    meta: dict[str, Any] | None = None,
+) -> None:
+    """vitlab safetensors (atomic): loadable by `vitlab.load`, class names (and `meta`) in the metadata."""
+    from ..weights.io import save
 
-    save(WeightsHolder(state, config, class_names), path)
+    save(WeightsHolder(state, config, class_names), path, meta=meta)
+
+
+def weights_meta(cfg: Any) -> dict[str, Any]:
+    """What a run's weights carry besides config and class names: how the run evaluated, so that
+    `vitlab eval` on them evaluates the same way."""
+    return {"eval_resize": cfg.eval_resize}
+
+
+def recorded_eval_resize(path: str | Path) -> str:
+    """The evaluation resize stored with vitlab weights; "official" for files without one (official .npz,
+    timm, HF: the official code evaluates with a plain resize of the whole image)."""
+    from ..weights.io import safetensors_header
+
+    path = Path(path)
+    if path.suffix != ".safetensors" or not path.is_file():
+        return "official"
+    meta = (safetensors_header(path).get("__metadata__") or {}).get("meta")
+    return json.loads(meta).get("eval_resize", "official") if meta else "official"
 
 
 def _sha256(path: Path) -> str:
@@ -68,14 +89,14 @@ def step_dir(run_dir: Path, step: int) -> Path:
 
 def write_checkpoint(
     run_dir: Path, step: int, weights: dict[str, torch.Tensor], config: ModelConfig,
-    class_names: list[str], state: dict[str, Any],
+    class_names: list[str], state: dict[str, Any], meta: dict[str, Any] | None = None,
 ) -> Path:
     """Write step's checkpoint atomically; returns its directory."""
     final = step_dir(run_dir, step)
     tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_weights(tmp / "model.safetensors", weights, config, class_names)
+    save_weights(tmp / "model.safetensors", weights, config, class_names, meta)
     torch.save(state, tmp / "state.pt")
     manifest = {"step": step, "files": {}}
     for name in _FILES:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ..data.transforms import EVAL_RESIZES, TRAIN_CROPS
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -55,6 +57,9 @@ class TrainConfig:
     crop_scale: tuple[float, float] = (0.05, 1.0)
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
     flip: bool = True
+    train_crop: str = "inception"  # inception (TF's sampler), inception-subpixel, resize-random-crop (BiT)
+    eval_resize: str = "official"  # official (whole image to S×S), big_vision (short side 8/7·S, central crop),
+    # resize-short-crop (short side S, central crop)
     # run
     out: str = "runs/run"
     resume: bool = False
@@ -82,27 +87,33 @@ RECIPES: dict[str, dict[str, Any]] = {
         model="ViT-B/16", image_size=224, optimizer="adam", lr=1e-3, weight_decay=0.03, betas=(0.9, 0.999),
         warmup=10_000, decay="linear", grad_clip=1.0, dropout=0.1, loss="softmax", batch_size=4096,
         steps=300_000, crop_scale=(0.05, 1.0), flip=True, eval_every=10_000, log_every=50,
+        train_crop="inception", eval_resize="official",
     ),
     "finetune": dict(
         model="ViT-B/16", image_size=384, optimizer="sgd", lr=0.03, momentum=0.9, weight_decay=0.0,
         warmup=500, decay="cosine", grad_clip=1.0, dropout=0.0, loss="softmax", batch_size=512, steps=10_000,
         crop_scale=(0.05, 1.0), flip=True, eval_every=1000, log_every=50,
+        train_crop="inception", eval_resize="official",
     ),
     # Appendix B.1.2: ViT-B/16, 1M steps at batch 4096, Adam lr 2e-4, 10k warm-up, cosine decay.
     "mpp": dict(
         model="ViT-B/16", image_size=224, objective="mpp", mpp_target="mean-color", optimizer="adam", lr=2e-4,
         weight_decay=0.0, betas=(0.9, 0.999), warmup=10_000, decay="cosine", grad_clip=1.0, dropout=0.0,
         batch_size=4096, steps=1_000_000, crop_scale=(0.05, 1.0), flip=True, eval_every=10_000, log_every=50,
+        train_crop="inception", eval_resize="official",
     ),
     # The pretrain recipe scaled to a laptop: a 4-layer, 128-wide ViT with 4×4 patches on the 8×8 digits
     # upsampled to 16×16 (16 tokens + class token), cosine decay, 1000 steps of 128 (~90 epochs): 98.1-98.6%
     # test top-1 over seeds 0-2 in about 2 minutes on 2 CPU cores. Digits are not mirror-symmetric (no flip), and
-    # an inception crop of 5% of an 8×8 image is a blur, so crops keep at least half of the area.
+    # an inception crop of 5% of an 8×8 image is a blur, so crops keep at least half of the area; boxes are
+    # sub-pixel (integer boxes on 8×8 pixels are too coarse). On square digits the official eval resize is the
+    # short-side resize the demo used before the choice existed.
     "demo": dict(
         data="digits", model="ViT-Ti/4", model_args={"depth": 4, "width": 128, "num_heads": 4, "mlp_dim": 256},
         image_size=16, optimizer="adam", lr=1e-3, weight_decay=0.05, betas=(0.9, 0.999), warmup=100,
         decay="cosine", grad_clip=1.0, dropout=0.0, loss="softmax", label_smoothing=0.1, batch_size=128,
         steps=1000, crop_scale=(0.5, 1.0), flip=False, eval_every=250, log_every=50,
+        train_crop="inception-subpixel", eval_resize="official",
     ),
 }
 
@@ -143,6 +154,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (cfg.fewshot_every >= 0, f"--fewshot-every must be >= 0, got {cfg.fewshot_every}"),
         (not (cfg.fewshot_every and cfg.fsdp), "--fewshot-every runs on one process: use DDP, not --fsdp"),
         (0.0 < cfg.crop_scale[0] <= cfg.crop_scale[1] <= 1.0, f"bad crop scale {cfg.crop_scale}"),
+        (cfg.train_crop in TRAIN_CROPS, f"unknown --train-crop {cfg.train_crop!r}; use {', '.join(TRAIN_CROPS)}"),
+        (cfg.eval_resize in EVAL_RESIZES,
+         f"unknown --eval-resize {cfg.eval_resize!r}; use {', '.join(EVAL_RESIZES)}"),
     ]
     for ok, message in checks:
         if not ok:
@@ -155,7 +169,8 @@ def config_from_json(path: str | Path) -> TrainConfig:
     d = json.loads(Path(path).read_text())
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in known}
-    return TrainConfig(**d)
+    # Runs recorded before these settings existed used the sub-pixel crop and short-side evaluation resize.
+    return TrainConfig(**{"train_crop": "inception-subpixel", "eval_resize": "resize-short-crop", **d})
 
 
 def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> TrainConfig | None:

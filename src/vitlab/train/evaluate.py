@@ -15,6 +15,7 @@ from ..data import EvalTransform, ShardSampler, TransformedSplit, load_split, ma
 from ..data.errors import DataError
 from ..data.sources import DECODE_ERRORS, ImageSplit
 from ..eval.metrics import ClassificationMeter, plot_confusion_matrix
+from .checkpoint import recorded_eval_resize
 from .distributed import all_reduce, pick_device
 
 
@@ -90,13 +91,17 @@ class EvalResult:
     confusion: torch.Tensor  # (K, K) rows: true class
     class_names: list[str]
     confusion_png: Path | None
+    eval_resize: str = "official"  # the pre-processing used (data.transforms.EVAL_RESIZES)
 
 
 def evaluate_weights(
     weights: str | Path, data: str, split: str = "val", batch_size: int = 256, workers: int = 0,
     device: str = "auto", confusion_png: str | Path | None = None, strict: bool = False,
+    eval_resize: str | None = None,
 ) -> EvalResult:
-    """`vitlab eval`: top-1/top-5/loss of saved weights on a dataset split, and a confusion-matrix PNG."""
+    """`vitlab eval`: top-1/top-5/loss of saved weights on a dataset split, and a confusion-matrix PNG.
+    `eval_resize` None: the resize the weights were evaluated with in training (recorded in vitlab weights),
+    else "official"."""
     dev = pick_device(device)
     model, names = load_for_inference(weights, dev)
     has_names = getattr(model, "class_names", None) is not None
@@ -108,13 +113,14 @@ def evaluate_weights(
         )
     if has_names and list(data_split.class_names) != names:
         raise DataError(f"class names of {data} differ from the weights' ({', '.join(names[:5])}, …)")
-    transform = EvalTransform(model.config.image_size)
+    resize = eval_resize or recorded_eval_resize(resolve_weights(weights))
+    transform = EvalTransform(model.config.image_size, resize)
     loader = make_loader(TransformedSplit(data_split, transform), ShardSampler(len(data_split), batch_size),
                          workers, dev)
     meter = evaluate(model, loader, dev, model.config.mean, model.config.std, model.config.num_classes,
                      confusion=True)
     png = plot_confusion_matrix(meter.confusion, names, confusion_png) if confusion_png else None
-    return EvalResult(meter.result(), meter.confusion.cpu(), names, png)
+    return EvalResult(meter.result(), meter.confusion.cpu(), names, png, resize)
 
 
 @torch.no_grad()
@@ -122,7 +128,7 @@ def predict(weights: str | Path, images: list[str], top_k: int = 5, device: str 
     """`vitlab predict`: for each image, the top-k classes with softmax probabilities."""
     dev = pick_device(device)
     model, names = load_for_inference(weights, dev)
-    transform = EvalTransform(model.config.image_size)
+    transform = EvalTransform(model.config.image_size, recorded_eval_resize(resolve_weights(weights)))
     split = ImageSplit("predict", torch.zeros(len(images), dtype=torch.long).numpy(), names, paths=list(images))
     results = []
     for i, path in enumerate(images):

@@ -28,7 +28,14 @@ from torch.distributed.checkpoint.state_dict import (
 from ..data import build_datasets, normalize
 from ..data.errors import DataError, describe_paths
 from ..models.registry import build_model as build_from_config
-from .checkpoint import latest_valid_checkpoint, prune_checkpoints, read_checkpoint, save_weights, write_checkpoint
+from .checkpoint import (
+    latest_valid_checkpoint,
+    prune_checkpoints,
+    read_checkpoint,
+    save_weights,
+    weights_meta,
+    write_checkpoint,
+)
 from .config import TrainConfig
 from .distributed import Dist, all_gather_objects, all_reduce, barrier, grad_sync, setup, teardown, wrap_model
 from .evaluate import autocast
@@ -269,7 +276,7 @@ class Trainer:
         """The weights as currently loaded in the model (EMA inside `ema.applied`), gathered from shards."""
         weights, _ = self.objective.split_state(get_model_state_dict(self.model, options=_FULL))
         if self.d.is_main:
-            save_weights(path, weights, self.model_config, self.data.class_names)
+            save_weights(path, weights, self.model_config, self.data.class_names, weights_meta(self.cfg))
         barrier()
 
     def save_checkpoint(self) -> Path:
@@ -290,7 +297,7 @@ class Trainer:
                 "objective": extras,  # self-supervision: mask token and prediction head, not in the weights file
             }
             path = write_checkpoint(self.run_dir, self.step, weights, self.model_config, self.data.class_names,
-                                    state)
+                                    state, weights_meta(self.cfg))
             prune_checkpoints(self.run_dir, self.cfg.keep_last)
         barrier()
         self.last_checkpoint = path

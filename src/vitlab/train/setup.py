@@ -107,11 +107,11 @@ def make_loaders(cfg: TrainConfig, data: Datasets, start_step: int, d: Dist) -> 
     workers = default_workers(d) if cfg.workers is None else cfg.workers
     set_cpu_threads(d, workers)
     size = (cfg.image_size, cfg.image_size)
-    train_tf = TrainTransform(size, tuple(cfg.crop_scale), tuple(cfg.crop_ratio), cfg.flip)
+    train_tf = TrainTransform(size, tuple(cfg.crop_scale), tuple(cfg.crop_ratio), cfg.flip, cfg.train_crop)
     sampler = StepSampler(len(data.train), cfg.batch_size, cfg.seed, start_step, cfg.steps, d.rank, d.world, cfg.accum)
     train = make_loader(TransformedSplit(data.train, train_tf), sampler, workers, d.device)
     val_sampler = ShardSampler(len(data.val), cfg.eval_batch_size, d.rank, d.world)
-    val = make_loader(TransformedSplit(data.val, EvalTransform(size)), val_sampler, workers, d.device)
+    val = make_loader(TransformedSplit(data.val, EvalTransform(size, cfg.eval_resize)), val_sampler, workers, d.device)
     return train, val, workers
 
 
