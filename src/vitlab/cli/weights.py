@@ -18,7 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Convert weights: official .npz, timm, HF and vitlab in any direction.")
     p.add_argument("src", help="weights to read (any format vitlab.load accepts)")
     p.add_argument("dst", help="output path: .safetensors (vitlab), .npz (official JAX) or a folder (--to)")
-    p.add_argument("--to", choices=["vitlab", "jax-npz", "timm", "hf"], help="output format (default: by suffix)")
+    p.add_argument("--to", choices=["vitlab", "jax-npz", "bit-npz", "timm", "hf"],
+                   help="output format (default: by suffix; .npz of a BiT is big_transfer's layout)")
     p.add_argument("--image-size", type=int, help="resample the position embedding to this input size")
     p.add_argument("--num-classes", type=int, help="replace the head (zero-initialised) with this many classes")
     p.add_argument("--arch", help="architecture name for a bare timm state dict")
@@ -38,7 +39,8 @@ def run_info(args: argparse.Namespace) -> int:
     for key, value in info.items():
         print(f"{key:>20}: {value}")
     fields = ["image_size", "patch_size", "width", "depth", "num_heads", "mlp_dim", "num_classes", "classifier",
-              "representation_size", "pos_embed", "gelu", "ln_eps", "resnet"]
+              "representation_size", "pos_embed", "gelu", "ln_eps", "resnet", "layers", "width_factor", "gn_eps",
+              "ws_eps"]
     for key in fields:
         if key in cfg:
             print(f"{key:>20}: {cfg[key]}")

@@ -7,11 +7,11 @@ from typing import Any
 
 from torch import nn
 
-from ..models.config import ViTConfig
+from ..models.config import BiTConfig, ViTConfig
 from .errors import WeightsError
 from .load import detect_format, load, read_checkpoint
 
-TARGETS = ("vitlab", "jax-npz", "timm", "hf")
+TARGETS = ("vitlab", "jax-npz", "bit-npz", "timm", "hf")
 
 
 def target_format(dst: str | Path, to: str | None) -> str:
@@ -37,6 +37,10 @@ def write(model: nn.Module, dst: str | Path, fmt: str, **options: Any) -> None:
         from .jax_npz import write_jax_npz
 
         write_jax_npz(model, dst, **options)
+    elif fmt == "bit-npz":
+        from .bit_npz import write_bit_npz
+
+        write_bit_npz(model, dst, gn_4d=options.get("gn_4d", False))
     elif fmt == "hf":
         from .hf import write_hf
 
@@ -61,6 +65,8 @@ def convert(
     if Path(dst).resolve() == Path(src).resolve():
         raise ValueError("destination is the source; write to a new path")
     model = load(src, image_size=image_size, num_classes=num_classes, arch=arch)
+    if fmt == "jax-npz" and isinstance(model.config, BiTConfig):
+        fmt = "bit-npz"  # the official .npz of a BiT is big_transfer's layout
     write(model, dst, fmt, **options)
     return fmt
 

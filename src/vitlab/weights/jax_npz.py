@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..models.config import ResNetConfig, ViTConfig
+from ..models.config import BiTConfig, ResNetConfig, ViTConfig
 from ..models.registry import list_models, model_config
 from ..models.vit import VisionTransformer
 from ..outputs import atomic_write
@@ -159,6 +159,19 @@ def read_jax_npz(path: str | os.PathLike, image_size: int | tuple[int, int] | No
 
 def _open(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], str]:
     """All arrays of the archive, the tree prefix stripped; every way a file can be unreadable is a WeightsError."""
+    arrays = read_npz_arrays(path)
+    prefix = next((p for p in PREFIXES if f"{p}embedding/kernel" in arrays), None)
+    if prefix is None:
+        raise WeightsError(path, "no embedding/kernel tensor: not an official ViT checkpoint",
+                           "use vitlab.load for timm, Hugging Face or vitlab files")
+    if prefix == "opt/target/":  # flax.optim keeps optimizer moments beside the weights: not model tensors
+        arrays = {k: v for k, v in arrays.items() if not k.startswith("opt/state/")}
+    return {k.removeprefix(prefix): v for k, v in arrays.items()}, prefix
+
+
+def read_npz_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Every array of an .npz archive by name; a file that is not one (a lone .npy, a corrupt or truncated zip,
+    members that are not arrays) is a one-line WeightsError. Shared by the ViT and the BiT readers."""
     with open(path, "rb") as f:  # a missing file stays FileNotFoundError
         magic = f.read(6)
     if magic.startswith(b"\x93NUMPY"):
@@ -166,7 +179,7 @@ def _open(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], str]:
                            "pass the official .npz checkpoint")
     if not magic.startswith(b"PK"):
         raise WeightsError(path, "not an .npz archive (no zip header)",
-                           "official ViT weights are .npz files; use vitlab.load for other formats")
+                           "official ViT and BiT weights are .npz files; use vitlab.load for other formats")
     try:
         npz = np.load(path, allow_pickle=False)
         with npz:
@@ -178,13 +191,7 @@ def _open(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], str]:
     if not_arrays:
         raise WeightsError(path, f"member {not_arrays[0]} is not a numpy array: a zip, but not an .npz checkpoint",
                            "use vitlab.load for other formats")
-    prefix = next((p for p in PREFIXES if f"{p}embedding/kernel" in arrays), None)
-    if prefix is None:
-        raise WeightsError(path, "no embedding/kernel tensor: not an official ViT checkpoint",
-                           "use vitlab.load for timm, Hugging Face or vitlab files")
-    if prefix == "opt/target/":  # flax.optim keeps optimizer moments beside the weights: not model tensors
-        arrays = {k: v for k, v in arrays.items() if not k.startswith("opt/state/")}
-    return {k.removeprefix(prefix): v for k, v in arrays.items()}, prefix
+    return arrays
 
 
 def _detect_numbering(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> str:
@@ -327,7 +334,12 @@ def write_jax_npz(model: VisionTransformer, path: str | os.PathLike, numbering: 
 
     numbering: "pre-linen" (the 2020 releases) or "linen"; gn_4d stores GroupNorm params as (1, 1, 1, C) like
     the oldest hybrid files. The file is written to a temporary name and renamed: never left half-written.
+    A BiT model is written in big_transfer's layout instead (`bit_npz.write_bit_npz`; numbering does not apply).
     """
+    if isinstance(getattr(model, "config", None), BiTConfig):
+        from .bit_npz import write_bit_npz
+
+        return write_bit_npz(model, path, gn_4d=gn_4d)
     if numbering not in NUMBERINGS:
         raise ValueError(f"numbering must be one of {sorted(NUMBERINGS)}, not {numbering!r}")
     config = _exportable(model)

@@ -20,7 +20,7 @@ from ..models.registry import build_model
 from .checkpoint import Checkpoint
 from .errors import WeightsError
 
-FORMATS = ("vitlab", "jax-npz", "timm", "hf")
+FORMATS = ("vitlab", "jax-npz", "bit-npz", "timm", "hf")
 
 
 def detect_format(path: str | Path) -> str:
@@ -49,12 +49,12 @@ def _folder_format(path: Path) -> str:
         cfg = json.loads(cfg_path.read_text())
     except json.JSONDecodeError:
         raise WeightsError(cfg_path, "config.json is not valid JSON", "re-export the folder") from None
-    if cfg.get("model_type") == "vit":
+    if cfg.get("model_type") in ("vit", "bit"):
         return "hf"
     if "architecture" in cfg:
         return "timm"
     kind = cfg.get("model_type") or "unknown"
-    raise WeightsError(cfg_path, f"unsupported model_type {kind!r}", "vitlab reads timm ViT and HF 'vit' folders")
+    raise WeightsError(cfg_path, f"unsupported model_type {kind!r}", "vitlab reads timm and HF 'vit' / 'bit' folders")
 
 
 def _zip_format(path: Path) -> str:
@@ -63,7 +63,9 @@ def _zip_format(path: Path) -> str:
     except (zipfile.BadZipFile, OSError):
         raise WeightsError(path, "corrupt or truncated zip archive", "re-download or re-export the file") from None
     if any(n.endswith(".npy") for n in names):
-        return "jax-npz"
+        from .bit_npz import is_bit_npz
+
+        return "bit-npz" if is_bit_npz(names) else "jax-npz"  # big_transfer names everything resnet/…
     if any(n.endswith("data.pkl") for n in names):
         return "timm"  # torch.save's zip format: a state dict, read with weights_only=True
     raise WeightsError(path, "zip archive holds neither .npy arrays nor a torch state dict", "pass an official .npz")
@@ -79,6 +81,10 @@ def read_checkpoint(path: str | Path, arch: str | None = None) -> Checkpoint:
         from .jax_npz import read_jax_npz
 
         return read_jax_npz(path)
+    if fmt == "bit-npz":
+        from .bit_npz import read_bit_npz
+
+        return read_bit_npz(path)
     if fmt == "hf":
         from .hf import read_hf
 
