@@ -274,10 +274,25 @@ def _xavier_per_projection(weight: torch.Tensor, parts: int) -> None:
         nn.init.xavier_uniform_(chunk)
 
 
+# Standard deviation of a standard normal truncated to [-2, 2]: Flax's `variance_scaling(..., "truncated_normal")`
+# divides by it so that the truncated samples have exactly the requested std.
+TRUNCATED_STD = 0.87962566103423978
+
+
+def lecun_normal_(weight: torch.Tensor) -> None:
+    """Flax's default kernel initialiser (`lecun_normal`): a normal truncated at ±2 of its own σ, with
+    σ = sqrt(1/fan_in) / TRUNCATED_STD, so that the samples' std is sqrt(1/fan_in). (torch's `trunc_normal_`
+    takes absolute bounds: a=-2σ, b=2σ here, not its default ±2.)"""
+    sigma = math.sqrt(1.0 / weight[0].numel()) / TRUNCATED_STD  # fan_in = in_features (· kernel area)
+    nn.init.trunc_normal_(weight, std=sigma, a=-2.0 * sigma, b=2.0 * sigma)
+
+
 @torch.no_grad()
 def init_weights(model: VisionTransformer) -> None:
-    """Official initialisers (vit_jax models_vit.py): xavier-uniform kernels with normal(1e-6) biases,
-    LeCun-normal patch embedding, zero class token, zero head."""
+    """Official initialisers (vit_jax models_vit.py): encoder Dense kernels xavier-uniform (q, k, v per
+    projection), MLP biases normal(1e-6), q/k/v/out biases zero; patch embedding and `pre_logits` LeCun-normal
+    with zero bias; class token zeros (set in the constructor), position embedding normal(0.02) (likewise);
+    head kernel and bias zero (training from scratch may set the bias, e.g. −10 for sigmoid pre-training)."""
     for name, m in model.named_modules():
         if isinstance(m, nn.Linear):
             if name.endswith("attn.qkv"):
@@ -289,13 +304,11 @@ def init_weights(model: VisionTransformer) -> None:
                     nn.init.zeros_(m.bias)
                 else:
                     nn.init.normal_(m.bias, std=1e-6)
-    fan_in = model.patch_embed.proj.weight[0].numel()
-    nn.init.trunc_normal_(model.patch_embed.proj.weight, std=math.sqrt(1.0 / fan_in) / 0.87962566103423978)
+    lecun_normal_(model.patch_embed.proj.weight)
     nn.init.zeros_(model.patch_embed.proj.bias)
     if model.pre_logits is not None:
-        fc = model.pre_logits[0]
-        nn.init.trunc_normal_(fc.weight, std=math.sqrt(1.0 / fc.in_features) / 0.87962566103423978)
-        nn.init.zeros_(fc.bias)
+        lecun_normal_(model.pre_logits[0].weight)
+        nn.init.zeros_(model.pre_logits[0].bias)
     if isinstance(model.head, nn.Linear):
         nn.init.zeros_(model.head.weight)
         nn.init.zeros_(model.head.bias)

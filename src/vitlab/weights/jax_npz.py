@@ -266,13 +266,15 @@ def _infer_config(path: str | os.PathLike, arrays: dict[str, np.ndarray], number
 
 
 def _infer_resnet(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> ResNetConfig | None:
-    """Hybrid stem: width factor from the root conv's outputs (64·wf), units per stage from block{s}/unit{u}."""
+    """Hybrid stem: width factor from the root conv's outputs, units per stage from block{s}/unit{u}. The
+    official code takes any float width factor and builds int(64·wf) root channels, so r channels are
+    wf = r/64 (exact in binary floating point, and int(64·r/64) = r): 96 channels are wf 1.5."""
     if "conv_root/kernel" not in arrays:
         return None  # any block{s}/… tensors are then reported as unknown
-    root = _dim(path, arrays, "conv_root/kernel", 4, 3)  # (7, 7, C, 64·wf)
-    if root % 64:
-        raise WeightsError(path, f"tensor conv_root/kernel has {root} output channels, not a multiple of 64",
-                           _FIX_CORRUPT)
+    root = _dim(path, arrays, "conv_root/kernel", 4, 3)  # (7, 7, C, int(64·wf))
+    if root < 1 or root % 32:  # GroupNorm(32) over the root's channels, in the official code as here
+        raise WeightsError(path, f"tensor conv_root/kernel has {root} output channels, not a positive multiple of "
+                           "the 32 GroupNorm groups (root width int(64·width_factor))", _FIX_CORRUPT)
     units: dict[int, int] = {}
     for k in arrays:
         if m := re.match(r"block(\d+)/unit(\d+)/", k):
@@ -280,7 +282,7 @@ def _infer_resnet(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> Res
     layers = tuple(units.get(s, 0) for s in range(1, max(units, default=0) + 1))
     if 0 in layers:
         raise WeightsError(path, f"missing tensor block{layers.index(0) + 1}/unit1/conv1/kernel", _FIX_CORRUPT)
-    return ResNetConfig(layers=layers, width_factor=root // 64)
+    return ResNetConfig(layers=layers, width_factor=root / 64)
 
 
 def _infer_image_size(path: str | os.PathLike, arrays: dict[str, np.ndarray], prefix: int, stride: int,
