@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from ..models.config import OFFICIAL_MEAN, OFFICIAL_STD, ModelConfig, ViTConfig
+from ..models.config import OFFICIAL_MEAN, OFFICIAL_STD, BiTConfig, ModelConfig, ViTConfig
 from .checkpoint import Checkpoint
 from .errors import WeightsError
 from .files import check_against, expected_shapes, read_json, read_weights_folder, write_folder_atomically
@@ -99,6 +99,10 @@ def read_hf(path: str | Path) -> Checkpoint:
     folder = folder.parent if folder.is_file() else folder
     cfg_path = folder / "config.json"
     hf = read_json(cfg_path)
+    if hf.get("model_type") == "bit":  # BitForImageClassification / BitModel
+        from .hf_bit import read_hf_bit
+
+        return read_hf_bit(folder)
     if hf.get("model_type") != "vit":
         raise WeightsError(cfg_path, f"model_type {hf.get('model_type')!r} is not 'vit'",
                            "vitlab reads HF ViTForImageClassification / ViTModel folders")  # fmt: skip
@@ -242,8 +246,12 @@ def write_hf(model: nn.Module, folder: str | Path) -> None:
     """A folder `transformers.ViTForImageClassification.from_pretrained` loads (a model without classifier is
     written as a ViTModel: pooler = pre_logits if it has one, else load it with add_pooling_layer=False).
     Written into a temporary folder and renamed into place; an existing folder is replaced only if it holds
-    nothing but an earlier export."""
+    nothing but an earlier export. A BiT model is written as a BitForImageClassification / BitModel folder."""
     config = model.config
+    if isinstance(config, BiTConfig):
+        from .hf_bit import write_hf_bit
+
+        return write_hf_bit(model, folder)
     check_hf_representable(config, folder)
     base = "vit." if config.num_classes else ""
     # clone: q, k and v are views of one qkv tensor, and safetensors refuses tensors that share memory
