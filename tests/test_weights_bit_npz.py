@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import vitlab
+from vitlab.cli import main
 from vitlab.models import BiT, BiTConfig, VisionTransformer, ViTConfig
 from vitlab.weights.bit_npz import bit_name, read_bit_npz, write_bit_npz
 from vitlab.weights.convert import convert
@@ -247,7 +248,7 @@ def test_vit_and_bit_files_are_told_apart(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("cut", ["truncated", "corrupt"])
-def test_corrupt_archives(tmp_path: Path, cut: str) -> None:
+def test_corrupt_archives(tmp_path: Path, cut: str, capsys: pytest.CaptureFixture[str]) -> None:
     data = save(tmp_path / "ok.npz", bit_arrays((1, 1))).read_bytes()
     data = data[: len(data) // 2] if cut == "truncated" else data[:3000] + bytes(200) + data[3200:]
     path = tmp_path / "bad.npz"
@@ -256,6 +257,9 @@ def test_corrupt_archives(tmp_path: Path, cut: str) -> None:
         with pytest.raises(WeightsError, match="corrupt") as info:
             read(path)
         assert str(path) in str(info.value) and "\n" not in str(info.value)
+    assert main(["info", str(path)]) == 2  # the command line: one line on stderr, exit code 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bad.npz" in err[0] and "corrupt" in err[0]
 
 
 def test_other_containers_are_refused(tmp_path: Path) -> None:
