@@ -34,6 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                           description="Fine-tune: new zero-init head, position embedding resized, SGD recipe.")
     tune.add_argument("--init", required=True, metavar="WEIGHTS", help="weights file or folder to start from")
     _training_flags(tune, default_recipe="finetune")
+    _protocol_flags(tune)
     tune.set_defaults(func=_train)
     _register_eval(sub)
     _register_predict(sub)
@@ -85,6 +86,8 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
                    help="mpp: 3-bit mean colour (paper), its 4x4 downsized variant, or L2 on the pixels")
     o.add_argument("--loss", choices=["softmax", "sigmoid"])
     o.add_argument("--label-smoothing", type=float)
+    o.add_argument("--mixup", type=float, metavar="ALPHA",
+                   help="MixUp: λ ~ Beta(α, α) per step (BiT-HyperRule: 0.1 above 20k images); 0: off")
     o.add_argument("--batch-size", type=int, help="global batch size (all processes, all accumulation steps)")
     o.add_argument("--accum", type=int, help="gradient accumulation steps")
     o.add_argument("--steps", type=int, help="optimiser steps")
@@ -146,6 +149,8 @@ def _train(args: argparse.Namespace) -> int:
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
     cfg = build_config(args)
+    if cfg.lr_sweep:
+        return _sweep(cfg, rank)
     try:
         result = run(cfg)
     except TrainingDiverged as err:
@@ -162,6 +167,43 @@ def _train(args: argparse.Namespace) -> int:
         f"{result.images_per_s:.0f} img/s model, {result.data_images_per_s:.0f} img/s data; "
         f"weights {result.weights}"
     )
+    return 0
+
+
+def _lr_list(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected learning rates like 0.003,0.01, got {text!r}") from None
+
+
+def _protocol_flags(p: argparse.ArgumentParser) -> None:
+    from ..train.presets import FINETUNE_PRESETS, describe
+
+    g = p.add_argument_group("fine-tuning protocol (paper Appendix B.1.1, Table 4)")
+    g.add_argument("--preset", choices=list(FINETUNE_PRESETS),
+                   help="per-dataset settings over the recipe (flags still win): "
+                        + "; ".join(describe(name) for name in FINETUNE_PRESETS).replace("%", "%%"))
+    g.add_argument("--lr-sweep", type=_lr_list, metavar="LR,LR,...",
+                   help="fine-tune once per learning rate on train minus the dev split, choose the best on dev, "
+                        "report its test (val split) accuracy; writes sweep.json and sweep.png in --out")
+    g.add_argument("--dev-fraction", type=float,
+                   help="share of each training class held out as the sweep's dev split (paper: 0.02 CIFAR, "
+                        "0.1 Pets/Flowers, 0.01 ImageNet)")
+    g.add_argument("--refit", action="store_true", default=None,
+                   help="after the sweep, fine-tune the chosen lr on all of train (the paper's final runs)")
+
+
+def _sweep(cfg: Any, rank: int) -> int:
+    from ..train import TrainingDiverged
+    from ..train.sweep import format_table, run_sweep
+
+    try:
+        result = run_sweep(cfg)
+    except TrainingDiverged as err:
+        raise UserError(str(err)) from None
+    if rank == 0:
+        print(format_table(result))
     return 0
 
 

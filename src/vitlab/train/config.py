@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..data.transforms import EVAL_RESIZES, TRAIN_CROPS
+from .presets import layer_settings
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,13 @@ class TrainConfig:
     accum: int = 1  # gradient accumulation steps per optimiser step
     steps: int = 1000
     ema: float | None = None  # Polyak/EMA decay of the weights used for evaluation, e.g. 0.9999
+    mixup: float = 0.0  # MixUp α: λ ~ Beta(α, α) per step (BiT-HyperRule: 0.1 above 20k images); 0: off
+    # fine-tuning protocol (paper Appendix B.1.1, Table 4): vitlab.train.presets and vitlab.train.sweep
+    preset: str | None = None  # a per-dataset fine-tuning preset (a Table 4 row), applied over the recipe
+    lr_sweep: tuple[float, ...] = ()  # fine-tune once per lr on train minus a dev split; the dev-best is chosen
+    dev_fraction: float | None = None  # share of each training class held out as the sweep's dev split
+    refit: bool = False  # after the sweep, fine-tune the chosen lr once more on all of train
+    auto: tuple[str, ...] = ()  # settings the recipe resolves from the data or model at run time; flags win
     # augmentation (official vit_jax input_pipeline: inception crop 5%-100% + flip)
     crop_scale: tuple[float, float] = (0.05, 1.0)
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
@@ -91,9 +99,21 @@ RECIPES: dict[str, dict[str, Any]] = {
     ),
     "finetune": dict(
         model="ViT-B/16", image_size=384, optimizer="sgd", lr=0.03, momentum=0.9, weight_decay=0.0,
-        warmup=500, decay="cosine", grad_clip=1.0, dropout=0.0, loss="softmax", batch_size=512, steps=10_000,
+        warmup=500, decay="cosine", grad_clip=1.0, dropout=None, loss="softmax", batch_size=512, steps=10_000,
         crop_scale=(0.05, 1.0), flip=True, eval_every=1000, log_every=50,
         train_crop="inception", eval_resize="official",
+        auto=("dropout",),  # the official model config's dropout (0.1 for L/16, H/14, R50+B/16)
+    ),
+    # BiT-HyperRule (Kolesnikov et al. 2020, Section 3.3; big_transfer bit_pytorch/train.py, bit_hyperrule.py):
+    # SGD 0.9, lr 0.003, batch 512, no weight decay or clipping, step decay; steps, warm-up, decay points, MixUp
+    # and resolution follow from the training set (`auto`, vitlab.train.presets.hyperrule); the whole image
+    # resized to 160 (448), a random 128 (384) crop, flip; evaluation resizes the whole image to the crop size.
+    "bit-hyperrule": dict(
+        model="BiT-R50x1", image_size=384, optimizer="sgd", lr=0.003, momentum=0.9, weight_decay=0.0,
+        warmup=500, decay="step", lr_drops=(0.3, 0.6, 0.9), grad_clip=0.0, dropout=None, loss="softmax",
+        batch_size=512, steps=10_000, mixup=0.1, flip=True, eval_every=1000, log_every=50,
+        train_crop="resize-random-crop", eval_resize="official",
+        auto=("steps", "warmup", "lr_drops", "mixup", "image_size", "dropout"),
     ),
     # Appendix B.1.2: ViT-B/16, 1M steps at batch 4096, Adam lr 2e-4, 10k warm-up, cosine decay.
     "mpp": dict(
@@ -119,13 +139,15 @@ RECIPES: dict[str, dict[str, Any]] = {
 
 
 def resolve_config(recipe: str = "demo", **overrides: Any) -> TrainConfig:
-    """Defaults < recipe < overrides (None values are ignored, so CLI flags left unset change nothing)."""
+    """Defaults < recipe < preset < overrides (None values are ignored, so CLI flags left unset change
+    nothing); the recipe's `auto` settings lose those set explicitly."""
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPES)}")
     unknown = set(overrides) - {f.name for f in dataclasses.fields(TrainConfig)}
     if unknown:
         raise ValueError(f"unknown training settings: {', '.join(sorted(unknown))}")
-    values = {**RECIPES[recipe], **{k: v for k, v in overrides.items() if v is not None}, "recipe": recipe}
+    explicit = {k: v for k, v in overrides.items() if v is not None}
+    values = {**layer_settings(RECIPES[recipe], explicit.get("preset"), explicit), "recipe": recipe}
     return validate(TrainConfig(**values))
 
 
@@ -154,6 +176,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         (cfg.fewshot_every >= 0, f"--fewshot-every must be >= 0, got {cfg.fewshot_every}"),
         (not (cfg.fewshot_every and cfg.fsdp), "--fewshot-every runs on one process: use DDP, not --fsdp"),
         (0.0 < cfg.crop_scale[0] <= cfg.crop_scale[1] <= 1.0, f"bad crop scale {cfg.crop_scale}"),
+        (cfg.mixup >= 0, f"--mixup must be >= 0 (a Beta(α, α) parameter; 0: off), got {cfg.mixup}"),
+        (not (cfg.mixup and cfg.objective != "classify"), "--mixup mixes labelled images: use it with classify"),
+        (all(lr > 0 for lr in cfg.lr_sweep), f"--lr-sweep needs positive learning rates, got {cfg.lr_sweep}"),
+        (cfg.dev_fraction is None or 0.0 < cfg.dev_fraction < 1.0,
+         f"--dev-fraction must be in (0, 1), got {cfg.dev_fraction}"),
         (cfg.train_crop in TRAIN_CROPS, f"unknown --train-crop {cfg.train_crop!r}; use {', '.join(TRAIN_CROPS)}"),
         (cfg.eval_resize in EVAL_RESIZES,
          f"unknown --eval-resize {cfg.eval_resize!r}; use {', '.join(EVAL_RESIZES)}"),

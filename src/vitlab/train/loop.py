@@ -39,10 +39,20 @@ from .checkpoint import (
 from .config import TrainConfig
 from .distributed import Dist, all_gather_objects, all_reduce, barrier, grad_sync, setup, teardown, wrap_model
 from .evaluate import autocast
+from .mixup import draw_mixup
 from .objective import objective_for
 from .optim import Ema, build_optimizer, build_scheduler
 from .runlog import RunLog, log, plot_curves
-from .setup import build_model, check_classes, make_loaders, prepare_run_dir, rng_state, set_rng_state, write_run_config
+from .setup import (
+    build_model,
+    check_classes,
+    make_loaders,
+    prepare_run_dir,
+    resolve_data_settings,
+    rng_state,
+    set_rng_state,
+    write_run_config,
+)
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -84,6 +94,7 @@ class Trainer:
         self.run_dir = prepare_run_dir(cfg, d)
         self.data = build_datasets(cfg.data, cfg.val_fraction, cfg.strict)
         check_classes(cfg, self.data)
+        self.cfg = cfg = resolve_data_settings(cfg, self.data, d)
         self.step, self.best, self.last_checkpoint, self.metrics = 0, None, None, {}
         torch.manual_seed(cfg.seed)
         self.objective = objective_for(cfg)
@@ -184,9 +195,10 @@ class Trainer:
                           self.model_config.std)
             y = batch["labels"].to(d.device, non_blocking=True)
             images += len(y)
+            mix = draw_mixup(cfg.mixup, len(y), cfg.seed, self.step, j, d.rank)  # None without MixUp
             with grad_sync(self.train_module, j == cfg.accum - 1):
                 with autocast(d.device):
-                    loss = self.objective.loss(self.train_module, x, y, cfg) / cfg.accum
+                    loss = self.objective.loss(self.train_module, x, y, cfg, mix) / cfg.accum
                 loss.backward()
             loss_sum += loss.detach()
         loss_value = all_reduce(loss_sum).item() / d.world

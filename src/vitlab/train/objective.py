@@ -17,6 +17,7 @@ from ..eval.metrics import ClassificationMeter
 from .config import TrainConfig
 from .distributed import all_reduce
 from .evaluate import autocast, evaluate, per_image_loss
+from .mixup import MixUp
 from .optim import classification_loss
 
 
@@ -27,8 +28,12 @@ class Classification:
     def wrap(self, model: nn.Module) -> nn.Module:
         return model
 
-    def loss(self, module: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
-        return classification_loss(module(x), y, cfg.loss, cfg.label_smoothing)
+    def loss(self, module: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
+             mix: MixUp | None = None) -> torch.Tensor:
+        if mix is None:
+            return classification_loss(module(x), y, cfg.loss, cfg.label_smoothing)
+        logits = module(mix.images(x))
+        return mix.loss(lambda target: classification_loss(logits, target, cfg.loss, cfg.label_smoothing), y)
 
     def evaluate(self, module: nn.Module, loader: Any, device: torch.device, num_classes: int,
                  cfg: TrainConfig) -> dict[str, float]:
@@ -61,8 +66,9 @@ class MaskedPatches(Classification):
 
         return MaskedPatchPredictor(model, MPPConfig(target=self.target))
 
-    def loss(self, module: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
-        return module(x)[0]
+    def loss(self, module: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
+             mix: MixUp | None = None) -> torch.Tensor:
+        return module(x)[0]  # MixUp is refused for self-supervision (config validation)
 
     @torch.no_grad()
     def evaluate(self, module: nn.Module, loader: Any, device: torch.device, num_classes: int,

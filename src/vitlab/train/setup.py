@@ -19,6 +19,8 @@ from ..models.registry import build_model as build_from_config
 from ..models.registry import model_config
 from .config import TrainConfig
 from .distributed import Dist
+from .presets import finetune_dropout, resolve_from_data
+from .runlog import log
 
 
 def prepare_run_dir(cfg: TrainConfig, d: Dist) -> Path:
@@ -42,6 +44,15 @@ def check_classes(cfg: TrainConfig, data: Datasets) -> None:
         raise DataError(f"the validation split of {data.source} is empty; add images or raise --val-fraction")
 
 
+def resolve_data_settings(cfg: TrainConfig, data: Datasets, d: Dist) -> TrainConfig:
+    """The settings a recipe leaves to the data (BiT-HyperRule: steps, warm-up, MixUp, resolution), filled in
+    once the training split is known and reported in one line; config.json records the result."""
+    cfg, message = resolve_from_data(cfg, data)
+    if message and d.is_main:
+        log.info(message)
+    return cfg
+
+
 def _with_config(model: nn.Module, config: Any) -> nn.Module:
     """The same weights under a config that differs only in settings without parameters (dropout, mean)."""
     if config == model.config:
@@ -55,6 +66,8 @@ def _setting_changes(cfg: TrainConfig, config: Any) -> dict[str, Any]:
     changes: dict[str, Any] = {}
     if cfg.dropout is not None and isinstance(config, ViTConfig):
         changes["dropout"] = cfg.dropout
+    elif "dropout" in cfg.auto and isinstance(config, ViTConfig):  # fine-tuning: the official config's rate
+        changes["dropout"] = finetune_dropout(config.name)
     if cfg.mean is not None:
         changes["mean"] = tuple(cfg.mean)
     if cfg.std is not None:

@@ -1,0 +1,189 @@
+"""The paper's fine-tuning protocol as one call (Appendix B.1.1, Table 4).
+
+"We run a small grid search over learning rates ... we use small sub-splits from the training set (10% for Pets
+and Flowers, 2% for CIFAR, 1% ImageNet) as development set and train on the remaining data." `run_sweep`
+fine-tunes once per learning rate, each a normal run of the training loop in its own sub-directory
+(`<out>/lr_0.01/`), on the training split minus a class-stratified dev split that is the same for every learning
+rate. The learning rate with the best final dev accuracy is chosen; every run's weights are also evaluated on the
+test data (the dataset's val split: an embedded set's test split, a folder's val/), but only the chosen run's
+test accuracy is the result. With `refit`, the chosen learning rate is trained once more on the whole training
+split ("for final results we train on the entire training set"), in `<out>/final/`.
+
+Writes `<out>/sweep.json` (table, choice, settings) and `<out>/sweep.png` (dev and test accuracy against lr).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..data import EMBEDDED
+from ..data.errors import DataError
+from ..data.folder import folder_layout
+from .config import TrainConfig
+
+log = logging.getLogger("vitlab.train")
+
+
+@dataclass
+class SweepRow:
+    lr: float
+    dev_top1: float  # final accuracy on the dev split (what chooses)
+    test_top1: float  # accuracy of the same weights on the test data (reported for the chosen lr only)
+    run_dir: str
+
+
+@dataclass
+class SweepResult:
+    out_dir: Path
+    rows: list[SweepRow]
+    chosen: SweepRow
+    dev_fraction: float
+    refit_test_top1: float | None = None  # the chosen lr trained on all of train (with refit)
+    seconds: float = 0.0
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def test_top1(self) -> float:
+        """The protocol's result: test accuracy of the run the dev split chose (its refit, if any)."""
+        return self.chosen.test_top1 if self.refit_test_top1 is None else self.refit_test_top1
+
+
+def check_sweep(cfg: TrainConfig) -> None:
+    """Settings a sweep cannot run with, before any run starts."""
+    if len(cfg.lr_sweep) < 1 or any(lr <= 0 for lr in cfg.lr_sweep):
+        raise ValueError(f"--lr-sweep needs positive learning rates, got {cfg.lr_sweep}")
+    if len(set(cfg.lr_sweep)) != len(cfg.lr_sweep):
+        raise ValueError(f"--lr-sweep lists a learning rate twice: {cfg.lr_sweep}")
+    if cfg.dev_fraction is None or not 0.0 < cfg.dev_fraction < 1.0:
+        raise ValueError(
+            f"--lr-sweep needs --dev-fraction in (0, 1) (the paper: 0.02 for CIFAR), got {cfg.dev_fraction}"
+        )
+    if cfg.val_fraction:
+        raise ValueError("--val-fraction with --lr-sweep: the sweep holds out --dev-fraction itself; drop it")
+    if cfg.data not in EMBEDDED:
+        _, val_dir = folder_layout(Path(cfg.data))
+        if val_dir is None:
+            raise DataError(
+                f"missing split: {cfg.data} has no val/ folder, so a sweep cannot report test accuracy; add "
+                f"{cfg.data}/val/<class>/*.jpg"
+            )
+
+
+def sub_config(cfg: TrainConfig, lr: float, dev_fraction: float | None, name: str) -> TrainConfig:
+    """One run of the sweep: the sweep's settings at `lr`, validated on the dev split, in `<out>/<name>`."""
+    return cfg.replace(lr=lr, lr_sweep=(), val_fraction=dev_fraction, refit=False, out=str(Path(cfg.out) / name))
+
+
+def run_name(lr: float) -> str:
+    return f"lr_{lr:g}"
+
+
+def choose(rows: list[SweepRow]) -> SweepRow:
+    """The best dev accuracy; a tie goes to the smaller learning rate."""
+    return max(sorted(rows, key=lambda r: r.lr), key=lambda r: r.dev_top1)
+
+
+def _fine_tune(cfg: TrainConfig) -> tuple[float, float]:
+    """(final dev top-1, test top-1 of the final weights) of one run through the training loop."""
+    from .evaluate import evaluate_weights
+    from .loop import run
+
+    result = run(cfg)
+    if result.status != "completed":
+        raise RuntimeError(f"{cfg.out} stopped at step {result.step} ({result.status}); rerun with --resume")
+    test = evaluate_weights(result.weights, cfg.data, split="val", batch_size=cfg.eval_batch_size, workers=0,
+                            device=cfg.device, strict=cfg.strict)
+    return float(result.metrics["top1"]), float(test.metrics["top1"])
+
+
+def run_sweep(cfg: TrainConfig) -> SweepResult:
+    """Fine-tune at every lr of `cfg.lr_sweep`, choose on the dev split, report the chosen run's test accuracy."""
+    check_sweep(cfg)
+    start = time.perf_counter()
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for lr in sorted(cfg.lr_sweep):
+        sub = sub_config(cfg, lr, cfg.dev_fraction, run_name(lr))
+        log.info("sweep: lr %g on train minus %g%% dev -> %s", lr, 100 * cfg.dev_fraction, sub.out)
+        dev, test = _fine_tune(sub)
+        rows.append(SweepRow(lr, dev, test, sub.out))
+    chosen = choose(rows)
+    result = SweepResult(out, rows, chosen, cfg.dev_fraction, config=cfg.to_dict())
+    if cfg.refit:
+        final = sub_config(cfg, chosen.lr, None, "final")
+        log.info("sweep: lr %g chosen; fine-tuning on all of train -> %s", chosen.lr, final.out)
+        result.refit_test_top1 = _fine_tune(final)[1]
+    result.seconds = time.perf_counter() - start
+    write_sweep(result)
+    return result
+
+
+def write_sweep(result: SweepResult) -> None:
+    from ..weights.io import atomic_write
+
+    record = {
+        "protocol": "paper Appendix B.1.1: learning rate chosen on a dev split held out from train",
+        "dev_fraction": result.dev_fraction,
+        "rows": [asdict(r) for r in result.rows],
+        "chosen_lr": result.chosen.lr,
+        "dev_top1": result.chosen.dev_top1,
+        "test_top1": result.test_top1,
+        "refit_test_top1": result.refit_test_top1,
+        "seconds": result.seconds,
+        "config": result.config,
+    }
+    atomic_write(result.out_dir / "sweep.json", lambda tmp: Path(tmp).write_text(json.dumps(record, indent=1)))
+    plot_sweep(result, result.out_dir / "sweep.png")
+
+
+def plot_sweep(result: SweepResult, path: Path) -> Path:
+    """Dev and test top-1 against the learning rate (log axis), the chosen lr marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..weights.io import atomic_write
+
+    lrs = [r.lr for r in result.rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(lrs, [100 * r.dev_top1 for r in result.rows], "o-", label=f"dev ({100 * result.dev_fraction:g}% of train)")
+    ax.plot(lrs, [100 * r.test_top1 for r in result.rows], "s--", label="test")
+    ax.axvline(result.chosen.lr, color="grey", ls=":", label=f"chosen lr {result.chosen.lr:g}")
+    ax.set_xscale("log")
+    ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs])
+    ax.minorticks_off()
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel("top-1 (%)")
+    ax.set_title("fine-tuning learning-rate sweep")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=90))
+    plt.close(fig)
+    return path
+
+
+def format_table(result: SweepResult) -> str:
+    """The sweep as printed by `vitlab finetune --lr-sweep`."""
+    lines = [f"{'lr':>8}  {'dev top-1':>9}  {'test top-1':>10}"]
+    for r in result.rows:
+        mark = "  <- chosen" if r is result.chosen else ""
+        lines.append(f"{r.lr:>8g}  {100 * r.dev_top1:>8.2f}%  {100 * r.test_top1:>9.2f}%{mark}")
+    lines.append(
+        f"chosen lr {result.chosen.lr:g} (best on the {100 * result.dev_fraction:g}% dev split): "
+        f"test top-1 {100 * result.chosen.test_top1:.2f}%"
+    )
+    if result.refit_test_top1 is not None:
+        lines.append(
+            f"refit on all of train at lr {result.chosen.lr:g}: test top-1 {100 * result.refit_test_top1:.2f}%"
+        )
+    lines.append(f"{len(result.rows)} runs in {result.seconds:.0f} s; {result.out_dir / 'sweep.json'}, "
+                 f"{result.out_dir / 'sweep.png'}")
+    return "\n".join(lines)
