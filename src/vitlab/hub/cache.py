@@ -1,0 +1,124 @@
+"""Where downloaded checkpoints live and how a cache entry is known to be whole.
+
+Layout: `$VITLAB_CACHE` (else `$XDG_CACHE_HOME/vitlab`, else `~/.cache/vitlab`) / host / URL path, e.g.
+`~/.cache/vitlab/storage.googleapis.com/vit_models/augreg/B_16-….npz`, with beside each file
+- `<file>.vitlab.json`: what was downloaded (catalogue name, URL, size, sha256, pre-processing), written before
+  the file is renamed into place, so a file without it is an interrupted download, never a cache entry;
+- `<file>.part`: the download in progress (a stable name, so a later run resumes it with an HTTP Range request);
+- `<file>.lock`: the lock that makes concurrent processes (torchrun ranks) download once.
+Hugging Face repositories stay in huggingface_hub's own cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from ..outputs import atomic_write
+from .catalogue import Entry
+
+META_SUFFIX = ".vitlab.json"
+_TRUE = ("1", "true", "yes", "on")
+
+
+def cache_dir() -> Path:
+    """$VITLAB_CACHE, else the platform cache directory (XDG on Linux, ~/Library/Caches on macOS)."""
+    if os.environ.get("VITLAB_CACHE"):
+        return Path(os.environ["VITLAB_CACHE"]).expanduser()
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "vitlab"
+    if sys.platform == "win32" and os.environ.get("LOCALAPPDATA"):
+        return Path(os.environ["LOCALAPPDATA"]) / "vitlab" / "cache"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "vitlab"
+
+
+def offline() -> str | None:
+    """The variable that forbids network access (VITLAB_OFFLINE or HF_HUB_OFFLINE), or None."""
+    for var in ("VITLAB_OFFLINE", "HF_HUB_OFFLINE"):
+        if os.environ.get(var, "").strip().lower() in _TRUE:
+            return var
+    return None
+
+
+def entry_path(entry: Entry) -> Path:
+    """The cache file of a URL entry: host and path of its URL under the cache directory."""
+    if entry.url is None:
+        raise ValueError(f"{entry.name} has no URL (a hub repository lives in the Hugging Face cache)")
+    parts = urlsplit(entry.url)
+    host = parts.netloc.replace(":", "_")  # 127.0.0.1:8000 -> 127.0.0.1_8000, valid everywhere
+    rel = [p for p in unquote(parts.path).split("/") if p not in ("", ".", "..")]
+    return cache_dir().joinpath(host, *rel)
+
+
+def meta_path(path: Path) -> Path:
+    return path.with_name(path.name + META_SUFFIX)
+
+
+def read_meta(path: Path) -> dict[str, Any] | None:
+    try:
+        meta = json.loads(meta_path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def write_meta(path: Path, meta: dict[str, Any]) -> None:
+    atomic_write(meta_path(path), lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=1) + "\n"))
+
+
+def problem(path: Path) -> str | None:
+    """Why the cache entry at `path` cannot be used (None: it is whole). Cheap: sizes and the zip directory, not
+    a checksum pass (`vitlab download --verify` does that)."""
+    if not path.is_file():
+        return "not downloaded"
+    meta = read_meta(path)
+    if meta is None:
+        return f"no {META_SUFFIX} record beside it (an interrupted or foreign file)"
+    size = path.stat().st_size
+    if meta.get("size") != size:
+        return f"{size} bytes on disk, {meta.get('size')} downloaded"
+    return readable(path, deep=False)
+
+
+def readable(path: Path, deep: bool) -> str | None:
+    """A format check: zip archives (.npz, torch zip) open, and with `deep` every member's CRC-32 matches."""
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic[:2] != b"PK":
+        return None if path.suffix != ".npz" else "not a zip archive"
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip() if deep else None
+    except (zipfile.BadZipFile, OSError, EOFError) as err:
+        return f"unreadable zip archive ({err})"
+    return f"corrupt member {bad} (CRC-32 mismatch)" if bad else None
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, on_wait: Any = None) -> Iterator[None]:
+    """An exclusive lock on `<path>.lock` held for the block (fcntl.flock: released when the process dies)."""
+    lock = path.with_name(path.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock; concurrent downloads then each write their own .part
+        yield
+        return
+    with open(lock, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait:
+                on_wait()
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -1,0 +1,192 @@
+"""The catalogue of published checkpoints: data in `catalogue.json` beside this file, read into `Entry` records.
+
+Names: `TAG:MODEL` (`augreg-i21k:ViT-B/16`, the tags are listed in the JSON with what each one is),
+`hf-hub:owner/name` for any Hugging Face repository, `augreg:FILENAME` for any run of the AugReg index
+(see augreg.py). Facts (URLs, resolutions, accuracies, sizes) come from the references each group names; a size
+marked "derived" is 4 bytes times the architecture's parameter count because no size was published.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+HF_PREFIX = "hf-hub:"
+# Units of the published sizes; the rounding a stated figure allows is half its last digit's unit.
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+# Dataset names a filter accepts for the catalogue's short ones.
+DATASET_ALIASES = {
+    "i21k": ("i21k", "in21k", "imagenet21k", "imagenet-21k", "i21k_30"),
+    "i1k": ("i1k", "in1k", "imagenet", "imagenet1k", "imagenet-1k", "imagenet2012", "ilsvrc2012", "ilsvrc-2012"),
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One published checkpoint: where it is, what architecture reads it, and how its publisher used it."""
+
+    name: str  # TAG:MODEL or hf-hub:owner/name
+    tag: str
+    model: str  # a vitlab.list_models() name
+    format: str  # jax-npz | bit-npz | hf | timm | csv
+    url: str | None = None  # plain HTTPS source (None for hub repositories)
+    repo: str | None = None  # Hugging Face repository id
+    pretrain: str | None = None
+    finetune: str | None = None
+    resolution: int | None = None
+    num_classes: int | None = None
+    representation: bool = False  # carries the pre_logits / pooler layer
+    size: int | None = None  # bytes
+    size_slack: int = 0  # bytes the stated size may be off by (its rounding)
+    size_source: str = "derived"
+    sha256: str | None = None  # only where a checksum is published (none is, today)
+    top1: float | None = None  # ImageNet top-1 (%) as its publisher reports it
+    top1_reference: str | None = None
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    eval_resize: str = "official"
+    classes: str | None = None  # "imagenet1k": class names shipped with vitlab
+    licence: str | None = None
+    reference: str | None = None
+    notes: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def summary(self) -> dict[str, Any]:
+        data = {k: v for k, v in self.__dict__.items() if k != "extra" and v is not None}
+        return {**data, **self.extra}
+
+
+def parse_size(value: int | str | None) -> tuple[int | None, int]:
+    """(bytes, slack): 412746060 -> exact; "391 MiB" -> 391·2^20 give or take half a MiB; "2.64 GB" -> ±0.005 GB."""
+    if value is None or isinstance(value, int):
+        return value, 0
+    m = re.fullmatch(r"\s*([0-9]+(?:\.([0-9]+))?)\s*([KMG]i?B|B)\s*", value)
+    if not m or m.group(3) not in _UNITS:
+        raise ValueError(f"catalogue size {value!r} is not '<number> <B|KB|MB|GB|KiB|MiB|GiB>'")
+    unit = _UNITS[m.group(3)]
+    decimals = len(m.group(2) or "")
+    return round(float(m.group(1)) * unit), (unit // 2 // 10**decimals if unit > 1 else 0)
+
+
+def _entry(group: dict[str, Any], item: dict[str, Any]) -> Entry:
+    data = {k: v for k, v in group.items() if k not in ("entries", "about", "url")}
+    data.update(item)
+    tag, model = data.pop("tag"), data.pop("model")
+    repo = data.pop("repo", None)
+    url = group["url"] + data.pop("file") if "url" in group else None
+    size, slack = parse_size(data.pop("size", None))
+    known = set(Entry.__dataclass_fields__)
+    extra = {k: data.pop(k) for k in list(data) if k not in known}
+    for key in ("mean", "std"):
+        if data.get(key) is not None:
+            data[key] = tuple(data[key])
+    name = HF_PREFIX + repo if repo else f"{tag}:{model}"
+    return Entry(name=name, tag=tag, model=model, url=url, repo=repo, size=size, size_slack=slack, extra=extra, **data)
+
+
+@cache
+def _document() -> dict[str, Any]:
+    text = resources.files(__package__).joinpath("catalogue.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+@cache
+def entries() -> tuple[Entry, ...]:
+    """Every catalogue entry, in the file's order."""
+    doc = _document()
+    out = [_entry(g, item) for g in doc["groups"] for item in g["entries"]]
+    index = doc["index"]
+    out.append(Entry(name=index["name"], tag="index", model="", format="csv", url=index["url"],
+                     reference=index["reference"], licence="Apache-2.0"))
+    return tuple(out)
+
+
+def tags() -> dict[str, str]:
+    """Tag -> what it is (from the catalogue)."""
+    return {g["tag"]: g["about"] for g in _document()["groups"]}
+
+
+def default_tags() -> list[str]:
+    return list(_document()["default_tags"])
+
+
+def is_catalogue_name(name: str) -> bool:
+    """Whether `name` is meant as a catalogue name rather than a path: hf-hub:…, augreg:…, a TAG:MODEL name."""
+    if not isinstance(name, str) or ":" not in name:
+        return any(e.name == name for e in entries()) if isinstance(name, str) else False
+    head = name.split(":", 1)[0]
+    return head in ("hf-hub", "augreg") or head in tags()
+
+
+def find(name: str, pretrained: str | bool | None = None) -> Entry:
+    """The entry for a catalogue name, or for `model` + `pretrained` tag (True: the first default tag that has the
+    model). ValueError naming the choices otherwise."""
+    if pretrained is not None and pretrained is not False:
+        if pretrained is True:
+            choices = [f"{t}:{name}" for t in default_tags()]
+        elif str(pretrained).startswith(HF_PREFIX) or str(pretrained).startswith("augreg:"):
+            choices = [str(pretrained)]
+        else:
+            choices = [f"{pretrained}:{name}"]
+        for choice in choices:
+            if (hit := _lookup(choice)) is not None:
+                if hit.model and hit.model != name and not hit.name.startswith(HF_PREFIX):
+                    raise ValueError(f"{choice} is a {hit.model}, not a {name}")
+                return hit
+        raise ValueError(_unknown(name, pretrained))
+    hit = _lookup(name)
+    if hit is None:
+        raise ValueError(_unknown(name, None))
+    return hit
+
+
+def _lookup(name: str) -> Entry | None:
+    for e in entries():
+        if e.name == name:
+            return e
+    if name.startswith(HF_PREFIX):
+        repo = name[len(HF_PREFIX):]
+        if not re.fullmatch(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+", repo):
+            raise ValueError(f"{name!r} is not hf-hub:owner/name")
+        return Entry(name=name, tag="hf-hub", model="", format="hf", repo=repo, notes="not in the catalogue")
+    if name.startswith("augreg:"):
+        from .augreg import augreg_entry
+
+        return augreg_entry(name.split(":", 1)[1])
+    return None
+
+
+def _unknown(name: str, pretrained: str | bool | None) -> str:
+    model = name if pretrained is not None else name.split(":", 1)[-1]
+    have = sorted({e.tag for e in entries() if e.model == model})
+    what = f"{pretrained}:{name}" if pretrained not in (None, True) else name
+    if have:
+        return f"no published checkpoint {what!r}; {model} has: {', '.join(have)} (`vitlab models --pretrained`)"
+    return f"no published checkpoint {what!r}; `vitlab models --pretrained` lists the names"
+
+
+def dataset_matches(value: str | None, wanted: str) -> bool:
+    if value is None:
+        return False
+    wanted = wanted.lower()
+    return wanted == value.lower() or wanted in DATASET_ALIASES.get(value, ())
+
+
+def select(model: str | None = None, dataset: str | None = None, resolution: int | None = None) -> list[Entry]:
+    """Catalogue entries (not the index) filtered by architecture, pre-training or fine-tuning dataset, resolution."""
+    out = []
+    for e in entries():
+        if e.format == "csv":
+            continue
+        if model and e.model != model:
+            continue
+        if dataset and not (dataset_matches(e.pretrain, dataset) or dataset_matches(e.finetune, dataset)):
+            continue
+        if resolution and e.resolution != resolution:
+            continue
+        out.append(e)
+    return out
