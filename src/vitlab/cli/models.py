@@ -14,6 +14,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "classes) and multiply-adds per image (the paper's 'FLOPs').")
     p.add_argument("--image-size", type=int, default=224, help="input size for the multiply-add count")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--pretrained", action="store_true", help="list the published checkpoints vitlab fetches by name")
+    p.add_argument("--model", help="with --pretrained: only this architecture (e.g. ViT-B/16)")
+    p.add_argument("--dataset", help="with --pretrained: pre-training or fine-tuning data (i21k, i1k)")
+    p.add_argument("--resolution", type=int, help="with --pretrained: only this input size")
     p.set_defaults(func=run_models)
 
     p = sub.add_parser("bench", help="measure inference and training throughput",
@@ -61,6 +65,10 @@ def model_rows(image_size: int = 224) -> list[dict[str, Any]]:
 def run_models(args: argparse.Namespace) -> int:
     from . import UserError
 
+    if args.pretrained:
+        from .download import run_pretrained
+
+        return run_pretrained(args)
     if args.image_size < 1:
         raise UserError(f"--image-size must be positive, not {args.image_size}")
     rows = model_rows(args.image_size)

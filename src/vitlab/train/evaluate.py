@@ -57,8 +57,11 @@ def evaluate(
 
 def resolve_weights(path: str | Path) -> Path:
     """A weights file or folder as `vitlab.load` takes it; a checkpoint or run directory means its
-    model.safetensors (a run without final weights: its newest intact checkpoint)."""
-    path = Path(path)
+    model.safetensors (a run without final weights: its newest intact checkpoint); a published checkpoint's name
+    (`augreg-i21k:ViT-B/16`, `hf-hub:owner/name`) means its file in the download cache (vitlab.hub)."""
+    from ..hub import resolve_path
+
+    path = resolve_path(path)
     # A run directory, not a timm/HF folder (those also hold a model.safetensors, next to their config.json).
     markers = ("checkpoints", "metrics.jsonl", "manifest.json")  # run directory, or one checkpoint of it
     if not (path.is_dir() and any((path / m).exists() for m in markers)):
