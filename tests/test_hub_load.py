@@ -128,3 +128,32 @@ def test_a_path_named_like_a_tag_is_still_a_path(tmp_path, source, monkeypatch):
     (folder / "w.npz").write_bytes(source[1])
     monkeypatch.chdir(tmp_path)
     torch.testing.assert_close(logits(vitlab.load("i21k:exp/w.npz")), logits(source[0]), rtol=1e-5, atol=1e-6)
+
+
+def test_finetune_and_predict_take_a_catalogue_name(published, server, tmp_path, capsys):
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    from vitlab.hub import imagenet_classes
+
+    for c in ("a", "b", "c"):
+        for split in ("train", "val"):
+            (tmp_path / "data" / split / c).mkdir(parents=True)
+            for i in range(3):
+                colour = (80 * "abc".index(c), 40 * i, 0)
+                Image.new("RGB", (20, 20), colour).save(tmp_path / "data" / split / c / f"{i}.png")
+    out = tmp_path / "ft"
+    assert main(["finetune", "--init", "test-ft:ViT-Ti/16", "--data", str(tmp_path / "data"), "--out", str(out),
+                 "--image-size", "16", "--steps", "1", "--batch-size", "9", "--warmup", "1", "--workers", "0"]) == 0
+    tuned = vitlab.load(out / "model.safetensors")
+    assert tuned.config.image_size == (16, 16) and tuned.class_names == ["a", "b", "c"]
+    image = tmp_path / "x.png"
+    Image.fromarray((np.random.RandomState(0).rand(32, 32, 3) * 255).astype(np.uint8)).save(image)
+    capsys.readouterr()
+    assert main(["predict", "--weights", "test-ft:ViT-Ti/16", "--json", str(image)]) == 0
+    top = json.loads(capsys.readouterr().out)[0]["top"]
+    names = [name for _, name in imagenet_classes()]
+    assert all(t["class"] == names[t["index"]] for t in top)  # names, not indices
+    assert len(server.log) == 1
