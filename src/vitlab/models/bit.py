@@ -27,9 +27,11 @@ from .config import BiTConfig
 
 
 def standardize(weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """(w − mean) / sqrt(var + eps) per output filter, mean and variance over (in, kh, kw)."""
-    var, mean = torch.var_mean(weight, dim=(1, 2, 3), keepdim=True, unbiased=False)  # one pass
-    return (weight - mean) * torch.rsqrt(var + eps)
+    """(w − mean) / sqrt(var + eps) per output filter, mean and (biased) variance over (in, kh, kw)."""
+    # Batch norm over a (1, out, in·kh·kw) view computes exactly this in one fused kernel, forward and backward;
+    # var_mean, subtract and multiply take three passes over the weights (a quarter of small-batch inference).
+    flat = weight.reshape(1, weight.shape[0], -1)
+    return F.batch_norm(flat, None, None, training=True, momentum=0.0, eps=eps).reshape_as(weight)
 
 
 class StdConv2d(nn.Conv2d):
