@@ -1,4 +1,5 @@
-"""timm's VisionTransformer weights, both ways: hub folders, bare state dicts, timm model names.
+"""timm's VisionTransformer weights, both ways: hub folders, bare state dicts, timm model names. timm's BiT
+ResNetV2s (resnetv2_*_bit) go through the same two entry points, read_timm and write_timm (timm_bit.py).
 
 Plain ViTs already use timm's key names; only the hybrid ResNet stem and old `pre_logits.fc` files need a key map.
 timm builds ViTs with exact GELU and LayerNorm eps 1e-6. Its hybrid stem uses GroupNorm eps 1e-5 and weight
@@ -18,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from ..models.config import ModelConfig, ViTConfig
+from ..models.config import BiTConfig, ModelConfig, ViTConfig
 from ..models.registry import HYBRIDS, VIT_SIZES
 from .checkpoint import Checkpoint
 from .errors import WeightsError
@@ -44,6 +45,7 @@ from .timm_arch import (
     timm_config,
     timm_name_options,
 )
+from .timm_bit import is_timm_bit, read_timm_bit, timm_bit_hub_config, to_timm_bit_state_dict
 
 __all__ = ["read_timm", "timm_config", "timm_model_args", "timm_model_name", "to_timm_state_dict", "write_timm"]
 
@@ -118,9 +120,12 @@ def read_timm(path: str | Path, arch: str | None = None) -> Checkpoint:
         file, tensors = read_weights_folder(path, ("model.safetensors", "pytorch_model.bin"))
     else:
         file, tensors = path, read_tensor_file(path)
-    reject_unsupported_tensors(tensors, file)
     name = arch or hub.get("architecture")
     named_by = file if arch or not hub else path / "config.json"
+    if is_timm_bit(name, tensors):  # BiT's ResNetV2 (resnetv2_*_bit), not a ViT
+        config, state = read_timm_bit(tensors, hub, name, file, named_by)
+        return Checkpoint(config, state, source="timm", meta=_meta(name, hub, config))
+    reject_unsupported_tensors(tensors, file)
     opts = timm_name_options(name, named_by) if name else infer_timm_options(tensors, file)
     args = hub.get("model_args") or {}
     if not isinstance(args, dict):
@@ -149,7 +154,7 @@ def _hub_config(path: Path) -> dict[str, Any]:
     return cfg
 
 
-def _meta(name: str | None, hub: dict[str, Any], config: ViTConfig) -> dict[str, Any]:
+def _meta(name: str | None, hub: dict[str, Any], config: ModelConfig) -> dict[str, Any]:
     meta: dict[str, Any] = {"timm_name": name} if name else {}
     pcfg = hub.get("pretrained_cfg") or {}
     labels = hub.get("label_names") or pcfg.get("label_names")
@@ -158,7 +163,7 @@ def _meta(name: str | None, hub: dict[str, Any], config: ViTConfig) -> dict[str,
     if isinstance(labels, list) and len(labels) == config.num_classes and all(isinstance(x, str) for x in labels):
         meta["class_names"] = labels
     notes = [] if "mean" in pcfg else ["input normalisation not in the file: assumed mean = std = 0.5"]
-    if config.resnet is not None:
+    if getattr(config, "resnet", None) is not None:
         notes.append(HYBRID_NOTE)
     return {**meta, "notes": notes} if notes else meta
 
@@ -167,7 +172,8 @@ def _meta(name: str | None, hub: dict[str, Any], config: ViTConfig) -> dict[str,
 def check_timm_representable(config: ModelConfig, where: str | Path = "model") -> None:
     """WeightsError for vitlab architectures timm's VisionTransformer cannot build."""
     if not isinstance(config, ViTConfig):
-        raise WeightsError(where, "a BiT ResNet classifier has no timm ViT equivalent", "save it in vitlab's format")
+        raise WeightsError(where, "a BiT ResNet classifier has no timm ViT equivalent",
+                           "write_timm exports it as timm's resnetv2_*_bit")  # fmt: skip
     problem = ""
     if config.pos_embed in ("2d", "relative"):
         problem = f"pos_embed={config.pos_embed!r}"
@@ -273,8 +279,14 @@ def write_timm(model: nn.Module, path: str | Path) -> None:
     (config.json + model.safetensors) that timm.create_model("local-dir:<path>", pretrained=True) loads.
     Written atomically; an existing folder is replaced only if it holds nothing but an earlier export."""
     path = Path(path)
-    check_timm_representable(model.config, path)
-    tensors = {k: v.to("cpu").contiguous() for k, v in to_timm_state_dict(model).items()}
+    folder = path.suffix != ".safetensors" and path.suffix not in PICKLE_SUFFIXES
+    names = getattr(model, "class_names", None)
+    if isinstance(model.config, BiTConfig):  # BiT's ResNetV2: timm's resnetv2_*_bit
+        state, hub = to_timm_bit_state_dict(model), timm_bit_hub_config(model.config, names, path) if folder else {}
+    else:
+        check_timm_representable(model.config, path)
+        state, hub = to_timm_state_dict(model), timm_hub_config(model.config, names) if folder else {}
+    tensors = {k: v.to("cpu").contiguous() for k, v in state.items()}
 
     def save(p: str | Path) -> None:
         save_file(tensors, str(p), metadata={"format": "pt"})  # timm/HF mark safetensors files as PyTorch's
@@ -284,7 +296,6 @@ def write_timm(model: nn.Module, path: str | Path) -> None:
     elif path.suffix in PICKLE_SUFFIXES:
         atomic_write(path, lambda p: torch.save(tensors, p))
     else:
-        hub = timm_hub_config(model.config, getattr(model, "class_names", None))
 
         def write(folder: Path) -> None:
             (folder / "config.json").write_text(json.dumps(hub, indent=2) + "\n", encoding="utf-8")
