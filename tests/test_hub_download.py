@@ -232,3 +232,15 @@ def test_zip_check_reads_real_npz(tmp_path):
     assert zipfile.is_zipfile(path)
     path.write_bytes(path.read_bytes()[:-100])  # the central directory is gone
     assert "unreadable zip" in hub_cache.readable(path, deep=False)
+
+
+def test_unreachable_server_gives_up_in_one_line():
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # a port nobody listens on
+    port = closed.getsockname()[1]
+    closed.close()
+    entry = Entry(name="test:gone", tag="test", model="ViT-Ti/16", format="jax-npz",
+                  url=f"http://127.0.0.1:{port}/gone.npz")
+    with pytest.raises(WeightsError, match=r"download failed 6 times .*; check the network") as err:
+        fetch(entry, progress=False, retry_delay=0)
+    assert "\n" not in str(err.value)

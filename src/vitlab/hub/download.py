@@ -130,8 +130,8 @@ def download(
                 now = part.stat().st_size if part.exists() else 0
                 failures = 1 if now > before else failures + 1  # progress resets the count
                 if failures > retries:
-                    raise WeightsError(url, f"download failed {failures} times ({err})",
-                                       f"retry later; {now} bytes are kept in {part} and resumed") from None
+                    fix = f"retry later: the {now} bytes in {part} are resumed" if now else "check the network"
+                    raise WeightsError(url, f"download failed {failures} times ({err})", fix) from None
                 time.sleep(retry_delay * failures)
     finally:
         if transfer.bar is not None:
