@@ -130,12 +130,33 @@ def test_new_head_is_zero(tmp_path):
     assert model.config.num_classes == 3 and not model.head.weight.any() and model.head.weight.shape == (3, 512)
 
 
-def test_eval_reuses_nothing_stale():
-    """Weights changed in place between two eval forwards are used by the second (no stale standardisation)."""
-    model = randomized(BiTConfig(layers=(1,), num_classes=3, image_size=32))
-    x = torch.randn(1, 3, 32, 32)
+def fresh_logits(model: BiT, x: torch.Tensor) -> torch.Tensor:
+    """Logits of a new model holding a copy of `model`'s weights: nothing cached."""
+    other = build_model(model.config).to(next(model.parameters()).dtype).eval()
+    other.load_state_dict(model.state_dict())
     with torch.no_grad():
-        before = model(x)
-        model.stages[0][0].conv3.weight.mul_(-1)
-        after = model(x)
-    assert not torch.allclose(before, after)
+        return other(x)
+
+
+def test_eval_cache_follows_weight_changes():
+    """Eval forwards without autograd reuse the standardised kernels; every way a weight changes invalidates them:
+    in place (an optimizer step, a no_grad edit), load_state_dict, a cast; and autograd forwards never use them."""
+    model = randomized(BiTConfig(layers=(1, 1), num_classes=3, image_size=32))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        first = model(x)
+        assert torch.equal(model(x), first)  # served from the cache: exactly the same
+        model.stages[0][0].conv3.weight.mul_(-1)  # in place
+        assert torch.equal(model(x), fresh_logits(model, x)) and not torch.allclose(model(x), first)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(x).sum().backward()  # grad enabled: computed afresh, and the step changes every kernel in place
+    opt.step()
+    with torch.no_grad():
+        assert torch.equal(model(x), fresh_logits(model, x))
+        model.load_state_dict(randomized(model.config, seed=3).state_dict())
+        assert torch.equal(model(x), fresh_logits(model, x))
+        model.double()
+        assert model(x.double()).dtype == torch.float64
+        assert torch.equal(model(x.double()), fresh_logits(model, x.double()))
+    model.train()
+    assert all(m._standardized is None for m in model.modules() if hasattr(m, "_standardized"))

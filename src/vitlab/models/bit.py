@@ -40,9 +40,26 @@ class StdConv2d(nn.Conv2d):
     def __init__(self, in_ch: int, out_ch: int, kernel: int, stride: int = 1, eps: float = 1e-10):
         super().__init__(in_ch, out_ch, kernel, stride=stride, padding=kernel // 2, bias=False)
         self.eps = eps
+        self._standardized: tuple[tuple, torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.conv2d(x, standardize(self.weight, self.eps), None, self.stride, self.padding)
+        return F.conv2d(x, self.standardized_weight(), None, self.stride, self.padding)
+
+    def standardized_weight(self) -> torch.Tensor:
+        """The standardised kernel. In eval mode without autograd it is computed once and reused while the weight
+        is unchanged (in place: its version counter; replaced, moved or cast: its storage and dtype), which
+        saves a pass over every kernel per forward at the cost of one copy of them; any mode switch drops it."""
+        w = self.weight
+        if self.training or torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return standardize(w, self.eps)
+        key = (id(w), w._version, w.data_ptr(), w.dtype, w.device, self.eps)
+        if self._standardized is None or self._standardized[0] != key:
+            self._standardized = (key, standardize(w, self.eps))
+        return self._standardized[1]
+
+    def train(self, mode: bool = True) -> StdConv2d:
+        self._standardized = None
+        return super().train(mode)
 
 
 class PreActBottleneck(nn.Module):
