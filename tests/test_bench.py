@@ -99,6 +99,18 @@ def test_timm_equivalent_has_the_same_gradients(name: str) -> None:
         assert (grads[key].grad - p.grad).norm() <= 1e-5 * p.grad.norm() + 1e-12, key
 
 
+def test_bench_bit_against_timm_holds_the_same_weights() -> None:
+    """The BiT comparison times timm's resnetv2_50x1_bit holding vitlab's weights (that the two then compute the
+    same function is tests/test_weights_timm_bit.py's job)."""
+    settings = BenchSettings(model="BiT-R50x1", compare="timm", image_size=64, num_classes=10)
+    (_, _, ours), (_, name, theirs) = bench.build_models(settings)
+    assert name == "resnetv2_50x1_bit"
+    mine = {k.replace(".blocks.", ".").replace("downsample.conv.", "downsample.").replace("head.fc.", "head."): v
+            for k, v in theirs.state_dict().items()}  # fmt: skip
+    assert set(mine) == set(ours.state_dict())
+    assert all(torch.equal(mine[k].reshape(v.shape), v) for k, v in ours.state_dict().items())
+
+
 @pytest.mark.parametrize("name", ["R+ViT-Ti/16", "R26+ViT-S/32"])
 def test_timm_hybrid_equivalent_has_the_same_parameters(name: str) -> None:
     _, theirs = timm_equivalent(name)
@@ -126,6 +138,10 @@ def test_models_rows_cover_the_registry() -> None:
     assert by_name["ViT-B/16"]["params"] == 86_567_656  # official models_test.py
     assert by_name["R50+ViT-B/16"]["params"] == 98_659_112
     assert by_name["ViT-B/16"]["gmacs"] == pytest.approx(17.58, rel=0.01)
+    assert by_name["BiT-R50x1"]["params"] == 25_549_352  # BiT-M R50x1 with the ImageNet head (timm's too)
+    assert by_name["BiT-R50x1"]["gmacs"] == pytest.approx(4.09, rel=0.01)  # ResNet-50's convolutions (torchvision)
+    assert [r["name"][len("BiT-") :] for r in rows if r["name"].startswith("BiT-")] == [
+        "R50x1", "R50x2", "R50x3", "R101x1", "R101x3", "R152x1", "R152x2", "R152x4", "R200x3"]  # fmt: skip
     assert all(r["gmacs"] > 0 for r in rows)
     assert {r["name"] for r in model_rows(384) if r["gmacs"] is None} == {"ViT-H/14", "ViT-H/14-gap"}
 

@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..flops import count_macs
-from ..models.config import ViTConfig
+from ..models.config import BiTConfig, ViTConfig
 from ..models.registry import create_model, model_config
+from ..weights.timm_bit import to_timm_bit_state_dict
 from .compare import timm_equivalent
 from .machine import environment, tune_malloc
 from .result import MODES, BenchResult, BenchSettings, Measurement
@@ -40,17 +41,18 @@ def gemm_peak_gflops(device: str = "cpu", size: int | None = None, repeats: int 
 
 
 def build_models(settings: BenchSettings) -> list[tuple[str, str, nn.Module]]:
-    """[(impl, name in that library, model)]: vitlab's, then the comparison's with the same weights if the
-    parameter names agree (they do for the plain ViTs)."""
+    """[(impl, name in that library, model)]: vitlab's, then the comparison's with the same weights where the
+    tensors map one to one (plain ViTs share timm's names; BiT is renamed to timm's ResNetV2)."""
     overrides = {"num_classes": settings.num_classes, "image_size": settings.image_size}
     ours = create_model(settings.model, **overrides)
     models = [("vitlab", settings.model, ours)]
     if settings.compare == "timm":
         name, theirs = timm_equivalent(settings.model, settings.num_classes, settings.image_size)
+        state = to_timm_bit_state_dict(ours) if isinstance(ours.config, BiTConfig) else ours.state_dict()
         try:
-            theirs.load_state_dict(ours.state_dict())
+            theirs.load_state_dict(state)
         except RuntimeError:
-            pass  # hybrids and BiT name their parameters differently; random weights time the same
+            pass  # the hybrids name their stems differently; random weights time the same
         models.append(("timm", name, theirs))
     elif settings.compare is not None:
         raise ValueError(f"--compare supports 'timm' only, not {settings.compare!r}")
