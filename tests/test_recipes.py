@@ -109,3 +109,134 @@ def test_resume_restores_the_schedule_including_old_checkpoints():
     legacy.optimizer.step()
     legacy.step()
     assert math.isclose(legacy.get_last_lr()[0], 1e-3 * (1.0 - 13 / 35))
+
+
+# --- the upstream loss -----------------------------------------------------------------------------------------
+def big_vision_sigmoid_xent(logits: np.ndarray, labels: np.ndarray) -> float:
+    """big_vision `sigmoid_xent`: −Σ_classes [y·log σ(x) + (1 − y)·log σ(−x)], mean over the batch (float64)."""
+    log_p, log_not_p = -np.logaddexp(0.0, -logits), -np.logaddexp(0.0, logits)
+    return float(np.mean(-np.sum(labels * log_p + (1 - labels) * log_not_p, axis=-1)))
+
+
+@pytest.mark.parametrize("scale, shift", [(1.0, 0.0), (3.0, -10.0), (0.1, -10.0)])
+def test_sigmoid_loss_is_big_vision_sigmoid_xent(scale, shift):
+    from vitlab.train.optim import classification_loss
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(8, 21_843, generator=g) * scale + shift  # around the −10 head bias of pre-training
+    labels = torch.randint(0, 21_843, (8,), generator=g)
+    onehot = np.zeros((8, 21_843))
+    onehot[np.arange(8), labels.numpy()] = 1.0
+    ours = classification_loss(logits, labels, "sigmoid", 0.0).item()
+    assert ours == pytest.approx(big_vision_sigmoid_xent(logits.double().numpy(), onehot), rel=1e-5)
+
+
+# --- recipe values ---------------------------------------------------------------------------------------------
+# Paper Table 3 (Dosovitskiy et al. 2021, Appendix B.1): (epochs, base LR, decay, weight decay, dropout) per row.
+TABLE3 = {
+    ("pretrain", "ViT-B/16"): (90, 1e-3, "linear", 0.03, 0.1),  # ViT-B/{16,32}, ImageNet-21k
+    ("pretrain-i1k", "ViT-B/16"): (300, 3e-3, "cosine", 0.3, 0.1),  # ViT-*, ImageNet
+    ("pretrain-i1k", "ViT-L/16"): (300, 3e-3, "cosine", 0.3, 0.1),
+    ("pretrain-jft", "ViT-B/16"): (7, 8e-4, "linear", 0.1, 0.0),  # ViT-B/{16,32}, JFT-300M
+    ("pretrain-jft", "ViT-B/32"): (7, 8e-4, "linear", 0.1, 0.0),
+    ("pretrain-jft", "ViT-L/32"): (7, 6e-4, "linear", 0.1, 0.0),
+    ("pretrain-jft", "ViT-L/16"): (7, 4e-4, "linear", 0.1, 0.0),
+    ("pretrain-jft", "ViT-H/14"): (14, 3e-4, "linear", 0.1, 0.0),
+    ("pretrain-jft", "R50+ViT-L/32"): (7, 2e-4, "linear", 0.1, 0.0),
+}
+IMAGES = {"pretrain": 14_000_000, "pretrain-i1k": 1_281_167, "pretrain-jft": 303_000_000}  # paper Section 4.1
+WIDTH = {"B": 768, "L": 1024, "H": 1280}  # paper Table 1
+
+
+@pytest.mark.parametrize("recipe, model", list(TABLE3))
+def test_pretraining_presets_are_paper_table_3(recipe, model):
+    epochs, lr, decay, wd, dropout = TABLE3[recipe, model]
+    cfg = resolve_config(recipe, model=model)
+    assert (cfg.lr, cfg.decay, cfg.weight_decay, cfg.dropout) == (lr, decay, wd, dropout)
+    assert cfg.steps == epochs * IMAGES[recipe] // 4096
+    # Appendix B.1: Adam β 0.9/0.999, batch 4096, 10k linear warm-up; clipping at global norm 1.
+    assert (cfg.optimizer, cfg.betas, cfg.batch_size, cfg.warmup, cfg.grad_clip) == (
+        "adam", (0.9, 0.999), 4096, 10_000, 1.0)
+    size = model.split("ViT-")[1][0]
+    assert cfg.representation_size == WIDTH[size] and cfg.auto == ()
+    # Upstream (ImageNet-21k, JFT) as the released models: sigmoid, head bias −10, linear decay to 1e-5
+    # (big_vision configs/vit_i21k.py; vit_jax linear_end); ImageNet-1k: softmax (big_vision configs/vit_i1k.py).
+    upstream = ("sigmoid", -10.0, 1e-5) if recipe != "pretrain-i1k" else ("softmax", 0.0, 0.0)
+    assert (cfg.loss, cfg.head_bias_init, cfg.linear_end) == upstream
+
+
+def test_explicit_settings_beat_the_model_rows():
+    cfg = resolve_config("pretrain-jft", model="ViT-H/14", lr=1e-4, representation_size=0, steps=5)
+    assert (cfg.lr, cfg.steps, cfg.representation_size) == (1e-4, 5, 0)
+    assert resolve_config("pretrain-jft", model="ViT-S/16").lr == 8e-4  # not in Table 3: the B row
+    assert resolve_config("pretrain", model="ViT-Ti/16", model_args={"width": 96, "num_heads": 3}
+                          ).representation_size == 96
+    assert resolve_config("pretrain", init="weights.npz").representation_size is None  # fine-tuning: no pre_logits
+    assert resolve_config("finetune").representation_size is None and resolve_config("finetune").linear_end == 0
+
+
+def test_every_recipe_is_listed_with_a_source():
+    from vitlab.train import RECIPES
+    from vitlab.train.recipes import RECIPE_SOURCES, describe_recipe
+
+    for name in ("pretrain", "pretrain-i1k", "pretrain-jft", "mpp"):
+        assert "Table 3" in RECIPE_SOURCES[name] or "B.1.2" in RECIPE_SOURCES[name]
+    for name in RECIPES:
+        text = describe_recipe(name)
+        assert text.startswith(f"recipe {name}:") and "source:" in text
+
+
+# --- through the command line ----------------------------------------------------------------------------------
+def image_folder(root, classes=("cat", "dog", "eel"), per_split=(("train", 4), ("val", 2))):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, n in per_split:
+        for c in classes:
+            (root / split / c).mkdir(parents=True)
+            for i in range(n):
+                Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(root / split / c / f"{i}.png")
+    return root
+
+
+def test_one_pretraining_step_through_the_cli(tmp_path, capsys):
+    import json
+
+    from safetensors.torch import load_file
+
+    from vitlab.cli import main
+
+    data = image_folder(tmp_path / "images")
+    out = tmp_path / "run"
+    rc = main(["train", "--recipe", "pretrain", "--model", "ViT-Ti/16", "--depth", "1", "--width", "32", "--heads",
+               "2", "--mlp-dim", "64", "--image-size", "32", "--batch-size", "8", "--steps", "1", "--data",
+               str(data), "--out", str(out), "--workers", "0", "--device", "cpu"])
+    assert rc == 0 and "done: step 1" in capsys.readouterr().out
+    recorded = json.loads((out / "config.json").read_text())
+    assert (recorded["loss"], recorded["head_bias_init"], recorded["linear_end"]) == ("sigmoid", -10.0, 1e-5)
+    assert recorded["representation_size"] == 32 and recorded["model_config"]["representation_size"] == 32
+    weights = load_file(out / "model.safetensors")
+    assert weights["pre_logits.0.weight"].shape == (32, 32)
+    # Official step numbering: the first of 10k warm-up updates has LR 0, so the head bias is still −10 …
+    assert torch.equal(weights["head.bias"], torch.full((3,), -10.0))
+    first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["lr"] == 0.0
+    # … and the loss of that step is the closed form for 3 classes: 3·log(1 + e^−10) + 10.
+    assert first["loss"] == pytest.approx(3 * math.log1p(math.exp(-10)) + 10, rel=1e-6)
+
+
+def test_train_help_shows_the_recipe_and_recipes_lists_them(capsys):
+    from vitlab.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--recipe", "pretrain-jft", "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    assert "--head-bias-init" in text and "recipe pretrain-jft:" in text and "Table 3, rows JFT-300M" in text
+    assert "with --model ViT-H/14: lr=0.0003" in text
+    assert main(["recipes", "--json"]) == 0
+    import json
+
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["pretrain-i1k"]["values"]["steps"] == 93_835 and listed["pretrain-i1k"]["epochs"] == 300
+    assert main(["recipes", "nope"]) == 2

@@ -35,7 +35,7 @@ def test_recipes_hold_the_paper_values():
     assert (fine.optimizer, fine.momentum, fine.weight_decay, fine.decay, fine.grad_clip) == (
         "sgd", 0.9, 0.0, "cosine", 1.0)
     assert (fine.batch_size, fine.image_size) == (512, 384)
-    assert set(RECIPES) == {"pretrain", "finetune", "demo", "mpp"}
+    assert {"pretrain", "pretrain-i1k", "pretrain-jft", "finetune", "demo", "mpp"} <= set(RECIPES)
     assert resolve_config("finetune", lr=0.01, steps=None).lr == 0.01  # None = not given
 
 

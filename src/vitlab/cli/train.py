@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from . import UserError
+from .recipes import RecipeHelp
 
 EVAL_RESIZE_HELP = ("evaluation pre-processing: official (whole image to the input size, aspect ignored; vit_jax), "
                     "big_vision (short side to 8/7 of it: 256 for 224, 448 for 384; central crop), "
@@ -27,11 +28,13 @@ _NOT_CONFIG = {"func", "verb", "recipe", "flip", "no_flip", *_MODEL_ARGS}
 
 def register(sub: argparse._SubParsersAction) -> None:
     train = sub.add_parser("train", help="train a ViT (default: a small ViT on the embedded digits, ~2 min on CPU)",
-                           description="Train with a recipe (demo, pretrain, finetune); flags override its values.")
+                           description="Train with a recipe (`vitlab recipes` lists them); flags override its "
+                                       "values.", add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter)
     _training_flags(train, default_recipe="demo")
     train.set_defaults(func=_train)
     tune = sub.add_parser("finetune", help="fine-tune weights (official .npz, timm, HF, vitlab) on new data",
-                          description="Fine-tune: new zero-init head, position embedding resized, SGD recipe.")
+                          description="Fine-tune: new zero-init head, position embedding resized, SGD recipe.",
+                          add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter)
     tune.add_argument("--init", required=True, metavar="WEIGHTS", help="weights file or folder to start from")
     _training_flags(tune, default_recipe="finetune")
     _protocol_flags(tune)
@@ -45,7 +48,9 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
     from ..train import RECIPES
 
     a = p.add_argument
-    a("--recipe", choices=sorted(RECIPES), default=default_recipe, help=f"preset (default {default_recipe})")
+    a("-h", "--help", action=RecipeHelp)
+    a("--recipe", choices=sorted(RECIPES), default=default_recipe,
+      help=f"preset (default {default_recipe}; `vitlab recipes` lists their values and sources)")
     g = p.add_argument_group("data")
     g.add_argument("--data", help="embedded dataset (digits, mnist) or image folder root/[train|val]/<class>/")
     g.add_argument("--val-fraction", type=float, help="hold out this fraction of train for validation")
@@ -65,6 +70,9 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
         m.add_argument(f"--{flag}", type=int, help=f"override the variant's {flag}")
     m.add_argument("--image-size", type=int, help="training resolution")
     m.add_argument("--dropout", type=float)
+    m.add_argument("--representation-size", type=int, metavar="N",
+                   help="`pre_logits` Dense(N) + tanh before the head of a model built from scratch (0: none; "
+                        "pre-training recipes: the model's width)")
     m.add_argument("--mean", type=float, nargs=3, help="input mean (default: what the weights expect)")
     m.add_argument("--std", type=float, nargs=3, help="input std")
     o = p.add_argument_group("optimisation")
@@ -84,7 +92,10 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
                    help="classify (default) or mpp: masked patch prediction, self-supervised (recipe mpp)")
     o.add_argument("--mpp-target", choices=["mean-color", "mean-color-4x4", "pixels"],
                    help="mpp: 3-bit mean colour (paper), its 4x4 downsized variant, or L2 on the pixels")
-    o.add_argument("--loss", choices=["softmax", "sigmoid"])
+    o.add_argument("--loss", choices=["softmax", "sigmoid"],
+                   help="softmax cross-entropy, or sigmoid cross-entropy summed over classes (upstream pre-training)")
+    o.add_argument("--head-bias-init", type=float, metavar="B",
+                   help="initial classifier bias of a model built from scratch (pre-training recipes: -10)")
     o.add_argument("--label-smoothing", type=float)
     o.add_argument("--mixup", type=float, metavar="ALPHA",
                    help="MixUp: λ ~ Beta(α, α) per step (BiT-HyperRule: 0.1 above 20k images); 0: off")

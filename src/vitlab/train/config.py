@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from ..data.transforms import EVAL_RESIZES, TRAIN_CROPS
 from .presets import layer_settings
+from .recipes import resolve_model_settings
 
 
 @dataclass(frozen=True)
@@ -91,11 +92,28 @@ class TrainConfig:
 
 # Paper Tables 3 and 4, Appendix B.1. Values are the paper's; `pretrain` runs ~90 epochs of ImageNet-21k.
 RECIPES: dict[str, dict[str, Any]] = {
+    # Pre-training, paper Table 3 (sources: vitlab.train.recipes.RECIPE_SOURCES, `vitlab recipes`). Upstream
+    # ImageNet-21k and JFT training as the released models: sigmoid loss, head bias −10, a `pre_logits` layer
+    # as wide as the model (`auto`), linear decay to 1e-5. Steps: epochs × images / 4096 (recipes.EPOCHS).
     "pretrain": dict(
         model="ViT-B/16", image_size=224, optimizer="adam", lr=1e-3, weight_decay=0.03, betas=(0.9, 0.999),
-        warmup=10_000, decay="linear", grad_clip=1.0, dropout=0.1, loss="softmax", batch_size=4096,
-        steps=300_000, crop_scale=(0.05, 1.0), flip=True, eval_every=10_000, log_every=50,
+        warmup=10_000, decay="linear", linear_end=1e-5, grad_clip=1.0, dropout=0.1, loss="sigmoid",
+        head_bias_init=-10.0, batch_size=4096, steps=307_617, crop_scale=(0.05, 1.0), flip=True,
+        eval_every=10_000, log_every=50, auto=("representation_size",),
         train_crop="inception", eval_resize="official",
+    ),
+    "pretrain-i1k": dict(
+        model="ViT-B/16", image_size=224, optimizer="adam", lr=3e-3, weight_decay=0.3, betas=(0.9, 0.999),
+        warmup=10_000, decay="cosine", grad_clip=1.0, dropout=0.1, loss="softmax", batch_size=4096,
+        steps=93_835, crop_scale=(0.05, 1.0), flip=True, eval_every=10_000, log_every=50,
+        train_crop="inception", eval_resize="official", auto=("representation_size",),
+    ),
+    "pretrain-jft": dict(
+        model="ViT-B/16", image_size=224, optimizer="adam", lr=8e-4, weight_decay=0.1, betas=(0.9, 0.999),
+        warmup=10_000, decay="linear", linear_end=1e-5, grad_clip=1.0, dropout=0.0, loss="sigmoid",
+        head_bias_init=-10.0, batch_size=4096, steps=517_822, crop_scale=(0.05, 1.0), flip=True,
+        eval_every=10_000, log_every=50, train_crop="inception", eval_resize="official",
+        auto=("lr", "steps", "representation_size"),  # Table 3's row for --model (recipes.MODEL_ROWS)
     ),
     "finetune": dict(
         model="ViT-B/16", image_size=384, optimizer="sgd", lr=0.03, momentum=0.9, weight_decay=0.0,
@@ -148,6 +166,7 @@ def resolve_config(recipe: str = "demo", **overrides: Any) -> TrainConfig:
         raise ValueError(f"unknown training settings: {', '.join(sorted(unknown))}")
     explicit = {k: v for k, v in overrides.items() if v is not None}
     values = {**layer_settings(RECIPES[recipe], explicit.get("preset"), explicit), "recipe": recipe}
+    values = resolve_model_settings(values)  # e.g. the Table 3 row of --model, pre_logits as wide as the model
     return validate(TrainConfig(**values))
 
 

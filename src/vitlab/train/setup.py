@@ -75,12 +75,25 @@ def _setting_changes(cfg: TrainConfig, config: Any) -> dict[str, Any]:
     return changes
 
 
+def _representation(cfg: TrainConfig, config: Any) -> dict[str, Any]:
+    """`pre_logits` width for a model built from scratch (0: none); the name stays the variant's, as for the
+    official ImageNet-21k releases, which are ViT-B/16 etc. with a representation layer."""
+    if cfg.representation_size is None:
+        return {}
+    if not isinstance(config, ViTConfig):
+        raise ValueError(f"--representation-size applies to ViTs; {cfg.model} has no representation layer")
+    return {"representation_size": cfg.representation_size or None}
+
+
 def build_model(cfg: TrainConfig, class_names: list[str], with_head: bool = True) -> nn.Module:
     """From scratch (`--model`) or, for fine-tuning, from `--init` weights in any format `vitlab.load` reads
     (or a run directory): position embedding resampled to the run's image size and, as the paper prescribes,
     the whole head replaced by a zero-initialised one for the new classes. Without a head for self-supervision."""
     k = len(class_names) if with_head else 0
     if cfg.init:
+        if cfg.representation_size or cfg.head_bias_init:
+            raise ValueError("--representation-size and --head-bias-init shape a model trained from scratch; "
+                             "fine-tuning replaces the head with a zero one (paper Section 3.2): leave them unset")
         from .. import load
         from .evaluate import resolve_weights
 
@@ -92,7 +105,11 @@ def build_model(cfg: TrainConfig, class_names: list[str], with_head: bool = True
         if cfg.model_args:
             args = ", ".join(f"{key}={value}" for key, value in sorted(cfg.model_args.items()))
             config = config.replace(name=f"{cfg.model} ({args})")
+        config = config.replace(**_representation(cfg, config))
         model = build_from_config(config.replace(**_setting_changes(cfg, config)))
+        if cfg.head_bias_init and isinstance(model.head, nn.Linear):  # vit_jax `head_bias_init`
+            with torch.no_grad():
+                model.head.bias.fill_(cfg.head_bias_init)
     model.class_names = list(class_names)
     return model.train()
 

@@ -1,0 +1,132 @@
+"""Where each training recipe comes from, the pre-training values that depend on the model, and the listing that
+`vitlab recipes` and `vitlab train --recipe X --help` print.
+
+The recipes' values live in `vitlab.train.config.RECIPES` (plain TrainConfig fields). Here, as data:
+- `RECIPE_SOURCES`: the paper table and row, or the official config, each recipe's values come from;
+- `MODEL_ROWS`: values a pre-training recipe takes from another row of paper Table 3 when `--model` is that row's
+  model (JFT-300M's learning rate falls with model size);
+- `EPOCHS`: the epochs and dataset size a recipe's step count stands for, at batch 4096.
+A recipe lists in its `auto` field the settings resolved from the model when the config is resolved (here) or
+from the data when the run starts (`vitlab.train.presets`); a setting given explicitly is never replaced.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+# Paper Section 4.1: ImageNet-21k has 14M images, JFT 303M; ILSVRC-2012 has 1,281,167 training images.
+EPOCHS: dict[str, tuple[int, int]] = {
+    "pretrain": (90, 14_000_000),
+    "pretrain-i1k": (300, 1_281_167),
+    "pretrain-jft": (7, 303_000_000),
+}
+
+_UPSTREAM = ("sigmoid cross-entropy summed over classes, head bias −10 and a model-wide `pre_logits` layer "
+             "(Dense + tanh) as the released upstream models (vision_transformer issues #2 and #34; big_vision "
+             "configs/vit_i21k.py: loss sigmoid_xent, init_head_bias −10); linear decay to 1e-5 (vit_jax "
+             "create_learning_rate_schedule, linear_end)")
+
+RECIPE_SOURCES: dict[str, str] = {
+    "pretrain": ("paper Table 3, row ViT-B/{16,32} ImageNet-21k: 90 epochs, lr 1e-3, linear decay, weight decay "
+                 "0.03, dropout 0.1; Section 4.1 and Appendix B.1: Adam β 0.9/0.999, batch 4096, 10k warm-up "
+                 "steps, global-norm clipping 1; " + _UPSTREAM),
+    "pretrain-i1k": ("paper Table 3, row ViT-* ImageNet: 300 epochs, lr 3e-3, cosine decay, weight decay 0.3, "
+                     "dropout 0.1; Section 4.1 and Appendix B.1: Adam, batch 4096, 10k warm-up, clipping at "
+                     "global norm 1 (stated for ImageNet); softmax cross-entropy with the `pre_logits` layer as "
+                     "big_vision configs/vit_i1k.py (loss softmax_xent, rep_size=True)"),
+    "pretrain-jft": ("paper Table 3, rows JFT-300M: ViT-B/{16,32} 7 epochs lr 8e-4, ViT-L/32 7 epochs 6e-4, "
+                     "ViT-L/16 7 epochs 4e-4 (14 for the headline run), ViT-H/14 14 epochs 3e-4, R50+ViT-B/{16,32} "
+                     "8e-4, R50+ViT-L/32 2e-4; linear decay, weight decay 0.1, dropout 0; Appendix B.1: Adam, "
+                     "batch 4096, 10k warm-up; " + _UPSTREAM),
+    "finetune": ("paper Table 4 and Appendix B.1.1: SGD momentum 0.9, no weight decay, cosine decay, batch 512, "
+                 "clipping at global norm 1, resolution 384; CIFAR-10/100 10k steps, lr from {0.001, 0.003, "
+                 "0.01, 0.03}; dropout of the official vit_jax model configs"),
+    "bit-hyperrule": ("BiT-HyperRule (Kolesnikov et al. 2020, Section 3.3; big_transfer bit_hyperrule.py): SGD "
+                      "0.9, lr 0.003, batch 512, step decay ×0.1, steps/warm-up/MixUp/resolution by dataset size"),
+    "mpp": ("paper Section 4.6 and Appendix B.1.2: masked patch prediction, ViT-B/16, 1M steps at batch 4096, "
+            "Adam lr 2e-4, 10k warm-up, cosine decay"),
+    "demo": "vitlab's laptop scale-down of the pre-training recipe (embedded digits; not a paper row)",
+}
+
+# Paper Table 3: the JFT-300M rows, keyed by the registry name of the row's model. The recipe's own values are
+# the ViT-B row, which other models (Ti, S, B/8, …, not in the table) also get.
+_JFT_14_EPOCHS = 14 * 303_000_000 // 4096
+MODEL_ROWS: dict[str, dict[str, dict[str, Any]]] = {
+    "pretrain-jft": {
+        "ViT-L/32": dict(lr=6e-4),
+        "ViT-L/16": dict(lr=4e-4),
+        "ViT-H/14": dict(lr=3e-4, steps=_JFT_14_EPOCHS),
+        "R50+ViT-L/32": dict(lr=2e-4),
+    },
+}
+
+
+def resolve_model_settings(values: dict[str, Any]) -> dict[str, Any]:
+    """Fill in the recipe's model-dependent settings still listed in `values["auto"]`: the Table 3 row of the
+    model (`MODEL_ROWS`) and `representation_size` = the model's width (None when fine-tuning from --init, which
+    replaces the head). Resolved settings leave `auto`, so config.json records plain values."""
+    auto = tuple(values.get("auto", ()))
+    rows = MODEL_ROWS.get(values.get("recipe", ""), {})
+    row = rows.get(str(values.get("model", "")).removesuffix("-gap"), {})
+    # A setting some row changes is resolved for every model: the row's value, else the recipe's (the B row).
+    resolved = {k: row.get(k, values[k]) for k in auto if any(k in r for r in rows.values())}
+    if "representation_size" in auto:
+        resolved["representation_size"] = None if values.get("init") else _width(values)
+    if not resolved:
+        return values
+    return {**values, **resolved, "auto": tuple(a for a in auto if a not in resolved)}
+
+
+def _width(values: dict[str, Any]) -> int | None:
+    from ..models.config import ViTConfig
+    from ..models.registry import model_config
+
+    config = model_config(values["model"], **values.get("model_args", {}))
+    return config.width if isinstance(config, ViTConfig) else None  # a BiT has no representation layer
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10_000:
+        return f"{value:,}"
+    if isinstance(value, tuple):
+        return " ".join(_fmt(v) for v in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_fmt(v)}" for k, v in value.items())
+    return str(value)
+
+
+def recipe_record(name: str) -> dict[str, Any]:
+    """One recipe as plain data: its values, the per-model rows, what it resolves later, its source."""
+    from .config import RECIPES
+
+    values = dict(RECIPES[name])
+    record: dict[str, Any] = {"name": name, "values": values, "auto": list(values.pop("auto", ())),
+                              "source": RECIPE_SOURCES.get(name, "not recorded")}
+    if name in MODEL_ROWS:
+        record["by_model"] = MODEL_ROWS[name]
+    if name in EPOCHS:
+        record["epochs"], record["images"] = EPOCHS[name]
+    return record
+
+
+def describe_recipe(name: str) -> str:
+    """A few lines for a terminal: values, per-model rows, settings resolved later, source."""
+    r = recipe_record(name)
+    lines = [_wrap(f"recipe {name}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in r["values"].items()))]
+    if "epochs" in r:
+        batch = r["values"]["batch_size"]
+        lines.append(f"  steps {r['values']['steps']:,} = {r['epochs']} epochs × {r['images']:,} images / batch "
+                     f"{batch:,}")
+    for model, row in r.get("by_model", {}).items():
+        lines.append(f"  with --model {model}: {_fmt(row)}")
+    if r["auto"]:
+        lines.append(f"  resolved from the model or data unless given: {', '.join(r['auto'])}")
+    lines.append(_wrap(f"  source: {r['source']}"))
+    return "\n".join(lines)
+
+
+def _wrap(text: str) -> str:
+    return textwrap.fill(text, width=110, subsequent_indent="    ", break_on_hyphens=False)
