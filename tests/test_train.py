@@ -109,7 +109,8 @@ def test_tiny_run_writes_a_complete_run_directory(tmp_path):
     assert {"loss", "lr", "grad_norm", "images_per_s", "data_images_per_s", "data_wait"} <= set(train[0])
     assert [r["step"] for r in records if r["split"] == "val"] == [3, 6]
     config = json.loads((out / "config.json").read_text())
-    assert config["lr"] == 1e-3 and config["class_names"][:2] == ["0", "1"] and config["model_config"]["depth"] == 1
+    assert config["lr"] == RECIPES["demo"]["lr"] and config["class_names"][:2] == ["0", "1"]
+    assert config["model_config"]["depth"] == 1
     assert (out / "curves.png").stat().st_size > 1000 and (out / "best.safetensors").exists()
     assert [p.name for p in list_checkpoints(out)] == ["step_00000006"]  # keep-last 1
     assert verify_checkpoint(out / "checkpoints" / "step_00000006") is None
