@@ -103,7 +103,17 @@ def load(
     """A model in eval mode with the file's weights. `image_size` resamples the position embedding,
     `num_classes` (if different from the file's) attaches a new zero-initialised head. `arch` names the
     architecture of a bare timm state dict when its shapes alone do not determine it."""
-    ck = read_checkpoint(path, arch)
+    return model_from_checkpoint(read_checkpoint(path, arch), path, image_size, num_classes)
+
+
+def model_from_checkpoint(
+    ck: Checkpoint,
+    path: str | Path,
+    image_size: int | tuple[int, int] | None = None,
+    num_classes: int | None = None,
+) -> nn.Module:
+    """`load` for weights already read (training reads a checkpoint once: its config decides settings first).
+    `path` names the source in errors."""
     config, state = ck.config, dict(ck.state_dict)
     if image_size is not None:
         config, state = change_image_size(config, state, image_size, path)
