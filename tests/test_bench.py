@@ -111,6 +111,15 @@ def test_bench_bit_against_timm_holds_the_same_weights() -> None:
     assert all(torch.equal(mine[k].reshape(v.shape), v) for k, v in ours.state_dict().items())
 
 
+def test_cli_bench_bit_reports_a_ratio(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench.measure, "gemm_peak_gflops", lambda device, size=None, repeats=5: 100.0)
+    argv = ["bench", "--model", "BiT-R50x1", "--compare", "timm", "--batch-size", "1", "--image-size", "32",
+            "--repeats", "1", "--warmup", "1", "--min-time", "0", "--threads", "1", "--mode", "infer"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| timm | resnetv2_50x1_bit | infer |" in out and "vitlab/timm infer:" in out and "median" in out
+
+
 @pytest.mark.parametrize("name", ["R+ViT-Ti/16", "R26+ViT-S/32"])
 def test_timm_hybrid_equivalent_has_the_same_parameters(name: str) -> None:
     _, theirs = timm_equivalent(name)
