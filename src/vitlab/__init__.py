@@ -15,10 +15,31 @@ def load(path, image_size=None, num_classes=None, pretrained=None, **kwargs):
 
 
 def save(model, path) -> None:
-    """Write vitlab safetensors with the config in the metadata; `load(save(m))` is exact."""
+    """Write vitlab safetensors with the config in the metadata; `load(save(m))` is exact (class names and the
+    evaluation resize a loaded model carries are kept)."""
     from .weights.io import save as _save
 
-    _save(model, path)
+    resize = getattr(model, "eval_resize", None)
+    _save(model, path, meta={"eval_resize": resize} if resize else None)
 
 
-__all__ = ["BiTConfig", "ResNetConfig", "ViTConfig", "create_model", "list_models", "load", "save", "__version__"]
+def transforms(model_or_weights, train=False, seed=0, **train_options):
+    """The pre-processing of a model (or of weights: path, run directory, published name) as a callable
+    image -> float32 (3, H, W) tensor; the image is a PIL image, a uint8 (H, W, 3) array or a file path.
+    train=False: exactly what `vitlab eval` feeds the model (its size, its recorded evaluation resize, its
+    mean/std). train=True: the training augmentation (the official inception crop and flip unless
+    `train_options` set crop, crop_scale, crop_ratio, flip), drawing from random.Random(seed).
+
+        model = vitlab.load("runs/demo")
+        x = vitlab.transforms(model)("digit.png")
+        probs = model(x[None]).softmax(-1)[0]
+    """
+    from .data.transforms import model_transform
+    from .weights.load import preprocessing
+
+    config, eval_resize = preprocessing(model_or_weights)
+    return model_transform(config.image_size, config.mean, config.std, eval_resize, train, seed, **train_options)
+
+
+__all__ = ["BiTConfig", "ResNetConfig", "ViTConfig", "create_model", "list_models", "load", "save", "transforms",
+           "__version__"]

@@ -9,14 +9,17 @@ import json
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="show the format and architecture of a weights file or folder",
                        description="Show what a weights file holds: format, inferred architecture, sizes.")
-    p.add_argument("path", help="official .npz, timm folder/state dict, HF folder or vitlab .safetensors")
+    p.add_argument("path", help="official .npz, timm folder/state dict, HF folder, vitlab .safetensors, a run or "
+                   "checkpoint directory (its model.safetensors) or a published checkpoint's name")
     p.add_argument("--arch", help="architecture name for a bare timm state dict (e.g. vit_small_patch16_224)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run_info)
 
     p = sub.add_parser("convert", help="convert weights between formats",
                        description="Convert weights: official .npz, timm, HF and vitlab in any direction.")
-    p.add_argument("src", help="weights to read (any format vitlab.load accepts)")
+    p.add_argument("src", help="weights to read: any format vitlab.load accepts, a run or checkpoint directory "
+                   "(its model.safetensors; a run without one: its newest intact checkpoint) or a published "
+                   "checkpoint's name")
     p.add_argument("dst", help="output path: .safetensors (vitlab), .npz (official JAX) or a folder (--to)")
     p.add_argument("--to", choices=["vitlab", "jax-npz", "bit-npz", "timm", "hf"],
                    help="output format (default: by suffix; .npz of a BiT is big_transfer's layout)")
@@ -25,6 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--arch", help="architecture name for a bare timm state dict")
     p.add_argument("--numbering", choices=["pre-linen", "linen"], default="pre-linen",
                    help="module numbering of a written .npz (2020 releases: pre-linen)")
+    p.add_argument("--card", action="store_true",
+                   help="also write a model card <name>.md beside a file export (architecture, source, "
+                   "pre-processing, how to load); folder exports (timm, hf) always hold one as README.md")
     p.set_defaults(func=run_convert)
 
 
@@ -52,6 +58,6 @@ def run_convert(args: argparse.Namespace) -> int:
 
     options = {"numbering": args.numbering} if (args.to == "jax-npz" or str(args.dst).endswith(".npz")) else {}
     fmt = convert(args.src, args.dst, to=args.to, image_size=args.image_size, num_classes=args.num_classes,
-                  arch=args.arch, **options)
+                  arch=args.arch, card=args.card, **options)
     print(f"wrote {args.dst} ({fmt})")
     return 0

@@ -34,10 +34,13 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
+
+from .sources import ImageSplit
 
 Size = tuple[int, int]  # (height, width)
 Box = tuple[float, float, float, float]  # (left, top, right, bottom) in source pixels, as PIL takes it
@@ -235,3 +238,58 @@ def normalize(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, .
     m = torch.tensor(mean, device=images.device, dtype=torch.float32).view(1, -1, 1, 1) * 255.0
     s = torch.tensor(std, device=images.device, dtype=torch.float32).view(1, -1, 1, 1) * 255.0
     return (images.float() - m) / s
+
+
+@dataclass
+class ModelTransform:
+    """A model's pre-processing as one callable, for Python users (`vitlab.transforms`): an image (PIL image,
+    uint8 (H, W, 3) or (H, W) array, or a file path) -> float32 (3, H, W) normalised with the model's mean/std.
+    It is the pipeline `vitlab eval` / `vitlab predict` run (same decoding, resize and normalisation); with a
+    TrainTransform it is the training augmentation, its draws taken from `rng` (seeded once)."""
+
+    base: EvalTransform | TrainTransform
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    rng: random.Random | None = None
+
+    def __call__(self, image: object) -> torch.Tensor:
+        arr = self.base(as_pil_image(image, self.base.min_source_size), self.rng)
+        x = torch.tensor(arr).permute(2, 0, 1)[None]  # (1, 3, H, W) uint8, as predict builds it
+        return normalize(x, self.mean, self.std)[0]
+
+
+def as_pil_image(image: object, min_size: int | None = None) -> Image.Image:
+    """A PIL image as vitlab's data sources hand it to a transform: files decoded as `ImageSplit.load` decodes
+    them (JPEG draft decoding down to `min_size`, then RGB), arrays as the embedded sets (uint8; grayscale
+    stays 'L'), PIL images other than RGB/L converted to RGB."""
+    if isinstance(image, (str, Path)):
+        return ImageSplit("image", np.zeros(1, dtype=np.int64), [], paths=[str(image)]).load(0, min_size)
+    if isinstance(image, Image.Image):
+        return image if image.mode in ("RGB", "L") else image.convert("RGB")
+    if isinstance(image, np.ndarray):
+        if image.dtype != np.uint8 or not (image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 3)):
+            raise ValueError(f"expected a uint8 (H, W, 3) or (H, W) array, got {image.dtype} {image.shape}; "
+                             "convert with (x * 255).round().astype(np.uint8) for floats in [0, 1]")  # fmt: skip
+        return Image.fromarray(image)
+    raise ValueError(f"expected a PIL image, a uint8 array or an image path, got {type(image).__name__}; "
+                     "a torch tensor is already pre-processed: pass the image it came from")  # fmt: skip
+
+
+def model_transform(
+    image_size: int | tuple[int, int], mean: tuple[float, ...], std: tuple[float, ...], eval_resize: str = "official",
+    train: bool = False, seed: int = 0, **train_options: object,
+) -> ModelTransform:
+    """The eval pipeline at `image_size` with `eval_resize`, or (train=True) the training augmentation
+    (TrainTransform's defaults: the official inception crop and flip; `train_options` override crop,
+    crop_scale, crop_ratio, flip) drawing from random.Random(seed)."""
+    size = as_size(image_size)
+    if train:
+        try:
+            augment = TrainTransform(size, **train_options)  # type: ignore[arg-type]
+        except TypeError:
+            raise ValueError(f"unknown training option in {sorted(train_options)}; use crop, crop_scale, "
+                             "crop_ratio, flip") from None  # fmt: skip
+        return ModelTransform(augment, tuple(mean), tuple(std), random.Random(seed))
+    if train_options:
+        raise ValueError(f"{', '.join(train_options)}: training options apply only with train=True")
+    return ModelTransform(EvalTransform(size, eval_resize), tuple(mean), tuple(std))

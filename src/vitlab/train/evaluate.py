@@ -56,26 +56,13 @@ def evaluate(
 
 
 def resolve_weights(path: str | Path) -> Path:
-    """A weights file or folder as `vitlab.load` takes it; a checkpoint or run directory means its
-    model.safetensors (a run without final weights: its newest intact checkpoint); a published checkpoint's name
-    (`augreg-i21k:ViT-B/16`, `hf-hub:owner/name`) means its file in the download cache (vitlab.hub)."""
+    """A weights file or folder as `vitlab.load` takes it: a published checkpoint's name (`augreg-i21k:ViT-B/16`,
+    `hf-hub:owner/name`) means its file in the download cache (vitlab.hub); a run or checkpoint directory its
+    model.safetensors (`vitlab.weights.load.weights_path`, the rule every reader shares)."""
     from ..hub import resolve_path
+    from ..weights.load import weights_path
 
-    path = resolve_path(path)
-    # A run directory, not a timm/HF folder (those also hold a model.safetensors, next to their config.json).
-    markers = ("checkpoints", "metrics.jsonl", "manifest.json")  # run directory, or one checkpoint of it
-    if not (path.is_dir() and any((path / m).exists() for m in markers)):
-        return path
-    if (path / "model.safetensors").is_file():
-        return path / "model.safetensors"
-    if (path / "checkpoints").is_dir():
-        from .checkpoint import latest_valid_checkpoint
-
-        ckpt = latest_valid_checkpoint(path)
-        if ckpt is None:
-            raise DataError(f"run directory {path} has no intact checkpoint")
-        return ckpt / "model.safetensors"
-    return path
+    return weights_path(resolve_path(path))
 
 
 def load_for_inference(weights: str | Path, device: torch.device) -> tuple[nn.Module, list[str]]:

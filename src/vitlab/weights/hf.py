@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ..models.config import OFFICIAL_MEAN, OFFICIAL_STD, BiTConfig, ModelConfig, ViTConfig
+from .card import CARD, model_card
 from .checkpoint import Checkpoint
 from .errors import WeightsError
 from .files import check_against, expected_shapes, read_json, read_weights_folder, write_folder_atomically
@@ -34,7 +35,7 @@ HF_DEFAULTS: dict[str, Any] = {
     "image_size": 224, "patch_size": 16, "num_channels": 3, "qkv_bias": True, "pooler_act": "tanh",
 }  # fmt: skip
 PREPROCESSOR = "preprocessor_config.json"
-HF_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", PREPROCESSOR)
+HF_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", PREPROCESSOR, "README.md")
 
 
 def _module_map(depth: int) -> list[tuple[str, str]]:
@@ -242,16 +243,17 @@ def hf_config(config: ViTConfig, class_names: list[str] | None = None) -> dict[s
     return out
 
 
-def write_hf(model: nn.Module, folder: str | Path) -> None:
+def write_hf(model: nn.Module, folder: str | Path, source: str | Path | None = None) -> None:
     """A folder `transformers.ViTForImageClassification.from_pretrained` loads (a model without classifier is
     written as a ViTModel: pooler = pre_logits if it has one, else load it with add_pooling_layer=False).
-    Written into a temporary folder and renamed into place; an existing folder is replaced only if it holds
-    nothing but an earlier export. A BiT model is written as a BitForImageClassification / BitModel folder."""
+    A model card (README.md) names `source`, the file converted. Written into a temporary folder and renamed
+    into place; an existing folder is replaced only if it holds nothing but an earlier export. A BiT model is
+    written as a BitForImageClassification / BitModel folder."""
     config = model.config
     if isinstance(config, BiTConfig):
         from .hf_bit import write_hf_bit
 
-        return write_hf_bit(model, folder)
+        return write_hf_bit(model, folder, source)
     check_hf_representable(config, folder)
     base = "vit." if config.num_classes else ""
     # clone: q, k and v are views of one qkv tensor, and safetensors refuses tensors that share memory
@@ -262,9 +264,12 @@ def write_hf(model: nn.Module, folder: str | Path) -> None:
            "resample": 2, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
            "image_mean": list(config.mean), "image_std": list(config.std)}  # fmt: skip
 
+    card = model_card(model, "hf", folder, source)
+
     def write(tmp: Path) -> None:
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
         (tmp / PREPROCESSOR).write_text(json.dumps(pre, indent=2) + "\n", encoding="utf-8")
+        (tmp / CARD).write_text(card, encoding="utf-8")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
 
     write_folder_atomically(folder, write, owned=HF_FILES)

@@ -22,6 +22,7 @@ from torch import nn
 
 from ..models.config import BiTConfig
 from .bit_npz import bit_name, warn_numerics
+from .card import CARD, model_card
 from .checkpoint import Checkpoint
 from .errors import WeightsError
 from .files import check_against, expected_shapes, read_json, read_weights_folder, write_folder_atomically
@@ -184,7 +185,7 @@ def hf_bit_config(config: BiTConfig, class_names: list[str] | None = None) -> di
     return out
 
 
-def write_hf_bit(model: nn.Module, folder: str | Path) -> None:
+def write_hf_bit(model: nn.Module, folder: str | Path, source: str | Path | None = None) -> None:
     """A folder `transformers.BitForImageClassification.from_pretrained` loads (BitModel without a head).
     transformers standardises conv weights with eps 1e-8; a model with another eps is written unchanged and
     warned about. Written into a temporary folder and renamed into place."""
@@ -201,9 +202,12 @@ def write_hf_bit(model: nn.Module, folder: str | Path) -> None:
            "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(config.mean),
            "image_std": list(config.std), "do_convert_rgb": True}  # fmt: skip
 
+    card = model_card(model, "hf", folder, source)
+
     def write(tmp: Path) -> None:
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
         (tmp / PREPROCESSOR).write_text(json.dumps(pre, indent=2) + "\n", encoding="utf-8")
+        (tmp / CARD).write_text(card, encoding="utf-8")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
 
     write_folder_atomically(folder, write, owned=HF_FILES)

@@ -1,7 +1,9 @@
 """`vitlab.load`: any supported file or folder -> a ready model, the architecture read from the file.
 
 Format detection is one decision on what the path is (folder with config.json, zip of .npy arrays, safetensors,
-torch pickle), not a chain of sniffers. Resolution change and head replacement follow the official fine-tuning
+torch pickle), not a chain of sniffers. A vitlab run directory (or one checkpoint directory of it) means the
+weights it holds (`weights_path`): every reader (`vitlab.load`, `info`, `convert`, `eval`, hubconf) goes through
+here. Resolution change and head replacement follow the official fine-tuning
 rules (paper Section 3.2): the position embedding is resized bilinearly with corners aligned, class token kept; a
 different class count drops `pre_logits` and attaches a zero-initialised head.
 """
@@ -21,11 +23,40 @@ from .checkpoint import Checkpoint
 from .errors import WeightsError
 
 FORMATS = ("vitlab", "jax-npz", "bit-npz", "timm", "hf")
+# What marks a folder as a vitlab run (or one checkpoint of it): timm and HF folders also hold a
+# model.safetensors beside their config.json, but never these.
+RUN_MARKERS = ("checkpoints", "metrics.jsonl", "manifest.json")
+RUN_WEIGHTS = "model.safetensors"
+
+
+def weights_path(path: str | Path) -> Path:
+    """The file or folder holding the weights `path` means. A run directory: its final model.safetensors, else
+    the one of its newest intact checkpoint; a checkpoint directory: its model.safetensors, once its manifest
+    checks; any other path (files, timm/HF folders) as it is."""
+    path = Path(path)
+    if not (path.is_dir() and any((path / m).exists() for m in RUN_MARKERS)):
+        return path
+    if (path / "manifest.json").is_file():  # one checkpoint: verified, as resuming from it would be
+        from ..train.checkpoint import verify_checkpoint
+
+        problem = verify_checkpoint(path)
+        if problem is not None:
+            raise WeightsError(path, f"damaged checkpoint ({problem})", "pass the run directory or another checkpoint")
+        return path / RUN_WEIGHTS
+    if (path / RUN_WEIGHTS).is_file():  # written when the run completed
+        return path / RUN_WEIGHTS
+    from ..train.checkpoint import latest_valid_checkpoint
+
+    ckpt = latest_valid_checkpoint(path) if (path / "checkpoints").is_dir() else None
+    if ckpt is None:
+        raise WeightsError(path, "run directory has no final model.safetensors and no intact checkpoint",
+                           "wait for its first checkpoint, or resume the run")  # fmt: skip
+    return ckpt / RUN_WEIGHTS
 
 
 def detect_format(path: str | Path) -> str:
     """One of FORMATS, from what the path is; WeightsError naming the fix otherwise."""
-    path = Path(path)
+    path = weights_path(path)
     if not path.exists():
         raise WeightsError(path, "no such file or folder", "check the path")
     if path.is_dir():
@@ -44,7 +75,8 @@ def detect_format(path: str | Path) -> str:
 def _folder_format(path: Path) -> str:
     cfg_path = path / "config.json"
     if not cfg_path.exists():
-        raise WeightsError(path, "folder has no config.json", "pass a timm hub folder, an HF folder or a file")
+        raise WeightsError(path, "folder has no config.json",
+                           "pass a file, a timm or HF folder, or a vitlab run directory")  # fmt: skip
     try:
         cfg = json.loads(cfg_path.read_text())
     except json.JSONDecodeError:
@@ -72,6 +104,7 @@ def _zip_format(path: Path) -> str:
 
 
 def read_checkpoint(path: str | Path, arch: str | None = None) -> Checkpoint:
+    path = weights_path(path)
     fmt = detect_format(path)
     if fmt == "vitlab":
         from .io import read_vitlab
@@ -129,6 +162,8 @@ def model_from_checkpoint(
     model.load_state_dict(state, strict=not fresh)
     if ck.meta.get("class_names"):
         model.class_names = list(ck.meta["class_names"])
+    if ck.meta.get("eval_resize"):  # how the run evaluated: `vitlab.transforms(model)` and exports repeat it
+        model.eval_resize = ck.meta["eval_resize"]
     return model.eval()
 
 
@@ -164,3 +199,19 @@ def change_image_size(
             state[key] = resample_relative_table(state[key], n_tokens).contiguous()
     return new, state
 
+
+
+def preprocessing(model_or_weights: nn.Module | str | Path) -> tuple[ModelConfig, str]:
+    """(config, evaluation resize) of a model or of weights (a path, run directory or catalogue name): what
+    `vitlab eval` pre-processes with. The resize is the one recorded with vitlab weights (how their run
+    evaluated), else "official" (the whole image resized, as the official code evaluates)."""
+    if isinstance(model_or_weights, nn.Module):
+        config = getattr(model_or_weights, "config", None)
+        if not isinstance(config, (ViTConfig, BiTConfig)):
+            raise ValueError(f"{type(model_or_weights).__name__} is not a vitlab model (it has no vitlab config); "
+                             "pass a vitlab model or a weights path")  # fmt: skip
+        return config, getattr(model_or_weights, "eval_resize", None) or "official"
+    from ..hub import resolve_path
+
+    ck = read_checkpoint(weights_path(resolve_path(model_or_weights)))
+    return ck.config, ck.meta.get("eval_resize") or "official"

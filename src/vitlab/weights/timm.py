@@ -43,13 +43,14 @@ from .timm_arch import (
     config_from_timm_options,
     infer_timm_options,
     timm_config,
+    timm_eval_crop,
     timm_name_options,
 )
 from .timm_bit import is_timm_bit, read_timm_bit, timm_bit_hub_config, to_timm_bit_state_dict
 
 __all__ = ["read_timm", "timm_config", "timm_model_args", "timm_model_name", "to_timm_state_dict", "write_timm"]
 
-HUB_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
+HUB_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "README.md")
 HYBRID_NOTE = (
     "timm's hybrid stem uses GroupNorm eps 1e-5 and weight-standardisation eps 1e-8 on the variance; vitlab uses "
     "the official 1e-6 and 1e-5 on the std, so outputs differ slightly from timm's (the weights are the same)"
@@ -181,6 +182,8 @@ def check_timm_representable(config: ModelConfig, where: str | Path = "model") -
         problem = f"ln_eps={config.ln_eps} (timm's ViTs use 1e-6)"
     elif config.representation_size:
         problem = f"a representation layer (pre_logits, {config.representation_size} wide)"
+    elif int(config.width * (config.mlp_dim / config.width)) != config.mlp_dim:  # timm: int(dim * mlp_ratio)
+        problem = f"MLP width {config.mlp_dim} (timm computes int(width * mlp_ratio), which rounds it down)"
     elif config.resnet is not None and _hybrid_stem(config) is None:
         problem = f"a ResNet stem with layers={config.resnet.layers}, width_factor={config.resnet.width_factor}"
     if problem:
@@ -206,26 +209,27 @@ def _hybrid_stem(config: ViTConfig) -> str | None:
 
 
 def timm_model_name(config: ViTConfig) -> str:
-    """A registered timm name for the architecture; `timm_model_args` gives the arguments that make it exact
-    (image size, classes, depth, heads, pooling), as timm's own save_for_hf records them."""
+    """The registered timm name closest to the architecture (timm's own name when there is one);
+    `timm_model_args` gives the arguments that make it exact (image size, classes, width, depth, heads, patch,
+    pooling), as timm's own save_for_hf records them: timm's ViT constructors take every one as an override, so
+    a width or patch size timm registers no name for (vitlab's demo models) still loads."""
     check_timm_representable(config)
     h, w = config.image_size
     if config.resnet is not None:
         stem = _hybrid_stem(config)
         sizes = HYBRID_NAMES[stem][1]
         return f"{stem}_{h if h == w and h in sizes else sizes[0]}"
-    size = _timm_size(config)
-    key = (TIMM_SIZES.get(size or "", ""), config.patch_size)
-    if key not in PLAIN_RESOLUTIONS:
-        raise WeightsError(
-            "model", f"timm has no name for width {config.width} with patch {config.patch_size}",
-            "build timm.models.VisionTransformer(**timm_model_args(config)) directly",
-        )  # fmt: skip
+    size = _timm_size(config) or min(TIMM_SIZES, key=lambda t: abs(VIT_SIZES[TIMM_SIZES[t]][1] - config.width))
+    patch = config.patch_size
+    if (TIMM_SIZES[size], patch) not in PLAIN_RESOLUTIONS:  # the args' patch_size replaces the name's
+        patch = min(p for s, p in PLAIN_RESOLUTIONS if s == TIMM_SIZES[size])
+    key = (TIMM_SIZES[size], patch)
     gap = GAP_NAMES.get(key)
-    if config.classifier == "gap" and gap and timm_name_options(gap)["num_heads"] == config.num_heads:
+    if config.classifier == "gap" and gap and patch == config.patch_size and config.width == VIT_SIZES[key[0]][1] \
+            and timm_name_options(gap)["num_heads"] == config.num_heads:
         return gap
     sizes = PLAIN_RESOLUTIONS[key]
-    return f"vit_{size}_patch{config.patch_size}_{h if h == w and h in sizes else sizes[0]}"
+    return f"vit_{size}_patch{patch}_{h if h == w and h in sizes else sizes[0]}"
 
 
 def timm_model_args(config: ViTConfig) -> dict[str, Any]:
@@ -255,8 +259,11 @@ def to_timm_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return {timm_key(k, config): v.detach() for k, v in model.state_dict().items()}
 
 
-def timm_hub_config(config: ViTConfig, class_names: list[str] | None = None) -> dict[str, Any]:
-    """timm's config.json for this architecture, as save_for_hf writes it."""
+def timm_hub_config(
+    config: ViTConfig, class_names: list[str] | None = None, eval_resize: str = "official"
+) -> dict[str, Any]:
+    """timm's config.json for this architecture, as save_for_hf writes it; the pre-processing fields say what
+    vitlab evaluates with (bilinear, `eval_resize` as timm's crop_pct/crop_mode)."""
     args = timm_model_args(config)
     first_conv = timm_key("stem.conv.weight" if config.resnet else "patch_embed.proj.weight", config)[: -len(".weight")]
     hub: dict[str, Any] = {
@@ -264,7 +271,7 @@ def timm_hub_config(config: ViTConfig, class_names: list[str] | None = None) -> 
         "global_pool": args["global_pool"], "model_args": args,
         "pretrained_cfg": {
             "input_size": [config.in_chans, *config.image_size], "fixed_input_size": True,
-            "interpolation": "bicubic", "crop_pct": 1.0, "crop_mode": "center", "mean": list(config.mean),
+            **timm_eval_crop(config.image_size, eval_resize), "mean": list(config.mean),
             "std": list(config.std), "num_classes": config.num_classes, "first_conv": first_conv,
             "classifier": "head",
         },
@@ -274,18 +281,21 @@ def timm_hub_config(config: ViTConfig, class_names: list[str] | None = None) -> 
     return hub
 
 
-def write_timm(model: nn.Module, path: str | Path) -> None:
+def write_timm(model: nn.Module, path: str | Path, source: str | Path | None = None) -> None:
     """A path ending in .safetensors/.pth/.bin gets a bare timm state dict; any other path a timm hub folder
-    (config.json + model.safetensors) that timm.create_model("local-dir:<path>", pretrained=True) loads.
+    (config.json + model.safetensors + a model card README.md naming `source`, the file converted) that
+    timm.create_model("local-dir:<path>", pretrained=True) loads, at any size (config.json's model_args).
     Written atomically; an existing folder is replaced only if it holds nothing but an earlier export."""
     path = Path(path)
     folder = path.suffix != ".safetensors" and path.suffix not in PICKLE_SUFFIXES
     names = getattr(model, "class_names", None)
+    resize = getattr(model, "eval_resize", None) or "official"
     if isinstance(model.config, BiTConfig):  # BiT's ResNetV2: timm's resnetv2_*_bit
-        state, hub = to_timm_bit_state_dict(model), timm_bit_hub_config(model.config, names, path) if folder else {}
+        hub = timm_bit_hub_config(model.config, names, path, resize) if folder else {}
+        state = to_timm_bit_state_dict(model)
     else:
         check_timm_representable(model.config, path)
-        state, hub = to_timm_state_dict(model), timm_hub_config(model.config, names) if folder else {}
+        state, hub = to_timm_state_dict(model), timm_hub_config(model.config, names, resize) if folder else {}
     tensors = {k: v.to("cpu").contiguous() for k, v in state.items()}
 
     def save(p: str | Path) -> None:
@@ -297,8 +307,13 @@ def write_timm(model: nn.Module, path: str | Path) -> None:
         atomic_write(path, lambda p: torch.save(tensors, p))
     else:
 
+        from .card import CARD, model_card
+
+        card = model_card(model, "timm", path, source)
+
         def write(folder: Path) -> None:
             (folder / "config.json").write_text(json.dumps(hub, indent=2) + "\n", encoding="utf-8")
+            (folder / CARD).write_text(card, encoding="utf-8")
             save(folder / "model.safetensors")
 
         write_folder_atomically(path, write, owned=HUB_FILES)

@@ -19,6 +19,7 @@ from ..models.config import OFFICIAL_MEAN, OFFICIAL_STD, BiTConfig
 from ..models.registry import RESNET_DEPTHS
 from .errors import WeightsError
 from .files import check_against, expected_shapes
+from .timm_arch import timm_eval_crop
 
 __all__ = ["TIMM_BITS", "is_timm_bit", "read_timm_bit", "timm_bit_hub_config", "to_timm_bit_state_dict"]
 
@@ -160,16 +161,18 @@ def timm_bit_name(config: BiTConfig, where: str | Path = "model") -> str:
     return name
 
 
-def timm_bit_hub_config(config: BiTConfig, class_names: list[str] | None, where: str | Path) -> dict[str, Any]:
-    """timm's config.json for this BiT, as timm's save_for_hf writes it (timm's BiT input pipeline: bilinear
-    resize; mean/std are the ones the weights expect)."""
+def timm_bit_hub_config(
+    config: BiTConfig, class_names: list[str] | None, where: str | Path, eval_resize: str = "official"
+) -> dict[str, Any]:
+    """timm's config.json for this BiT, as timm's save_for_hf writes it; the pre-processing fields say what
+    vitlab evaluates with (bilinear, `eval_resize` as timm's crop_pct/crop_mode; mean/std the weights')."""
     h, w = config.image_size
     hub: dict[str, Any] = {
         "architecture": timm_bit_name(config, where), "num_classes": config.num_classes,
         "num_features": config.out_channels, "global_pool": "avg",
         "pretrained_cfg": {
-            "input_size": [config.in_chans, h, w], "fixed_input_size": False, "interpolation": "bilinear",
-            "crop_pct": 1.0, "crop_mode": "center", "mean": list(config.mean), "std": list(config.std),
+            "input_size": [config.in_chans, h, w], "fixed_input_size": False,
+            **timm_eval_crop(config.image_size, eval_resize), "mean": list(config.mean), "std": list(config.std),
             "num_classes": config.num_classes, "pool_size": [-(-h // 32), -(-w // 32)], "first_conv": "stem.conv",
             "classifier": "head.fc",
         },
