@@ -69,7 +69,7 @@ TINY = {"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64}
 
 
 def tiny(out, **overrides):
-    base = dict(out=str(out), model="ViT-Ti/4", model_args=TINY, image_size=8, batch_size=32, steps=6, warmup=2,
+    base = dict(out=str(out), model="ViT-Ti/4", model_args=TINY, image_size=8, batch_size=32, steps=6, warmup=1,
                 eval_every=0, save_every=2, keep_last=3, log_every=1, workers=0, dropout=0.1, eval_batch_size=512,
                 mixup=0.4)
     return resolve_config("demo", **{**base, **overrides})

@@ -81,7 +81,7 @@ def test_hybrid_is_refused():
 def mpp_run(tmp_path, name, **overrides):
     from vitlab.train import resolve_config
 
-    base = dict(out=str(tmp_path / name), model="ViT-Ti/4", image_size=8, batch_size=32, steps=6, warmup=2,
+    base = dict(out=str(tmp_path / name), model="ViT-Ti/4", image_size=8, batch_size=32, steps=6, warmup=1,
                 eval_every=3, log_every=1, workers=0, eval_batch_size=512, objective="mpp",
                 model_args={"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64})
     return resolve_config("demo", **{**base, **overrides})

@@ -12,10 +12,10 @@ from PIL import Image
 
 import vitlab
 from vitlab.cli import main
-from vitlab.data import Datasets, ImageSplit, build_datasets
-from vitlab.train import resolve_config
+from vitlab.data import Datasets, ImageSplit
+from vitlab.train import resolve, resolve_config
 from vitlab.train.optim import build_scheduler
-from vitlab.train.presets import finetune_dropout, hyperrule, resolve_from_data, typical_image_size
+from vitlab.train.presets import finetune_dropout, hyperrule, typical_image_size
 from vitlab.train.setup import build_model
 
 # Paper Table 4 (steps, base LRs) and Appendix B.1.1 (dev splits: "10% for Pets and Flowers, 2% for CIFAR,
@@ -107,8 +107,7 @@ def big_transfer_lr(step: int, supports: list[int], base_lr: float = 0.003) -> f
 @pytest.mark.parametrize("n, supports", [(1_438, [100, 200, 300, 400, 500]),
                                          (25_000, [500, 3000, 6000, 9000, 10_000])])
 def test_resolved_schedule_is_big_transfers(n, supports):
-    data = fake_data(n)
-    cfg, _ = resolve_from_data(resolve_config("bit-hyperrule"), data)
+    cfg = resolve("bit-hyperrule", {}, data=fake_data(n)).config
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=cfg.lr)
     scheduler = build_scheduler(optimizer, cfg)
     ours = []
@@ -128,20 +127,22 @@ def fake_data(n: int, hw: tuple[int, int] = (8, 8)) -> Datasets:
 
 
 def test_resolution_from_the_digits_is_reported_and_recorded():
-    cfg, message = resolve_from_data(resolve_config("bit-hyperrule"), build_datasets("digits"))
+    resolved = resolve("bit-hyperrule", {"data": "digits"})
+    cfg = resolved.config
     assert (cfg.steps, cfg.warmup, cfg.lr_drops, cfg.mixup, cfg.image_size) == (500, 100, (0.4, 0.6, 0.8), 0.0, 128)
-    assert cfg.auto == ("dropout",)  # resolved once: config.json records plain values, resume keeps them
-    assert message == ("bit-hyperrule: 1,438 images < 20k → 500 steps, warm-up 100, lr ×0.1 after 40/60/80%, "
-                       "no MixUp, 128 px (images 8×8 < 96×96)")
-    assert resolve_from_data(cfg, build_datasets("digits")) == (cfg, None)
+    assert resolved.sources["steps"] == "recipe bit-hyperrule: BiT-HyperRule on 1,438 training images"
+    assert ("bit-hyperrule: 1,438 images < 20k → 500 steps, warm-up 100, lr ×0.1 after 40/60/80%, "
+            "no MixUp, 128 px (images 8×8 < 96×96)") in resolved.notes
+    assert len(resolved.data.train) == 1438  # built once, for the loop to reuse
 
 
 def test_flags_win_over_the_hyperrule():
-    cfg, message = resolve_from_data(resolve_config("bit-hyperrule", steps=50, mixup=0.2, image_size=64),
-                                     fake_data(25_000))
+    resolved = resolve("bit-hyperrule", dict(steps=50, mixup=0.2, image_size=64), data=fake_data(25_000))
+    cfg = resolved.config
     assert (cfg.steps, cfg.mixup, cfg.image_size) == (50, 0.2, 64)
     assert cfg.warmup == round(500 * 50 / 10_000)  # the rule's warm-up share of the steps given
-    assert "50 steps (set)" in message and "MixUp α=0.2 (set)" in message and "64 px (set)" in message
+    note = next(n for n in resolved.notes if n.startswith("bit-hyperrule"))
+    assert "50 steps (set)" in note and "MixUp α=0.2 (set)" in note and "64 px (set)" in note
 
 
 def test_typical_image_size_of_a_folder(tmp_path):

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+import vitlab
 from vitlab.train import resolve_config
 from vitlab.train.optim import Schedule, build_optimizer, build_scheduler
 
@@ -158,20 +159,22 @@ def test_pretraining_presets_are_paper_table_3(recipe, model):
     assert (cfg.optimizer, cfg.betas, cfg.batch_size, cfg.warmup, cfg.grad_clip) == (
         "adam", (0.9, 0.999), 4096, 10_000, 1.0)
     size = model.split("ViT-")[1][0]
-    assert cfg.representation_size == WIDTH[size] and cfg.auto == ()
+    assert cfg.representation_size == WIDTH[size]
     # Upstream (ImageNet-21k, JFT) as the released models: sigmoid, head bias −10, linear decay to 1e-5
     # (big_vision configs/vit_i21k.py; vit_jax linear_end); ImageNet-1k: softmax (big_vision configs/vit_i1k.py).
     upstream = ("sigmoid", -10.0, 1e-5) if recipe != "pretrain-i1k" else ("softmax", 0.0, 0.0)
     assert (cfg.loss, cfg.head_bias_init, cfg.linear_end) == upstream
 
 
-def test_explicit_settings_beat_the_model_rows():
+def test_explicit_settings_beat_the_model_rows(tmp_path):
     cfg = resolve_config("pretrain-jft", model="ViT-H/14", lr=1e-4, representation_size=0, steps=5)
     assert (cfg.lr, cfg.steps, cfg.representation_size) == (1e-4, 5, 0)
     assert resolve_config("pretrain-jft", model="ViT-S/16").lr == 8e-4  # not in Table 3: the B row
     assert resolve_config("pretrain", model="ViT-Ti/16", model_args={"width": 96, "num_heads": 3}
                           ).representation_size == 96
-    assert resolve_config("pretrain", init="weights.npz").representation_size is None  # fine-tuning: no pre_logits
+    vitlab.save(vitlab.create_model("ViT-Ti/16", image_size=32, depth=1), tmp_path / "weights.safetensors")
+    init = str(tmp_path / "weights.safetensors")
+    assert resolve_config("pretrain", init=init).representation_size is None  # fine-tuning: no pre_logits
     assert resolve_config("finetune").representation_size is None and resolve_config("finetune").linear_end == 0
 
 
@@ -210,19 +213,32 @@ def test_one_pretraining_step_through_the_cli(tmp_path, capsys):
     out = tmp_path / "run"
     rc = main(["train", "--recipe", "pretrain", "--model", "ViT-Ti/16", "--depth", "1", "--width", "32", "--heads",
                "2", "--mlp-dim", "64", "--image-size", "32", "--batch-size", "8", "--steps", "1", "--data",
-               str(data), "--out", str(out), "--workers", "0", "--device", "cpu"])
+               str(data), "--out", str(out), "--workers", "0", "--device", "cpu", "--warmup", "0"])
     assert rc == 0 and "done: step 1" in capsys.readouterr().out
     recorded = json.loads((out / "config.json").read_text())
     assert (recorded["loss"], recorded["head_bias_init"], recorded["linear_end"]) == ("sigmoid", -10.0, 1e-5)
     assert recorded["representation_size"] == 32 and recorded["model_config"]["representation_size"] == 32
     weights = load_file(out / "model.safetensors")
     assert weights["pre_logits.0.weight"].shape == (32, 32)
-    # Official step numbering: the first of 10k warm-up updates has LR 0, so the head bias is still −10 …
-    assert torch.equal(weights["head.bias"], torch.full((3,), -10.0))
+    # The loss of the first step is the closed form for 3 classes: 3·log(1 + e^−10) + 10; without warm-up its
+    # update moves the head bias off −10 (the official numbering with warm-up is tested with the schedule).
     first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
-    assert first["lr"] == 0.0
-    # … and the loss of that step is the closed form for 3 classes: 3·log(1 + e^−10) + 10.
     assert first["loss"] == pytest.approx(3 * math.log1p(math.exp(-10)) + 10, rel=1e-6)
+    assert first["lr"] == pytest.approx(1e-3) and not torch.equal(weights["head.bias"], torch.full((3,), -10.0))
+
+
+def test_warmup_follows_the_steps_or_is_refused():
+    """`--steps 150` with the recipe's 500-step warm-up ended with the LR still rising, and `--steps 1` trained at
+    LR 0: a recipe's warm-up keeps its share of a changed step count, a typed one that does not fit is refused."""
+    from vitlab.train import resolve
+
+    resolved = resolve("finetune", {"steps": 150, "data": "digits", "model": "ViT-Ti/16"})
+    assert resolved.config.warmup == round(500 * 150 / 10_000)
+    assert any("warm-up 500 of 10,000 steps (recipe finetune) scaled to 8 of 150" in n for n in resolved.notes)
+    assert resolve("finetune", {"steps": 1, "model": "ViT-Ti/16"}).config.warmup == 0
+    assert resolve("pretrain-jft", {"model": "ViT-H/14"}).config.warmup == 10_000  # Table 3's own steps: kept
+    with pytest.raises(ValueError, match="--warmup 500 is not below --steps 150"):
+        resolve("finetune", {"steps": 150, "warmup": 500, "model": "ViT-Ti/16"})
 
 
 def test_train_help_shows_the_recipe_and_recipes_lists_them(capsys):

@@ -21,7 +21,7 @@ TINY = {"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64}
 def tiny(tmp_path, name="run", **overrides):
     """A 1-layer, 32-wide ViT on 8×8 digits: a step takes milliseconds."""
     base = dict(out=str(tmp_path / name), model="ViT-Ti/4", model_args=TINY, image_size=8, batch_size=32, steps=6,
-                warmup=2, eval_every=3, log_every=1, workers=0, eval_batch_size=512)
+                warmup=1, eval_every=3, log_every=1, workers=0, eval_batch_size=512)
     return resolve_config("demo", **{**base, **overrides})
 
 
@@ -44,7 +44,7 @@ def test_recipes_hold_the_paper_values():
     [
         (dict(recipe="nope"), "unknown recipe 'nope'"),
         (dict(batch_size=30, accum=4), "not divisible by --accum 4"),
-        (dict(warmup=-1), "--warmup must be >= 0"),
+        (dict(warmup=-1), "--warmup must be an integer >= 0, got -1"),
         (dict(ema=1.5), "--ema must be in"),
         (dict(colour=1), "unknown training settings: colour"),
     ],

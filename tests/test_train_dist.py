@@ -54,7 +54,8 @@ def test_ddp_two_processes_match_one(tmp_path):
     check_same_curves(tmp_path / "ddp", tmp_path / "one")
     assert done.stdout.count("done: step 20") == 1  # only rank 0 reports
     assert sorted(p.name for p in (tmp_path / "ddp").iterdir()) == [
-        "best.safetensors", "checkpoints", "config.json", "curves.png", "metrics.jsonl", "model.safetensors"]
+        "best.safetensors", "checkpoints", "config.json", "console.log", "curves.png", "metrics.jsonl",
+        "model.safetensors"]  # rank 0 alone writes: one console log
 
 
 def test_fsdp_two_processes_match_one_and_resume(tmp_path):

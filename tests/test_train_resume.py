@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ TINY = {"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64}
 
 
 def tiny(out, **overrides):
-    base = dict(out=str(out), model="ViT-Ti/4", model_args=TINY, image_size=8, batch_size=32, steps=8, warmup=2,
+    base = dict(out=str(out), model="ViT-Ti/4", model_args=TINY, image_size=8, batch_size=32, steps=8, warmup=1,
                 eval_every=0, save_every=2, keep_last=3, log_every=1, workers=0, dropout=0.1, eval_batch_size=512)
     return resolve_config("demo", **{**base, **overrides})
 
@@ -148,18 +149,29 @@ def test_incomplete_checkpoint_is_not_used(tmp_path, missing):
 
 
 def test_resume_on_other_classes_is_refused(tmp_path):
+    """Another --data is refused when the settings are resolved; the same folder whose classes changed since is
+    refused when the checkpoint is read."""
     from PIL import Image
 
     from vitlab.data import DataError
 
-    run(tiny(tmp_path / "run", steps=2))
-    for split in ("train", "val"):
-        for name in ("x", "y"):
-            (tmp_path / "data" / split / name).mkdir(parents=True)
-            Image.new("RGB", (8, 8)).save(tmp_path / "data" / split / name / "0.png")
+    def make(names):
+        for split in ("train", "val"):
+            for name in names:
+                (tmp_path / "data" / split / name).mkdir(parents=True)
+                for i in range(3):
+                    Image.new("RGB", (8, 8), (40 * i, 0, 0)).save(tmp_path / "data" / split / name / f"{i}.png")
+
+    make(("a", "b"))
+    data = str(tmp_path / "data")
+    run(tiny(tmp_path / "run", steps=2, data=data, batch_size=2))
+    with pytest.raises(ValueError, match=r"--data .*digits contradicts the run in .*run \(stored: .*data\)"):
+        tiny(tmp_path / "run", steps=4, resume=True, data="digits", batch_size=2)
+    shutil.rmtree(tmp_path / "data")
+    make(("x", "y"))
     with pytest.raises(DataError, match=r"the classes of .*data differ from those of checkpoint .*step_00000002 "
-                                        r"\(0, 1, 2, 3, 4 and 5 more\); resume on the same data"):
-        run(tiny(tmp_path / "run", steps=4, resume=True, data=str(tmp_path / "data"), batch_size=2))
+                                        r"\(a, b\); resume on the same data"):
+        run(tiny(tmp_path / "run", steps=4, resume=True, data=data, batch_size=2))
 
 
 def test_resume_of_a_finished_run_only_evaluates(tmp_path):

@@ -51,8 +51,10 @@ class RecipeHelp(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
         from ..train.recipes import describe_recipe
+        from ..train.resolve import DEFAULT_RECIPE
 
-        recipe = describe_recipe(getattr(namespace, "recipe", None) or parser.get_default("recipe"))
+        verb = parser.prog.split()[-1]
+        recipe = describe_recipe(getattr(namespace, "recipe", None) or DEFAULT_RECIPE.get(verb, "demo"))
         parser.epilog = f"{parser.epilog}\n\n{recipe}" if parser.epilog else recipe
         parser.print_help()
         parser.exit()

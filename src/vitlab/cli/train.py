@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import time
+from pathlib import Path
 from typing import Any
 
 from . import UserError
@@ -22,7 +22,7 @@ EVAL_RESIZE_HELP = ("evaluation pre-processing: official (whole image to the inp
 # flag dest -> TrainConfig field, where the names differ
 _RENAMED = {"wd": "weight_decay", "clip": "grad_clip"}
 _MODEL_ARGS = {"depth": "depth", "width": "width", "heads": "num_heads", "mlp_dim": "mlp_dim"}
-_NOT_CONFIG = {"func", "verb", "recipe", "flip", "no_flip", *_MODEL_ARGS}
+_NOT_CONFIG = {"func", "verb", "verbosity", "recipe", "flip", "no_flip", "config", "print_config", *_MODEL_ARGS}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,8 +46,13 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
 
     a = p.add_argument
     a("-h", "--help", action=RecipeHelp)
-    a("--recipe", choices=sorted(RECIPES), default=default_recipe,
-      help=f"preset (default {default_recipe}; `vitlab recipes` lists their values and sources)")
+    a("--recipe", choices=sorted(RECIPES),
+      help=f"the paper's settings to start from (default {default_recipe}; `vitlab recipes` lists their values and "
+           "sources)")
+    a("--config", metavar="FILE",
+      help="replay a run: its config.json (or a JSON/YAML file of settings); flags still override it")
+    a("--print-config", action="store_true",
+      help="print every resolved setting with where its value came from (recipe, weights, preset, flag), then exit")
     g = p.add_argument_group("data")
     g.add_argument("--data", help="embedded dataset (digits, mnist) or image folder root/[train|val]/<class>/")
     g.add_argument("--val-fraction", type=float, help="hold out this fraction of train for validation")
@@ -123,7 +128,7 @@ def training_overrides(args: argparse.Namespace) -> dict[str, Any]:
     for key in ("crop_scale", "betas", "mean", "std", "lr_drops"):
         if key in out:
             out[key] = tuple(out[key])
-    model_args = {field: getattr(args, dest) for dest, field in _MODEL_ARGS.items() if getattr(args, dest)}
+    model_args = {field: getattr(args, dest) for dest, field in _MODEL_ARGS.items() if getattr(args, dest) is not None}
     if model_args:
         out["model_args"] = model_args
     if args.no_flip or args.flip:
@@ -132,23 +137,19 @@ def training_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_config(args: argparse.Namespace) -> Any:
-    from ..train import resolve_config
-    from ..train.config import resume_config
+    """The run's settings resolved in one step (vitlab.train.resolve): recipe, initial weights, preset,
+    --config file and the flags typed here, or the stored run with --resume."""
+    from ..train.resolve import resolve
 
-    overrides = training_overrides(args)
-    if args.resume:
-        if not args.out:
-            raise UserError("--resume needs --out RUN_DIR: the run to continue")
-        recorded = resume_config(args.out, overrides)
-        if recorded is not None:
-            return recorded
-    if not args.out:
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise UserError("pass --out with torchrun: every process must write to the same run directory")
-        overrides["out"] = f"runs/{args.recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if args.verb == "finetune" and "data" not in overrides:
+    flags = training_overrides(args)
+    if args.resume and not args.out:
+        raise UserError("--resume needs --out RUN_DIR: the run to continue")
+    if not args.out and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UserError("pass --out with torchrun: every process must write to the same run directory")
+    resuming = bool(args.resume) and (Path(args.out) / "config.json").exists()
+    if args.verb == "finetune" and not (resuming or args.config) and "data" not in flags:
         raise UserError("--data is required for finetune (an image folder, or digits / mnist)")
-    return resolve_config(args.recipe, **overrides)
+    return resolve(args.recipe, flags, config_file=args.config, verb=args.verb)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -156,11 +157,16 @@ def _train(args: argparse.Namespace) -> int:
 
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
-    cfg = build_config(args)
-    if cfg.lr_sweep:
-        return _sweep(cfg, rank)
+    resolved = build_config(args)
+    if args.print_config:
+        from ..train.banner import settings_lines
+
+        print("\n".join(settings_lines(resolved)))
+        return 0
+    if resolved.config.lr_sweep:
+        return _sweep(resolved.config, rank)
     try:
-        result = run(cfg)
+        result = run(resolved)
     except TrainingDiverged as err:
         raise UserError(str(err)) from None
     if rank != 0:

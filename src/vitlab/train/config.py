@@ -1,20 +1,20 @@
 """Training configuration: one flat dataclass, and the paper's recipes as plain dicts of values over it.
 
-`resolve_config("finetune", lr=0.01)` = defaults, then the recipe, then the overrides. The resolved config is
-what the run directory records (config.json) and what `--resume` restores.
+How a run's values are decided from defaults, recipe, initial weights, preset, config file and flags is
+vitlab.train.resolve; the resolved config is what the run directory records (config.json) and what `--resume`
+restores.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from ..data.transforms import EVAL_RESIZES, TRAIN_CROPS
-from .presets import layer_settings
-from .recipes import resolve_model_settings
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,6 @@ class TrainConfig:
     lr_sweep: tuple[float, ...] = ()  # fine-tune once per lr on train minus a dev split; the dev-best is chosen
     dev_fraction: float | None = None  # share of each training class held out as the sweep's dev split
     refit: bool = False  # after the sweep, fine-tune the chosen lr once more on all of train
-    auto: tuple[str, ...] = ()  # settings the recipe resolves from the data or model at run time; flags win
     # augmentation (official vit_jax input_pipeline: inception crop 5%-100% + flip)
     crop_scale: tuple[float, float] = (0.05, 1.0)
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
@@ -157,74 +156,108 @@ RECIPES: dict[str, dict[str, Any]] = {
 }
 
 
-def resolve_config(recipe: str = "demo", **overrides: Any) -> TrainConfig:
-    """Defaults < recipe < preset < overrides (None values are ignored, so CLI flags left unset change
-    nothing); the recipe's `auto` settings lose those set explicitly."""
-    if recipe not in RECIPES:
-        raise ValueError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPES)}")
-    unknown = set(overrides) - {f.name for f in dataclasses.fields(TrainConfig)}
-    if unknown:
-        raise ValueError(f"unknown training settings: {', '.join(sorted(unknown))}")
-    explicit = {k: v for k, v in overrides.items() if v is not None}
-    values = {**layer_settings(RECIPES[recipe], explicit.get("preset"), explicit), "recipe": recipe}
-    values = resolve_model_settings(values)  # e.g. the Table 3 row of --model, pre_logits as wide as the model
-    return validate(TrainConfig(**values))
-
-
 def validate(cfg: TrainConfig) -> TrainConfig:
-    """Errors that would otherwise surface minutes into a run."""
+    """Every setting against its allowed range, before anything runs: a bad value is one line naming the flag,
+    the value and the range, never a traceback minutes into a run."""
+    for message in _range_problems(cfg) + _choice_problems(cfg):
+        raise ValueError(message)
+    return cfg
+
+
+def _flag(name: str) -> str:
+    return "--" + {"weight_decay": "wd", "grad_clip": "clip"}.get(name, name).replace("_", "-")
+
+
+def _range_problems(cfg: TrainConfig) -> list[str]:
+    def finite(v: Any) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+    rules: list[tuple[str, Any, bool, str]] = [
+        ("steps", cfg.steps, isinstance(cfg.steps, int) and cfg.steps >= 1, "a positive integer"),
+        ("batch_size", cfg.batch_size, isinstance(cfg.batch_size, int) and cfg.batch_size >= 1, "a positive integer"),
+        ("accum", cfg.accum, isinstance(cfg.accum, int) and cfg.accum >= 1, "a positive integer"),
+        ("image_size", cfg.image_size, isinstance(cfg.image_size, int) and cfg.image_size >= 1, "a positive integer"),
+        ("eval_batch_size", cfg.eval_batch_size, cfg.eval_batch_size >= 1, "a positive integer"),
+        ("log_every", cfg.log_every, cfg.log_every >= 1, "a positive integer"),
+        ("eval_every", cfg.eval_every, cfg.eval_every >= 0, ">= 0 (0: at the end)"),
+        ("save_every", cfg.save_every, cfg.save_every >= 0, ">= 0 (0: with every evaluation)"),
+        ("fewshot_every", cfg.fewshot_every, cfg.fewshot_every >= 0, ">= 0 (0: off)"),
+        ("keep_last", cfg.keep_last, cfg.keep_last >= 1, "at least 1"),
+        ("warmup", cfg.warmup, isinstance(cfg.warmup, int) and cfg.warmup >= 0, "an integer >= 0"),
+        ("seed", cfg.seed, isinstance(cfg.seed, int) and cfg.seed >= 0, "an integer >= 0"),
+        ("workers", cfg.workers, cfg.workers is None or cfg.workers >= 0, ">= 0 (0: load in the training process)"),
+        ("num_classes", cfg.num_classes, cfg.num_classes is None or cfg.num_classes >= 1, "a positive integer"),
+        ("lr", cfg.lr, finite(cfg.lr) and cfg.lr >= 0, "a finite number >= 0"),
+        ("weight_decay", cfg.weight_decay, finite(cfg.weight_decay) and cfg.weight_decay >= 0, "a finite number >= 0"),
+        ("grad_clip", cfg.grad_clip, finite(cfg.grad_clip) and cfg.grad_clip >= 0, "a finite number >= 0 (0: off)"),
+        ("momentum", cfg.momentum, finite(cfg.momentum) and 0 <= cfg.momentum < 1, "in [0, 1)"),
+        ("betas", cfg.betas, len(cfg.betas) == 2 and all(finite(b) and 0 <= b < 1 for b in cfg.betas),
+         "two numbers in [0, 1)"),
+        ("label_smoothing", cfg.label_smoothing, finite(cfg.label_smoothing) and 0 <= cfg.label_smoothing < 1,
+         "in [0, 1)"),
+        ("dropout", cfg.dropout, cfg.dropout is None or (finite(cfg.dropout) and 0 <= cfg.dropout < 1), "in [0, 1)"),
+        ("linear_end", cfg.linear_end, finite(cfg.linear_end) and cfg.linear_end >= 0, "a finite number >= 0"),
+        ("head_bias_init", cfg.head_bias_init, finite(cfg.head_bias_init), "a finite number"),
+        ("mixup", cfg.mixup, finite(cfg.mixup) and cfg.mixup >= 0, ">= 0 (a Beta(α, α) parameter; 0: off)"),
+        ("ema", cfg.ema, cfg.ema is None or (finite(cfg.ema) and 0 < cfg.ema < 1), "in (0, 1)"),
+        ("val_fraction", cfg.val_fraction, cfg.val_fraction is None or (finite(cfg.val_fraction)
+                                                                         and 0 < cfg.val_fraction < 1), "in (0, 1)"),
+        ("dev_fraction", cfg.dev_fraction, cfg.dev_fraction is None or (finite(cfg.dev_fraction)
+                                                                         and 0 < cfg.dev_fraction < 1), "in (0, 1)"),
+        ("representation_size", cfg.representation_size,
+         cfg.representation_size is None or cfg.representation_size >= 0, ">= 0 (0: none)"),
+        ("crop_scale", cfg.crop_scale, len(cfg.crop_scale) == 2 and all(finite(s) for s in cfg.crop_scale)
+         and 0 < cfg.crop_scale[0] <= cfg.crop_scale[1] <= 1, "MIN MAX with 0 < MIN <= MAX <= 1"),
+        ("crop_ratio", cfg.crop_ratio, len(cfg.crop_ratio) == 2 and all(finite(s) for s in cfg.crop_ratio)
+         and 0 < cfg.crop_ratio[0] <= cfg.crop_ratio[1], "MIN MAX with 0 < MIN <= MAX"),
+        ("lr_drops", cfg.lr_drops, all(finite(f) for f in cfg.lr_drops) and all(
+            a < b for a, b in zip((0.0, *cfg.lr_drops), (*cfg.lr_drops, 1.0), strict=True)),
+         "increasing fractions in (0, 1)"),
+        ("lr_sweep", cfg.lr_sweep, all(finite(lr) and lr > 0 for lr in cfg.lr_sweep), "positive learning rates"),
+    ]
+    problems = [f"{_flag(name)} must be {allowed}, got {_show(value)}" for name, value, ok, allowed in rules if not ok]
+    for key, value in cfg.model_args.items():
+        if key in ("depth", "width", "num_heads", "mlp_dim") and (not isinstance(value, int) or value < 1):
+            problems.append(f"--{ {'num_heads': 'heads', 'mlp_dim': 'mlp-dim'}.get(key, key)} must be a positive "
+                            f"integer, got {value}")
+    return problems
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return " ".join(str(v) for v in value) or "(none)"
+    return str(value)
+
+
+def _choice_problems(cfg: TrainConfig) -> list[str]:
     checks = [
-        (cfg.steps > 0, f"--steps must be positive, got {cfg.steps}"),
-        (cfg.batch_size > 0 and cfg.accum > 0, "--batch-size and --accum must be positive"),
-        (cfg.batch_size % cfg.accum == 0, f"--batch-size {cfg.batch_size} is not divisible by --accum {cfg.accum}"),
-        (cfg.warmup >= 0, f"--warmup must be >= 0, got {cfg.warmup}"),
-        (cfg.lr >= 0, f"--lr must be >= 0, got {cfg.lr}"),
-        (cfg.ema is None or 0.0 < cfg.ema < 1.0, f"--ema must be in (0, 1), got {cfg.ema}"),
+        (cfg.batch_size % max(cfg.accum, 1) == 0, f"--batch-size {cfg.batch_size} is not divisible by --accum "
+                                                   f"{cfg.accum}"),
         (cfg.optimizer in ("adam", "sgd"), f"unknown optimizer {cfg.optimizer!r}; use adam or sgd"),
         (cfg.decay in ("linear", "cosine", "step"), f"unknown decay {cfg.decay!r}; use linear, cosine or step"),
-        (cfg.linear_end >= 0, f"--linear-end must be >= 0, got {cfg.linear_end}"),
-        (all(a < b for a, b in zip((0.0, *cfg.lr_drops), (*cfg.lr_drops, 1.0), strict=True)),
-         f"--lr-drops must be increasing fractions in (0, 1), got {cfg.lr_drops}"),
-        (cfg.representation_size is None or cfg.representation_size >= 0,
-         f"--representation-size must be >= 0 (0: none), got {cfg.representation_size}"),
         (cfg.loss in ("softmax", "sigmoid"), f"unknown loss {cfg.loss!r}; use softmax or sigmoid"),
         (cfg.objective in ("classify", "mpp"), f"unknown objective {cfg.objective!r}; use classify or mpp"),
         (cfg.mpp_target in ("mean-color", "mean-color-4x4", "pixels"),
          f"unknown --mpp-target {cfg.mpp_target!r}; use mean-color, mean-color-4x4 or pixels"),
         (cfg.objective != "mpp" or not cfg.init, "masked patch prediction pre-trains; fine-tune with finetune"),
-        (cfg.keep_last >= 1, "--keep-last must be at least 1"),
-        (cfg.fewshot_every >= 0, f"--fewshot-every must be >= 0, got {cfg.fewshot_every}"),
         (not (cfg.fewshot_every and cfg.fsdp), "--fewshot-every runs on one process: use DDP, not --fsdp"),
-        (0.0 < cfg.crop_scale[0] <= cfg.crop_scale[1] <= 1.0, f"bad crop scale {cfg.crop_scale}"),
-        (cfg.mixup >= 0, f"--mixup must be >= 0 (a Beta(α, α) parameter; 0: off), got {cfg.mixup}"),
         (not (cfg.mixup and cfg.objective != "classify"), "--mixup mixes labelled images: use it with classify"),
-        (all(lr > 0 for lr in cfg.lr_sweep), f"--lr-sweep needs positive learning rates, got {cfg.lr_sweep}"),
-        (cfg.dev_fraction is None or 0.0 < cfg.dev_fraction < 1.0,
-         f"--dev-fraction must be in (0, 1), got {cfg.dev_fraction}"),
         (cfg.train_crop in TRAIN_CROPS, f"unknown --train-crop {cfg.train_crop!r}; use {', '.join(TRAIN_CROPS)}"),
         (cfg.eval_resize in EVAL_RESIZES,
          f"unknown --eval-resize {cfg.eval_resize!r}; use {', '.join(EVAL_RESIZES)}"),
+        (_valid_device(cfg.device), f"unknown --device {cfg.device!r}; use auto, cpu, cuda or cuda:N"),
     ]
-    for ok, message in checks:
-        if not ok:
-            raise ValueError(message)
-    return cfg
+    return [message for ok, message in checks if not ok]
+
+
+def _valid_device(device: str) -> bool:
+    return device in ("auto", "cpu", "cuda", "mps") or (device.startswith("cuda:") and device[5:].isdigit())
 
 
 def config_from_json(path: str | Path) -> TrainConfig:
     """The config a run directory recorded; lists become tuples again."""
     d = json.loads(Path(path).read_text())
     known = {f.name for f in dataclasses.fields(TrainConfig)}
-    d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in known}
+    d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in known}  # `auto`: older runs
     # Runs recorded before these settings existed used the sub-pixel crop and short-side evaluation resize.
     return TrainConfig(**{"train_crop": "inception-subpixel", "eval_resize": "resize-short-crop", **d})
-
-
-def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> TrainConfig | None:
-    """The settings a run directory recorded, with `overrides` (the flags typed now) on top; None when the
-    directory has no recorded run yet (a job script may pass --resume from its first start)."""
-    recorded = Path(run_dir) / "config.json"
-    if not recorded.exists():
-        return None
-    base = config_from_json(recorded).to_dict()
-    return validate(TrainConfig(**{**base, **{k: v for k, v in overrides.items() if v is not None}, "resume": True}))

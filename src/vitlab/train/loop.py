@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 from ..data import build_datasets, normalize
 from ..data.errors import DataError, describe_paths
 from ..models.registry import build_model as build_from_config
+from .banner import ConsoleLog, banner_lines
 from .checkpoint import (
     latest_valid_checkpoint,
     prune_checkpoints,
@@ -42,13 +43,13 @@ from .evaluate import autocast
 from .mixup import draw_mixup
 from .objective import objective_for
 from .optim import Ema, build_optimizer, build_scheduler
+from .resolve import Resolved
 from .runlog import RunLog, log, plot_curves
 from .setup import (
     build_model,
     check_classes,
     make_loaders,
     prepare_run_dir,
-    resolve_data_settings,
     rng_state,
     set_rng_state,
     write_run_config,
@@ -75,11 +76,13 @@ class RunResult:
     skipped_images: list[str] = field(default_factory=list)
 
 
-def run(config: TrainConfig) -> RunResult:
-    """Train as configured; in a torchrun job every process calls this and rank 0 writes."""
-    d = setup(config.device)
+def run(config: TrainConfig | Resolved) -> RunResult:
+    """Train as configured (a TrainConfig, or the Resolved settings of `vitlab.train.resolve` with their
+    sources); in a torchrun job every process calls this and rank 0 writes."""
+    resolved = config if isinstance(config, Resolved) else Resolved(config, dict.fromkeys(config.to_dict(), "given"))
+    d = setup(resolved.config.device)
     try:
-        trainer = Trainer(config, d)
+        trainer = Trainer(resolved, d)
         try:
             return trainer.fit()
         finally:
@@ -89,18 +92,28 @@ def run(config: TrainConfig) -> RunResult:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, d: Dist):
-        self.cfg, self.d = cfg, d
-        self.run_dir = prepare_run_dir(cfg, d)
-        self.data = build_datasets(cfg.data, cfg.val_fraction, cfg.strict)
+    def __init__(self, resolved: Resolved, d: Dist):
+        self.cfg, self.d = resolved.config, d
+        self.run_dir = prepare_run_dir(self.cfg, d)
+        self.console = ConsoleLog(self.run_dir, d.is_main)
+        try:
+            self._assemble(resolved)
+        except BaseException:
+            self.console.close()
+            raise
+
+    def _assemble(self, resolved: Resolved) -> None:
+        """Data, model, optimiser, loaders and logs from the resolved settings, then the banner."""
+        cfg, d = self.cfg, self.d
+        self.data = resolved.data or build_datasets(cfg.data, cfg.val_fraction, cfg.strict)
         check_classes(cfg, self.data)
-        self.cfg = cfg = resolve_data_settings(cfg, self.data, d)
         self.step, self.best, self.last_checkpoint, self.metrics = 0, None, None, {}
         torch.manual_seed(cfg.seed)
         self.objective = objective_for(cfg)
         state = self._resume_model() if cfg.resume else None
         if state is None:
-            self.model = self.objective.wrap(build_model(cfg, self.data.class_names, self.objective.has_head))
+            model = build_model(cfg, self.data.class_names, self.objective.has_head, resolved.init)
+            self.model = self.objective.wrap(model)
         self.model_config = self.model.config  # of the saved ViT (the encoder, for self-supervision)
         # self.model stays the model (sharded in place under FSDP); train_module is what the step calls (DDP)
         self.train_module = wrap_model(self.model, d, cfg.compile, cfg.fsdp)
@@ -115,8 +128,19 @@ class Trainer:
         self.bad_images: list[str] = list(self.data.skipped)
         self._stop_requested = False
         if d.is_main:
-            write_run_config(self.run_dir / "config.json", cfg, self.model, self.data, d)
+            lines = banner_lines(resolved, self.saved_model(), self.data, d.device, d.world, self.workers,
+                                 torch.get_num_threads(), self.step)
+            for line in lines:
+                log.info(line)
+            write_run_config(self.run_dir / "config.json", cfg, resolved.record(), self.saved_model(),
+                             self.data, d)
         self.log = RunLog(self.run_dir, cfg.steps, self.step, d.is_main)
+        if resolved.resumed_changes:
+            self.log.record({"step": self.step, "split": "resume", "changed": resolved.resumed_changes})
+
+    def saved_model(self) -> Any:
+        """The saved model (the encoder for self-supervision): what the banner and config.json describe."""
+        return getattr(self.model, "encoder", self.model)
 
     # --- setup helpers ---------------------------------------------------------------------------------
     def _resume_model(self) -> dict[str, Any] | None:
@@ -358,6 +382,7 @@ class Trainer:
 
     def close(self) -> None:
         self.log.close()
+        self.console.close()
         for loader in (getattr(self, "train_loader", None), getattr(self, "val_loader", None)):
             iterator = getattr(loader, "_iterator", None)
             if iterator is not None:

@@ -7,8 +7,8 @@
   the training set's size and image size once the data is known (`resolve_from_data`).
 - The dropout of fine-tuning: the official model configs' `dropout_rate` (`finetune_dropout`).
 
-A recipe names the settings it resolves at run time in `TrainConfig.auto`; a flag or preset that sets one of
-them removes it from there, so explicit values always win.
+A recipe names the settings it leaves to the data or model in its `auto` entry; the resolution step
+(vitlab.train.resolve) fills in only those no later layer (initial weights, preset, config file, flag) set.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..data import Datasets
     from ..data.sources import ImageSplit
-    from .config import TrainConfig
 
 # Table 4 caption: "All models are fine-tuned with cosine learning rate decay, a batch size of 512, no weight
 # decay, and grad clipping at global norm 1. If not mentioned otherwise, fine-tuning resolution is 384."
@@ -72,20 +71,6 @@ def describe(name: str) -> str:
     return f"{name}: {v['steps']:,} steps, {lrs}{dev} ({FINETUNE_PRESETS[name].source})"
 
 
-def layer_settings(recipe: dict[str, Any], preset: str | None, explicit: dict[str, Any]) -> dict[str, Any]:
-    """recipe < preset < explicit settings, and the recipe's `auto` list without the settings given
-    explicitly or by the preset. An explicit --lr without --lr-sweep is one run at that lr: no sweep."""
-    if preset is not None and preset not in FINETUNE_PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(FINETUNE_PRESETS)}")
-    chosen = FINETUNE_PRESETS[preset].settings() if preset else {}
-    values = {**recipe, **chosen, **explicit}
-    if "lr" in explicit and "lr_sweep" not in explicit:
-        values["lr_sweep"] = ()
-    given = set(chosen) | set(explicit)
-    values["auto"] = tuple(name for name in recipe.get("auto", ()) if name not in given)
-    return values
-
-
 # --- BiT-HyperRule --------------------------------------------------------------------------------------------
 # Kolesnikov et al. 2020, Section 3.3, with the schedules of big_transfer's bit_hyperrule.py `get_schedule`, the
 # code the paper's results ran: warm-up 100 and drops at 40/60/80% for the 500-step schedule (the paper's text
@@ -130,19 +115,16 @@ def typical_image_size(split: ImageSplit, probe: int = 64) -> tuple[int, int]:
     return sorted(sizes, key=lambda hw: hw[0] * hw[1])[len(sizes) // 2]
 
 
-def resolve_from_data(cfg: TrainConfig, data: Datasets) -> tuple[TrainConfig, str | None]:
-    """(the config with its data-dependent settings filled in, a one-line account of them or None). A warm-up
-    left to the rule while --steps is set keeps the rule's share of the steps (20% for 500, 5% for 10k)."""
-    todo = [name for name in BIT_DATA_FIELDS if name in cfg.auto]
-    if not todo:
-        return cfg, None
+def hyperrule_from_data(data: Datasets, todo: tuple[str, ...], values: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """(the BiT-HyperRule's values of the settings in `todo`, a one-line account). `values` holds the run's
+    other settings: a warm-up left to the rule while the steps were set keeps the rule's share of the steps
+    (20% for 500, 5% for 10k)."""
     n, hw = len(data.train), typical_image_size(data.train)
     rule = hyperrule(n, hw)
     chosen = {name: rule[name] for name in todo}
     if "warmup" in chosen and "steps" not in chosen:
-        chosen["warmup"] = round(rule["warmup"] * cfg.steps / rule["steps"])
-    resolved = cfg.replace(**chosen, auto=tuple(a for a in cfg.auto if a not in todo))
-    r = resolved
+        chosen["warmup"] = round(rule["warmup"] * values["steps"] / rule["steps"])
+    r = {**values, **chosen}
 
     def note(name: str, text: str) -> str:
         return text if name in chosen else f"{text} (set)"
@@ -150,14 +132,14 @@ def resolve_from_data(cfg: TrainConfig, data: Datasets) -> tuple[TrainConfig, st
     size_class = "< 20k" if n < SMALL_DATASET else "< 500k" if n < LARGE_DATASET else ">= 500k"
     small = "<" if hw[0] * hw[1] < SMALL_IMAGES else ">="
     parts = [
-        note("steps", f"{r.steps:,} steps"),
-        note("warmup", f"warm-up {r.warmup:,}"),
-        note("lr_drops", "lr ×0.1 after " + "/".join(f"{100 * f:g}" for f in r.lr_drops) + "%"),
-        note("mixup", f"MixUp α={r.mixup:g}" if r.mixup else "no MixUp"),
-        note("image_size", f"{r.image_size} px")
+        note("steps", f"{r['steps']:,} steps"),
+        note("warmup", f"warm-up {r['warmup']:,}"),
+        note("lr_drops", "lr ×0.1 after " + "/".join(f"{100 * f:g}" for f in r["lr_drops"]) + "%"),
+        note("mixup", f"MixUp α={r['mixup']:g}" if r["mixup"] else "no MixUp"),
+        note("image_size", f"{r['image_size']} px")
         + (f" (images {hw[0]}×{hw[1]} {small} 96×96)" if "image_size" in chosen else ""),
     ]
-    return resolved, f"{cfg.recipe}: {n:,} images {size_class} → " + ", ".join(parts)
+    return chosen, f"{n:,} images {size_class} → " + ", ".join(parts)
 
 
 # --- dropout ----------------------------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ The recipes' values live in `vitlab.train.config.RECIPES` (plain TrainConfig fie
 - `MODEL_ROWS`: values a pre-training recipe takes from another row of paper Table 3 when `--model` is that row's
   model (JFT-300M's learning rate falls with model size);
 - `EPOCHS`: the epochs and dataset size a recipe's step count stands for, at batch 4096.
-A recipe lists in its `auto` field the settings resolved from the model when the config is resolved (here) or
-from the data when the run starts (`vitlab.train.presets`); a setting given explicitly is never replaced.
+A recipe lists in its `auto` entry the settings the resolution step (vitlab.train.resolve) takes from the model
+or the data; a setting given explicitly is never replaced.
 """
 
 from __future__ import annotations
@@ -60,30 +60,6 @@ MODEL_ROWS: dict[str, dict[str, dict[str, Any]]] = {
         "R50+ViT-L/32": dict(lr=2e-4),
     },
 }
-
-
-def resolve_model_settings(values: dict[str, Any]) -> dict[str, Any]:
-    """Fill in the recipe's model-dependent settings still listed in `values["auto"]`: the Table 3 row of the
-    model (`MODEL_ROWS`) and `representation_size` = the model's width (None when fine-tuning from --init, which
-    replaces the head). Resolved settings leave `auto`, so config.json records plain values."""
-    auto = tuple(values.get("auto", ()))
-    rows = MODEL_ROWS.get(values.get("recipe", ""), {})
-    row = rows.get(str(values.get("model", "")).removesuffix("-gap"), {})
-    # A setting some row changes is resolved for every model: the row's value, else the recipe's (the B row).
-    resolved = {k: row.get(k, values[k]) for k in auto if any(k in r for r in rows.values())}
-    if "representation_size" in auto:
-        resolved["representation_size"] = None if values.get("init") else _width(values)
-    if not resolved:
-        return values
-    return {**values, **resolved, "auto": tuple(a for a in auto if a not in resolved)}
-
-
-def _width(values: dict[str, Any]) -> int | None:
-    from ..models.config import ViTConfig
-    from ..models.registry import model_config
-
-    config = model_config(values["model"], **values.get("model_args", {}))
-    return config.width if isinstance(config, ViTConfig) else None  # a BiT has no representation layer
 
 
 def _fmt(value: Any) -> str:

@@ -19,8 +19,6 @@ from ..models.registry import build_model as build_from_config
 from ..models.registry import model_config
 from .config import TrainConfig
 from .distributed import Dist
-from .presets import finetune_dropout, resolve_from_data
-from .runlog import log
 
 
 def prepare_run_dir(cfg: TrainConfig, d: Dist) -> Path:
@@ -44,15 +42,6 @@ def check_classes(cfg: TrainConfig, data: Datasets) -> None:
         raise DataError(f"the validation split of {data.source} is empty; add images or raise --val-fraction")
 
 
-def resolve_data_settings(cfg: TrainConfig, data: Datasets, d: Dist) -> TrainConfig:
-    """The settings a recipe leaves to the data (BiT-HyperRule: steps, warm-up, MixUp, resolution), filled in
-    once the training split is known and reported in one line; config.json records the result."""
-    cfg, message = resolve_from_data(cfg, data)
-    if message and d.is_main:
-        log.info(message)
-    return cfg
-
-
 def _with_config(model: nn.Module, config: Any) -> nn.Module:
     """The same weights under a config that differs only in settings without parameters (dropout, mean)."""
     if config == model.config:
@@ -66,8 +55,6 @@ def _setting_changes(cfg: TrainConfig, config: Any) -> dict[str, Any]:
     changes: dict[str, Any] = {}
     if cfg.dropout is not None and isinstance(config, ViTConfig):
         changes["dropout"] = cfg.dropout
-    elif "dropout" in cfg.auto and isinstance(config, ViTConfig):  # fine-tuning: the official config's rate
-        changes["dropout"] = finetune_dropout(config.name)
     if cfg.mean is not None:
         changes["mean"] = tuple(cfg.mean)
     if cfg.std is not None:
@@ -85,19 +72,21 @@ def _representation(cfg: TrainConfig, config: Any) -> dict[str, Any]:
     return {"representation_size": cfg.representation_size or None}
 
 
-def build_model(cfg: TrainConfig, class_names: list[str], with_head: bool = True) -> nn.Module:
+def build_model(cfg: TrainConfig, class_names: list[str], with_head: bool = True, init: Any = None) -> nn.Module:
     """From scratch (`--model`) or, for fine-tuning, from `--init` weights in any format `vitlab.load` reads
-    (or a run directory): position embedding resampled to the run's image size and, as the paper prescribes,
-    the whole head replaced by a zero-initialised one for the new classes. Without a head for self-supervision."""
+    (or a run directory; `init` is its Checkpoint when already read): position embedding resampled to the run's
+    image size and, as the paper prescribes, the whole head replaced by a zero-initialised one for the new
+    classes. Without a head for self-supervision."""
     k = len(class_names) if with_head else 0
     if cfg.init:
         if cfg.representation_size or cfg.head_bias_init:
             raise ValueError("--representation-size and --head-bias-init shape a model trained from scratch; "
                              "fine-tuning replaces the head with a zero one (paper Section 3.2): leave them unset")
-        from .. import load
+        from ..weights.load import model_from_checkpoint, read_checkpoint
         from .evaluate import resolve_weights
 
-        model = load(resolve_weights(cfg.init), image_size=cfg.image_size)
+        path = resolve_weights(cfg.init)
+        model = model_from_checkpoint(init or read_checkpoint(path), path, image_size=cfg.image_size)
         model.reset_classifier(k)
         model = _with_config(model, model.config.replace(**_setting_changes(cfg, model.config)))
     else:
@@ -145,17 +134,22 @@ def make_loaders(cfg: TrainConfig, data: Datasets, start_step: int, d: Dist) -> 
     return train, val, workers
 
 
-def write_run_config(path: Path, cfg: TrainConfig, model: nn.Module, data: Datasets, d: Dist) -> None:
-    record = {
-        **cfg.to_dict(),
+def write_run_config(path: Path, cfg: TrainConfig, record: dict[str, Any], model: nn.Module, data: Datasets,
+                     d: Dist) -> None:
+    """config.json: the resolved values, where each came from, and what the run was built from (atomic: a
+    resume must never find it torn)."""
+    from ..outputs import atomic_write
+
+    text = json.dumps({
+        **cfg.to_dict(), **record,
         "model_config": model.config.to_dict(),
         "class_names": data.class_names,
         "train_images": len(data.train),
         "val_images": len(data.val),
         "world_size": d.world,
         "torch": torch.__version__,
-    }
-    path.write_text(json.dumps(record, indent=1))
+    }, indent=1)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def rng_state() -> dict[str, Any]:

@@ -1,0 +1,107 @@
+"""The start banner: printed once before step 1 (and by `--print-config`), from the resolved settings.
+
+Model (name, parameters, multiply-adds), data (source, classes, images per split, pre-processing), every setting
+grouped by where its value came from, the notes of the resolution step, the output folder, devices and
+processes. The banner and the run's later console lines are also kept in `<run>/console.log`.
+"""
+
+from __future__ import annotations
+
+import logging
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from .resolve import Resolved
+
+# Settings shown in the model/data/run lines instead of in the grouped list.
+_SHOWN_ELSEWHERE = {"out", "recipe", "data", "model", "model_args", "init"}
+
+
+def settings_lines(resolved: Resolved) -> list[str]:
+    """Every setting as `value`, grouped by source, then the notes: what --print-config prints."""
+    values = resolved.config.to_dict()
+    groups: dict[str, list[str]] = {}
+    for key, value in values.items():
+        if key in _SHOWN_ELSEWHERE:
+            continue
+        groups.setdefault(resolved.sources.get(key, "given"), []).append(f"{key} {_fmt(value)}")
+    order = sorted(groups, key=lambda s: (s == "default", s.startswith("recipe"), s))  # flags and weights first
+    lines = [f"recipe {values['recipe']}, data {values['data']}, model {values['model']}"
+             + (f" {_fmt(values['model_args'])}" if values["model_args"] else "")
+             + (f", initial weights {values['init']}" if values["init"] else "") + f", out {values['out']}"]
+    for source in order:
+        lines.append(_wrap(f"  from {source}: " + ", ".join(groups[source])))
+    lines += [_wrap(f"  note: {note}") for note in resolved.notes]
+    return lines
+
+
+def banner_lines(resolved: Resolved, model: Any, data: Any, device: Any, world: int, workers: int,
+                 threads: int, start_step: int) -> list[str]:
+    from ..flops import count_macs
+
+    cfg = resolved.config
+    config = model.config
+    params = sum(p.numel() for p in model.parameters())
+    macs = count_macs(config, cfg.image_size).total
+    start = f"resuming at step {start_step:,} of {cfg.steps:,}" if start_step else f"{cfg.steps:,} steps"
+    lines = [
+        f"vitlab {cfg.recipe}: {start} → {cfg.out}",
+        f"model   {config.name or cfg.model}: {_count(params)} parameters, {_count(macs)} multiply-adds per "
+        f"{cfg.image_size}×{cfg.image_size} image, mean {_fmt(config.mean)} std {_fmt(config.std)}",
+        f"data    {data.source}: {data.num_classes} classes, {len(data.train):,} train / {len(data.val):,} val "
+        f"images at {cfg.image_size} px; train {_train_preprocessing(cfg)}; eval resize {cfg.eval_resize}",
+        f"devices {device.type} × {world} process{'es' if world > 1 else ''}, {threads} compute thread"
+        f"{'s' if threads != 1 else ''} and {workers} loader worker{'s' if workers != 1 else ''} per process",
+    ]
+    return lines + ["settings " + line if i == 0 else line for i, line in enumerate(settings_lines(resolved))]
+
+
+def _count(n: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{int(n):,}"
+
+
+def _train_preprocessing(cfg: Any) -> str:
+    flip = ", flip" if cfg.flip else ", no flip"
+    if cfg.train_crop == "resize-random-crop":
+        return f"resize then random crop{flip}"
+    lo, hi = cfg.crop_scale
+    return f"{cfg.train_crop} crop ({100 * lo:g}%–{100 * hi:g}% of the area){flip}"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, tuple | list):
+        return "(" + ", ".join(_fmt(v) for v in value) + ")"
+    if isinstance(value, dict):
+        return "(" + ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(value.items())) + ")"
+    return str(value)
+
+
+def _wrap(text: str) -> str:
+    return textwrap.fill(text, width=118, subsequent_indent="      ", break_on_hyphens=False, break_long_words=False)
+
+
+class ConsoleLog:
+    """Copies vitlab's log lines into `<run>/console.log` while the run lasts (rank 0 only)."""
+
+    def __init__(self, run_dir: Path, enabled: bool):
+        self.handler: logging.Handler | None = None
+        if enabled:
+            self.handler = logging.FileHandler(run_dir / "console.log", encoding="utf-8")
+            self.handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+            self.handler.setLevel(logging.INFO)
+            logger = logging.getLogger("vitlab")
+            if logger.level == logging.NOTSET:  # library use without logging set up: still record INFO lines
+                logger.setLevel(logging.INFO)
+            logger.addHandler(self.handler)
+
+    def close(self) -> None:
+        if self.handler is not None:
+            logging.getLogger("vitlab").removeHandler(self.handler)
+            self.handler.close()
+            self.handler = None

@@ -1,0 +1,337 @@
+"""How a run's settings are decided: one resolution step, each value remembering where it came from.
+
+Layers, later ones winning:
+
+    defaults < recipe < initial weights < preset < --config file < flags
+
+then the values a recipe leaves to the model (a Table 3 row, a `pre_logits` as wide as the model, the official
+fine-tuning dropout) or to the data (BiT-HyperRule), then the warm-up rule. A resumed run starts from the run it
+stored instead, accepts only the flags that are safe to change mid-run and refuses the others.
+
+The result, `Resolved`, is what the start banner prints, what `--print-config` shows, what config.json records
+(values and sources) and what the loop runs: nothing after this step changes a setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config import RECIPES, TrainConfig, config_from_json, validate
+from .presets import BIT_DATA_FIELDS, FINETUNE_PRESETS, finetune_dropout, hyperrule_from_data
+from .recipes import MODEL_ROWS
+
+# Settings a resumed run may change: they decide how long the run goes on and what it reports, not what it
+# computes. Everything else must equal the stored run.
+SAFE_ON_RESUME = frozenset({"steps", "workers", "log_every", "eval_every", "save_every", "keep_last",
+                            "eval_batch_size", "fewshot_every", "device", "compile", "strict", "resume", "out"})
+# Pre-processing a vitlab run records, which fine-tuning from its weights keeps (the data is usually alike).
+PREPROCESSING = ("train_crop", "crop_scale", "crop_ratio", "flip", "eval_resize")
+# Keys of a run's config.json besides the TrainConfig fields (accepted, and ignored, by --config).
+RUN_RECORD_KEYS = frozenset({"model_config", "class_names", "train_images", "val_images", "world_size", "torch",
+                             "sources", "notes", "resumed"})
+DEFAULT_RECIPE = {"train": "demo", "finetune": "finetune"}
+
+
+@dataclass(frozen=True)
+class Resolved:
+    config: TrainConfig
+    sources: dict[str, str]  # field -> where its value came from ("recipe finetune", "flag", "weights …", …)
+    notes: tuple[str, ...] = ()  # decisions worth a line of their own (a rule applied, a resolution change)
+    resumed_changes: dict[str, list[Any]] = field(default_factory=dict)  # field -> [stored, now] on resume
+    data: Any = None  # the Datasets, when a setting needed them (the loop reuses them)
+    init: Any = None  # the initial weights' Checkpoint, read once
+
+    def record(self) -> dict[str, Any]:
+        """What config.json stores besides the values: their sources and the notes."""
+        return {"sources": dict(self.sources), "notes": list(self.notes)}
+
+
+def resolve_config(recipe: str = "demo", **overrides: Any) -> TrainConfig:
+    """The library shortcut: `resolve_config("finetune", lr=0.01)` = `resolve(recipe, overrides).config`
+    (None values are ignored, as CLI flags left unset)."""
+    return resolve(recipe, overrides).config
+
+
+def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *, config_file: str | None = None,
+            verb: str = "train", data: Any = None) -> Resolved:
+    """Resolve a run's settings; `flags` are the TrainConfig fields given explicitly (None = not given).
+    `data`: the Datasets, if already built (otherwise built here when a rule needs them)."""
+    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    _check_known(flags, "training settings")
+    if flags.get("resume") and flags.get("out") and (Path(flags["out"]) / "config.json").exists():
+        return _resume(Path(flags["out"]), flags, recipe)
+    layers = _Layers()
+    file_values = _read_config_file(config_file) if config_file else {}
+    name = recipe or file_values.get("recipe") or DEFAULT_RECIPE.get(verb, "demo")
+    if name not in RECIPES:
+        raise ValueError(f"unknown recipe {name!r}; choose one of {', '.join(RECIPES)}")
+    recipe_values = dict(RECIPES[name])
+    auto = tuple(recipe_values.pop("auto", ()))
+    layers.apply(recipe_values, f"recipe {name}")
+    layers.apply({"recipe": name}, "flag" if recipe else f"recipe {name}")
+    init = flags.get("init", file_values.get("init", layers.values.get("init")))
+    checkpoint = _init_layer(layers, init) if init else None
+    preset = flags.get("preset", file_values.get("preset"))
+    if preset is not None:
+        _preset_layer(layers, preset)
+    if file_values:
+        layers.apply(file_values, f"config {config_file}")
+    _flag_layer(layers, flags)
+    if "out" not in layers.values or layers.sources["out"] == "default":
+        layers.apply({"out": f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S')}"}, "default (recipe and time)")
+    _model_rules(layers, name, auto, checkpoint)
+    data = _data_rules(layers, name, auto, data)
+    _warmup_rule(layers, name)
+    if checkpoint is not None:
+        _note_resolution_change(layers, checkpoint)
+    config = validate(TrainConfig(**layers.values))
+    return Resolved(config, dict(layers.sources), tuple(layers.notes), data=data, init=checkpoint)
+
+
+class _Layers:
+    """Values with their sources, built up layer by layer."""
+
+    def __init__(self) -> None:
+        defaults = TrainConfig()
+        self.values: dict[str, Any] = {f.name: getattr(defaults, f.name) for f in dataclasses.fields(TrainConfig)}
+        self.sources: dict[str, str] = dict.fromkeys(self.values, "default")
+        self.notes: list[str] = []
+
+    def apply(self, values: Mapping[str, Any], source: str) -> None:
+        for key, value in values.items():
+            self.values[key] = _plain(value)
+            self.sources[key] = source
+
+    def given_after(self, key: str, recipe: str) -> bool:
+        """Whether a layer after the recipe chose `key` (then the recipe's rules must not replace it). The
+        initial weights' values are defaults, not choices: a rule the recipe applies to the data (BiT-HyperRule's
+        resolution) still replaces them."""
+        source = self.sources[key]
+        return source not in ("default", f"recipe {recipe}") and not source.startswith("weights ")
+
+
+def _plain(value: Any) -> Any:
+    """Lists (from JSON, YAML, argparse) as tuples, as TrainConfig holds them."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _check_known(values: Mapping[str, Any], what: str, extra: frozenset[str] = frozenset()) -> None:
+    known = {f.name for f in dataclasses.fields(TrainConfig)} | extra
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown {what}: {', '.join(unknown)}")
+
+
+def _read_config_file(path: str) -> dict[str, Any]:
+    """A run's config.json, or a JSON/YAML file of TrainConfig fields (`vitlab train --config`)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ValueError(f"--config {path}: cannot read it ({err.strerror or err})") from None
+    try:
+        if p.suffix in (".yaml", ".yml"):
+            import yaml
+
+            values = yaml.safe_load(text)
+        else:
+            values = json.loads(text)
+    except Exception as err:  # json and yaml raise their own error types
+        raise ValueError(f"--config {path}: not valid {p.suffix.lstrip('.') or 'JSON'} ({err})") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"--config {path}: expected a mapping of settings, got {type(values).__name__}")
+    _check_known(values, f"settings in --config {path}", RUN_RECORD_KEYS)
+    return {k: v for k, v in values.items() if k not in RUN_RECORD_KEYS and k not in ("resume", "auto")}
+
+
+def _init_layer(layers: _Layers, init: str) -> Any:
+    """What fine-tuning takes from its initial weights: their resolution, architecture name and, for weights a
+    vitlab run wrote, that run's pre-processing."""
+    from ..weights.load import read_checkpoint
+    from .evaluate import resolve_weights
+
+    path = resolve_weights(init)
+    checkpoint = read_checkpoint(path)
+    config, source = checkpoint.config, f"weights {init}"
+    values: dict[str, Any] = {"model": config.name or _describe_architecture(config), "model_args": {}}
+    h, w = config.image_size
+    if h == w:
+        values["image_size"] = h
+    values.update(_recorded_preprocessing(path, checkpoint.meta))
+    layers.apply(values, source)
+    return checkpoint
+
+
+def _recorded_preprocessing(weights: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The pre-processing the run that wrote `weights` used: its config.json (the run directory holds the file
+    directly, or two levels up from a checkpoint), else the evaluation resize recorded in the weights."""
+    for run_dir in (weights.parent, weights.parent.parent.parent):
+        recorded = run_dir / "config.json"
+        if (run_dir / "metrics.jsonl").exists() and recorded.exists():
+            stored = config_from_json(recorded)
+            return {k: getattr(stored, k) for k in PREPROCESSING}
+    return {"eval_resize": meta["eval_resize"]} if meta.get("eval_resize") else {}
+
+
+def _describe_architecture(config: Any) -> str:
+    from ..models.config import ViTConfig
+
+    if isinstance(config, ViTConfig):
+        return (f"ViT/{config.patch_size} (depth {config.depth}, width {config.width}, {config.num_heads} heads, "
+                f"MLP {config.mlp_dim})")
+    return f"BiT ResNetV2 (layers {list(config.layers)}, width ×{config.width_factor})"
+
+
+def _note_resolution_change(layers: _Layers, checkpoint: Any) -> None:
+    native, size = checkpoint.config.image_size, layers.values["image_size"]
+    if native != (size, size):
+        layers.notes.append(f"fine-tuning at {size}×{size} px ({layers.sources['image_size']}); the weights were "
+                            f"trained at {native[0]}×{native[1]}: the position embedding is resampled (bilinear, "
+                            "corners aligned, paper Section 3.2)")
+
+
+def _preset_layer(layers: _Layers, preset: str) -> None:
+    if preset not in FINETUNE_PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(FINETUNE_PRESETS)}")
+    layers.apply(FINETUNE_PRESETS[preset].settings(), f"preset {preset}")
+    layers.apply({"preset": preset}, f"preset {preset}")
+
+
+def _flag_layer(layers: _Layers, flags: Mapping[str, Any]) -> None:
+    recipe = layers.values["recipe"]
+    if "model" in flags and "model_args" not in flags and layers.values["model_args"]:
+        # A recipe's model arguments shape the recipe's own model; another model starts from its own values.
+        layers.notes.append(f"--model {flags['model']}: recipe {recipe}'s model arguments "
+                            f"({', '.join(sorted(layers.values['model_args']))}) not applied")
+        layers.apply({"model_args": {}}, "flag --model")
+    if "model_args" in flags and "model" not in flags:  # --width 64 changes the recipe's model, not replaces it
+        flags = {**flags, "model_args": {**layers.values["model_args"], **flags["model_args"]}}
+    layers.apply({k: v for k, v in flags.items() if k != "resume"}, "flag")
+    if "lr" in flags and "lr_sweep" not in flags and layers.values["lr_sweep"]:
+        layers.apply({"lr_sweep": ()}, "flag --lr (one run, no sweep)")
+
+
+def _model_rules(layers: _Layers, recipe: str, auto: tuple[str, ...], checkpoint: Any) -> None:
+    """A recipe's settings that depend on the model, unless a later layer set them."""
+    todo = [k for k in auto if not layers.given_after(k, recipe)]
+    name = str(layers.values["model"]).removesuffix("-gap")
+    row = MODEL_ROWS.get(recipe, {}).get(name, {})
+    for key in todo:
+        if key in row:
+            layers.apply({key: row[key]}, f"recipe {recipe}, paper Table 3 row {name}")
+    if "representation_size" in todo:
+        width = None if checkpoint is not None else _width(layers.values)
+        layers.apply({"representation_size": width}, f"recipe {recipe}: as wide as the model")
+    if "dropout" in todo and _is_vit(layers.values, checkpoint):
+        layers.apply({"dropout": finetune_dropout(name)}, f"recipe {recipe}: official config of {name}")
+
+
+def _is_vit(values: Mapping[str, Any], checkpoint: Any) -> bool:
+    from ..models.config import ViTConfig
+
+    return isinstance(checkpoint.config, ViTConfig) if checkpoint is not None else _width(values) is not None
+
+
+def _width(values: Mapping[str, Any]) -> int | None:
+    from ..models.config import ViTConfig
+    from ..models.registry import model_config
+
+    config = model_config(values["model"], **values.get("model_args", {}))
+    return config.width if isinstance(config, ViTConfig) else None  # a BiT has no representation layer
+
+
+def _data_rules(layers: _Layers, recipe: str, auto: tuple[str, ...], data: Any) -> Any:
+    """BiT-HyperRule: steps, warm-up, decay points, MixUp and resolution from the training set; the datasets
+    are returned for the loop to reuse."""
+    by_model = {k for row in MODEL_ROWS.get(recipe, {}).values() for k in row}  # a model rule's fields
+    todo = tuple(k for k in auto if k in BIT_DATA_FIELDS and k not in by_model and not layers.given_after(k, recipe))
+    if not todo:
+        return data
+    from ..data import build_datasets
+
+    v = layers.values
+    data = data or build_datasets(v["data"], v["val_fraction"], v["strict"])
+    chosen, message = hyperrule_from_data(data, todo, v)
+    layers.apply(chosen, f"recipe {recipe}: BiT-HyperRule on {len(data.train):,} training images")
+    layers.notes.append(f"{recipe}: {message}")
+    return data
+
+
+def _warmup_rule(layers: _Layers, recipe: str) -> None:
+    """A warm-up must end before the run does. One the recipe (or preset) chose for its own step count keeps
+    its share of the steps when --steps changes them; one typed as a flag is refused if it does not fit."""
+    v, s = layers.values, layers.sources
+    warmup, steps = v["warmup"], v["steps"]
+    if s["warmup"] == "flag" and warmup >= steps > 1:
+        raise ValueError(f"--warmup {warmup} is not below --steps {steps}: the learning rate would still be "
+                         f"rising when the run ends; lower --warmup (e.g. {steps // 10})")
+    chosen_steps = s["steps"] == "flag" or s["steps"].startswith(("preset ", "config "))
+    if s["warmup"] in (s["steps"], "flag") or not warmup or not chosen_steps:
+        return
+    reference = _steps_of(layers, s["warmup"], recipe)
+    if reference is None or reference == steps:
+        return
+    scaled = round(warmup * steps / reference)
+    layers.notes.append(f"warm-up {warmup:,} of {reference:,} steps ({s['warmup']}) scaled to {scaled:,} of "
+                        f"{steps:,} (the same {100 * warmup / reference:.3g}%); pass --warmup to set it")
+    layers.apply({"warmup": scaled}, f"{s['warmup']}, scaled to the steps")
+
+
+def _steps_of(layers: _Layers, source: str, recipe: str) -> int | None:
+    """The step count of the layer that chose the warm-up."""
+    if source.startswith("preset "):
+        return FINETUNE_PRESETS[source.removeprefix("preset ")].values.get("steps")
+    if source == f"recipe {recipe}":  # not a rule's value ("recipe X: BiT-HyperRule …"): that one fits already
+        return RECIPES[recipe].get("steps")
+    return None
+
+
+def _resume(out: Path, flags: Mapping[str, Any], recipe: str | None) -> Resolved:
+    """The stored run, with the flags that are safe to change; any other flag must equal the stored value."""
+    try:
+        record = json.loads((out / "config.json").read_text())
+        stored = config_from_json(out / "config.json")
+    except (OSError, ValueError, TypeError) as err:
+        raise ValueError(f"{out / 'config.json'}: cannot read the stored run ({err}); it is damaged") from None
+    sources = {**dict.fromkeys(stored.to_dict(), f"run {out}"), **record.get("sources", {})}
+    if recipe is not None and recipe != stored.recipe:
+        raise ValueError(f"--recipe {recipe} contradicts the run in {out} (recipe {stored.recipe}); resume without "
+                         "it, or start a new run with another --out")
+    changes: dict[str, list[Any]] = {}
+    for key, value in flags.get("model_args", {}).items():  # --depth/--width/--heads/--mlp-dim, one by one
+        if stored.model_args.get(key) != value:
+            flag = {"num_heads": "heads", "mlp_dim": "mlp-dim"}.get(key, key)
+            raise ValueError(f"--{flag} {value} contradicts the run in {out} (stored: {stored.model_args.get(key)}); "
+                             "resume without it, or start a new run with another --out")
+    for key, value in flags.items():
+        if key == "model_args":
+            continue
+        now, before = _plain(value), getattr(stored, key)
+        if now == before or key in ("resume", "out"):
+            continue
+        if key not in SAFE_ON_RESUME:
+            raise ValueError(f"--{key.replace('_', '-')} {_show(now)} contradicts the run in {out} (stored: "
+                             f"{_show(before)}); resume without it, or start a new run with another --out")
+        if key == "steps" and now < before:
+            raise ValueError(f"--steps {now} is below the run's {before}: a resumed run continues to its end or "
+                             "further; evaluate a checkpoint with `vitlab eval` instead")
+        changes[key] = [before, now]
+        sources[key] = "flag (on resume)"
+    config = validate(stored.replace(resume=True, **{k: v[1] for k, v in changes.items()}))
+    notes = tuple(f"resumed with --{k.replace('_', '-')} {_show(v[1])} (was {_show(v[0])})" for k, v in changes.items())
+    return Resolved(config, sources, tuple(record.get("notes", ())) + notes, resumed_changes=changes)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value:g}"
+    if isinstance(value, tuple):
+        return " ".join(_show(v) for v in value)
+    return str(value)
