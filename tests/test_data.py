@@ -181,7 +181,8 @@ def test_truncated_jpeg_substituted_at_load_time(tmp_path):
     bad.write_bytes(data[: len(data) * 2 // 3])  # header intact, data cut off
     ds = build_datasets(str(root))
     index = ds.train.paths.index(str(bad))
-    batch = TransformedSplit(ds.train, EvalTransform((8, 8))).__getitems__([(index, 0), (0, 0)])
+    training = TransformedSplit(ds.train, EvalTransform((8, 8)), skip_unreadable=False)
+    batch = training.__getitems__([(index, 0), (0, 0)])
     assert batch["bad"] == [str(bad)]
     assert batch["images"].shape == (2, 3, 8, 8)
     assert batch["labels"][0] == ds.train.labels[index + 1]  # the next image took its place

@@ -61,7 +61,7 @@ def scan_split(split_dir: Path, class_names: list[str], name: str, strict: bool)
         if not (label_arr == label).any():
             raise DataError(f"class folder {split_dir / cls} has no readable images; all of them failed to open")
     kept = [p for p, good in zip(paths, ok, strict=True) if good]
-    return ImageSplit(name, label_arr, class_names, paths=kept), bad
+    return ImageSplit(name, label_arr, class_names, paths=kept, strict=strict), bad
 
 
 def folder_layout(root: Path) -> tuple[Path, Path | None]:

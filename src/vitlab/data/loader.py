@@ -6,6 +6,12 @@ The training stream is an endless concatenation of per-epoch permutations; step 
 of that), so the union over processes is the global batch a single process would see. Every sample's
 augmentation is seeded by its stream position, never by a worker's RNG. Resuming at step s therefore only needs
 s: the "data position" stored in checkpoints.
+
+An image that cannot be decoded is handled by what the loader serves. A training batch takes the next readable
+image in its place (a batch must stay full, and a resumed run must see the same substitute). An evaluation
+batch marks it invalid instead, so that it is left out and not counted: a substitute would be counted twice
+and an accuracy over a replaced image is not the accuracy of the split. `UnreadableImages` then reports the
+skipped files as one warning, or fails under --strict.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from .errors import DataError, describe_paths, log
 from .sources import DECODE_ERRORS, ImageSplit
+from .transforms import EvalTransform, as_size
 
 Key = tuple[int, int]  # (image index, augmentation seed)
 _SUBSTITUTE_TRIES = 16
@@ -28,10 +36,19 @@ _SUBSTITUTE_TRIES = 16
 
 class TransformedSplit(Dataset):
     """Applies a transform to a split. `__getitems__` returns a whole batch as a dict (the DataLoader calls it
-    with one micro-batch of keys), timed so the run can report how fast the data side can go."""
+    with one micro-batch of keys), timed so the run can report how fast the data side can go.
 
-    def __init__(self, split: ImageSplit, transform: Any):
+    `skip_unreadable`: an undecodable image is marked invalid (evaluation) rather than replaced by the next
+    readable one (training). Default: skip for an EvalTransform, replace otherwise."""
+
+    def __init__(self, split: ImageSplit, transform: Any, skip_unreadable: bool | None = None):
         self.split, self.transform = split, transform
+        self.skip_unreadable = isinstance(transform, EvalTransform) if skip_unreadable is None else skip_unreadable
+        self.reported: set[str] = set()  # files already warned about (main process: a run evaluates often)
+
+    @property
+    def strict(self) -> bool:
+        return self.split.strict
 
     def __len__(self) -> int:
         return len(self.split)
@@ -48,25 +65,62 @@ class TransformedSplit(Dataset):
                 bad.append(self.split.describe(i))
         raise OSError(f"{_SUBSTITUTE_TRIES} consecutive unreadable images from {self.split.describe(index)}")
 
+    def _load_or_skip(self, index: int, bad: list[str]) -> Any:
+        """The image at `index`, or None (reported in `bad`) if it cannot be decoded."""
+        try:
+            return self.split.load(index, self.transform.min_source_size)
+        except DECODE_ERRORS:
+            bad.append(self.split.describe(index))
+            return None
+
     def __getitems__(self, keys: list[Key]) -> dict[str, Any]:
         start = time.perf_counter()
         bad: list[str] = []
-        images, labels = [], []
+        images, labels, valid = [], [], []
         for index, seed in keys:
-            img, used = self._load(index, bad)
-            images.append(self.transform(img, random.Random(seed)))
+            if self.skip_unreadable:
+                img, used = self._load_or_skip(index, bad), index
+            else:
+                img, used = self._load(index, bad)
+            # Skipped: a black placeholder keeps the batch's shape; `valid` leaves it out of every sum.
+            images.append(self.transform(img, random.Random(seed)) if img is not None else None)
             labels.append(self.split.labels[used])
+            valid.append(seed >= 0 and img is not None)  # seed < 0: padding of an evaluation shard
+        shape = next((a.shape for a in images if a is not None), (*as_size(self.transform.image_size), 3))
+        images = [a if a is not None else np.zeros(shape, dtype=np.uint8) for a in images]
         batch = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2)  # (N, 3, H, W) uint8
         return {
             "images": batch.contiguous(),
             "labels": torch.as_tensor(np.array(labels, dtype=np.int64)),
-            "valid": torch.tensor([seed >= 0 for _, seed in keys]),  # False: padding of an evaluation shard
+            "valid": torch.tensor(valid),
             "load_seconds": time.perf_counter() - start,
             "bad": bad,
         }
 
     def __getitem__(self, key: Key) -> dict[str, Any]:
         return self.__getitems__([key])
+
+
+class UnreadableImages:
+    """An evaluation's account of the images its loader left out: an error at the first one under --strict
+    (the split's `strict`), else one warning line naming them when the evaluation ends, each file once per
+    loader (a training run evaluates the same split many times)."""
+
+    def __init__(self, loader: Any):
+        self.dataset = getattr(loader, "dataset", None)
+        self.files: list[str] = []
+
+    def add(self, bad: list[str]) -> None:
+        if bad and getattr(self.dataset, "strict", False):
+            raise DataError(f"{len(bad)} unreadable image(s) in evaluation: {describe_paths(bad)} (--strict)")
+        self.files += bad
+
+    def report(self) -> None:
+        seen = getattr(self.dataset, "reported", set())
+        new = [f for f in dict.fromkeys(self.files) if f not in seen]
+        if new:
+            log.warning("evaluation skipped %d unreadable image(s), not counted: %s", len(new), describe_paths(new))
+            seen.update(new)
 
 
 def _keep_batch(batch: dict[str, Any]) -> dict[str, Any]:

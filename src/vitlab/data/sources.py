@@ -26,6 +26,7 @@ class ImageSplit:
     class_names: list[str]
     arrays: np.ndarray | None = None
     paths: list[str] | None = None
+    strict: bool = False  # an image that fails to decode while loading is fatal (--strict), not skipped
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -46,7 +47,7 @@ class ImageSplit:
     def subset(self, indices: np.ndarray, name: str) -> ImageSplit:
         arrays = self.arrays[indices] if self.arrays is not None else None
         paths = [self.paths[i] for i in indices] if self.paths is not None else None
-        return ImageSplit(name, self.labels[indices], self.class_names, arrays, paths)
+        return ImageSplit(name, self.labels[indices], self.class_names, arrays, paths, self.strict)
 
 
 def stratified_holdout(labels: np.ndarray, fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

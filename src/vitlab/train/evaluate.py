@@ -13,6 +13,7 @@ from torch import nn
 
 from ..data import EvalTransform, ShardSampler, TransformedSplit, load_split, make_loader, normalize
 from ..data.errors import DataError
+from ..data.loader import UnreadableImages
 from ..data.sources import DECODE_ERRORS, ImageSplit
 from ..eval.metrics import ClassificationMeter, plot_confusion_matrix
 from .checkpoint import recorded_eval_resize
@@ -40,7 +41,9 @@ def evaluate(
     was_training = model.training
     model.eval()
     meter = ClassificationMeter(num_classes, device, confusion)
+    unreadable = UnreadableImages(loader)  # left out, not counted; fatal under --strict
     for batch in loader:
+        unreadable.add(batch["bad"])
         x = normalize(batch["images"].to(device, non_blocking=True), mean, std)
         y = batch["labels"].to(device, non_blocking=True)
         valid = batch["valid"].to(device)
@@ -48,6 +51,7 @@ def evaluate(
             logits = model(x)
         logits = logits.float()
         meter.update(logits[valid], y[valid], per_image_loss(logits, y, loss_kind)[valid])
+    unreadable.report()
     all_reduce(meter.totals)
     if meter.confusion is not None:
         all_reduce(meter.confusion)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..data import normalize
+from ..data.loader import UnreadableImages
 from ..eval.metrics import ClassificationMeter
 from .config import TrainConfig
 from .distributed import all_reduce
@@ -79,7 +80,9 @@ class MaskedPatches(Classification):
         # The same corruption at every evaluation, so that the numbers are comparable across steps.
         generator = torch.Generator(device=device).manual_seed(cfg.seed)
         meter = ClassificationMeter(2 ** (3 * c.in_chans), device)
+        unreadable = UnreadableImages(loader)  # left out, not counted; fatal under --strict
         for batch in loader:
+            unreadable.add(batch["bad"])
             valid = batch["valid"].to(device)
             if not valid.any():  # an all-padding evaluation shard
                 continue
@@ -93,6 +96,7 @@ class MaskedPatches(Classification):
                                              torch.zeros((), device=device), torch.zeros((), device=device)])
             else:
                 meter.update(pred, target, per_image_loss(pred, target))
+        unreadable.report()
         all_reduce(meter.totals)
         module.train(was_training)
         return meter.result()
