@@ -6,6 +6,7 @@ all-reduce (`meter.totals`, `meter.confusion`) before `result()`.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -50,6 +51,18 @@ class ClassificationMeter:
         loss, count, top1, top5 = self.totals.tolist()
         n = max(count, 1.0)
         return {"loss": loss / n, "top1": top1 / n, "top5": top5 / n, "count": int(count)}
+
+
+def require_finite(metrics: dict[str, float], what: str) -> dict[str, float]:
+    """`metrics` if it is a result; ValueError (one line) when no image was evaluated or a value is NaN/inf:
+    a command must not report such numbers as if they were one."""
+    if metrics.get("count", 1) == 0:
+        raise ValueError(f"{what}: no image was evaluated; check the data and --batch-size")
+    bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        raise ValueError(f"{what}: {', '.join(bad)} is not finite (NaN or inf); the model's outputs overflow: "
+                         "check the weights and the input normalisation")
+    return metrics
 
 
 def per_class_accuracy(confusion: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from ..data import EvalTransform, ShardSampler, TransformedSplit, load_split, ma
 from ..data.errors import DataError
 from ..data.loader import UnreadableImages
 from ..data.sources import DECODE_ERRORS, ImageSplit
-from ..eval.metrics import ClassificationMeter, plot_confusion_matrix
+from ..eval.metrics import ClassificationMeter, plot_confusion_matrix, require_finite
 from .checkpoint import recorded_eval_resize
 from .distributed import all_reduce, pick_device
 
@@ -113,8 +114,9 @@ def evaluate_weights(
                          workers, dev)
     meter = evaluate(model, loader, dev, model.config.mean, model.config.std, model.config.num_classes,
                      confusion=True)
+    metrics = require_finite(meter.result(), f"evaluation of {weights} on {data} {split}")
     png = plot_confusion_matrix(meter.confusion, names, confusion_png) if confusion_png else None
-    return EvalResult(meter.result(), meter.confusion.cpu(), names, png, resize)
+    return EvalResult(metrics, meter.confusion.cpu(), names, png, resize)
 
 
 @torch.no_grad()
@@ -122,6 +124,9 @@ def predict(weights: str | Path, images: list[str], top_k: int = 5, device: str 
     """`vitlab predict`: for each image, the top-k classes with softmax probabilities."""
     dev = pick_device(device)
     model, names = load_for_inference(weights, dev)
+    if top_k > len(names):
+        logging.getLogger("vitlab").warning("top-k %d is more than the model's %d classes: showing all %d",
+                                            top_k, len(names), len(names))
     transform = EvalTransform(model.config.image_size, recorded_eval_resize(resolve_weights(weights)))
     split = ImageSplit("predict", torch.zeros(len(images), dtype=torch.long).numpy(), names, paths=list(images))
     results = []
@@ -134,6 +139,8 @@ def predict(weights: str | Path, images: list[str], top_k: int = 5, device: str 
         with autocast(dev):
             logits = model(normalize(x, model.config.mean, model.config.std))
         probs = logits.float().softmax(-1)[0]
+        if not torch.isfinite(probs).all():
+            raise ValueError(f"the model's output for {path} is not finite (NaN or inf); check the weights")
         top = probs.topk(min(top_k, probs.numel()))
         results.append({
             "image": str(path),

@@ -154,11 +154,12 @@ def model_from_checkpoint(
         config, state = drop_head(config, state, num_classes)
         ck.meta.pop("class_names", None)
     model = build_model(config)
-    from .validate import check_state_dict
+    from .validate import check_state_dict, check_values
 
     expected = model.state_dict()
     fresh = {k for k in expected if k.startswith("head.") and k not in state}  # the new zero-init head
     check_state_dict(path, {k: v.shape for k, v in expected.items() if k not in fresh}, state)
+    check_values(path, state, ck.meta.get("class_names"), config.num_classes)
     model.load_state_dict(state, strict=not fresh)
     if ck.meta.get("class_names"):
         model.class_names = list(ck.meta["class_names"])
