@@ -36,7 +36,10 @@ def saved(model, tmp_path, name="model.safetensors") -> str:
 
 
 def run_cli(argv, capsys):
-    rc = vitlab.cli.main(argv)
+    try:
+        rc = vitlab.cli.main(argv)
+    except SystemExit as stop:  # argparse refuses a flag's value while parsing: one line, exit code 2
+        rc = stop.code
     out = capsys.readouterr()
     return rc, out.out, out.err
 

@@ -91,7 +91,9 @@ def test_cli_fewshot_on_embedded_digits_writes_json(tmp_path, capsys):
     assert list(table) == ["1", "5", "all"] and len(table["5"]["per_seed"]) == 2
     assert table["all"]["mean"] > 0.3  # even random ViT features are far above chance (0.1) with a full probe
     assert "shots" in capsys.readouterr().out
-    assert main(["fewshot", "--weights", str(tmp_path / "m.safetensors"), "--shots", "0"]) == 2
+    with pytest.raises(SystemExit) as exit_:  # refused while parsing (tests/test_reliability_cli.py: every flag)
+        main(["fewshot", "--weights", str(tmp_path / "m.safetensors"), "--shots", "0"])
+    assert exit_.value.code == 2
 
 
 def test_fewshot_tracked_during_training(tmp_path):

@@ -17,7 +17,9 @@ class UserError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vitlab", description="Vision Transformers exact to the paper.")
+    from .types import OneLineParser  # argparse errors as one line, like the verbs' own
+
+    parser = OneLineParser(prog="vitlab", description="Vision Transformers exact to the paper.")
     sub = parser.add_subparsers(dest="verb", metavar="<verb>")
     sub.required = True
     for name in VERB_MODULES:

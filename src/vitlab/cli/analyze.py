@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .types import float_range, image_size, new_or_folder, positive_int
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -15,17 +17,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weights", required=True, help="weights (any format vitlab.load reads) or a run directory")
     p.add_argument("--images", nargs="+", metavar="IMG",
                    help="image files (default: --num-images held-out images of the embedded --data set)")
-    p.add_argument("--out", required=True, help="output folder (created if needed)")
-    p.add_argument("--image-size", type=int, nargs="+", metavar="PX",
+    p.add_argument("--out", required=True, type=new_or_folder, help="output folder (created if needed)")
+    p.add_argument("--image-size", type=image_size, nargs="+", metavar="PX",
                    help="input size H [W] (default: the model's native size); a multiple of the patch size")
     p.add_argument("--data", choices=["digits", "mnist"], default="digits",
                    help="embedded dataset used without --images (default digits)")
-    p.add_argument("--num-images", type=int, default=8, help="embedded images to use without --images (default 8)")
+    p.add_argument("--num-images", type=positive_int, default=8,
+                   help="embedded images to use without --images (default 8)")
     p.add_argument("--head-fusion", choices=["mean", "max", "min"], default="mean",
                    help="how rollout combines heads (default mean, as in the paper)")
-    p.add_argument("--discard-ratio", type=float, default=0.0,
+    p.add_argument("--discard-ratio", type=float_range(0.0, 1.0, high_open=True), default=0.0,
                    help="share of the lowest attention weights rollout drops per layer (default 0)")
-    p.add_argument("--components", type=int, default=28, help="principal components of the filters (default 28)")
+    p.add_argument("--components", type=positive_int, default=28,
+                   help="principal components of the filters (default 28)")
     p.set_defaults(func=run_analyze)
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from .train import EVAL_RESIZE_HELP
+from .types import device_name, non_negative_int, positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,9 +24,9 @@ def _register_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", default="val", choices=["val", "train"], help="embedded sets: val = test split")
     p.add_argument("--eval-resize", choices=EVAL_RESIZES,
                    help=EVAL_RESIZE_HELP + ". Default: the one recorded with vitlab weights, else official")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--workers", type=int, default=0)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--batch-size", type=positive_int, default=256)
+    p.add_argument("--workers", type=non_negative_int, default=0)
+    p.add_argument("--device", type=device_name, default="auto")
     p.add_argument("--confusion", default="confusion.png", help="where to write the confusion-matrix PNG")
     p.add_argument("--strict", action="store_true", help="unreadable images are fatal")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
@@ -51,8 +52,8 @@ def _register_predict(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="top-5 classes of images", description="Classify images with weights.")
     p.add_argument("--weights", required=True, help="weights file, checkpoint directory or run directory")
     p.add_argument("images", nargs="+", help="image files")
-    p.add_argument("--top-k", type=int, default=5)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--top-k", type=positive_int, default=5, help="classes shown per image (at most the model's)")
+    p.add_argument("--device", type=device_name, default="auto")
     p.add_argument("--json", action="store_true", help="one JSON document with every image's predictions")
     p.set_defaults(func=_predict)
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from . import UserError
+from .types import device_name, new_file, positive_float, positive_int
 
 
 def parse_shots(text: str) -> tuple[int | str, ...]:
+    """argparse type of --shots: positive integers or 'all', comma-separated."""
     shots: list[int | str] = []
     for part in text.split(","):
         part = part.strip()
@@ -16,15 +17,18 @@ def parse_shots(text: str) -> tuple[int | str, ...]:
         elif part.isdigit() and int(part) > 0:
             shots.append(int(part))
         else:
-            raise UserError(f"--shots takes positive integers or 'all', comma-separated (e.g. 1,5,10,25), not {text!r}")
+            raise argparse.ArgumentTypeError(
+                f"must be integers >= 1 or 'all', comma-separated (e.g. 1,5,10,25), got {text!r}")
     return tuple(shots)
 
 
 def parse_floats(text: str) -> list[float]:
+    """argparse type of --l2-sweep: numbers > 0, comma-separated."""
     try:
-        return [float(v) for v in text.split(",")]
-    except ValueError:
-        raise UserError(f"--l2-sweep takes comma-separated numbers (e.g. 1,32,1024), not {text!r}") from None
+        return [positive_float(v) for v in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"must be numbers (finite, > 0), comma-separated (e.g. 1,32,1024), got {text!r}") from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,10 +40,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "reports accuracy on the val/test split.")
     p.add_argument("--weights", required=True, help="weights file, folder or run directory")
     p.add_argument("--data", default="digits", help="embedded dataset (digits, mnist) or image folder")
-    p.add_argument("--shots", default="1,5,10,25", help="shots per class, comma-separated; 'all' = linear probe")
-    p.add_argument("--seeds", type=int, default=3, help="random draws per shot count")
-    p.add_argument("--l2", type=float, default=2.0**10, help="ridge L2 (the protocol's 2^10)")
-    p.add_argument("--l2-sweep", help="also report the best of these L2 values (chosen on test: optimistic)")
+    p.add_argument("--shots", default="1,5,10,25", type=parse_shots,
+                   help="shots per class, comma-separated; 'all' = linear probe")
+    p.add_argument("--seeds", type=positive_int, default=3, help="random draws per shot count")
+    p.add_argument("--l2", type=positive_float, default=2.0**10, help="ridge L2 (the protocol's 2^10)")
+    p.add_argument("--l2-sweep", type=parse_floats,
+                   help="also report the best of these L2 values (chosen on test: optimistic)")
     p.add_argument("--random-init", action="store_true",
                    help="evaluate a freshly initialised model of the same architecture (a baseline)")
     p.add_argument("--eval-resize", default=FEWSHOT_RESIZE, choices=[FEWSHOT_RESIZE, *EVAL_RESIZES],
@@ -47,9 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "ignoring the aspect ratio, central crop 224, scaled by 8/7 for other sizes), or an "
                         "evaluation resize: official (whole image to the input size), big_vision (short side "
                         "to 8/7 of it, central crop), resize-short-crop (short side to it, central crop)")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--json", dest="json_out", help="also write the table as JSON here")
+    p.add_argument("--batch-size", type=positive_int, default=256)
+    p.add_argument("--device", type=device_name, default="auto")
+    p.add_argument("--json", dest="json_out", type=new_file, help="also write the table as JSON here")
     p.set_defaults(func=run)
 
 
@@ -61,16 +67,12 @@ def run(args: argparse.Namespace) -> int:
     from ..train.distributed import pick_device
     from ..train.evaluate import load_for_inference
 
-    shots = parse_shots(args.shots)
-    sweep = parse_floats(args.l2_sweep) if args.l2_sweep else None
-    if args.seeds < 1:
-        raise UserError("--seeds must be at least 1")
     device = pick_device(args.device)
     model, _ = load_for_inference(args.weights, device)
     if args.random_init:
         torch.manual_seed(0)
         model = build_model(model.config).to(device).eval()
-    result = fewshot_weights(model, args.data, shots, args.seeds, args.l2, sweep, args.batch_size,
+    result = fewshot_weights(model, args.data, args.shots, args.seeds, args.l2, args.l2_sweep, args.batch_size,
                              resize=args.eval_resize)
     label = "random init of " if args.random_init else ""
     print(f"few-shot linear accuracy, {label}{args.weights} on {args.data} ({args.eval_resize} pre-processing)")

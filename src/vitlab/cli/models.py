@@ -7,17 +7,19 @@ import json
 import sys
 from typing import Any
 
+from .types import device_name, float_range, image_size, new_file, non_negative_int, positive_int
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="list the named models with parameters and multiply-adds",
                        description="Every name vitlab.create_model accepts, with its parameter count (1000 "
                                    "classes) and multiply-adds per image (the paper's 'FLOPs').")
-    p.add_argument("--image-size", type=int, default=224, help="input size for the multiply-add count")
+    p.add_argument("--image-size", type=image_size, default=224, help="input size for the multiply-add count")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--pretrained", action="store_true", help="list the published checkpoints vitlab fetches by name")
     p.add_argument("--model", help="with --pretrained: only this architecture (e.g. ViT-B/16)")
     p.add_argument("--dataset", help="with --pretrained: pre-training or fine-tuning data (i21k, i1k)")
-    p.add_argument("--resolution", type=int, help="with --pretrained: only this input size")
+    p.add_argument("--resolution", type=image_size, help="with --pretrained: only this input size")
     p.set_defaults(func=run_models)
 
     p = sub.add_parser("bench", help="measure inference and training throughput",
@@ -26,19 +28,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "machine's measured GEMM peak; --compare timm measures timm's equivalent "
                                    "model interleaved in the same process on the same input.")
     p.add_argument("--model", default="ViT-S/16", help="a name from `vitlab models` (default ViT-S/16)")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--threads", type=int, help="intra-op CPU threads (default: torch's current setting)")
-    p.add_argument("--repeats", type=int, default=3, help="timed repeats per implementation and mode")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps before timing (compilation happens here)")
-    p.add_argument("--min-time", type=float, default=1.0, help="seconds each timed repeat lasts at least")
+    p.add_argument("--batch-size", type=positive_int, default=32)
+    p.add_argument("--image-size", type=image_size, default=224)
+    p.add_argument("--threads", type=positive_int, help="intra-op CPU threads (default: torch's current setting)")
+    p.add_argument("--repeats", type=positive_int, default=3, help="timed repeats per implementation and mode")
+    p.add_argument("--warmup", type=non_negative_int, default=2,
+                   help="untimed steps before timing (compilation happens here)")
+    p.add_argument("--min-time", type=float_range(0.0, 3600.0),
+                   default=1.0, help="seconds each timed repeat lasts at least")
     p.add_argument("--compare", choices=["timm"], help="also measure this library's equivalent model")
     p.add_argument("--compile", action="store_true", help="wrap every model with torch.compile")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (cuda runs under bf16 autocast)")
+    p.add_argument("--device", type=device_name, default="cpu", help="cpu or cuda[:N] (cuda runs under bf16 autocast)")
     p.add_argument("--mode", choices=["infer", "train", "both"], default="both")
     p.add_argument("--no-malloc-tuning", action="store_true",
                    help="keep glibc's default of mapping large tensors afresh (page faults on every step)")
-    p.add_argument("--json", metavar="OUT", help="also write the full result as JSON to this file")
+    p.add_argument("--json", metavar="OUT", type=new_file, help="also write the full result as JSON to this file")
     p.set_defaults(func=run_bench)
 
 

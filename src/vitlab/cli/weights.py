@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from .types import class_count, image_size
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="show the format and architecture of a weights file or folder",
@@ -23,8 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("dst", help="output path: .safetensors (vitlab), .npz (official JAX) or a folder (--to)")
     p.add_argument("--to", choices=["vitlab", "jax-npz", "bit-npz", "timm", "hf"],
                    help="output format (default: by suffix; .npz of a BiT is big_transfer's layout)")
-    p.add_argument("--image-size", type=int, help="resample the position embedding to this input size")
-    p.add_argument("--num-classes", type=int, help="replace the head (zero-initialised) with this many classes")
+    p.add_argument("--image-size", type=image_size, help="resample the position embedding to this input size")
+    p.add_argument("--num-classes", type=class_count, help="replace the head (zero-initialised) with this many classes")
     p.add_argument("--arch", help="architecture name for a bare timm state dict")
     p.add_argument("--numbering", choices=["pre-linen", "linen"], default="pre-linen",
                    help="module numbering of a written .npz (2020 releases: pre-linen)")

@@ -95,18 +95,22 @@ def write_checkpoint(
     final = step_dir(run_dir, step)
     tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_weights(tmp / "model.safetensors", weights, config, class_names, meta)
-    torch.save(state, tmp / "state.pt")
-    manifest = {"step": step, "files": {}}
-    for name in _FILES:
-        _fsync(tmp / name)
-        manifest["files"][name] = {"size": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    _fsync(tmp / "manifest.json")
-    if final.exists():  # the same step saved again (e.g. preempted right after a periodic save)
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    try:
+        tmp.mkdir(parents=True)
+        save_weights(tmp / "model.safetensors", weights, config, class_names, meta)
+        torch.save(state, tmp / "state.pt")
+        manifest = {"step": step, "files": {}}
+        for name in _FILES:
+            _fsync(tmp / name)
+            manifest["files"][name] = {"size": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        _fsync(tmp / "manifest.json")
+        if final.exists():  # the same step saved again (e.g. preempted right after a periodic save)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:  # a full disk: the earlier checkpoints stay, the half-written one goes
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     _fsync(final.parent)  # the rename itself must reach the disk
     return final
 

@@ -30,10 +30,17 @@ class Dist:
 def pick_device(name: str, local_rank: int = 0) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, not {name!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, not {name!r}")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError("--device cuda but no CUDA device is available; use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"no {device}: torch sees {torch.cuda.device_count()} CUDA device(s); use cuda:0")
         if device.index is None:
             device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)

@@ -7,6 +7,7 @@ loss, clips the global gradient norm, steps the optimiser and the schedule, and 
 
 from __future__ import annotations
 
+import errno
 import math
 import signal
 import threading
@@ -44,18 +45,31 @@ from .mixup import draw_mixup
 from .objective import objective_for
 from .optim import Ema, build_optimizer, build_scheduler
 from .resolve import Resolved
+from .rundir import prepare_run_dir
 from .runlog import RunLog, log, plot_curves
 from .setup import (
     build_model,
     check_classes,
     make_loaders,
-    prepare_run_dir,
     rng_state,
     set_rng_state,
     write_run_config,
 )
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+# A write into the run directory failed for a reason the user can fix: full disk or quota, file too large,
+# read-only file system or permissions.
+OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+class OutputError(ValueError):
+    """The run could not write its outputs; the checkpoints written before stay valid."""
+
+
+class _StopDuringEvaluation(Exception):
+    """A stop was requested while evaluating: the evaluation is abandoned, the finished step is saved."""
 
 
 class TrainingDiverged(RuntimeError):
@@ -85,6 +99,13 @@ def run(config: TrainConfig | Resolved) -> RunResult:
         trainer = Trainer(resolved, d)
         try:
             return trainer.fit()
+        except OSError as err:
+            if err.errno not in OUTPUT_ERRNOS:
+                raise
+            last = trainer.last_checkpoint or "none yet"
+            raise OutputError(f"cannot write {err.filename or trainer.run_dir} ({err.strerror}) at step "
+                              f"{trainer.step}; the last good checkpoint is {last}: free space or fix permissions, "
+                              "then continue with --resume") from None
         finally:
             trainer.close()
     finally:
@@ -94,12 +115,13 @@ def run(config: TrainConfig | Resolved) -> RunResult:
 class Trainer:
     def __init__(self, resolved: Resolved, d: Dist):
         self.cfg, self.d = resolved.config, d
-        self.run_dir = prepare_run_dir(self.cfg, d)
+        self.run_dir = Path(self.cfg.out)
+        self.lock = prepare_run_dir(self.run_dir, self.cfg.resume, d.is_main)
         self.console = ConsoleLog(self.run_dir, d.is_main)
         try:
             self._assemble(resolved)
         except BaseException:
-            self.console.close()
+            self._release()
             raise
 
     def _assemble(self, resolved: Resolved) -> None:
@@ -126,7 +148,7 @@ class Trainer:
             torch.manual_seed(cfg.seed + 1 + 1_000_003 * d.rank)  # dropout: its own stream per process
         self.train_loader, self.val_loader, self.workers = make_loaders(cfg, self.data, self.step, d)
         self.bad_images: list[str] = list(self.data.skipped)
-        self._stop_requested = False
+        self._stop_requested: str | bool = False  # the signal's name once one arrived
         if d.is_main:
             lines = banner_lines(resolved, self.saved_model(), self.data, d.device, d.world, self.workers,
                                  torch.get_num_threads(), self.step)
@@ -183,7 +205,7 @@ class Trainer:
     # --- the loop --------------------------------------------------------------------------------------
     def fit(self) -> RunResult:
         cfg, start_time = self.cfg, time.perf_counter()
-        previous = self._catch_sigterm()
+        previous = self._catch_stop_signals()
         window = _Window()
         totals = _Window()
         status = "completed"
@@ -198,9 +220,14 @@ class Trainer:
                 window.add(stats)
                 totals.add(stats)
                 self._after_step(window)
+        except _StopDuringEvaluation:  # the step is complete: its checkpoint is what resume needs
+            self.log.message(f"{self._stop_requested}: evaluation aborted; saving a checkpoint at step {self.step} "
+                             "and stopping")
+            self.save_checkpoint()
+            status = "preempted"
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
         return self._finish(status, totals, time.perf_counter() - start_time)
 
     def _train_step(self, batches: Any) -> dict[str, float]:
@@ -279,7 +306,7 @@ class Trainer:
     def _evaluate(self, record: bool = True) -> dict[str, float]:
         t0 = time.perf_counter()
         with self.ema.applied(self.model) if self.ema is not None else nullcontext():
-            self.metrics = self.objective.evaluate(self.model, self.val_loader, self.d.device,
+            self.metrics = self.objective.evaluate(self.model, self._stoppable(self.val_loader), self.d.device,
                                                    self.data.num_classes, self.cfg)
             score = self.objective.score(self.metrics)
             improved = self.best is None or score > self.best.get("score", self.best["top1"])
@@ -339,15 +366,29 @@ class Trainer:
         self.last_checkpoint = path
         return path
 
-    def _catch_sigterm(self) -> Any:
-        """SIGTERM (preemption) asks the loop to save and stop after the current step."""
+    def _catch_stop_signals(self) -> dict[int, Any]:
+        """SIGTERM (preemption) and Ctrl-C ask the loop to stop after the current step, or at once during an
+        evaluation, and to save what resume needs; a second Ctrl-C aborts without saving. Returns the previous
+        handlers."""
         if threading.current_thread() is not threading.main_thread():
-            return None
+            return {}
 
         def request_stop(signum: int, frame: Any) -> None:
-            self._stop_requested = True
+            name = signal.Signals(signum).name
+            if signum == signal.SIGINT and self._stop_requested:
+                raise KeyboardInterrupt
+            self._stop_requested = self._stop_requested or name
+            log.warning("%s: stopping after this step with a checkpoint (Ctrl-C again: stop without saving)", name)
 
-        return signal.signal(signal.SIGTERM, request_stop)
+        return {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _stoppable(self, loader: Any) -> Any:
+        """The evaluation batches, ending the evaluation when a stop is requested (one process: a job's
+        processes would have to agree first, so they finish the evaluation and stop after the step)."""
+        for batch in loader:
+            if self._stop_requested and self.d.world == 1:
+                raise _StopDuringEvaluation
+            yield batch
 
     def _preemption_agreed(self) -> bool:
         """Every process stops at the same step, even if only some of them received the signal."""
@@ -355,7 +396,8 @@ class Trainer:
         if self.d.world > 1:
             flag = all_reduce(flag.to(self.d.device), "max").cpu()
         if flag.item() > 0:
-            self.log.message(f"SIGTERM: saving a checkpoint at step {self.step} and stopping")
+            self.log.message(f"{self._stop_requested or 'SIGTERM'}: saving a checkpoint at step {self.step} and "
+                             "stopping")
             self.save_checkpoint()
             return True
         return False
@@ -382,11 +424,18 @@ class Trainer:
 
     def close(self) -> None:
         self.log.close()
-        self.console.close()
+        self._release()
+
+    def _release(self) -> None:
+        """Loader workers stopped, console log closed, run directory unlocked: also after a failed start."""
         for loader in (getattr(self, "train_loader", None), getattr(self, "val_loader", None)):
             iterator = getattr(loader, "_iterator", None)
             if iterator is not None:
                 iterator._shutdown_workers()
+        self.console.close()
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
 
 def _to_float(t: Any) -> float:

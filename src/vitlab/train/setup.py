@@ -21,23 +21,14 @@ from .config import TrainConfig
 from .distributed import Dist
 
 
-def prepare_run_dir(cfg: TrainConfig, d: Dist) -> Path:
-    """The run directory; a directory that already holds a run is only reused with --resume."""
-    out = Path(cfg.out)
-    used = (out / "checkpoints").is_dir() or (out / "metrics.jsonl").exists()
-    if used and not cfg.resume:
-        raise ValueError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
-    if d.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-    return out
-
-
 def check_classes(cfg: TrainConfig, data: Datasets) -> None:
     if cfg.num_classes is not None and cfg.num_classes != data.num_classes:
         raise DataError(
             f"num_classes mismatch: --num-classes {cfg.num_classes} but {data.source} has {data.num_classes} "
             f"classes ({describe_paths(data.class_names, 5)})"
         )
+    if len(data.train) == 0:
+        raise DataError(f"the training split of {data.source} is empty; add images or lower --val-fraction")
     if len(data.val) == 0:
         raise DataError(f"the validation split of {data.source} is empty; add images or raise --val-fraction")
 

@@ -1,0 +1,98 @@
+"""The run directory: what may be written into, by whom, and checked before step 1.
+
+- `--out` must be new, empty, or a vitlab run (continued only with --resume): an export folder or any other
+  non-empty folder is never written into.
+- One training at a time: an exclusive lock (`.vitlab.lock`, flock) is held for the run's life. The OS releases it
+  when the process dies, so a run killed with -9 never blocks its own `--resume`.
+- The folder and its `checkpoints/` are probed for writing before step 1, so a read-only or full disk is one line
+  at the start instead of a traceback after the last step.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+from pathlib import Path
+
+LOCK = ".vitlab.lock"
+OWN_FILES = {LOCK, "console.log"}  # what a run that failed before its first record leaves behind
+
+
+def holds_run(out: Path) -> bool:
+    """Whether `out` already holds a vitlab run (config.json recorded, metrics or checkpoints written)."""
+    checkpoints = out / "checkpoints"
+    return (out / "metrics.jsonl").exists() or (out / "config.json").exists() or (
+        checkpoints.is_dir() and any(checkpoints.iterdir()))
+
+
+def check_out(out: Path, resume: bool) -> None:
+    """ValueError (one line) unless `out` may receive this run."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder; choose a new folder for the run")
+    if not out.is_dir():
+        return
+    if holds_run(out):
+        if not resume:
+            raise ValueError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+        return
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in OWN_FILES)
+    if foreign:
+        raise ValueError(f"--out {out} is not empty and not a vitlab run (it holds {foreign[0]!r}"
+                         f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}); choose a new or empty "
+                         "folder")
+
+
+def probe_writable(folder: Path) -> None:
+    """Create `folder` if needed and write a file into it; a one-line ValueError naming the cause otherwise."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".vitlab-probe-{os.getpid()}"
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 4096)
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as err:
+        raise ValueError(f"cannot write to {folder} ({err.strerror or err}); choose a writable --out") from None
+
+
+class RunLock:
+    """An exclusive lock on the run directory for this process's life (rank 0 of a job takes it)."""
+
+    def __init__(self, out: Path):
+        self.path = out / LOCK
+        self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(self.fd)
+            self.fd = None
+            if err.errno in (errno.EAGAIN, errno.EACCES):
+                raise ValueError(f"{out} is in use by another vitlab run (process {holder}); wait for it to end or "
+                                 "choose another --out") from None
+            raise ValueError(f"cannot lock {self.path} ({err.strerror}); choose another --out") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing drops the flock
+            self.fd = None
+
+
+def prepare_run_dir(out: Path, resume: bool, is_main: bool) -> RunLock | None:
+    """Check, create, probe and lock the run directory (the main process; the others only check)."""
+    check_out(out, resume)
+    if not is_main:
+        return None
+    probe_writable(out)
+    lock = RunLock(out)
+    try:
+        if (out / "checkpoints").is_dir():  # a resumed run's (created later with the folder's permissions)
+            probe_writable(out / "checkpoints")
+    except BaseException:
+        lock.release()
+        raise
+    return lock
