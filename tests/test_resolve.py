@@ -30,7 +30,7 @@ def test_finetuning_follows_the_initial_weights(tmp_path, capsys):
     cfg, sources = resolved.config, resolved.sources
     assert (cfg.image_size, cfg.train_crop, cfg.crop_scale, cfg.flip) == (16, "inception-subpixel", (0.5, 1.0), False)
     assert sources["image_size"] == f"weights {demo}" and sources["crop_scale"] == f"weights {demo}"
-    assert cfg.model.startswith("ViT-Ti/4 (") and "ViT-B/16" not in cfg.model
+    assert cfg.model == "ViT/4 (depth 1, width 32, 2 heads, MLP 64)"  # what it is, not "ViT-B/16" or "ViT-Ti/4"
     assert cfg.optimizer == "sgd" and sources["optimizer"] == "recipe finetune"
     # a preset or a flag wins over the weights, and the resolution change is a note
     tuned = resolve("finetune", {"init": str(demo), "data": "digits", "image_size": 32}, verb="finetune")
@@ -74,13 +74,13 @@ def test_banner_lists_model_data_settings_and_sources(tmp_path, capsys, caplog):
     assert main(["train", "--out", str(out), "--steps", "2", *TINY]) == 0
     text = caplog.text
     params = sum(p.numel() for p in vitlab.load(out / "model.safetensors").parameters())
-    assert f"model   ViT-Ti/4 (depth=1, mlp_dim=64, num_heads=2, width=32): {params:,} parameters" in text
+    assert f"model   ViT/4 (depth 1, width 32, 2 heads, MLP 64): {params:,} parameters" in text
     assert "multiply-adds per 8×8 image" in text
     assert "data    digits: 10 classes, 1,438 train / 359 val images at 8 px; train inception-subpixel crop" in text
     assert "devices cpu × 1 process" in text
     assert "steps 2" in text and "from flag: " in text and "from recipe demo: " in text and "lr 0.002" in text
     log = (out / "console.log").read_text()
-    assert "model   ViT-Ti/4" in log and "step 2: val loss" in log
+    assert "model   ViT/4 (depth 1" in log and "step 2: val loss" in log
 
 
 def test_print_config_shows_every_value_with_its_source(capsys):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .types import device_name, new_file, positive_float, positive_int
+from .types import device_name, fraction, new_file, positive_float, positive_int
 
 
 def parse_shots(text: str) -> tuple[int | str, ...]:
@@ -55,6 +55,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "to 8/7 of it, central crop), resize-short-crop (short side to it, central crop)")
     p.add_argument("--batch-size", type=positive_int, default=256)
     p.add_argument("--device", type=device_name, default="auto")
+    p.add_argument("--val-fraction", type=fraction, metavar="F",
+                   help="test on this stratified share of each class of the train split (seed 0), shots drawn "
+                        "from the rest (default: the folder's val/ or the embedded test split; a folder without "
+                        "val/: 0.2)")
     p.add_argument("--json", dest="json_out", type=new_file, help="also write the table as JSON here")
     p.set_defaults(func=run)
 
@@ -73,9 +77,12 @@ def run(args: argparse.Namespace) -> int:
         torch.manual_seed(0)
         model = build_model(model.config).to(device).eval()
     result = fewshot_weights(model, args.data, args.shots, args.seeds, args.l2, args.l2_sweep, args.batch_size,
-                             resize=args.eval_resize)
+                             resize=args.eval_resize, val_fraction=args.val_fraction)
     label = "random init of " if args.random_init else ""
     print(f"few-shot linear accuracy, {label}{args.weights} on {args.data} ({args.eval_resize} pre-processing)")
+    split = result.splits
+    print(f"shots from {split['train_images']} train images; accuracy on {split['test_images']} test images: "
+          f"{split['test_split']}")
     print(result.format())
     if args.json_out:
         write_json(result, args.json_out, {"weights": str(args.weights), "data": args.data,

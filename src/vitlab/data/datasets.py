@@ -76,14 +76,29 @@ def scan_with_classes(
     return split, bad
 
 
+HOLDOUT_FRACTION = 0.2  # a protocol's default test share of a folder without val/ (the embedded sets' too)
+HOLDOUT_SEED = 0  # the seed `build_datasets` draws --val-fraction with: a run's validation images are found again
+
+
+def _check_fraction(val_fraction: float) -> None:
+    if not 0.0 < val_fraction < 1.0:
+        raise DataError(f"--val-fraction must be in (0, 1), got {val_fraction}")
+
+
 def load_split(
-    data: str, split: str = "val", class_names: list[str] | None = None, strict: bool = False
+    data: str, split: str = "val", class_names: list[str] | None = None, strict: bool = False,
+    val_fraction: float | None = None,
 ) -> ImageSplit:
     """One split for evaluation: `val` (embedded: the test split; folder: root/val, or the whole folder
-    when it is a plain root/<class>/ tree) or `train`. With `class_names` (a model's), folders are labelled
-    by that list."""
+    when it is a plain root/<class>/ tree, e.g. a test set) or `train`. With `class_names` (a model's), folders
+    are labelled by that list. With `val_fraction`, `val` is that stratified share of each class of the train
+    split and `train` the rest, drawn as training's --val-fraction draws them (seed 0)."""
     if split not in ("train", "val", "test"):
         raise DataError(f"unknown split {split!r}; use train or val")
+    if val_fraction is not None:
+        _check_fraction(val_fraction)
+        train, held = _held_out(load_split(data, "train", class_names, strict), val_fraction)
+        return train if split == "train" else held
     if data in EMBEDDED:
         train, test = embedded_splits(data)
         return train if split == "train" else test
@@ -92,7 +107,8 @@ def load_split(
     if split == "train" or train_dir == root:
         target = train_dir
     elif val_dir is None:
-        raise DataError(f"missing split: {root} has no val/ folder; add {root}/val/<class>/*.jpg or use --split train")
+        raise DataError(f"missing split: {root} has no val/ folder; add {root}/val/<class>/*.jpg, use --split "
+                        "train, or hold out part of train/ with --val-fraction 0.2")
     else:
         target = val_dir
     if class_names is None:
@@ -100,4 +116,49 @@ def load_split(
     return scan_with_classes(target, class_names, split, strict)[0]
 
 
-__all__ = ["Datasets", "build_datasets", "load_split"]
+def _held_out(train: ImageSplit, val_fraction: float) -> tuple[ImageSplit, ImageSplit]:
+    keep, held = stratified_holdout(train.labels, val_fraction, seed=HOLDOUT_SEED)
+    if not len(held):
+        raise DataError(f"--val-fraction {val_fraction:g} holds out no image of {train.name} "
+                        f"({len(train)} images): raise it or add images")
+    return train.subset(keep, "train"), train.subset(held, f"train[{val_fraction:g}]")
+
+
+@dataclass
+class EvaluationSplits:
+    """A fit split and a test split that share no image (a protocol that fits on one and tests on the other)."""
+
+    train: ImageSplit
+    test: ImageSplit
+    test_source: str  # where the test images come from, in words: printed and recorded with the result
+    val_fraction: float | None  # the held-out share of train, None when the test split is a split of its own
+
+    def record(self) -> dict:
+        """What a result file records about the split."""
+        held = {"val_fraction": self.val_fraction, "holdout_seed": HOLDOUT_SEED} if self.val_fraction else {}
+        return {"test_split": self.test_source, "train_images": len(self.train), "test_images": len(self.test),
+                **held}
+
+
+def evaluation_splits(
+    data: str, val_fraction: float | None = None, class_names: list[str] | None = None, strict: bool = False
+) -> EvaluationSplits:
+    """Train and test splits for few-shot evaluation. The test split is the embedded sets' test split or a
+    folder's val/; a folder without val/ (or any data, given `val_fraction`) holds out a stratified share of
+    each class of its train split instead (HOLDOUT_FRACTION by default, seed 0): testing on the images the
+    shots were drawn from would report memorisation as accuracy."""
+    has_val = data in EMBEDDED or folder_layout(Path(data))[1] is not None
+    if val_fraction is None and has_val:
+        train = load_split(data, "train", class_names, strict)
+        test = load_split(data, "val", class_names, strict)
+        source = f"the {data} test split" if data in EMBEDDED else f"{Path(data) / 'val'}"
+        return EvaluationSplits(train, test, source, None)
+    fraction = HOLDOUT_FRACTION if val_fraction is None else val_fraction
+    _check_fraction(fraction)
+    train, test = _held_out(load_split(data, "train", class_names, strict), fraction)
+    why = "" if has_val else f"; {data} has no val/"
+    source = f"{100 * fraction:g}% of each class held out from the train split (stratified, seed {HOLDOUT_SEED}{why})"
+    return EvaluationSplits(train, test, source, fraction)
+
+
+__all__ = ["Datasets", "EvaluationSplits", "build_datasets", "evaluation_splits", "load_split"]

@@ -14,7 +14,10 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
-from ..data import EvalTransform, ShardSampler, TransformedSplit, load_split, make_loader, normalize
+from ..data import EvalTransform, ImageSplit, ShardSampler, TransformedSplit, load_split, make_loader, normalize
+from ..data.datasets import evaluation_splits
+from ..data.errors import DataError
+from ..data.loader import UnreadableImages
 from ..data.transforms import FEWSHOT_RESIZE, as_size
 from .fewshot_lsr import DEFAULT_L2, FewshotResult, fewshot_on_features, representations
 
@@ -24,18 +27,35 @@ def split_features(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(features (N, D) float64, labels (N,)) of one split: the frozen `pre_logits` representation of images
     pre-processed with `resize` (FEWSHOT_RESIZE or one of the evaluation resizes) at the model's input size."""
+    return features_of(model, load_split(data, split), batch_size, workers, resize)
+
+
+def features_of(
+    model: nn.Module, images: ImageSplit, batch_size: int = 256, workers: int = 0, resize: str = FEWSHOT_RESIZE
+) -> tuple[np.ndarray, np.ndarray]:
+    """`split_features` of a split already loaded. Undecodable images are left out (one warning line naming
+    them); a representation with NaN or inf values is an error, since every accuracy computed from it would be
+    meaningless."""
     device = next(model.parameters()).device
-    images = load_split(data, split)
     loader = make_loader(TransformedSplit(images, EvalTransform(as_size(model.config.image_size), resize)),
                          ShardSampler(len(images), batch_size), workers, device)
+    unreadable = UnreadableImages(loader)
 
-    def batches():  # normalised, without the padding entries of the evaluation shard
+    def batches():  # normalised, without the padding entries of the evaluation shard nor unreadable images
         for batch in loader:
+            unreadable.add(batch["bad"])
             valid = batch["valid"]
             x = normalize(batch["images"][valid].to(device), model.config.mean, model.config.std)
             yield x, batch["labels"][valid]
 
-    return representations(model, batches())
+    feats, labels = representations(model, batches())
+    unreadable.report()
+    if not len(labels):
+        raise DataError(f"no readable image in the {images.name} split of {len(images)}; check the data")
+    if not np.isfinite(feats).all():
+        raise ValueError(f"the model's representation of the {images.name} split has NaN or inf values; "
+                         "check the weights (a diverged run?) and the input normalisation")
+    return feats, labels
 
 
 def fewshot_weights(
@@ -48,11 +68,17 @@ def fewshot_weights(
     batch_size: int = 256,
     workers: int = 0,
     resize: str = FEWSHOT_RESIZE,
+    val_fraction: float | None = None,
 ) -> FewshotResult:
-    """Few-shot draws from the `train` split, accuracy on the `val` split (embedded sets: their test split)."""
-    train = split_features(model, data, "train", batch_size, workers, resize)
-    test = split_features(model, data, "val", batch_size, workers, resize)
-    return fewshot_on_features(train, test, shots, seeds, l2_reg, l2_sweep)
+    """Few-shot draws from the train split, accuracy on a test split that shares no image with it (see
+    `vitlab.data.evaluation_splits`: embedded sets' test split, a folder's val/, else a stratified held-out
+    share of train, `val_fraction` or 20%)."""
+    splits = evaluation_splits(data, val_fraction)
+    train = features_of(model, splits.train, batch_size, workers, resize)
+    test = features_of(model, splits.test, batch_size, workers, resize)
+    result = fewshot_on_features(train, test, shots, seeds, l2_reg, l2_sweep)
+    result.splits = {**splits.record(), "train_images": len(train[1]), "test_images": len(test[1])}  # as read
+    return result
 
 
 def write_json(result: FewshotResult, path: str | Path, extra: dict | None = None) -> None:

@@ -8,6 +8,7 @@ diagonal rescale. Float64 throughout: the result should not depend on the solver
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -134,9 +135,10 @@ class FewshotResult:
     l2_reg: float
     table: dict[str, dict]  # shots ("1", "5", …, "all") -> {"mean": acc, "per_seed": [acc, …]}
     sweep: dict[str, dict] | None = None  # shots -> {"l2": best value, "mean": acc}; chosen on the test set
+    splits: dict | None = None  # where the train and test images came from (EvaluationSplits.record())
 
     def to_dict(self) -> dict:
-        out = {"l2_reg": self.l2_reg, "accuracy": self.table}
+        out = {**(self.splits or {}), "l2_reg": self.l2_reg, "accuracy": self.table}
         if self.sweep:
             out["best_of_l2_sweep_chosen_on_test_optimistic"] = self.sweep
         return out
@@ -152,6 +154,25 @@ class FewshotResult:
         return "\n".join(lines)
 
 
+def check_protocol(
+    shots: tuple[int | str, ...], seeds: int, l2_reg: float, l2_sweep: list[float] | None = None
+) -> None:
+    """ValueError naming the allowed range for a setting the protocol cannot use: a shot count that is not a
+    positive integer or "all", fewer than one seed, an L2 value that is not a positive finite number (0 leaves
+    the system singular for N < D; NaN makes every accuracy meaningless)."""
+    def bad(n: object) -> bool:
+        return isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1
+
+    bad_shots = [s for s in shots if s != "all" and bad(s)]
+    if not shots or bad_shots:
+        raise ValueError(f"shots must be positive integers or 'all', got {list(shots)}")
+    if bad(seeds):
+        raise ValueError(f"seeds must be an integer >= 1, got {seeds!r}")
+    for value in (l2_reg, *(l2_sweep or [])):
+        if not (isinstance(value, (int, float, np.floating)) and math.isfinite(value) and value > 0):
+            raise ValueError(f"L2 values must be finite numbers > 0, got {value!r}")
+
+
 def fewshot_on_features(
     train: tuple[np.ndarray, np.ndarray],
     test: tuple[np.ndarray, np.ndarray],
@@ -161,7 +182,13 @@ def fewshot_on_features(
     l2_sweep: list[float] | None = None,
 ) -> FewshotResult:
     """The protocol on precomputed features: for each shot count and seed a per-class draw, one solve each."""
+    check_protocol(shots, seeds, l2_reg, l2_sweep)
     (x_tr, y_tr), (x_te, y_te) = train, test
+    for name, x in (("train", x_tr), ("test", x_te)):
+        if not len(x):
+            raise ValueError(f"the few-shot {name} split has no images")
+        if not np.isfinite(_as_numpy(x)).all():
+            raise ValueError(f"the few-shot {name} features have NaN or inf values; check the model's weights")
     num_classes = int(max(y_tr.max(), y_te.max())) + 1
     l2s = [l2_reg] + [v for v in (l2_sweep or []) if v != l2_reg]
     table, sweep = {}, {}

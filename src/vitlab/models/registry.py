@@ -85,6 +85,18 @@ def _vit(size: str, patch: int, name: str) -> ViTConfig:
     return ViTConfig(patch_size=patch, width=width, depth=depth, mlp_dim=mlp, num_heads=heads, name=name)
 
 
+def describe_architecture(config: ModelConfig) -> str:
+    """A name for an architecture that is not a listed variant, saying what it is: "ViT/4 (depth 4, width 128,
+    4 heads, MLP 256)" rather than the variant it was derived from."""
+    if isinstance(config, ViTConfig):
+        stem = f"R{sum(config.resnet.layers) * 3 + 2}+" if config.resnet is not None and config.resnet.layers else (
+            "R+" if config.resnet is not None else "")
+        gap = ", GAP" if config.classifier == "gap" else ""
+        return (f"{stem}ViT/{config.total_stride} (depth {config.depth}, width {config.width}, {config.num_heads} "
+                f"heads, MLP {config.mlp_dim}{gap})")
+    return f"BiT ResNetV2 (units per stage {list(config.layers)}, width ×{config.width_factor})"
+
+
 def build_model(config: ModelConfig) -> nn.Module:
     from .bit import BiT
     from .vit import VisionTransformer

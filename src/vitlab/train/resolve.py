@@ -154,13 +154,14 @@ def _read_config_file(path: str) -> dict[str, Any]:
 def _init_layer(layers: _Layers, init: str) -> Any:
     """What fine-tuning takes from its initial weights: their resolution, architecture name and, for weights a
     vitlab run wrote, that run's pre-processing."""
+    from ..models.registry import describe_architecture
     from ..weights.load import read_checkpoint
     from .evaluate import resolve_weights
 
     path = resolve_weights(init)
     checkpoint = read_checkpoint(path)
     config, source = checkpoint.config, f"weights {init}"
-    values: dict[str, Any] = {"model": config.name or _describe_architecture(config), "model_args": {}}
+    values: dict[str, Any] = {"model": config.name or describe_architecture(config), "model_args": {}}
     h, w = config.image_size
     if h == w:
         values["image_size"] = h
@@ -178,15 +179,6 @@ def _recorded_preprocessing(weights: Path, meta: Mapping[str, Any]) -> dict[str,
             stored = config_from_json(recorded)
             return {k: getattr(stored, k) for k in PREPROCESSING}
     return {"eval_resize": meta["eval_resize"]} if meta.get("eval_resize") else {}
-
-
-def _describe_architecture(config: Any) -> str:
-    from ..models.config import ViTConfig
-
-    if isinstance(config, ViTConfig):
-        return (f"ViT/{config.patch_size} (depth {config.depth}, width {config.width}, {config.num_heads} heads, "
-                f"MLP {config.mlp_dim})")
-    return f"BiT ResNetV2 (layers {list(config.layers)}, width ×{config.width_factor})"
 
 
 def _note_resolution_change(layers: _Layers, checkpoint: Any) -> None:

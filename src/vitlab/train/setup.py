@@ -16,7 +16,7 @@ from ..data import Datasets, EvalTransform, ShardSampler, StepSampler, TrainTran
 from ..data.errors import DataError, describe_paths
 from ..models.config import ViTConfig
 from ..models.registry import build_model as build_from_config
-from ..models.registry import model_config
+from ..models.registry import describe_architecture, model_config
 from .config import TrainConfig
 from .distributed import Dist
 
@@ -82,9 +82,8 @@ def build_model(cfg: TrainConfig, class_names: list[str], with_head: bool = True
         model = _with_config(model, model.config.replace(**_setting_changes(cfg, model.config)))
     else:
         config = model_config(cfg.model, num_classes=k, image_size=cfg.image_size, **cfg.model_args)
-        if cfg.model_args:
-            args = ", ".join(f"{key}={value}" for key, value in sorted(cfg.model_args.items()))
-            config = config.replace(name=f"{cfg.model} ({args})")
+        if cfg.model_args:  # no longer the named variant: say what it is
+            config = config.replace(name=describe_architecture(config))
         config = config.replace(**_representation(cfg, config))
         model = build_from_config(config.replace(**_setting_changes(cfg, config)))
         if cfg.head_bias_init and isinstance(model.head, nn.Linear):  # vit_jax `head_bias_init`
