@@ -27,8 +27,9 @@ _NOT_CONFIG = {"func", "verb", "verbosity", "recipe", "flip", "no_flip", "config
 
 def register(sub: argparse._SubParsersAction) -> None:
     train = sub.add_parser("train", help="train a ViT (default: a small ViT on the embedded digits, ~2 min on CPU)",
-                           description="Train with a recipe (`vitlab recipes` lists them); flags override its "
-                                       "values.", add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter)
+                           description="Train with a recipe (`vitlab recipes` lists them). A flag left out takes the "
+                                       "recipe's value (shown below for the chosen recipe; --print-config shows every "
+                                       "resolved value and its source).", add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter)
     _training_flags(train, default_recipe="demo")
     train.set_defaults(func=_train)
     tune = sub.add_parser("finetune", help="fine-tune weights (official .npz, timm, HF, vitlab) on new data",
@@ -71,14 +72,16 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
     for flag in ("depth", "width", "heads", "mlp-dim"):
         m.add_argument(f"--{flag}", type=int, help=f"override the variant's {flag}")
     m.add_argument("--image-size", type=int, help="training resolution")
-    m.add_argument("--dropout", type=float)
+    m.add_argument("--dropout", type=float,
+                   help="dropout after the position embedding and each Dense (fine-tuning: the official model config's)")
     m.add_argument("--representation-size", type=int, metavar="N",
                    help="`pre_logits` Dense(N) + tanh before the head of a model built from scratch (0: none; "
                         "pre-training recipes: the model's width)")
     m.add_argument("--mean", type=float, nargs=3, help="input mean (default: what the weights expect)")
     m.add_argument("--std", type=float, nargs=3, help="input std")
     o = p.add_argument_group("optimisation")
-    o.add_argument("--optimizer", choices=["adam", "sgd"])
+    o.add_argument("--optimizer", choices=["adam", "sgd"],
+                   help="adam (decoupled weight decay; pre-training) or sgd with momentum (fine-tuning)")
     o.add_argument("--lr", type=float, help="base learning rate")
     o.add_argument("--wd", type=float, help="decoupled weight decay")
     o.add_argument("--betas", type=float, nargs=2, help="Adam betas")
@@ -98,7 +101,7 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
                    help="softmax cross-entropy, or sigmoid cross-entropy summed over classes (upstream pre-training)")
     o.add_argument("--head-bias-init", type=float, metavar="B",
                    help="initial classifier bias of a model built from scratch (pre-training recipes: -10)")
-    o.add_argument("--label-smoothing", type=float)
+    o.add_argument("--label-smoothing", type=float, help="label smoothing in [0, 1) (the paper: 0)")
     o.add_argument("--mixup", type=float, metavar="ALPHA",
                    help="MixUp: λ ~ Beta(α, α) per step (BiT-HyperRule: 0.1 above 20k images); 0: off")
     o.add_argument("--batch-size", type=int, help="global batch size (all processes, all accumulation steps)")
@@ -108,17 +111,17 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
     r = p.add_argument_group("run")
     r.add_argument("--out", help="run directory (default runs/<recipe>-<time>)")
     r.add_argument("--resume", action="store_true", default=None, help="continue the run in --out")
-    r.add_argument("--seed", type=int)
+    r.add_argument("--seed", type=int, help="seed of the initialisation, data order and augmentation (default 0)")
     r.add_argument("--device", help="auto, cpu, cuda, cuda:N")
     r.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
     r.add_argument("--fsdp", action="store_true", default=None, help="shard parameters (FSDP2) instead of DDP")
     r.add_argument("--eval-every", type=int, help="evaluate every N steps (0: at the end)")
-    r.add_argument("--eval-batch-size", type=int)
+    r.add_argument("--eval-batch-size", type=int, help="images per evaluation batch (default 256)")
     r.add_argument("--fewshot-every", type=int,
                    help="5-shot linear accuracy of the representation every N steps (the paper's pre-training signal)")
     r.add_argument("--save-every", type=int, help="checkpoint every N steps (default: with evaluations)")
     r.add_argument("--keep-last", type=int, help="step checkpoints to keep")
-    r.add_argument("--log-every", type=int)
+    r.add_argument("--log-every", type=int, help="steps between training log lines and metrics.jsonl records")
 
 
 def training_overrides(args: argparse.Namespace) -> dict[str, Any]:
