@@ -29,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     train = sub.add_parser("train", help="train a ViT (default: a small ViT on the embedded digits, ~2 min on CPU)",
                            description="Train with a recipe (`vitlab recipes` lists them). A flag left out takes the "
                                        "recipe's value (shown below for the chosen recipe; --print-config shows every "
-                                       "resolved value and its source).", add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                       "resolved value and its source).",
+                           add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter)
     _training_flags(train, default_recipe="demo")
     train.set_defaults(func=_train)
     tune = sub.add_parser("finetune", help="fine-tune weights (official .npz, timm, HF, vitlab) on new data",
@@ -73,7 +74,8 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
         m.add_argument(f"--{flag}", type=int, help=f"override the variant's {flag}")
     m.add_argument("--image-size", type=int, help="training resolution")
     m.add_argument("--dropout", type=float,
-                   help="dropout after the position embedding and each Dense (fine-tuning: the official model config's)")
+                   help="dropout after the position embedding and each Dense (fine-tuning: the official model "
+                        "config's)")
     m.add_argument("--representation-size", type=int, metavar="N",
                    help="`pre_logits` Dense(N) + tanh before the head of a model built from scratch (0: none; "
                         "pre-training recipes: the model's width)")
