@@ -73,6 +73,20 @@ FLAGS = [
     Flag("bench", "--min-time", "0.01", (*but("0"), "3601")),
     Flag("bench", "--device", "cpu", DEVICES),
     Flag("bench", "--json", "{tmp}/bench.json", ("{tmp}", "{tmp}/missing/bench.json"), says="folder"),
+    # train and finetune: BASE resolves and prints the settings (--print-config), so valid values run in ms
+    *[Flag("train", f, v) for f, v in [("--steps", "5"), ("--batch-size", "8"), ("--accum", "2"),
+                                        ("--eval-batch-size", "8"), ("--log-every", "5"), ("--keep-last", "1")]],
+    *[Flag("train", f, "0", but("0")) for f in ("--warmup", "--eval-every", "--save-every", "--fewshot-every",
+                                                 "--workers", "--seed", "--representation-size")],
+    *[Flag("train", f, "0.01", but("0", "1e30")) for f in ("--lr", "--wd", "--clip", "--linear-end", "--mixup")],
+    *[Flag("train", f, "0.1", (*but("0"), "1")) for f in ("--val-fraction", "--ema")],
+    *[Flag("train", f, "0.1", (*but("0"), "1")) for f in ("--momentum", "--label-smoothing", "--dropout")],
+    Flag("train", "--image-size", "16", (*NONSENSE, *TOO_BIG)),
+    Flag("train", "--num-classes", "10", (*NONSENSE, "1000001")),
+    Flag("train", "--head-bias-init", "-10", ("nan", "inf")),
+    *[Flag("train", f, "8") for f in ("--depth", "--width", "--heads", "--mlp-dim")],
+    Flag("train", "--device", "cpu", DEVICES),
+    Flag("finetune", "--dev-fraction", "0.02", (*NONSENSE, "1")),
 ]
 
 
@@ -94,6 +108,9 @@ BASE = {
     "analyze": lambda e: ["analyze", "--weights", str(e.weights), "--out", str(e.tmp / "figs"), "--num-images", "1"],
     "convert": lambda e: ["convert", str(e.weights), str(e.tmp / "converted.safetensors")],
     "models": lambda e: ["models"],
+    "train": lambda e: ["train", "--print-config", "--out", str(e.tmp / "run")],
+    "finetune": lambda e: ["finetune", "--print-config", "--init", str(e.weights), "--data", "digits", "--out",
+                           str(e.tmp / "ft")],
     "bench": lambda e: ["bench", "--model", "ViT-Ti/16", "--batch-size", "1", "--image-size", "32", "--repeats", "1",
                         "--warmup", "0", "--min-time", "0", "--threads", "1", "--mode", "infer"],
 }

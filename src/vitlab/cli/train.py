@@ -14,6 +14,18 @@ from typing import Any
 
 from . import UserError
 from .recipes import RecipeHelp
+from .types import (
+    class_count,
+    device_name,
+    finite_float,
+    float_range,
+    fraction,
+    image_size,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 
 EVAL_RESIZE_HELP = ("evaluation pre-processing: official (whole image to the input size, aspect ignored; vit_jax), "
                     "big_vision (short side to 8/7 of it: 256 for 224, 448 for 384; central crop), "
@@ -57,11 +69,12 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
       help="print every resolved setting with where its value came from (recipe, weights, preset, flag), then exit")
     g = p.add_argument_group("data")
     g.add_argument("--data", help="embedded dataset (digits, mnist) or image folder root/[train|val]/<class>/")
-    g.add_argument("--val-fraction", type=float, help="hold out this fraction of train for validation")
+    g.add_argument("--val-fraction", type=fraction, help="hold out this fraction of train for validation")
     g.add_argument("--strict", action="store_true", default=None, help="unreadable images are fatal")
-    g.add_argument("--num-classes", type=int, help="expected class count (checked against the data)")
-    g.add_argument("--workers", type=int, help="data-loading processes (default: CPUs - 1, at most 8)")
-    g.add_argument("--crop-scale", type=float, nargs=2, metavar=("MIN", "MAX"), help="inception-crop area range")
+    g.add_argument("--num-classes", type=class_count, help="expected class count (checked against the data)")
+    g.add_argument("--workers", type=non_negative_int, help="data-loading processes (default: CPUs - 1, at most 8)")
+    g.add_argument("--crop-scale", type=float_range(0.0, 1.0, low_open=True), nargs=2, metavar=("MIN", "MAX"),
+                   help="inception-crop area range")
     g.add_argument("--train-crop", choices=TRAIN_CROPS,
                    help="inception: TF's sample_distorted_bounding_box (official code); inception-subpixel: "
                         "uniform area, fractional boxes (tiny images); resize-random-crop: BiT-HyperRule")
@@ -71,59 +84,62 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
     m = p.add_argument_group("model")
     m.add_argument("--model", help="variant name, e.g. ViT-B/16 (`vitlab models`)")
     for flag in ("depth", "width", "heads", "mlp-dim"):
-        m.add_argument(f"--{flag}", type=int, help=f"override the variant's {flag}")
-    m.add_argument("--image-size", type=int, help="training resolution")
-    m.add_argument("--dropout", type=float,
+        m.add_argument(f"--{flag}", type=positive_int, help=f"override the variant's {flag}")
+    m.add_argument("--image-size", type=image_size, help="training resolution")
+    m.add_argument("--dropout", type=float_range(0.0, 1.0, high_open=True),
                    help="dropout after the position embedding and each Dense (fine-tuning: the official model "
                         "config's)")
-    m.add_argument("--representation-size", type=int, metavar="N",
+    m.add_argument("--representation-size", type=non_negative_int, metavar="N",
                    help="`pre_logits` Dense(N) + tanh before the head of a model built from scratch (0: none; "
                         "pre-training recipes: the model's width)")
-    m.add_argument("--mean", type=float, nargs=3, help="input mean (default: what the weights expect)")
-    m.add_argument("--std", type=float, nargs=3, help="input std")
+    m.add_argument("--mean", type=finite_float, nargs=3, help="input mean (default: what the weights expect)")
+    m.add_argument("--std", type=positive_float, nargs=3, help="input std")
     o = p.add_argument_group("optimisation")
     o.add_argument("--optimizer", choices=["adam", "sgd"],
                    help="adam (decoupled weight decay; pre-training) or sgd with momentum (fine-tuning)")
-    o.add_argument("--lr", type=float, help="base learning rate")
-    o.add_argument("--wd", type=float, help="decoupled weight decay")
-    o.add_argument("--betas", type=float, nargs=2, help="Adam betas")
-    o.add_argument("--momentum", type=float, help="SGD momentum")
-    o.add_argument("--warmup", type=int, help="linear warm-up steps")
+    o.add_argument("--lr", type=non_negative_float, help="base learning rate")
+    o.add_argument("--wd", type=non_negative_float, help="decoupled weight decay")
+    o.add_argument("--betas", type=float_range(0.0, 1.0, high_open=True), nargs=2, help="Adam betas")
+    o.add_argument("--momentum", type=float_range(0.0, 1.0, high_open=True), help="SGD momentum")
+    o.add_argument("--warmup", type=non_negative_int, help="linear warm-up steps")
     o.add_argument("--decay", choices=["linear", "cosine", "step"],
                    help="after warm-up: linear (to --linear-end), cosine (to 0), or step (x0.1 at --lr-drops)")
-    o.add_argument("--linear-end", type=float, help="LR at the end of linear decay (official pre-training: 1e-5)")
-    o.add_argument("--lr-drops", type=float, nargs="*", metavar="F",
+    o.add_argument("--linear-end", type=non_negative_float,
+                   help="LR at the end of linear decay (official pre-training: 1e-5)")
+    o.add_argument("--lr-drops", type=fraction, nargs="*", metavar="F",
                    help="step decay: fractions of --steps after which the LR drops x0.1 (BiT-HyperRule 0.3 0.6 0.9)")
-    o.add_argument("--clip", type=float, help="global gradient-norm clipping (0: off)")
+    o.add_argument("--clip", type=non_negative_float, help="global gradient-norm clipping (0: off)")
     o.add_argument("--objective", choices=["classify", "mpp"],
                    help="classify (default) or mpp: masked patch prediction, self-supervised (recipe mpp)")
     o.add_argument("--mpp-target", choices=["mean-color", "mean-color-4x4", "pixels"],
                    help="mpp: 3-bit mean colour (paper), its 4x4 downsized variant, or L2 on the pixels")
     o.add_argument("--loss", choices=["softmax", "sigmoid"],
                    help="softmax cross-entropy, or sigmoid cross-entropy summed over classes (upstream pre-training)")
-    o.add_argument("--head-bias-init", type=float, metavar="B",
+    o.add_argument("--head-bias-init", type=finite_float, metavar="B",
                    help="initial classifier bias of a model built from scratch (pre-training recipes: -10)")
-    o.add_argument("--label-smoothing", type=float, help="label smoothing in [0, 1) (the paper: 0)")
-    o.add_argument("--mixup", type=float, metavar="ALPHA",
+    o.add_argument("--label-smoothing", type=float_range(0.0, 1.0, high_open=True),
+                   help="label smoothing in [0, 1) (the paper: 0)")
+    o.add_argument("--mixup", type=non_negative_float, metavar="ALPHA",
                    help="MixUp: λ ~ Beta(α, α) per step (BiT-HyperRule: 0.1 above 20k images); 0: off")
-    o.add_argument("--batch-size", type=int, help="global batch size (all processes, all accumulation steps)")
-    o.add_argument("--accum", type=int, help="gradient accumulation steps")
-    o.add_argument("--steps", type=int, help="optimiser steps")
-    o.add_argument("--ema", type=float, help="Polyak/EMA decay for the evaluated weights, e.g. 0.9999")
+    o.add_argument("--batch-size", type=positive_int, help="global batch size (all processes, all accumulation steps)")
+    o.add_argument("--accum", type=positive_int, help="gradient accumulation steps")
+    o.add_argument("--steps", type=positive_int, help="optimiser steps")
+    o.add_argument("--ema", type=fraction, help="Polyak/EMA decay for the evaluated weights, e.g. 0.9999")
     r = p.add_argument_group("run")
     r.add_argument("--out", help="run directory (default runs/<recipe>-<time>)")
     r.add_argument("--resume", action="store_true", default=None, help="continue the run in --out")
-    r.add_argument("--seed", type=int, help="seed of the initialisation, data order and augmentation (default 0)")
-    r.add_argument("--device", help="auto, cpu, cuda, cuda:N")
+    r.add_argument("--seed", type=non_negative_int,
+                   help="seed of the initialisation, data order and augmentation (default 0)")
+    r.add_argument("--device", type=device_name, help="auto, cpu, cuda, cuda:N (default auto: CUDA when available)")
     r.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
     r.add_argument("--fsdp", action="store_true", default=None, help="shard parameters (FSDP2) instead of DDP")
-    r.add_argument("--eval-every", type=int, help="evaluate every N steps (0: at the end)")
-    r.add_argument("--eval-batch-size", type=int, help="images per evaluation batch (default 256)")
-    r.add_argument("--fewshot-every", type=int,
+    r.add_argument("--eval-every", type=non_negative_int, help="evaluate every N steps (0: at the end)")
+    r.add_argument("--eval-batch-size", type=positive_int, help="images per evaluation batch (default 256)")
+    r.add_argument("--fewshot-every", type=non_negative_int,
                    help="5-shot linear accuracy of the representation every N steps (the paper's pre-training signal)")
-    r.add_argument("--save-every", type=int, help="checkpoint every N steps (default: with evaluations)")
-    r.add_argument("--keep-last", type=int, help="step checkpoints to keep")
-    r.add_argument("--log-every", type=int, help="steps between training log lines and metrics.jsonl records")
+    r.add_argument("--save-every", type=non_negative_int, help="checkpoint every N steps (default: with evaluations)")
+    r.add_argument("--keep-last", type=positive_int, help="step checkpoints to keep")
+    r.add_argument("--log-every", type=positive_int, help="steps between training log lines and metrics.jsonl records")
 
 
 def training_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -206,7 +222,7 @@ def _protocol_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lr-sweep", type=_lr_list, metavar="LR,LR,...",
                    help="fine-tune once per learning rate on train minus the dev split, choose the best on dev, "
                         "report its test (val split) accuracy; writes sweep.json and sweep.png in --out")
-    g.add_argument("--dev-fraction", type=float,
+    g.add_argument("--dev-fraction", type=fraction,
                    help="share of each training class held out as the sweep's dev split (paper: 0.02 CIFAR, "
                         "0.1 Pets/Flowers, 0.01 ImageNet)")
     g.add_argument("--refit", action="store_true", default=None,

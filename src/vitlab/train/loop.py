@@ -330,7 +330,8 @@ class Trainer:
 
             encoder = getattr(self.model, "encoder", self.model)  # self-supervision: the ViT inside
             with self.ema.applied(self.model) if self.ema is not None else nullcontext():
-                accuracy = fewshot_weights(encoder, self.cfg.data, shots=(5,), seeds=3).table["5"]["mean"]
+                accuracy = fewshot_weights(encoder, self.cfg.data, shots=(5,), seeds=3,
+                                           val_fraction=self.cfg.val_fraction).table["5"]["mean"]
             self.log.record({"step": self.step, "split": "fewshot", "5shot": accuracy})
             self.log.message(f"step {self.step}: 5-shot linear accuracy {100 * accuracy:.2f}% on {self.cfg.data}")
         barrier()
