@@ -20,6 +20,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .types import OneLineParser  # argparse errors as one line, like the verbs' own
 
     parser = OneLineParser(prog="vitlab", description="Vision Transformers exact to the paper.")
+    loud = parser.add_mutually_exclusive_group()
+    loud.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const=-1, default=0,
+                      help="warnings and errors only, no progress bars (results are still printed)")
+    loud.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=1,
+                      help="also debug messages. Progress bars appear only on a terminal")
     sub = parser.add_subparsers(dest="verb", metavar="<verb>")
     sub.required = True
     for name in VERB_MODULES:
@@ -29,7 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from ..progress import set_verbosity
     from ..weights.errors import WeightsError
+
+    set_verbosity(args.verbosity)
 
     try:
         result = args.func(args)

@@ -1,25 +1,71 @@
 """What a run reports: `metrics.jsonl` (one JSON object per line), `curves.png`, TensorBoard events when
-tensorboard is installed, and progress on the console (a tqdm bar on a terminal, plain lines otherwise).
-Only the main process (rank 0) creates one of these."""
+tensorboard is installed (`pip install vitlab[tb]`), a Weights & Biases run when asked (`enable_wandb`), and
+progress on the console (a tqdm bar on a terminal unless `vitlab -q`, plain lines otherwise). Only the main
+process (rank 0) creates one of these."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from ..progress import bars_enabled
+
 log = logging.getLogger("vitlab.train")
+
+_WANDB: dict[str, Any] = {"enabled": False, "project": None}
+
+
+def enable_wandb(project: str | None = None) -> None:
+    """Log every later run of this process to Weights & Biases as well (`vitlab train --wandb`). Offline unless
+    WANDB_MODE says otherwise: nothing is sent, nothing asks for a login; `wandb sync RUN/wandb/offline-run-*`
+    uploads later. Needs the wandb package (`pip install vitlab[wandb]`)."""
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        raise ValueError("--wandb needs the wandb package: pip install 'vitlab[wandb]'") from None
+    _WANDB.update(enabled=True, project=project)
 
 
 def _tensorboard(run_dir: Path) -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # tensorboard is optional
+    except ImportError:  # tensorboard is optional: pip install vitlab[tb]
         return None
     return SummaryWriter(str(run_dir / "tensorboard"))
+
+
+class WandbWriter:
+    """The two calls RunLog makes of a TensorBoard writer, sent to a W&B run. The run's config is the run
+    directory's config.json; its files go under RUN/wandb."""
+
+    def __init__(self, run_dir: Path, project: str | None = None):
+        import wandb
+
+        config_path = run_dir / "config.json"
+        config = json.loads(config_path.read_text()) if config_path.exists() else {}
+        mode = os.environ.get("WANDB_MODE", "offline")  # never online unless the user says so
+        self.run = wandb.init(project=project or os.environ.get("WANDB_PROJECT", "vitlab"), name=run_dir.name,
+                              dir=str(run_dir), config=config, mode=mode)
+        log.info("Weights & Biases: %s run in %s", mode, run_dir / "wandb")
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        self.run.log({tag: value}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def scalar_writers(run_dir: Path, wandb_project: str | None = None, wandb: bool | None = None) -> list[Any]:
+    """The trackers of one run: TensorBoard when installed, W&B when enabled (`enable_wandb` or wandb=True)."""
+    writers = [w for w in [_tensorboard(run_dir)] if w is not None]
+    if _WANDB["enabled"] if wandb is None else wandb:
+        writers.append(WandbWriter(run_dir, wandb_project or _WANDB["project"]))
+    return writers
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:
@@ -36,26 +82,26 @@ class RunLog:
         self.enabled, self.total, self.run_dir = enabled, total_steps, run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
         self.bar = None
-        self.writer = None
+        self.writers: list[Any] = []
         self._t0, self._step0 = time.perf_counter(), start_step
         if not enabled:
             return
         truncate_metrics(self.metrics_path, start_step)
-        self.writer = _tensorboard(run_dir)
-        if sys.stderr.isatty():
+        self.writers = scalar_writers(run_dir)
+        if bars_enabled():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+            self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, file=sys.stderr)
 
     def record(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        if self.writer is not None:
-            for key, value in record.items():
-                if key not in ("step", "split") and isinstance(value, int | float):
-                    self.writer.add_scalar(f"{record['split']}/{key}", value, record["step"])
+        for key, value in record.items():
+            if key not in ("step", "split") and isinstance(value, int | float) and not isinstance(value, bool):
+                for writer in self.writers:
+                    writer.add_scalar(f"{record['split']}/{key}", value, record["step"])
 
     def train(self, step: int, stats: dict[str, float], show: bool) -> None:
         """Progress every step on a bar; a line every log interval (show=True) otherwise."""
@@ -87,8 +133,9 @@ class RunLog:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-        if self.writer is not None:
-            self.writer.close()
+        for writer in self.writers:
+            writer.close()
+        self.writers = []
 
 
 def _duration(seconds: float) -> str:
