@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 from .train import EVAL_RESIZE_HELP
 from .types import device_name, non_negative_int, positive_int
@@ -21,40 +23,84 @@ def _register_eval(sub: argparse._SubParsersAction) -> None:
                        description="Evaluate weights (file, checkpoint or run directory) on a dataset split.")
     p.add_argument("--weights", required=True, help="weights file, checkpoint directory or run directory")
     p.add_argument("--data", required=True, help="embedded dataset (digits, mnist) or image folder")
-    p.add_argument("--split", default="val", choices=["val", "train"], help="embedded sets: val = test split")
+    p.add_argument("--split", default="val", choices=["val", "train"],
+                   help="split to evaluate (default val; embedded sets: their test split)")
     p.add_argument("--eval-resize", choices=EVAL_RESIZES,
                    help=EVAL_RESIZE_HELP + ". Default: the one recorded with vitlab weights, else official")
-    p.add_argument("--batch-size", type=positive_int, default=256)
-    p.add_argument("--workers", type=non_negative_int, default=0)
-    p.add_argument("--device", type=device_name, default="auto")
-    p.add_argument("--confusion", default="confusion.png", help="where to write the confusion-matrix PNG")
+    p.add_argument("--batch-size", type=positive_int, default=256, help="images per forward pass (default 256)")
+    p.add_argument("--workers", type=non_negative_int, default=0,
+                   help="data-loading processes (default 0: in this process)")
+    p.add_argument("--device", type=device_name, default="auto",
+                   help="cpu, cuda or cuda:N (default auto: CUDA when available)")
+    p.add_argument("--confusion", metavar="PATH",
+                   help="write the confusion-matrix PNG here (default: confusion.png in --out, else in the run "
+                        "directory the weights come from, else no figure)")
+    p.add_argument("--out", metavar="DIR",
+                   help="folder for metrics.json and confusion.png (created if needed)")
     p.add_argument("--strict", action="store_true", help="unreadable images are fatal")
-    p.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    p.add_argument("--json", action="store_true",
+                   help="print the metrics as JSON (top1/top5 as fractions in [0, 1]; the text output is in %%)")
     p.set_defaults(func=_eval)
 
 
 def _eval(args: argparse.Namespace) -> int:
+    """Metrics first, files after: a destination that cannot be written costs the figure, never the numbers."""
     from ..train import evaluate_weights
+    from ..train.evaluate import confusion_destination
 
     r = evaluate_weights(args.weights, args.data, args.split, args.batch_size, args.workers, args.device,
-                         args.confusion, args.strict, args.eval_resize)
-    if args.json:
-        print(json.dumps({**r.metrics, "eval_resize": r.eval_resize, "confusion_png": str(r.confusion_png)}))
-    else:
-        m = r.metrics
+                         None, args.strict, args.eval_resize)
+    record = {**r.metrics, "eval_resize": r.eval_resize, "weights": str(args.weights), "data": args.data,
+              "split": args.split}
+    m = r.metrics
+    if not args.json:
         print(f"top-1 {100 * m['top1']:.2f}%  top-5 {100 * m['top5']:.2f}%  loss {m['loss']:.4f}  "
-              f"({m['count']} images)  eval resize: {r.eval_resize}")
+              f"({m['count']} images)  eval resize: {r.eval_resize}", flush=True)
+    png = confusion_destination(args.weights, args.confusion, args.out)
+    failures = _write_outputs(args, r, record, png)
+    if args.json:
+        print(json.dumps({**record, "confusion_png": None if r.confusion_png is None else str(r.confusion_png)}))
+    elif r.confusion_png is not None:
         print(f"confusion matrix: {r.confusion_png}")
-    return 0
+    elif png is None:
+        print("confusion matrix: not written (pass --confusion PATH or --out DIR)")
+    for failure in failures:
+        print(f"vitlab eval: warning: {failure}; the metrics above are complete", file=sys.stderr)
+    return 2 if failures else 0
+
+
+def _write_outputs(args: argparse.Namespace, r, record: dict, png) -> list[str]:
+    """Write metrics.json (--out) and the figure; returns one line per file that could not be written."""
+    from ..outputs import atomic_write
+    from ..train.evaluate import write_confusion
+
+    failures = []
+    if args.out:
+        path = Path(args.out) / "metrics.json"
+        text = json.dumps(record, indent=2) + "\n"
+        try:
+            atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+        except OSError as err:
+            failures.append(f"cannot write {path}: {err.strerror or err}")
+    if png is not None:
+        try:
+            write_confusion(r, png, f"Confusion matrix: {args.data} ({args.split}), top-1 "
+                                    f"{100 * r.metrics['top1']:.2f}%")
+        except OSError as err:
+            failures.append(f"cannot write the confusion matrix to {png}: {err.strerror or err}")
+    return failures
 
 
 def _register_predict(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="top-5 classes of images", description="Classify images with weights.")
     p.add_argument("--weights", required=True, help="weights file, checkpoint directory or run directory")
     p.add_argument("images", nargs="+", help="image files")
-    p.add_argument("--top-k", type=positive_int, default=5, help="classes shown per image (at most the model's)")
-    p.add_argument("--device", type=device_name, default="auto")
-    p.add_argument("--json", action="store_true", help="one JSON document with every image's predictions")
+    p.add_argument("--top-k", type=positive_int, default=5,
+                   help="classes shown per image (default 5; at most the model's class count)")
+    p.add_argument("--device", type=device_name, default="auto",
+                   help="cpu, cuda or cuda:N (default auto: CUDA when available)")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON document with every image's predictions (probabilities as fractions in [0, 1])")
     p.set_defaults(func=_predict)
 
 
@@ -66,6 +112,6 @@ def _predict(args: argparse.Namespace) -> int:
         print(json.dumps(results, indent=1))
         return 0
     for r in results:
-        tops = ", ".join(f"{t['class']} {t['probability']:.3f}" for t in r["top"])
+        tops = ", ".join(f"{t['class']} {100 * t['probability']:.1f}%" for t in r["top"])
         print(f"{r['image']}: {tops}")
     return 0

@@ -74,17 +74,18 @@ def per_class_accuracy(confusion: torch.Tensor) -> torch.Tensor:
 def plot_confusion_matrix(
     confusion: torch.Tensor, class_names: list[str], path: str | Path, title: str = "Confusion matrix"
 ) -> Path:
-    """A PNG of the row-normalised matrix; counts are written in the cells when there are few classes."""
-    import matplotlib
+    """A PNG of the row-normalised matrix (each true class's row sums to 100%); counts are written in the cells
+    when there are few classes. Written atomically: a failed write leaves no partial file (OSError is raised)."""
+    from matplotlib.figure import Figure  # the object API: no pyplot global state, no display backend
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..outputs import atomic_write
 
     cm = confusion.cpu().double()
     k = cm.shape[0]
     norm = cm / cm.sum(dim=1, keepdim=True).clamp(min=1)
     size = min(4 + 0.4 * k, 24)
-    fig, ax = plt.subplots(figsize=(size, size))
+    fig = Figure(figsize=(size, size), layout="constrained")
+    ax = fig.subplots()
     ax.imshow(norm.numpy(), cmap="Blues", vmin=0, vmax=1)
     if k <= 50:  # beyond that, tick labels and numbers are unreadable
         ax.set_xticks(range(k), class_names, rotation=90)
@@ -97,9 +98,6 @@ def plot_confusion_matrix(
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
     ax.set_title(title)
-    fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
     return path

@@ -17,7 +17,8 @@ from ..data.errors import DataError
 from ..data.loader import UnreadableImages
 from ..data.sources import DECODE_ERRORS, ImageSplit
 from ..eval.metrics import ClassificationMeter, plot_confusion_matrix, require_finite
-from .checkpoint import recorded_eval_resize
+from ..progress import progress as progress_bar
+from .checkpoint import CHECKPOINTS, recorded_eval_resize
 from .distributed import all_reduce, pick_device
 
 
@@ -36,14 +37,16 @@ def per_image_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str = "soft
 @torch.no_grad()
 def evaluate(
     model: nn.Module, loader: Any, device: torch.device, mean: tuple, std: tuple, num_classes: int,
-    loss_kind: str = "softmax", confusion: bool = False,
+    loss_kind: str = "softmax", confusion: bool = False, progress_desc: str | None = None,
 ) -> ClassificationMeter:
-    """Loss, top-1, top-5 (and the confusion matrix) over a loader; sums are reduced over processes."""
+    """Loss, top-1, top-5 (and the confusion matrix) over a loader; sums are reduced over processes.
+    `progress_desc`: show a progress bar with this label (on a terminal; see vitlab.progress)."""
     was_training = model.training
     model.eval()
     meter = ClassificationMeter(num_classes, device, confusion)
+    batches = loader if progress_desc is None else progress_bar(loader, desc=progress_desc, unit="batch")
     unreadable = UnreadableImages(loader)  # left out, not counted; fatal under --strict
-    for batch in loader:
+    for batch in batches:
         unreadable.add(batch["bad"])
         x = normalize(batch["images"].to(device, non_blocking=True), mean, std)
         y = batch["labels"].to(device, non_blocking=True)
@@ -82,21 +85,52 @@ def load_for_inference(weights: str | Path, device: torch.device) -> tuple[nn.Mo
 
 @dataclass
 class EvalResult:
-    metrics: dict[str, float]  # loss, top1, top5, count
+    metrics: dict[str, float]  # loss, top1, top5 (fractions in [0, 1]), count
     confusion: torch.Tensor  # (K, K) rows: true class
     class_names: list[str]
     confusion_png: Path | None
     eval_resize: str = "official"  # the pre-processing used (data.transforms.EVAL_RESIZES)
 
 
+def run_directory(weights: str | Path) -> Path | None:
+    """The training run a weights argument belongs to: the run directory itself, a checkpoint directory in it
+    (run/checkpoints/step_N) or a file directly in it (run/best.safetensors); None for anything else."""
+    path = Path(weights)
+    if path.is_file():
+        path = path.parent
+    if path.parent.name == CHECKPOINTS and (path / "manifest.json").exists():
+        path = path.parent.parent
+    is_run = path.is_dir() and ((path / "metrics.jsonl").exists() or (path / CHECKPOINTS).is_dir())
+    return path if is_run else None
+
+
+def confusion_destination(weights: str | Path, confusion: str | Path | None, out: str | Path | None) -> Path | None:
+    """Where `vitlab eval` writes its confusion-matrix figure: --confusion PATH if given, else DIR/confusion.png
+    for --out DIR, else confusion.png in the run directory the weights come from; None (no figure) otherwise:
+    never the working directory unless asked."""
+    if confusion:
+        return Path(confusion)
+    if out:
+        return Path(out) / "confusion.png"
+    run = run_directory(weights)
+    return run / "confusion.png" if run is not None else None
+
+
+def write_confusion(result: EvalResult, path: str | Path, title: str = "Confusion matrix") -> Path:
+    """The row-normalised confusion matrix as a PNG (atomic); sets result.confusion_png. OSError if the
+    destination cannot be written."""
+    result.confusion_png = plot_confusion_matrix(result.confusion, result.class_names, path, title)
+    return result.confusion_png
+
+
 def evaluate_weights(
     weights: str | Path, data: str, split: str = "val", batch_size: int = 256, workers: int = 0,
     device: str = "auto", confusion_png: str | Path | None = None, strict: bool = False,
-    eval_resize: str | None = None,
+    eval_resize: str | None = None, progress: bool = True,
 ) -> EvalResult:
-    """`vitlab eval`: top-1/top-5/loss of saved weights on a dataset split, and a confusion-matrix PNG.
-    `eval_resize` None: the resize the weights were evaluated with in training (recorded in vitlab weights),
-    else "official"."""
+    """`vitlab eval`: top-1/top-5/loss of saved weights on a dataset split, and (with `confusion_png`) a
+    confusion-matrix PNG. `eval_resize` None: the resize the weights were evaluated with in training (recorded
+    in vitlab weights), else "official". `progress`: a bar on a terminal."""
     dev = pick_device(device)
     model, names = load_for_inference(weights, dev)
     has_names = getattr(model, "class_names", None) is not None
@@ -113,10 +147,12 @@ def evaluate_weights(
     loader = make_loader(TransformedSplit(data_split, transform), ShardSampler(len(data_split), batch_size),
                          workers, dev)
     meter = evaluate(model, loader, dev, model.config.mean, model.config.std, model.config.num_classes,
-                     confusion=True)
+                     confusion=True, progress_desc=f"eval {split}" if progress else None)
     metrics = require_finite(meter.result(), f"evaluation of {weights} on {data} {split}")
-    png = plot_confusion_matrix(meter.confusion, names, confusion_png) if confusion_png else None
-    return EvalResult(metrics, meter.confusion.cpu(), names, png, resize)
+    result = EvalResult(metrics, meter.confusion.cpu(), names, None, resize)
+    if confusion_png:
+        write_confusion(result, confusion_png)
+    return result
 
 
 @torch.no_grad()
@@ -130,7 +166,7 @@ def predict(weights: str | Path, images: list[str], top_k: int = 5, device: str 
     transform = EvalTransform(model.config.image_size, recorded_eval_resize(resolve_weights(weights)))
     split = ImageSplit("predict", torch.zeros(len(images), dtype=torch.long).numpy(), names, paths=list(images))
     results = []
-    for i, path in enumerate(images):
+    for i, path in enumerate(progress_bar(images, desc="predict", unit="img")):
         try:
             arr = transform(split.load(i, transform.min_source_size))
         except (FileNotFoundError, *DECODE_ERRORS) as err:
