@@ -60,7 +60,7 @@ def test_ratios_pair_the_repeats(result: bench.BenchResult) -> None:
 def test_report_and_json(result: bench.BenchResult) -> None:
     table = result.table()
     assert "| vitlab | ViT-Ti/16 | infer |" in table and "| timm | vit_tiny_patch16_224 | train |" in table
-    assert "vitlab/timm train: median" in table
+    assert "vitlab/timm train: per repeat " in table and "timed back to back" in table
     d = json.loads(json.dumps(result.to_dict()))
     assert d["environment"]["torch"] == torch.__version__ and d["environment"]["threads"] == 1
     assert len(d["measurements"]) == 4 and d["ratios"]["infer"]["median"] > 0
@@ -188,3 +188,32 @@ def test_cli_bench_user_errors(argv: list[str], capsys: pytest.CaptureFixture[st
     assert code == 2
     err = capsys.readouterr().err
     assert err.startswith("vitlab bench: error:") and err.count("\n") == 1
+
+
+def _paired(ours: list[float], theirs: list[float]) -> bench.BenchResult:
+    """A result with hand-set img/s (no timing): vitlab and timm training, repeats paired in order."""
+    settings = BenchSettings(model="ViT-Ti/16", modes=("train",), compare="timm", repeats=len(ours))
+    result = bench.BenchResult(settings, {"precision": "fp32", "threads": 1}, 100.0)
+    for impl, ips in (("vitlab", ours), ("timm", theirs)):
+        result.measurements.append(bench.Measurement(impl, impl, "train", ips, 10**9, 10**9, 100.0))
+    return result
+
+
+def test_summary_says_when_the_repeats_disagree() -> None:
+    # The case the old one-number summary hid: the median of the paired ratios says 1.091 (vitlab faster) while
+    # the img/s medians of the table say vitlab is slower (10 against 11).
+    result = _paired([10.0, 12.0, 8.0], [9.0, 11.0, 12.0])
+    r = result.ratios()["train"]
+    assert r["per_repeat"] == pytest.approx([10 / 9, 12 / 11, 8 / 12]) and r["median"] == pytest.approx(12 / 11)
+    assert r["of_medians"] == pytest.approx(10 / 11) and (r["vitlab_faster_in"], r["repeats"]) == (2, 3)
+    line = result.ratio_lines()[0]
+    assert line.startswith("vitlab/timm train: per repeat 1.111, 1.091, 0.667; median 1.091, ratio of the img/s "
+                           "medians above 0.909")
+    assert line.endswith("no consistent winner: vitlab faster in 2 of 3 repeats, slower in 1")
+    assert "their median need not equal the ratio of the medians" in result.table()
+
+
+@pytest.mark.parametrize("ours,verdict", [([11.0, 12.0], "vitlab faster in every repeat (2 of 2)"),
+                                          ([9.0, 8.0], "vitlab slower in every repeat (2 of 2)")])
+def test_summary_of_consistent_repeats(ours: list[float], verdict: str) -> None:
+    assert _paired(ours, [10.0, 10.0]).ratio_lines()[0].endswith(verdict)

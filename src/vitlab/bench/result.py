@@ -81,16 +81,39 @@ class BenchResult:
 
     def ratios(self) -> dict[str, dict[str, Any]]:
         """vitlab/other per mode. Repeats are paired (run back to back), so each pair's ratio cancels the
-        machine's slow drift; min and median are over those pairs."""
+        machine's slow drift; min and median are over those pairs. `of_medians` is the ratio of the two
+        columns' medians in the table: it can point the other way when repeats disagree."""
         out: dict[str, dict[str, Any]] = {}
         for mode in self.settings.modes:
             ours, theirs = self.get("vitlab", mode), self.get(self.settings.compare or "", mode)
             if ours is None or theirs is None:
                 continue
             pairs = [a / b for a, b in zip(ours.images_per_s, theirs.images_per_s, strict=True)]
-            out[mode] = {"median": statistics.median(pairs), "min": min(pairs), "per_repeat": pairs,
-                         "of_medians": ours.median / theirs.median}
+            out[mode] = {"median": statistics.median(pairs), "min": min(pairs), "max": max(pairs),
+                         "per_repeat": pairs, "of_medians": ours.median / theirs.median,
+                         "vitlab_faster_in": sum(p > 1 for p in pairs), "repeats": len(pairs)}
         return out
+
+    def ratio_lines(self) -> list[str]:
+        """One line per mode that says in words who was faster, then how the numbers are made."""
+        other, lines = self.settings.compare, []
+        for mode, r in self.ratios().items():
+            pairs = ", ".join(f"{v:.3f}" for v in r["per_repeat"])
+            faster, n = r["vitlab_faster_in"], r["repeats"]
+            if faster == n:
+                verdict = f"vitlab faster in every repeat ({n} of {n})"
+            elif faster == 0:
+                verdict = f"vitlab slower in every repeat ({n} of {n})"
+            else:
+                verdict = f"no consistent winner: vitlab faster in {faster} of {n} repeats, slower in {n - faster}"
+            lines.append(f"vitlab/{other} {mode}: per repeat {pairs}; median {r['median']:.3f}, ratio of the "
+                         f"img/s medians above {r['of_medians']:.3f}; {verdict}")
+        if lines:
+            lines.append(f"(vitlab img/s / {other} img/s of repeats timed back to back, so slow drift of the machine "
+                         "cancels within a pair; their median need not equal the ratio of the medians. Mixed "
+                         "directions mean the difference is within this machine's noise: raise --repeats and "
+                         "--min-time.)")
+        return lines
 
     def table(self) -> str:
         """Markdown: a header line, one row per implementation and mode, then the ratios."""
@@ -108,11 +131,7 @@ class BenchResult:
                 f"{max(m.images_per_s):.2f} | {m.macs_per_image / 1e9:.3f} | {m.gflops:.1f} | {m.pct_peak:.1f} | "
                 f"{m.executed_pct_peak:.1f} |"
             )
-        lines.append("")
-        for mode, r in self.ratios().items():
-            pairs = ", ".join(f"{v:.3f}" for v in r["per_repeat"])
-            lines.append(f"vitlab/{s.compare} {mode}: median {r['median']:.3f}, min {r['min']:.3f} "
-                         f"(per repeat: {pairs})")
+        lines += ["", *self.ratio_lines()]
         return "\n".join(lines).rstrip()
 
     def to_dict(self) -> dict[str, Any]:

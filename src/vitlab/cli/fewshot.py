@@ -39,11 +39,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "class from the train split (3 seeds), fits closed-form ridge regression, "
                                    "reports accuracy on the val/test split.")
     p.add_argument("--weights", required=True, help="weights file, folder or run directory")
-    p.add_argument("--data", default="digits", help="embedded dataset (digits, mnist) or image folder")
+    p.add_argument("--data", default="digits", help="embedded dataset (digits, mnist) or image folder (default digits)")
     p.add_argument("--shots", default="1,5,10,25", type=parse_shots,
-                   help="shots per class, comma-separated; 'all' = linear probe")
-    p.add_argument("--seeds", type=positive_int, default=3, help="random draws per shot count")
-    p.add_argument("--l2", type=positive_float, default=2.0**10, help="ridge L2 (the protocol's 2^10)")
+                   help="shots per class, comma-separated; 'all' = linear probe (default 1,5,10,25)")
+    p.add_argument("--seeds", type=positive_int, default=3, help="random draws per shot count (default 3)")
+    p.add_argument("--l2", type=positive_float, default=2.0**10, help="ridge L2 (default 1024: big_vision's 2^10)")
     p.add_argument("--l2-sweep", type=parse_floats,
                    help="also report the best of these L2 values (chosen on test: optimistic)")
     p.add_argument("--random-init", action="store_true",
@@ -53,13 +53,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "ignoring the aspect ratio, central crop 224, scaled by 8/7 for other sizes), or an "
                         "evaluation resize: official (whole image to the input size), big_vision (short side "
                         "to 8/7 of it, central crop), resize-short-crop (short side to it, central crop)")
-    p.add_argument("--batch-size", type=positive_int, default=256)
-    p.add_argument("--device", type=device_name, default="auto")
+    p.add_argument("--batch-size", type=positive_int, default=256, help="images per forward pass (default 256)")
+    p.add_argument("--device", type=device_name, default="auto",
+                   help="cpu, cuda or cuda:N (default auto: CUDA when available)")
     p.add_argument("--val-fraction", type=fraction, metavar="F",
                    help="test on this stratified share of each class of the train split (seed 0), shots drawn "
                         "from the rest (default: the folder's val/ or the embedded test split; a folder without "
                         "val/: 0.2)")
-    p.add_argument("--json", dest="json_out", type=new_file, help="also write the table as JSON here")
+    p.add_argument("--json", dest="json_out", metavar="PATH", type=new_file,
+                   help="also write the table as JSON here (accuracies as fractions in [0, 1]; printed in %%)")
     p.set_defaults(func=run)
 
 
@@ -77,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         torch.manual_seed(0)
         model = build_model(model.config).to(device).eval()
     result = fewshot_weights(model, args.data, args.shots, args.seeds, args.l2, args.l2_sweep, args.batch_size,
-                             resize=args.eval_resize, val_fraction=args.val_fraction)
+                             resize=args.eval_resize, progress=True, val_fraction=args.val_fraction)
     label = "random init of " if args.random_init else ""
     print(f"few-shot linear accuracy, {label}{args.weights} on {args.data} ({args.eval_resize} pre-processing)")
     split = result.splits

@@ -14,7 +14,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="list the named models with parameters and multiply-adds",
                        description="Every name vitlab.create_model accepts, with its parameter count (1000 "
                                    "classes) and multiply-adds per image (the paper's 'FLOPs').")
-    p.add_argument("--image-size", type=image_size, default=224, help="input size for the multiply-add count")
+    p.add_argument("--image-size", type=image_size, default=224,
+                   help="input size for the multiply-add count (default 224)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--pretrained", action="store_true", help="list the published checkpoints vitlab fetches by name")
     p.add_argument("--model", help="with --pretrained: only this architecture (e.g. ViT-B/16)")
@@ -28,18 +29,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "machine's measured GEMM peak; --compare timm measures timm's equivalent "
                                    "model interleaved in the same process on the same input.")
     p.add_argument("--model", default="ViT-S/16", help="a name from `vitlab models` (default ViT-S/16)")
-    p.add_argument("--batch-size", type=positive_int, default=32)
-    p.add_argument("--image-size", type=image_size, default=224)
+    p.add_argument("--batch-size", type=positive_int, default=32, help="images per step (default 32)")
+    p.add_argument("--image-size", type=image_size, default=224, help="input size in pixels (default 224)")
     p.add_argument("--threads", type=positive_int, help="intra-op CPU threads (default: torch's current setting)")
-    p.add_argument("--repeats", type=positive_int, default=3, help="timed repeats per implementation and mode")
+    p.add_argument("--repeats", type=positive_int, default=3,
+                   help="timed repeats per implementation and mode (default 3)")
     p.add_argument("--warmup", type=non_negative_int, default=2,
-                   help="untimed steps before timing (compilation happens here)")
-    p.add_argument("--min-time", type=float_range(0.0, 3600.0),
-                   default=1.0, help="seconds each timed repeat lasts at least")
+                   help="untimed steps before timing, compilation happens here (default 2)")
+    p.add_argument("--min-time", type=float_range(0.0, 3600.0), default=1.0,
+                   help="seconds each timed repeat lasts at least (default 1)")
     p.add_argument("--compare", choices=["timm"], help="also measure this library's equivalent model")
     p.add_argument("--compile", action="store_true", help="wrap every model with torch.compile")
-    p.add_argument("--device", type=device_name, default="cpu", help="cpu or cuda[:N] (cuda runs under bf16 autocast)")
-    p.add_argument("--mode", choices=["infer", "train", "both"], default="both")
+    p.add_argument("--device", type=device_name, default="cpu",
+                   help="cpu or cuda[:N], cuda runs under bf16 autocast (default cpu)")
+    p.add_argument("--mode", choices=["infer", "train", "both"], default="both",
+                   help="what to time: inference, training steps or both (default both)")
     p.add_argument("--no-malloc-tuning", action="store_true",
                    help="keep glibc's default of mapping large tensors afresh (page faults on every step)")
     p.add_argument("--json", metavar="OUT", type=new_file, help="also write the full result as JSON to this file")
@@ -98,7 +102,20 @@ def run_bench(args: argparse.Namespace) -> int:
         repeats=args.repeats, warmup=args.warmup, min_time=args.min_time, modes=modes, compare=args.compare,
         compile=args.compile, device=args.device, tune_malloc=not args.no_malloc_tuning,
     )
-    result = run_benchmark(settings, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    from ..progress import progress, quiet
+
+    # A bar over the timed repeats on a terminal; each repeat's img/s as a line on stderr unless -q.
+    bar = progress(total=len(modes) * args.repeats * (2 if args.compare else 1), desc="bench", unit="repeat")
+
+    def report(line: str) -> None:
+        if not quiet():
+            bar.write(line, file=sys.stderr)
+        bar.update()
+
+    try:
+        result = run_benchmark(settings, progress=report)
+    finally:
+        bar.close()
     print(result.table())
     if args.json:
         with open(args.json, "w") as f:

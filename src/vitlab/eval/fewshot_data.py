@@ -19,19 +19,22 @@ from ..data.datasets import evaluation_splits
 from ..data.errors import DataError
 from ..data.loader import UnreadableImages
 from ..data.transforms import FEWSHOT_RESIZE, as_size
+from ..progress import progress as progress_bar
 from .fewshot_lsr import DEFAULT_L2, FewshotResult, fewshot_on_features, representations
 
 
 def split_features(
-    model: nn.Module, data: str, split: str, batch_size: int = 256, workers: int = 0, resize: str = FEWSHOT_RESIZE
+    model: nn.Module, data: str, split: str, batch_size: int = 256, workers: int = 0, resize: str = FEWSHOT_RESIZE,
+    progress: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(features (N, D) float64, labels (N,)) of one split: the frozen `pre_logits` representation of images
     pre-processed with `resize` (FEWSHOT_RESIZE or one of the evaluation resizes) at the model's input size."""
-    return features_of(model, load_split(data, split), batch_size, workers, resize)
+    return features_of(model, load_split(data, split), batch_size, workers, resize, progress)
 
 
 def features_of(
-    model: nn.Module, images: ImageSplit, batch_size: int = 256, workers: int = 0, resize: str = FEWSHOT_RESIZE
+    model: nn.Module, images: ImageSplit, batch_size: int = 256, workers: int = 0, resize: str = FEWSHOT_RESIZE,
+    progress: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """`split_features` of a split already loaded. Undecodable images are left out (one warning line naming
     them); a representation with NaN or inf values is an error, since every accuracy computed from it would be
@@ -42,7 +45,7 @@ def features_of(
     unreadable = UnreadableImages(loader)
 
     def batches():  # normalised, without the padding entries of the evaluation shard nor unreadable images
-        for batch in loader:
+        for batch in progress_bar(loader, desc=f"features ({images.name})", unit="batch", enabled=progress):
             unreadable.add(batch["bad"])
             valid = batch["valid"]
             x = normalize(batch["images"][valid].to(device), model.config.mean, model.config.std)
@@ -68,14 +71,15 @@ def fewshot_weights(
     batch_size: int = 256,
     workers: int = 0,
     resize: str = FEWSHOT_RESIZE,
+    progress: bool = False,
     val_fraction: float | None = None,
 ) -> FewshotResult:
     """Few-shot draws from the train split, accuracy on a test split that shares no image with it (see
     `vitlab.data.evaluation_splits`: embedded sets' test split, a folder's val/, else a stratified held-out
-    share of train, `val_fraction` or 20%)."""
+    share of train, `val_fraction` or 20%). `progress`: a bar while features are computed (on a terminal)."""
     splits = evaluation_splits(data, val_fraction)
-    train = features_of(model, splits.train, batch_size, workers, resize)
-    test = features_of(model, splits.test, batch_size, workers, resize)
+    train = features_of(model, splits.train, batch_size, workers, resize, progress)
+    test = features_of(model, splits.test, batch_size, workers, resize, progress)
     result = fewshot_on_features(train, test, shots, seeds, l2_reg, l2_sweep)
     result.splits = {**splits.record(), "train_images": len(train[1]), "test_images": len(test[1])}  # as read
     return result

@@ -144,13 +144,14 @@ class FewshotResult:
         return out
 
     def format(self) -> str:
-        lines = [f"{'shots':>6}  {'mean':>7}  per seed   (L2 = {self.l2_reg:g})"]
+        """The table for people: accuracies in percent (to_dict keeps fractions in [0, 1])."""
+        lines = [f"{'shots':>6}  {'mean':>7}  per seed   (top-1 accuracy; L2 = {self.l2_reg:g})"]
         for shots, row in self.table.items():
-            seeds = " ".join(f"{a:.4f}" for a in row["per_seed"])
-            lines.append(f"{shots:>6}  {row['mean']:7.4f}  {seeds}")
+            seeds = " ".join(f"{100 * a:6.2f}%" for a in row["per_seed"])
+            lines.append(f"{shots:>6}  {100 * row['mean']:6.2f}%  {seeds}")
         if self.sweep:
             lines.append("best L2 of the sweep, chosen on the test set (optimistic, not the protocol's number):")
-            lines += [f"{s:>6}  {r['mean']:7.4f}  L2 = {r['l2']:g}" for s, r in self.sweep.items()]
+            lines += [f"{s:>6}  {100 * r['mean']:6.2f}%  L2 = {r['l2']:g}" for s, r in self.sweep.items()]
         return "\n".join(lines)
 
 

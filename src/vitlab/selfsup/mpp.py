@@ -149,3 +149,14 @@ class MaskedPatchPredictor(nn.Module):
     @property
     def config(self) -> ViTConfig:  # what the training loop reads: the encoder's input normalisation and architecture
         return self.encoder.config
+
+
+def validation_summary(metrics: dict[str, float], target: str) -> str:
+    """The console line of an MPP validation. Its unit is the corrupted patch, not the image: every image
+    contributes `corrupt_ratio` of its patches, and the 4×4 target scores each patch's 16 cells separately."""
+    n = metrics["count"]
+    if target == "pixels":
+        return f"val L2 loss {metrics['loss']:.4f} over {n} corrupted patches"
+    unit = "corrupted patches" if target == "mean-color" else "colour cells, 16 per corrupted patch"
+    return (f"val loss {metrics['loss']:.4f}  colour top-1 {100 * metrics['top1']:.2f}%  "
+            f"top-5 {100 * metrics['top5']:.2f}%  ({n} {unit})")

@@ -45,6 +45,11 @@ class Classification:
         """Higher is better: what best.safetensors is chosen by."""
         return metrics["top1"]
 
+    def summary(self, metrics: dict[str, float]) -> str:
+        """The validation line of the console log."""
+        return (f"val loss {metrics['loss']:.4f}  top-1 {100 * metrics['top1']:.2f}%  "
+                f"top-5 {100 * metrics['top5']:.2f}%  ({metrics['count']} images)")
+
     def split_state(self, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         return state, {}
 
@@ -103,6 +108,11 @@ class MaskedPatches(Classification):
 
     def score(self, metrics: dict[str, float]) -> float:
         return -metrics["loss"] if self.target == "pixels" else metrics["top1"]
+
+    def summary(self, metrics: dict[str, float]) -> str:
+        from ..selfsup.mpp import validation_summary
+
+        return validation_summary(metrics, self.target)
 
     def split_state(self, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         encoder = {k.removeprefix("encoder."): v for k, v in state.items() if k.startswith("encoder.")}
