@@ -56,7 +56,9 @@ def test_analyze_on_embedded_digits(tmp_path, capsys):
     assert np.array(summary["mean_attention_distance_px"]).shape == (2, 2)
     assert np.array(summary["rollout"]["maps"]).shape == (3, 8, 8)
     assert len(summary["embedding_filters"]["explained_variance_ratio"]) == 16  # 1×4×4 pixels: rank 16
-    assert summary["notes"] == []
+    assert summary["embedding_filters"]["diagnostics"]["looks_untrained"]  # a fresh model: random filters
+    assert len(summary["notes"]) == 1 and "look untrained" in summary["notes"][0]
+    assert [im["true_class"] for im in summary["input"]["images"]] == ["0", "1", "2"]  # one per class in turn
     page = (out / "index.html").read_text()
     assert all(f"src='{name}'" in page for name in FIGURES)
 

@@ -72,6 +72,72 @@ def embedding_filters(model: nn.Module, k: int = 28) -> EmbeddingFilters:
     return principal_filters(vit.patch_embed.proj.weight, k)
 
 
+# A filter bank whose first principal component explains less than this multiple of what it explains in
+# Gaussian noise of the same shape has no structure training would give it: it looks like its initialisation.
+STRUCTURE_THRESHOLD = 1.5
+
+
+def _pc1_share(samples: torch.Tensor) -> float:
+    """Share of the variance of (D, n) samples that their first principal component explains."""
+    centred = samples - samples.mean(dim=0, keepdim=True)
+    s = torch.linalg.svdvals(centred)
+    return float(s[0] ** 2 / (s**2).sum().clamp_min(1e-30))
+
+
+def _structure(part, weight: torch.Tensor, draws: int = 3) -> tuple[float, float]:
+    """(PC1 share of `part(weight)`, the same for `part` of i.i.d. Gaussian filters of weight's shape, averaged
+    over a few seeded draws): what the first component explains beyond chance."""
+    d = weight.shape[0]
+    gen = torch.Generator().manual_seed(0)
+    noise = [_pc1_share(part(torch.randn(weight.shape, generator=gen, dtype=torch.float64)).reshape(d, -1))
+             for _ in range(draws)]
+    return _pc1_share(part(weight).reshape(d, -1)), sum(noise) / draws
+
+
+def filter_diagnostics(model: nn.Module) -> dict[str, float | bool]:
+    """Numbers that tell trained patch-embedding filters from untouched ones.
+
+    - pc1_share / pc1_share_random: the first component's share of the variance, and the share it would have
+      in Gaussian noise of the same shape; trained filters concentrate variance (ViT-B/16: tens of percent
+      against about 0.5% for noise), initial ones do not (`looks_untrained`).
+    - std_over_init: the weights' std over the initial LeCun-normal std sqrt(1 / fan_in) (official init).
+    - RGB models: the same test on the grey part (mean over the channels) and on the colour differences
+      (each channel minus that mean). Trained on grey images (R = G = B) the colour differences never
+      receive a gradient and keep their initial noise while the grey part learns (`colour_untrained`).
+    """
+    vit = require_vit(model)
+    w = vit.patch_embed.proj.weight.detach().double().cpu()  # (D, C, P, P)
+    d, c, p, q = w.shape
+    share, noise = _structure(lambda t: t, w)
+    out: dict[str, float | bool] = {
+        "pc1_share": share, "pc1_share_random": noise, "looks_untrained": share < STRUCTURE_THRESHOLD * noise,
+        "std_over_init": float(w.std() / (1.0 / (c * p * q)) ** 0.5),
+    }
+    if c > 1:
+        grey, grey_noise = _structure(lambda t: t.mean(dim=1), w)
+        colour, colour_noise = _structure(lambda t: t - t.mean(dim=1, keepdim=True), w)
+        out.update(grey_pc1_share=grey, grey_pc1_share_random=grey_noise, colour_pc1_share=colour,
+                   colour_pc1_share_random=colour_noise,
+                   colour_untrained=bool(colour < STRUCTURE_THRESHOLD * colour_noise
+                                         and grey >= STRUCTURE_THRESHOLD * grey_noise))
+    return out
+
+
+def diagnostic_messages(diag: dict[str, float | bool]) -> list[str]:
+    """What a reader of the filter figure should know, in words (empty when the filters look trained)."""
+    if diag["looks_untrained"]:
+        return [f"These filters look untrained (close to random): the first component explains "
+                f"{diag['pc1_share']:.1%} of their variance, about what it explains in random filters of this shape "
+                f"({diag['pc1_share_random']:.1%}); weight std {diag['std_over_init']:.2f}x the initial one. Brief "
+                "training on small images changes the patch embedding little: the components show mostly the "
+                "initial noise. Not a bug."]
+    if diag.get("colour_untrained"):
+        return ["The colour differences of these RGB filters look untrained (like their initial noise) while "
+                "their grey-level part learned: typical of training on grey images (R = G = B), where colour "
+                "differences never receive a gradient. The components mix in that noise."]
+    return []
+
+
 def row_column_summary(similarity: torch.Tensor) -> dict[str, float | None]:
     """Mean cosine similarity of position-embedding pairs (distinct patches) that share a row, share a column,
     or share neither: a number for the row/column structure the paper's Fig. 7 (centre) shows."""

@@ -6,6 +6,9 @@ Uses matplotlib's object API (`Figure`, no pyplot): no global state, no display 
 from __future__ import annotations
 
 import math
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +17,7 @@ import torch.nn.functional as F
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
+from ..outputs import atomic_write
 from .embeddings import EmbeddingFilters
 
 MAX_DRAWN_IMAGES = 8  # more rows stop being readable; all images still count in the numbers
@@ -22,7 +26,7 @@ MAX_DRAWN_HEADS = 16
 
 def _save(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
-    fig.savefig(path, dpi=100, bbox_inches="tight")
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, bbox_inches="tight", format="png"))
     return path
 
 
@@ -52,9 +56,12 @@ def _overlay(ax, img: np.ndarray, heat: np.ndarray):
     return ax.imshow(heat, cmap="jet", alpha=0.5, vmin=0.0, vmax=1.0)
 
 
-def plot_embedding_filters(filters: EmbeddingFilters, path: str | Path, cols: int = 7) -> Path:
+def plot_embedding_filters(
+    filters: EmbeddingFilters, path: str | Path, cols: int = 7, notes: Sequence[str] = ()
+) -> Path:
     """Fig. 7 left: principal components of the patch-embedding filters as image patches (each min-max
-    scaled, as their sign and scale are arbitrary), labelled with the variance each explains."""
+    scaled, as their sign and scale are arbitrary), labelled with the variance each explains. `notes` (e.g.
+    "these filters look untrained") are printed under the components."""
     comps = filters.components.permute(0, 2, 3, 1).numpy()  # (k, P, P, C)
     k = comps.shape[0]
     rows = math.ceil(k / cols)
@@ -67,6 +74,9 @@ def plot_embedding_filters(filters: EmbeddingFilters, path: str | Path, cols: in
             ax.set_title(f"PC {i + 1}\n{float(filters.explained_variance_ratio[i]):.1%}", fontsize=8)
     kind = "RGB" if comps.shape[-1] == 3 else "Grey-level"
     fig.suptitle(f"{kind} embedding filters (first {k} principal components, % of variance)")
+    if notes:
+        text = "\n".join(textwrap.fill(note, width=max(60, 16 * cols)) for note in notes)
+        fig.supxlabel(text, fontsize=9, color="firebrick", ha="center")
     return _save(fig, path)
 
 
@@ -122,38 +132,82 @@ def plot_attention_distance(
     return _save(fig, path)
 
 
-def plot_rollout(images: np.ndarray, maps: torch.Tensor, path: str | Path, title: str) -> Path:
-    """Input images (N, H, W, C) beside their attention-rollout maps (N, gh, gw) laid over them; each map is
-    scaled by its own maximum."""
+@dataclass(frozen=True)
+class RowLabel:
+    """What a figure says about one input image: where it came from, its class, the model's answer."""
+
+    file: str
+    true_class: str | None = None
+    predicted: str | None = None  # "circle 97%"
+    correct: bool | None = None  # None: the true class is unknown
+
+    def lines(self) -> list[str]:
+        parts = [short_name(self.file)]
+        if self.true_class is not None:
+            parts.append(f"true: {self.true_class}")
+        if self.predicted is not None:
+            parts.append(f"pred: {self.predicted}")
+        return parts
+
+    @property
+    def color(self) -> str:
+        return {True: "darkgreen", False: "firebrick"}.get(self.correct, "black")
+
+
+def short_name(file: str) -> str:
+    """The last two parts of a path (class folder and file name); dataset references stay whole."""
+    parts = Path(file).parts
+    return "/".join(parts[-2:]) if len(parts) > 1 else file
+
+
+def _grid_shape(n: int) -> tuple[int, int]:
+    """(rows, columns) of images for a grid about as wide as tall: 8 images -> 3 × 3."""
+    cols = math.ceil(math.sqrt(n))
+    return math.ceil(n / cols), cols
+
+
+def plot_rollout(images: np.ndarray, maps: torch.Tensor, path: str | Path, title: str,
+                 labels: Sequence[RowLabel] = ()) -> Path:
+    """A grid of cells, one per image: the input beside its attention-rollout map (N, gh, gw) laid over it,
+    under the image's label; each map is scaled by its own maximum."""
     n = min(len(images), MAX_DRAWN_IMAGES)
     size = images.shape[1:3]
-    aspect = size[0] / size[1]  # rows as tall as the images, whatever their shape
-    fig = Figure(figsize=(5.6, 2.8 * aspect * n + 0.6), layout="constrained")
-    axes = fig.subplots(n, 2, squeeze=False)
-    mappable = None
-    for i in range(n):
-        _show_image(axes[i, 0], images[i])
+    aspect = size[0] / size[1]
+    rows, cols = _grid_shape(n)
+    fig = Figure(figsize=(3.6 * cols, (1.8 * aspect + 0.55) * rows + 0.6), layout="constrained")
+    cells = fig.subfigures(rows, cols, squeeze=False, wspace=0.04, hspace=0.04)
+    for i, cell in enumerate(cells.flat):
+        if i >= n:
+            continue
+        ax_in, ax_map = cell.subplots(1, 2)
+        _show_image(ax_in, images[i])
         heat = _upsample(maps[i], size)
-        mappable = _overlay(axes[i, 1], images[i], heat / max(float(heat.max()), 1e-12))
-    axes[0, 0].set_title("Input")
-    axes[0, 1].set_title("Attention rollout")
-    fig.suptitle(title)
-    fig.colorbar(mappable, ax=axes, fraction=0.046, pad=0.04, label="Rollout weight / image maximum")
+        _overlay(ax_map, images[i], heat / max(float(heat.max()), 1e-12))
+        ax_in.set_xlabel("input", fontsize=7)
+        ax_map.set_xlabel("rollout", fontsize=7)
+        if i < len(labels):
+            cell.suptitle("\n".join(labels[i].lines()), fontsize=8, color=labels[i].color)
+    fig.suptitle(f"{title}\nEach map scaled to its own maximum (jet: blue 0 → red maximum)")
     return _save(fig, path)
 
 
-def plot_head_maps(images: np.ndarray, maps: torch.Tensor, path: str | Path, title: str) -> Path:
-    """Per-head class-token attention (N, H, gh, gw) of one layer laid over each input; one colour scale per
-    image (its largest weight over all heads), so heads of one image compare directly."""
+def plot_head_maps(images: np.ndarray, maps: torch.Tensor, path: str | Path, title: str,
+                   labels: Sequence[RowLabel] = ()) -> Path:
+    """Per-head class-token attention (N, H, gh, gw) of one layer laid over each input, one row per image
+    labelled on the left; one colour scale per image (its largest weight over all heads), so heads of one
+    image compare directly."""
     n = min(len(images), MAX_DRAWN_IMAGES)
     heads = min(maps.shape[1], MAX_DRAWN_HEADS)
     size = images.shape[1:3]
     aspect = size[0] / size[1]
-    fig = Figure(figsize=(1.9 * (heads + 1) + 0.8, 1.9 * aspect * n + 0.7), layout="constrained")
+    fig = Figure(figsize=(1.9 * (heads + 1) + 2.4, 1.9 * aspect * n + 0.7), layout="constrained")
     axes = fig.subplots(n, heads + 1, squeeze=False)
     mappable = None
     for i in range(n):
         _show_image(axes[i, 0], images[i])
+        if i < len(labels):
+            axes[i, 0].set_ylabel("\n".join(labels[i].lines()), fontsize=8, color=labels[i].color, rotation=0,
+                                  ha="right", va="center")
         scale = max(float(maps[i].max()), 1e-12)
         for h in range(heads):
             mappable = _overlay(axes[i, h + 1], images[i], _upsample(maps[i, h], size) / scale)

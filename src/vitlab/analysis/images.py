@@ -1,10 +1,13 @@
-"""Inputs for the analyses: image files or an embedded dataset's held-out images, resized to the model's size
-and normalised with the mean/std the weights expect; and the inverse mapping back to [0, 1] for drawing."""
+"""Inputs for the analyses: image files, or held-out images of any dataset the trainer accepts (embedded sets,
+image folders), resized to the model's size and normalised with the mean/std the weights expect, each with its
+file and true class; and the inverse mapping back to [0, 1] for drawing."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,16 +52,28 @@ def _to_input(img, mode: str, image_size: tuple[int, int]) -> torch.Tensor:
     return torch.from_numpy(arr.copy()).permute(2, 0, 1)
 
 
+@dataclass
+class AnalysisInputs:
+    """What `analyze` looks at: the model inputs and, per image, where it came from."""
+
+    x: torch.Tensor  # (N, C, H, W) normalised as the weights expect
+    images: list[dict[str, Any]]  # per image: "file" (path or dataset:split[index]), "true_class" (None: unknown)
+    source: str  # where they come from, for the captions: "validation images of data/shapes"
+
+
+def _mode(config: ViTConfig) -> str:
+    return "L" if config.in_chans == 1 else "RGB"
+
+
 def load_images(paths: Sequence[str | Path], config: ViTConfig, image_size: tuple[int, int]) -> torch.Tensor:
     """Image files -> (N, C, H, W) normalised model inputs: grayscale for 1-channel models, RGB for 3."""
     from PIL import Image, UnidentifiedImageError
 
-    mode = "L" if config.in_chans == 1 else "RGB"
     batch = []
     for path in paths:
         try:
             with Image.open(path) as img:
-                batch.append(_to_input(img, mode, image_size))
+                batch.append(_to_input(img, _mode(config), image_size))
         except FileNotFoundError:
             raise FileNotFoundError(f"image not found: {path}") from None
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
@@ -68,21 +83,72 @@ def load_images(paths: Sequence[str | Path], config: ViTConfig, image_size: tupl
     return normalize(torch.stack(batch), config)
 
 
+def image_file_inputs(
+    paths: Sequence[str | Path], config: ViTConfig, image_size: tuple[int, int], class_names: Sequence[str] = ()
+) -> AnalysisInputs:
+    """Image files given directly. The true class is known when the file sits in a folder named after one of
+    the model's classes (data/val/cat/1.jpg for a model with a class "cat"), as in an image-folder dataset."""
+    x = load_images(paths, config, image_size)
+    known = set(class_names)
+    images = [{"file": str(p), "true_class": Path(p).parent.name if Path(p).parent.name in known else None}
+              for p in paths]
+    return AnalysisInputs(x, images, "image files")
+
+
+def pick_per_class(labels: np.ndarray, count: int) -> list[int]:
+    """Up to `count` indices, one per class in turn (the first image of each class, then the second, …), so
+    the figures show every class before repeating one."""
+    by_class = [np.flatnonzero(labels == c) for c in np.unique(labels)]
+    picks: list[int] = []
+    for rank in range(max((len(m) for m in by_class), default=0)):
+        for members in by_class:
+            if len(picks) < count and rank < len(members):
+                picks.append(int(members[rank]))
+    return picks
+
+
+def dataset_inputs(data: str, config: ViTConfig, image_size: tuple[int, int], count: int = 8) -> AnalysisInputs:
+    """Held-out images of any dataset the trainer accepts: an embedded set (its test split) or an image folder
+    (root/val/<class>/, a plain root/<class>/ tree, or root/train/<class>/ when there is no val/), one per
+    class in turn, labelled with their file and class."""
+    from ..data import EMBEDDED, DataError, load_split
+    from ..data.sources import DECODE_ERRORS
+
+    try:
+        split = load_split(data, "val")
+        which = "test-split images of the embedded set" if data in EMBEDDED else "validation images of"
+    except DataError as err:
+        if "missing split" not in str(err):
+            raise
+        split = load_split(data, "train")  # root/train/ without val/: the only images there are
+        which = "training images (no val/ folder) of"
+    picks = pick_per_class(split.labels, count)
+    batch, images = [], []
+    for i in picks:
+        name = split.paths[i] if split.paths is not None else f"{data}:{split.name}[{i}]"
+        try:
+            batch.append(_to_input(split.load(i), _mode(config), image_size))
+        except DECODE_ERRORS as err:
+            raise ValueError(f"cannot read image {name}: {err}") from None
+        images.append({"file": name, "true_class": split.class_names[int(split.labels[i])]})
+    return AnalysisInputs(normalize(torch.stack(batch), config), images, f"{which} {data}")
+
+
 def embedded_images(
     config: ViTConfig, image_size: tuple[int, int], count: int = 8, dataset: str = "digits"
 ) -> torch.Tensor:
     """(N, C, H, W) normalised images from the held-out split of an embedded dataset (`vitlab.data`, bundled
     with installed packages, no download), one per class in turn (0, 1, 2, …) so the figures show variety."""
-    from ..data.embedded import EMBEDDED, embedded_splits
+    from ..data.embedded import EMBEDDED
 
     if dataset not in EMBEDDED:
         raise ValueError(f"unknown embedded dataset {dataset!r}; choose from {', '.join(EMBEDDED)}")
-    _, held_out = embedded_splits(dataset)
-    by_class = [np.flatnonzero(held_out.labels == c) for c in np.unique(held_out.labels)]
-    picks = []
-    for i in range(min(count, len(held_out))):
-        members, rank = by_class[i % len(by_class)], i // len(by_class)  # the rank-th image of this class
-        if rank < len(members):
-            picks.append(int(members[rank]))
-    mode = "L" if config.in_chans == 1 else "RGB"
-    return normalize(torch.stack([_to_input(held_out.load(i), mode, image_size) for i in picks]), config)
+    return dataset_inputs(dataset, config, image_size, count).x
+
+
+def is_grey(x: torch.Tensor, config: ViTConfig) -> bool:
+    """Are these RGB model inputs grey (R = G = B to within one level of 8 bits)?"""
+    if config.in_chans != 3:
+        return False
+    pixels = torch.from_numpy(to_display(x, config))  # (N, H, W, 3) in [0, 1]
+    return bool((pixels.amax(-1) - pixels.amin(-1)).max() <= 1.5 / 255)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,17 +13,26 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..outputs import atomic_write
+from ..progress import progress
 from . import figures
 from .attention import (
     attention_distance_from_attention,
     class_token_attention_from_attention,
+    inference,
     pooled_row,
     require_vit,
     rollout_from_attention,
     run_attention,
 )
-from .embeddings import embedding_filters, position_embedding_similarity, row_column_summary
-from .images import to_display
+from .embeddings import (
+    diagnostic_messages,
+    embedding_filters,
+    filter_diagnostics,
+    position_embedding_similarity,
+    row_column_summary,
+)
+from .images import is_grey, to_display
 
 CHUNK = 16  # images per forward pass: bounds the (L, N, H, T, T) attention tensor held at once
 
@@ -41,7 +51,7 @@ def collect_attention(model: nn.Module, x: torch.Tensor, head_fusion: str, disca
     cfg = require_vit(model).config
     prefix, stride = cfg.num_prefix_tokens, cfg.total_stride
     rollouts, heads, dist_sum = [], [], None
-    for chunk in x.split(CHUNK):
+    for chunk in progress(x.split(CHUNK), desc="attention", unit="batch"):
         attn, grid = run_attention(model, chunk)  # (L, n, H, T, T)
         rolled = rollout_from_attention(attn, head_fusion, discard_ratio, prefix)  # (n, T, T)
         rollouts.append(pooled_row(rolled, prefix)[:, prefix:].reshape(-1, *grid))
@@ -60,16 +70,26 @@ def _model_summary(model: nn.Module) -> dict[str, Any]:
     }
 
 
-def _embedding_figures(model: nn.Module, grid: tuple[int, int], out: Path, summary: dict, k: int) -> list:
+def _embedding_figures(model: nn.Module, grid: tuple[int, int], out: Path, summary: dict, k: int,
+                       grey_inputs: bool) -> list:
     """Fig. 7 left and centre; each is skipped with a note where the model lacks what it draws."""
     entries = []
     try:
         filt = embedding_filters(model, k)
-        figures.plot_embedding_filters(filt, out / "embedding_filters.png")
+        diag = filter_diagnostics(model)
+        notes = diagnostic_messages(diag)
+        if grey_inputs:
+            notes.append("The analysed images are grey (R = G = B). If the model was trained on such images, the "
+                         "colour differences of its filters never received a gradient and keep their initial noise.")
+        figures.plot_embedding_filters(filt, out / "embedding_filters.png", notes=notes)
         ratios = [round(float(r), 6) for r in filt.explained_variance_ratio]
-        summary["embedding_filters"] = {"explained_variance_ratio": ratios}
+        summary["embedding_filters"] = {"explained_variance_ratio": ratios,
+                                        "diagnostics": {key: v if isinstance(v, bool) else round(v, 6)
+                                                        for key, v in diag.items()}}
+        summary["notes"] += notes
         entries.append(("embedding_filters.png", f"First {len(ratios)} principal components of the patch-embedding"
-                        f" filters (paper Fig. 7 left); together they explain {sum(ratios):.1%} of the variance."))
+                        f" filters (paper Fig. 7 left); together they explain {sum(ratios):.1%} of the variance."
+                        + "".join(f" {note}" for note in notes)))
     except ValueError as err:
         summary["embedding_filters"] = None
         summary["notes"].append(f"embedding filters skipped: {err}")
@@ -88,7 +108,8 @@ def _embedding_figures(model: nn.Module, grid: tuple[int, int], out: Path, summa
     return entries
 
 
-def _attention_figures(model: nn.Module, x: torch.Tensor, stats: AttentionStats, out: Path, summary: dict) -> list:
+def _attention_figures(model: nn.Module, x: torch.Tensor, stats: AttentionStats, out: Path, summary: dict,
+                       labels: Sequence[figures.RowLabel] = ()) -> list:
     cfg, size = model.config, tuple(x.shape[-2:])
     g = stats.grid[0] * stats.grid[1]
     uniform = float(attention_distance_from_attention(torch.ones(1, 1, g, g), stats.grid, cfg.total_stride, 0)[0])
@@ -98,10 +119,10 @@ def _attention_figures(model: nn.Module, x: torch.Tensor, stats: AttentionStats,
     images = to_display(x[:shown], cfg)
     fusion, ratio = summary["rollout"]["head_fusion"], summary["rollout"]["discard_ratio"]
     figures.plot_rollout(images, stats.rollout, out / "attention_rollout.png",
-                         f"Attention rollout ({fusion} over heads, discard ratio {ratio:g})")
+                         f"Attention rollout ({fusion} over heads, discard ratio {ratio:g})", labels)
     pooled = "class-token" if cfg.num_prefix_tokens else "mean-over-tokens"
     figures.plot_head_maps(images, stats.last_layer_heads, out / "last_layer_heads.png",
-                           f"Last layer (layer {cfg.depth}): {pooled} attention per head")
+                           f"Last layer (layer {cfg.depth}): {pooled} attention per head", labels)
     summary["uniform_attention_distance_px"] = round(uniform, 4)
     summary["mean_attention_distance_px"] = [[round(float(v), 4) for v in row] for row in stats.distance]
     summary["mean_attention_distance_per_layer_px"] = [round(float(v), 4) for v in per_layer]
@@ -131,33 +152,73 @@ def write_index(out: Path, summary: dict, entries: list[tuple[str, str]]) -> Pat
     if summary["notes"]:
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in summary["notes"]) + "</ul>")
     path = out / "index.html"
-    path.write_text("\n".join(parts) + "\n", encoding="utf-8")
+    text = "\n".join(parts) + "\n"
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     return path
+
+
+@torch.no_grad()
+def predict_classes(model: nn.Module, x: torch.Tensor, class_names: Sequence[str] | None = None) -> list[dict | None]:
+    """Per image the model's top class and its softmax probability; None for models without a classifier
+    (a self-supervised encoder)."""
+    k = model.config.num_classes
+    if not k:
+        return [None] * len(x)
+    names = list(class_names) if class_names is not None and len(class_names) == k else [str(i) for i in range(k)]
+    p = next(model.parameters())
+    with inference(model):
+        logits = [model(c.to(device=p.device, dtype=p.dtype)).float().cpu() for c in x.split(CHUNK)]
+    probs = torch.cat(logits).softmax(-1)
+    top = probs.max(dim=-1)
+    return [{"class": names[j], "index": j, "probability": round(float(v), 6)}
+            for v, j in zip(top.values.tolist(), top.indices.tolist(), strict=True)]
+
+
+def describe_images(model: nn.Module, x: torch.Tensor, images: Sequence[dict] | None,
+                    class_names: Sequence[str] | None) -> tuple[list[dict], list[figures.RowLabel]]:
+    """(summary records, figure labels): file, true class (None: unknown), prediction, and whether it is right."""
+    images = list(images) if images is not None else [{"file": f"image {i + 1}", "true_class": None}
+                                                       for i in range(len(x))]
+    records, labels = [], []
+    for item, pred in zip(images, predict_classes(model, x, class_names), strict=True):
+        true = item.get("true_class")
+        correct = None if pred is None or true is None else pred["class"] == true
+        records.append({"file": item["file"], "true_class": true,
+                        "predicted_class": None if pred is None else pred["class"],
+                        "probability": None if pred is None else pred["probability"], "correct": correct})
+        text = None if pred is None else f"{pred['class']} {100 * pred['probability']:.0f}%"
+        labels.append(figures.RowLabel(item["file"], true, text, correct))
+    return records, labels
 
 
 def analyze(
     model: nn.Module, x: torch.Tensor, out_dir: str | Path, *, head_fusion: str = "mean",
     discard_ratio: float = 0.0, components: int = 28, source: str = "images",
+    images: Sequence[dict] | None = None, class_names: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """All analyses on normalised images x (N, C, H, W): figures, summary.json and index.html in out_dir.
-    Returns the summary dict."""
+    `images`: per image {"file", "true_class"} (see analysis.images); `class_names`: the classifier's (default:
+    the model's own, else indices). Returns the summary dict."""
     vit = require_vit(model)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stats = collect_attention(vit, x, head_fusion, discard_ratio)
+    records, labels = describe_images(vit, x, images, class_names or getattr(vit, "class_names", None))
     size = list(x.shape[-2:])
     summary: dict[str, Any] = {
         "model": _model_summary(vit),
         "input": {"image_size": size, "grid": list(stats.grid), "num_images": len(x), "source": source,
                   "description": f"{len(x)} {source}, {size[0]}×{size[1]} pixels, {stats.grid[0]}×"
-                                 f"{stats.grid[1]} patches of {vit.config.total_stride} px"},
+                                 f"{stats.grid[1]} patches of {vit.config.total_stride} px",
+                  "images": records},
         "rollout": {"head_fusion": head_fusion, "discard_ratio": discard_ratio,
                     "maps": [[[round(float(v), 6) for v in row] for row in m] for m in stats.rollout]},
         "notes": [],
     }
-    entries = _embedding_figures(vit, stats.grid, out, summary, components)
-    entries += _attention_figures(vit, x, stats, out, summary)
+    entries = _embedding_figures(vit, stats.grid, out, summary, components, is_grey(x, vit.config))
+    entries += _attention_figures(vit, x, stats, out, summary, labels)
     summary["figures"] = {name: caption for name, caption in entries}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    text = json.dumps(summary, indent=2) + "\n"
+    atomic_write(out / "summary.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     write_index(out, summary, entries)
     return summary

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .types import float_range, image_size, new_or_folder, positive_int
+from .types import device_name, float_range, image_size, new_or_folder, positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,20 +16,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--weights", required=True, help="weights (any format vitlab.load reads) or a run directory")
     p.add_argument("--images", nargs="+", metavar="IMG",
-                   help="image files (default: --num-images held-out images of the embedded --data set)")
+                   help="image files (default: --num-images held-out images of --data). A file in a folder named "
+                        "after one of the model's classes is labelled with that class")
     p.add_argument("--out", required=True, type=new_or_folder, help="output folder (created if needed)")
     p.add_argument("--image-size", type=image_size, nargs="+", metavar="PX",
                    help="input size H [W] (default: the model's native size); a multiple of the patch size")
-    p.add_argument("--data", choices=["digits", "mnist"], default="digits",
-                   help="embedded dataset used without --images (default digits)")
+    p.add_argument("--data", default="digits",
+                   help="without --images: an embedded dataset (digits, mnist: its test split), an image folder "
+                        "root/[train|val]/<class>/ (val/, else the whole tree, else train/) or an image file "
+                        "(default digits)")
     p.add_argument("--num-images", type=positive_int, default=8,
-                   help="embedded images to use without --images (default 8)")
+                   help="images of --data to use, one per class in turn (default 8; figures show the first 8)")
     p.add_argument("--head-fusion", choices=["mean", "max", "min"], default="mean",
                    help="how rollout combines heads (default mean, as in the paper)")
     p.add_argument("--discard-ratio", type=float_range(0.0, 1.0, high_open=True), default=0.0,
                    help="share of the lowest attention weights rollout drops per layer (default 0)")
     p.add_argument("--components", type=positive_int, default=28,
                    help="principal components of the filters (default 28)")
+    p.add_argument("--device", type=device_name, default="auto",
+                   help="cpu, cuda or cuda:N (default auto: CUDA when available)")
     p.set_defaults(func=run_analyze)
 
 
@@ -43,16 +48,20 @@ def _image_size(args: argparse.Namespace, native: tuple[int, int]) -> tuple[int,
     return (args.image_size[0], args.image_size[-1])
 
 
-def _inputs(args: argparse.Namespace, cfg, size: tuple[int, int]):
-    """(images (N, C, H, W), description of where they came from)."""
-    from ..analysis.images import embedded_images, load_images
+def _inputs(args: argparse.Namespace, cfg, size: tuple[int, int], class_names):
+    """AnalysisInputs: the images, each with its file and true class, and where they came from."""
+    from pathlib import Path
+
+    from ..analysis.images import dataset_inputs, image_file_inputs
     from . import UserError
 
     if args.images:
-        return load_images(args.images, cfg, size), "image files"
+        return image_file_inputs(args.images, cfg, size, class_names or ())
+    if Path(args.data).is_file():  # --data photo.jpg: the image itself
+        return image_file_inputs([args.data], cfg, size, class_names or ())
     if args.num_images < 1:
         raise UserError("--num-images must be at least 1")
-    return embedded_images(cfg, size, args.num_images, args.data), f"held-out images of the embedded {args.data} set"
+    return dataset_inputs(args.data, cfg, size, args.num_images)
 
 
 def run_analyze(args: argparse.Namespace) -> int:
@@ -66,9 +75,10 @@ def run_analyze(args: argparse.Namespace) -> int:
         raise UserError("--discard-ratio must be in [0, 1)")
     if args.components < 1:
         raise UserError("--components must be at least 1")
+    from ..train.distributed import pick_device
     from ..train.evaluate import resolve_weights
 
-    model = vitlab.load(resolve_weights(args.weights))
+    model = vitlab.load(resolve_weights(args.weights)).to(pick_device(args.device))
     if not isinstance(model, VisionTransformer):
         raise UserError(f"{args.weights} holds a {type(model).__name__}; analyze needs a ViT or hybrid (attention)")
     cfg = model.config
@@ -76,9 +86,12 @@ def run_analyze(args: argparse.Namespace) -> int:
     stride = cfg.total_stride
     if size[0] % stride or size[1] % stride:
         raise UserError(f"image size {size[0]}x{size[1]} is not a multiple of the effective patch size {stride}")
-    x, source = _inputs(args, cfg, size)
-    summary = analyze(model, x, args.out, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio,
-                      components=args.components, source=source)
+    class_names = getattr(model, "class_names", None)
+    inputs = _inputs(args, cfg, size, class_names)
+    summary = analyze(model, inputs.x, args.out, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio,
+                      components=args.components, source=inputs.source, images=inputs.images,
+                      class_names=class_names)
+    print(f"analysed {summary['input']['description']}")
     for name in summary["figures"]:
         print(f"wrote {args.out}/{name}")
     for note in summary["notes"]:
