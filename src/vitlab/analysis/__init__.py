@@ -15,18 +15,19 @@ from .attention import (
 from .embeddings import (
     EmbeddingFilters,
     embedding_filters,
+    filter_diagnostics,
     position_embedding_similarity,
     principal_filters,
     row_column_summary,
     similarity_from_embeddings,
 )
-from .images import embedded_images, load_images, to_display
+from .images import AnalysisInputs, dataset_inputs, embedded_images, image_file_inputs, load_images, to_display
 from .report import analyze
 
 __all__ = [
-    "EmbeddingFilters", "analyze", "attention_distance_from_attention", "attention_maps", "attention_rollout",
-    "class_token_attention", "class_token_attention_from_attention", "embedded_images", "embedding_filters",
-    "grid_distances", "load_images", "mean_attention_distance", "position_embedding_similarity",
-    "principal_filters", "rollout_from_attention", "row_column_summary", "similarity_from_embeddings",
-    "to_display",
+    "AnalysisInputs", "EmbeddingFilters", "analyze", "attention_distance_from_attention", "attention_maps",
+    "attention_rollout", "class_token_attention", "class_token_attention_from_attention", "dataset_inputs",
+    "embedded_images", "embedding_filters", "filter_diagnostics", "grid_distances", "image_file_inputs",
+    "load_images", "mean_attention_distance", "position_embedding_similarity", "principal_filters",
+    "rollout_from_attention", "row_column_summary", "similarity_from_embeddings", "to_display",
 ]
