@@ -81,14 +81,20 @@ def _write_outputs(args: argparse.Namespace, r, record: dict, png) -> list[str]:
         try:
             atomic_write(path, lambda tmp: Path(tmp).write_text(text))
         except OSError as err:
-            failures.append(f"cannot write {path}: {err.strerror or err}")
+            failures.append(f"cannot write {path}: {_why(err)}")
     if png is not None:
         try:
             write_confusion(r, png, f"Confusion matrix: {args.data} ({args.split}), top-1 "
                                     f"{100 * r.metrics['top1']:.2f}%")
         except OSError as err:
-            failures.append(f"cannot write the confusion matrix to {png}: {err.strerror or err}")
+            failures.append(f"cannot write the confusion matrix to {png}: {_why(err)}")
     return failures
+
+
+def _why(err: OSError) -> str:
+    if isinstance(err, FileExistsError | NotADirectoryError):  # mkdir met a file where a folder should be
+        return f"{err.filename} is a file, not a folder"
+    return err.strerror or str(err)
 
 
 def _register_predict(sub: argparse._SubParsersAction) -> None:
