@@ -165,3 +165,22 @@ def test_an_empty_training_split_is_one_line_and_exits(tmp_path, capsys):
         Image.new("RGB", (8, 8)).save(tmp_path / "d" / "val" / name / "0.png")
     with pytest.raises(DataError):
         run(tiny(tmp_path / "run", data=str(tmp_path / "d")))
+
+
+def test_torn_files_of_a_killed_run_do_not_block_its_resume(tmp_path, caplog):
+    """kill -9 while appending to metrics.jsonl leaves a torn last line: resume drops it with a warning. A
+    truncated config.json is named in one line."""
+    out = tmp_path / "run"
+    run(tiny(out, steps=2, eval_every=0))
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "split": "tra')
+    with caplog.at_level("WARNING", logger="vitlab"):
+        assert run(tiny(out, steps=3, eval_every=0, resume=True)).step == 3
+    assert "dropped a torn last line" in caplog.text
+    import json
+
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps) and steps[-1] == 3
+    (out / "config.json").write_text((out / "config.json").read_text()[:100])
+    with pytest.raises(ValueError, match=r"config\.json: cannot read the stored run .*; it is damaged"):
+        tiny(out, steps=4, resume=True)

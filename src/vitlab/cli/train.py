@@ -34,7 +34,8 @@ EVAL_RESIZE_HELP = ("evaluation pre-processing: official (whole image to the inp
 # flag dest -> TrainConfig field, where the names differ
 _RENAMED = {"wd": "weight_decay", "clip": "grad_clip"}
 _MODEL_ARGS = {"depth": "depth", "width": "width", "heads": "num_heads", "mlp_dim": "mlp_dim"}
-_NOT_CONFIG = {"func", "verb", "verbosity", "recipe", "flip", "no_flip", "config", "print_config", *_MODEL_ARGS}
+_NOT_CONFIG = {"func", "verb", "verbosity", "wandb", "recipe", "flip", "no_flip", "config", "print_config",
+               *_MODEL_ARGS}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -125,6 +126,10 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
     o.add_argument("--accum", type=positive_int, help="gradient accumulation steps")
     o.add_argument("--steps", type=positive_int, help="optimiser steps")
     o.add_argument("--ema", type=fraction, help="Polyak/EMA decay for the evaluated weights, e.g. 0.9999")
+    r0 = p.add_argument_group("tracking")
+    r0.add_argument("--wandb", nargs="?", const="vitlab", metavar="PROJECT",
+                    help="also log to Weights & Biases (offline unless WANDB_MODE says otherwise; "
+                         "pip install 'vitlab[wandb]')")
     r = p.add_argument_group("run")
     r.add_argument("--out", help="run directory (default runs/<recipe>-<time>)")
     r.add_argument("--resume", action="store_true", default=None, help="continue the run in --out")
@@ -179,6 +184,10 @@ def _train(args: argparse.Namespace) -> int:
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
     resolved = build_config(args)
+    if args.wandb:
+        from ..train.runlog import enable_wandb
+
+        enable_wandb(args.wandb)
     if args.print_config:
         from ..train.banner import settings_lines
 

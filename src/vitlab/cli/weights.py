@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-classes", type=class_count, help="replace the head (zero-initialised) with this many classes")
     p.add_argument("--arch", help="architecture name for a bare timm state dict")
     p.add_argument("--numbering", choices=["pre-linen", "linen"], default="pre-linen",
-                   help="module numbering of a written .npz (2020 releases: pre-linen)")
+                   help="module numbering of a written .npz (2020 releases: pre-linen; default: %(default)s)")
     p.add_argument("--card", action="store_true",
                    help="also write a model card <name>.md beside a file export (architecture, source, "
                    "pre-processing, how to load); folder exports (timm, hf) always hold one as README.md")

@@ -160,6 +160,10 @@ class Trainer:
         if resolved.resumed_changes:
             self.log.record({"step": self.step, "split": "resume", "changed": resolved.resumed_changes})
 
+    def class_names_saved(self) -> list[str] | None:
+        """The class names the saved weights carry: none for an encoder without a head (self-supervision)."""
+        return self.data.class_names if self.model_config.num_classes else None
+
     def saved_model(self) -> Any:
         """The saved model (the encoder for self-supervision): what the banner and config.json describe."""
         return getattr(self.model, "encoder", self.model)
@@ -316,10 +320,7 @@ class Trainer:
         if record:
             self.log.record({"step": self.step, "split": "val", **self.metrics, "ema": self.ema is not None,
                              "seconds": time.perf_counter() - t0})
-        self.log.message(
-            f"step {self.step}: val loss {self.metrics['loss']:.4f}  top-1 {100 * self.metrics['top1']:.2f}%  "
-            f"top-5 {100 * self.metrics['top5']:.2f}%  ({self.metrics['count']} images)"
-        )
+        self.log.message(f"step {self.step}: {self.objective.summary(self.metrics)}")
         return self.metrics
 
     def _fewshot(self) -> None:
@@ -340,7 +341,7 @@ class Trainer:
         """The weights as currently loaded in the model (EMA inside `ema.applied`), gathered from shards."""
         weights, _ = self.objective.split_state(get_model_state_dict(self.model, options=_FULL))
         if self.d.is_main:
-            save_weights(path, weights, self.model_config, self.data.class_names, weights_meta(self.cfg))
+            save_weights(path, weights, self.model_config, self.class_names_saved(), weights_meta(self.cfg))
         barrier()
 
     def save_checkpoint(self) -> Path:
@@ -360,7 +361,7 @@ class Trainer:
                 "class_names": self.data.class_names, "world_size": self.d.world,
                 "objective": extras,  # self-supervision: mask token and prediction head, not in the weights file
             }
-            path = write_checkpoint(self.run_dir, self.step, weights, self.model_config, self.data.class_names,
+            path = write_checkpoint(self.run_dir, self.step, weights, self.model_config, self.class_names_saved(),
                                     state, weights_meta(self.cfg))
             prune_checkpoints(self.run_dir, self.cfg.keep_last)
         barrier()

@@ -73,8 +73,21 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     last checkpoint, and the file must describe one run, not two overlapping ones."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
-    path.write_text("".join(line + "\n" for line in kept))
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for i, line in enumerate(lines):
+        try:
+            records.append((json.loads(line)["step"], line))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            if i < len(lines) - 1:
+                raise ValueError(f"{path}: line {i + 1} is not a metrics record; the file is damaged (move it "
+                                 "aside to resume without the run's earlier metrics)") from None
+            log.warning("%s: dropped a torn last line (the run was killed while writing it)", path)
+    kept = [line for step, line in records if step <= last_step]
+    text = "".join(line + "\n" for line in kept)
+    from ..outputs import atomic_write
+
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
 class RunLog:
