@@ -54,7 +54,7 @@ def test_ddp_two_processes_match_one(tmp_path):
     check_same_curves(tmp_path / "ddp", tmp_path / "one")
     assert done.stdout.count("done: step 20") == 1  # only rank 0 reports
     assert sorted(p.name for p in (tmp_path / "ddp").iterdir()) == [
-        "best.safetensors", "checkpoints", "config.json", "console.log", "curves.png", "metrics.jsonl",
+        ".vitlab.lock", "best.safetensors", "checkpoints", "config.json", "console.log", "curves.png", "metrics.jsonl",
         "model.safetensors"]  # rank 0 alone writes: one console log
 
 
