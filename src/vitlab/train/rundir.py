@@ -83,10 +83,11 @@ class RunLock:
 
 
 def prepare_run_dir(out: Path, resume: bool, is_main: bool) -> RunLock | None:
-    """Check, create, probe and lock the run directory (the main process; the others only check)."""
-    check_out(out, resume)
+    """Check, create, probe and lock the run directory: the main process does it all (the others would see its
+    probe and lock files appear while they look; its refusal ends the whole job)."""
     if not is_main:
         return None
+    check_out(out, resume)
     probe_writable(out)
     lock = RunLock(out)
     try:
