@@ -236,11 +236,29 @@ def hf_config(config: ViTConfig, class_names: list[str] | None = None) -> dict[s
         "encoder_stride": config.patch_size, "pooler_output_size": config.representation_size or config.width,
         "pooler_act": "tanh",
     }  # fmt: skip
-    if config.num_classes:
-        names = list(class_names or [f"LABEL_{i}" for i in range(config.num_classes)])
-        out["id2label"] = {str(i): n for i, n in enumerate(names)}
-        out["label2id"] = {n: i for i, n in enumerate(names)}
-    return out
+    return {**out, **label_maps(config.num_classes, class_names)}
+
+
+def label_maps(num_classes: int, class_names: list[str] | None) -> dict[str, Any]:
+    """transformers' id2label / label2id (its own LABEL_i names when the model has none)."""
+    if not num_classes:
+        return {}
+    names = list(class_names or [f"LABEL_{i}" for i in range(num_classes)])
+    return {"id2label": {str(i): n for i, n in enumerate(names)}, "label2id": {n: i for i, n in enumerate(names)}}
+
+
+def write_hf_folder(folder: str | Path, config_json: dict[str, Any], preprocessor: dict[str, Any], card: str,
+                    tensors: dict[str, torch.Tensor]) -> None:
+    """config.json, the image processor's config, the model card and model.safetensors, into a temporary folder
+    renamed into place; an existing folder is replaced only if it holds nothing but an earlier export."""
+
+    def write(tmp: Path) -> None:
+        (tmp / "config.json").write_text(json.dumps(config_json, indent=2) + "\n", encoding="utf-8")
+        (tmp / PREPROCESSOR).write_text(json.dumps(preprocessor, indent=2) + "\n", encoding="utf-8")
+        (tmp / CARD).write_text(card, encoding="utf-8")
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+
+    write_folder_atomically(folder, write, owned=HF_FILES)
 
 
 def write_hf(model: nn.Module, folder: str | Path, source: str | Path | None = None) -> None:
@@ -264,12 +282,4 @@ def write_hf(model: nn.Module, folder: str | Path, source: str | Path | None = N
            "resample": 2, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
            "image_mean": list(config.mean), "image_std": list(config.std)}  # fmt: skip
 
-    card = model_card(model, "hf", folder, source)
-
-    def write(tmp: Path) -> None:
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
-        (tmp / PREPROCESSOR).write_text(json.dumps(pre, indent=2) + "\n", encoding="utf-8")
-        (tmp / CARD).write_text(card, encoding="utf-8")
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-
-    write_folder_atomically(folder, write, owned=HF_FILES)
+    write_hf_folder(folder, cfg, pre, model_card(model, "hf", folder, source), tensors)

@@ -11,22 +11,20 @@ standardisation eps 1e-8, GroupNorm eps 1e-5, and a model read from a folder kee
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
 from ..models.config import BiTConfig
 from .bit_npz import bit_name, warn_numerics
-from .card import CARD, model_card
+from .card import model_card
 from .checkpoint import Checkpoint
 from .errors import WeightsError
-from .files import check_against, expected_shapes, read_json, read_weights_folder, write_folder_atomically
-from .hf import HF_FILES, PREPROCESSOR, _class_names
+from .files import check_against, expected_shapes, read_json, read_weights_folder
+from .hf import PREPROCESSOR, _class_names, label_maps, write_hf_folder
 
 __all__ = ["HF_GN_EPS", "HF_WS_EPS", "config_from_hf_bit", "hf_bit_config", "read_hf_bit", "write_hf_bit"]
 
@@ -178,11 +176,7 @@ def hf_bit_config(config: BiTConfig, class_names: list[str] | None = None) -> di
         "num_groups": 32, "drop_path_rate": 0.0, "embedding_dynamic_padding": False,
         "output_stride": max(32, 4 * 2 ** (len(config.layers) - 1)), "width_factor": 1,
     }  # fmt: skip
-    if config.num_classes:
-        names = list(class_names or [f"LABEL_{i}" for i in range(config.num_classes)])
-        out["id2label"] = {str(i): n for i, n in enumerate(names)}
-        out["label2id"] = {n: i for i, n in enumerate(names)}
-    return out
+    return {**out, **label_maps(config.num_classes, class_names)}
 
 
 def write_hf_bit(model: nn.Module, folder: str | Path, source: str | Path | None = None) -> None:
@@ -202,12 +196,4 @@ def write_hf_bit(model: nn.Module, folder: str | Path, source: str | Path | None
            "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(config.mean),
            "image_std": list(config.std), "do_convert_rgb": True}  # fmt: skip
 
-    card = model_card(model, "hf", folder, source)
-
-    def write(tmp: Path) -> None:
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
-        (tmp / PREPROCESSOR).write_text(json.dumps(pre, indent=2) + "\n", encoding="utf-8")
-        (tmp / CARD).write_text(card, encoding="utf-8")
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-
-    write_folder_atomically(folder, write, owned=HF_FILES)
+    write_hf_folder(folder, cfg, pre, model_card(model, "hf", folder, source), tensors)
