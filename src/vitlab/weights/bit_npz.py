@@ -101,7 +101,7 @@ def is_bit_npz(names: list[str]) -> bool:
 def read_bit_npz(path: str | os.PathLike) -> Checkpoint:
     """A big_transfer BiT `.npz` -> Checkpoint with vitlab's keys; the architecture comes from the file.
     meta: "gn_4d" (GroupNorm parameters stored as (1, 1, 1, C))."""
-    from .jax_npz import read_npz_arrays
+    from .jax_npz import check_npz_tensor, read_npz_arrays
 
     arrays = read_npz_arrays(path)
     if not is_bit_npz(list(arrays)):
@@ -113,7 +113,7 @@ def read_bit_npz(path: str | os.PathLike) -> Checkpoint:
     plan = {key: (*_npz_name(key), shape) for key, shape in expected_shapes(config).items()}
     for name, kind, shape in plan.values():
         want = tuple(_to_npz(torch.empty(shape, device="meta"), kind, gn_4d).shape)
-        _check_tensor(path, arrays, name, want)
+        check_npz_tensor(path, arrays, name, want, _FIX)
     extra = sorted(set(arrays) - {name for name, _, _ in plan.values()})
     if extra:
         shown = ", ".join(extra[:4]) + (f" and {len(extra) - 4} more" if len(extra) > 4 else "")
@@ -122,17 +122,6 @@ def read_bit_npz(path: str | os.PathLike) -> Checkpoint:
     state = {key: _to_vitlab(torch.from_numpy(arrays.pop(name)), kind).contiguous()
              for key, (name, kind, _) in plan.items()}  # fmt: skip
     return Checkpoint(config=config, state_dict=state, source="bit-npz", meta={"gn_4d": gn_4d})
-
-
-def _check_tensor(path: str | os.PathLike, arrays: dict[str, np.ndarray], name: str, shape: tuple[int, ...]) -> None:
-    if name not in arrays:
-        raise WeightsError(path, f"missing tensor {name}", f"the file is incomplete; {_FIX}")
-    a = arrays[name]
-    if a.shape != shape:
-        raise WeightsError(path, f"tensor {name} has shape {a.shape}, expected {shape}",
-                           "the file mixes architectures or is corrupt; " + _FIX)  # fmt: skip
-    if not np.issubdtype(a.dtype, np.floating):
-        raise WeightsError(path, f"tensor {name} has dtype {a.dtype}, expected floating point", _FIX)
 
 
 def _infer_config(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> BiTConfig:

@@ -144,7 +144,7 @@ def read_jax_npz(path: str | os.PathLike, image_size: int | tuple[int, int] | No
     for key, names, kind, leaf in plan:
         wants = _to_jax(expected[key], kind, leaf, config.num_heads, gn_4d)
         for name, want in zip(names, wants, strict=True):
-            _check_tensor(path, arrays, name, tuple(want.shape))
+            check_npz_tensor(path, arrays, name, tuple(want.shape))
     extra = sorted(set(arrays) - {n for _, names, _, _ in plan for n in names})
     if extra:
         shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
@@ -211,15 +211,17 @@ def _detect_numbering(path: str | os.PathLike, arrays: dict[str, np.ndarray]) ->
                        " (no encoder blocks)", _FIX_CORRUPT)
 
 
-def _check_tensor(path: str | os.PathLike, arrays: dict[str, np.ndarray], name: str, shape: tuple[int, ...]) -> None:
+def check_npz_tensor(path: str | os.PathLike, arrays: dict[str, np.ndarray], name: str, shape: tuple[int, ...],
+                     fix: str = _FIX_CORRUPT) -> None:
+    """One array of an .npz checkpoint: present, of `shape`, floating point; a one-line WeightsError otherwise."""
     if name not in arrays:
-        raise WeightsError(path, f"missing tensor {name}", f"the file is incomplete; {_FIX_CORRUPT}")
+        raise WeightsError(path, f"missing tensor {name}", f"the file is incomplete; {fix}")
     a = arrays[name]
     if a.shape != shape:
         raise WeightsError(path, f"tensor {name} has shape {a.shape}, expected {shape}",
-                           "the file mixes architectures or is corrupt; " + _FIX_CORRUPT)
+                           "the file mixes architectures or is corrupt; " + fix)
     if not np.issubdtype(a.dtype, np.floating):
-        raise WeightsError(path, f"tensor {name} has dtype {a.dtype}, expected floating point", _FIX_CORRUPT)
+        raise WeightsError(path, f"tensor {name} has dtype {a.dtype}, expected floating point", fix)
 
 
 def _dim(path: str | os.PathLike, arrays: dict[str, np.ndarray], name: str, ndim: int, axis: int) -> int:
@@ -292,7 +294,7 @@ def _infer_image_size(path: str | os.PathLike, arrays: dict[str, np.ndarray], pr
     if POSEMBED not in arrays:
         return "none", tuple(size or (224, 224))
     _dim(path, arrays, POSEMBED, 3, 1)
-    _check_tensor(path, arrays, POSEMBED, (1, arrays[POSEMBED].shape[1], width))  # (1, prefix + N, D)
+    check_npz_tensor(path, arrays, POSEMBED, (1, arrays[POSEMBED].shape[1], width))  # (1, prefix + N, D)
     n = arrays[POSEMBED].shape[1] - prefix
     if size is not None:
         h, w = size
