@@ -13,8 +13,8 @@ from PIL import Image
 import vitlab
 from vitlab.cli import main
 from vitlab.data import load_split, normalize
-from vitlab.train.checkpoint import recorded_eval_resize
 from vitlab.train.config import RECIPES, config_from_json
+from vitlab.weights.load import preprocessing
 
 TINY = ["--model", "ViT-Ti/4", "--depth", "1", "--width", "32", "--heads", "2", "--mlp-dim", "64",
         "--image-size", "8", "--batch-size", "32", "--warmup", "1", "--workers", "0", "--log-every", "1"]
@@ -31,9 +31,9 @@ def run_dir(tmp_path_factory):
 def test_run_records_its_choices(run_dir):
     cfg = json.loads((run_dir / "config.json").read_text())
     assert (cfg["train_crop"], cfg["eval_resize"]) == ("inception", "big_vision")
-    assert recorded_eval_resize(run_dir / "model.safetensors") == "big_vision"
+    assert preprocessing(run_dir / "model.safetensors")[1] == "big_vision"
     step = sorted((run_dir / "checkpoints").iterdir())[-1]
-    assert recorded_eval_resize(step / "model.safetensors") == "big_vision"
+    assert preprocessing(step / "model.safetensors")[1] == "big_vision"
 
 
 def test_eval_uses_the_recorded_resize_unless_overridden(run_dir, tmp_path, capsys):
@@ -53,8 +53,12 @@ def test_files_without_a_record_evaluate_officially(tmp_path):
     model = vitlab.models.build_model(vitlab.ViTConfig(
         image_size=8, patch_size=4, width=32, depth=1, mlp_dim=64, num_heads=2, num_classes=10))
     vitlab.save(model, tmp_path / "m.safetensors")
-    assert recorded_eval_resize(tmp_path / "m.safetensors") == "official"
-    assert recorded_eval_resize(tmp_path / "official.npz") == "official"
+    assert preprocessing(tmp_path / "m.safetensors")[1] == "official"
+    from vitlab.weights.jax_npz import write_jax_npz
+
+    with pytest.warns(UserWarning):  # exact GELU: not the official numerics
+        write_jax_npz(model, tmp_path / "official.npz")
+    assert preprocessing(tmp_path / "official.npz")[1] == "official"
 
 
 def test_recipes_and_older_runs(tmp_path):

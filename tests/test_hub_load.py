@@ -157,3 +157,16 @@ def test_finetune_and_predict_take_a_catalogue_name(published, server, tmp_path,
     names = [name for _, name in imagenet_classes()]
     assert all(t["class"] == names[t["index"]] for t in top)  # names, not indices
     assert len(server.log) == 1
+
+
+def test_published_eval_resize_is_what_eval_and_transforms_use(tmp_path):
+    """A catalogue checkpoint evaluates with its publisher's resize (the catalogue's), a vitlab run's with its
+    own, anything else with the official whole-image resize."""
+    from vitlab.weights.load import model_eval_resize
+
+    model = vitlab.create_model("ViT-Ti/16", image_size=32, depth=1)
+    assert model_eval_resize(model) == "official"
+    model.hub_entry = {"eval_resize": "big_vision"}
+    assert model_eval_resize(model) == "big_vision"
+    model.eval_resize = "resize-short-crop"  # recorded by a vitlab run: it wins
+    assert model_eval_resize(model) == "resize-short-crop"

@@ -22,11 +22,11 @@ from vitlab.cli import main
 from vitlab.data import EvalTransform, ShardSampler, TransformedSplit, make_loader, normalize
 from vitlab.data.sources import ImageSplit
 from vitlab.models import create_model
-from vitlab.train.checkpoint import recorded_eval_resize, save_weights, step_dir, write_checkpoint
+from vitlab.train.checkpoint import save_weights, step_dir, write_checkpoint
 from vitlab.train.evaluate import predict, resolve_weights
 from vitlab.weights.convert import convert
 from vitlab.weights.errors import WeightsError
-from vitlab.weights.load import weights_path
+from vitlab.weights.load import preprocessing, weights_path
 
 try:  # the references for items 6 and 13; the run-directory and transform tests need neither
     import timm
@@ -217,7 +217,7 @@ def test_transforms_equal_what_eval_feeds_the_model(tmp_path):
     files = [tmp_path / f"{i}.jpg" for i in range(3)]
     for i, f in enumerate(files):
         Image.fromarray(np.random.default_rng(i).integers(0, 256, (150 + 10 * i, 200, 3), dtype=np.uint8)).save(f)
-    resize = recorded_eval_resize(tmp_path / "w.safetensors")
+    resize = preprocessing(tmp_path / "w.safetensors")[1]
     assert resize == "big_vision"
     split = ImageSplit("val", np.zeros(3, dtype=np.int64), ["a", "b", "c"], paths=[str(f) for f in files])
     loader = make_loader(TransformedSplit(split, EvalTransform((32, 32), resize)), ShardSampler(3, 3), 0,

@@ -48,7 +48,7 @@ def imagenet_classes() -> tuple[tuple[str, str], ...]:
     return tuple(tuple(line.split("\t", 1)) for line in text.splitlines() if line)  # type: ignore[misc]
 
 
-def _published_info(entry: Entry | None, path: Path) -> dict[str, Any] | None:
+def published_info(entry: Entry | None, path: Path) -> dict[str, Any] | None:
     """What the catalogue says of a loaded checkpoint: from the entry, else from the cache record beside the file."""
     if entry is not None:
         return {"name": entry.name, "classes": entry.classes, "eval_resize": entry.eval_resize,
@@ -63,7 +63,7 @@ def load(name_or_path: str | Path, pretrained: str | bool | None = None, **kwarg
 
     entry, path = resolve(name_or_path, pretrained)
     model = load_file(path, **kwargs)
-    info = _published_info(entry, path)
+    info = published_info(entry, path)
     if info:
         model.hub_entry = info
         k = model.config.num_classes

@@ -55,18 +55,6 @@ def weights_meta(cfg: Any) -> dict[str, Any]:
     return {"eval_resize": cfg.eval_resize}
 
 
-def recorded_eval_resize(path: str | Path) -> str:
-    """The evaluation resize stored with vitlab weights; "official" for files without one (official .npz,
-    timm, HF: the official code evaluates with a plain resize of the whole image)."""
-    from ..weights.io import safetensors_header
-
-    path = Path(path)
-    if path.suffix != ".safetensors" or not path.is_file():
-        return "official"
-    meta = (safetensors_header(path).get("__metadata__") or {}).get("meta")
-    return json.loads(meta).get("eval_resize", "official") if meta else "official"
-
-
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

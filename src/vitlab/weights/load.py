@@ -211,8 +211,17 @@ def preprocessing(model_or_weights: nn.Module | str | Path) -> tuple[ModelConfig
         if not isinstance(config, (ViTConfig, BiTConfig)):
             raise ValueError(f"{type(model_or_weights).__name__} is not a vitlab model (it has no vitlab config); "
                              "pass a vitlab model or a weights path")  # fmt: skip
-        return config, getattr(model_or_weights, "eval_resize", None) or "official"
-    from ..hub import resolve_path
+        return config, model_eval_resize(model_or_weights)
+    from ..hub import published_info, resolve
 
-    ck = read_checkpoint(weights_path(resolve_path(model_or_weights)))
-    return ck.config, ck.meta.get("eval_resize") or "official"
+    entry, path = resolve(model_or_weights)
+    ck = read_checkpoint(weights_path(path))
+    published = (published_info(entry, path) or {}).get("eval_resize")
+    return ck.config, ck.meta.get("eval_resize") or published or "official"
+
+
+def model_eval_resize(model: nn.Module) -> str:
+    """How a loaded model is evaluated: the resize its vitlab run recorded, else its publisher's (catalogue), else
+    "official" (the whole image resized, as the official code evaluates)."""
+    published = (getattr(model, "hub_entry", None) or {}).get("eval_resize")
+    return getattr(model, "eval_resize", None) or published or "official"
