@@ -108,7 +108,7 @@ def read_hf(path: str | Path) -> Checkpoint:
         raise WeightsError(cfg_path, f"model_type {hf.get('model_type')!r} is not 'vit'",
                            "vitlab reads HF ViTForImageClassification / ViTModel folders")  # fmt: skip
     file, tensors = read_weights_folder(folder, ("model.safetensors", "pytorch_model.bin"))
-    arch = _architecture(hf, tensors, cfg_path)
+    arch = hf_architecture(hf, tensors, cfg_path)
     base = "vit." if arch == CLASSIFIER else ""
     tensors, notes = _drop_unused(tensors, arch, base)
     mean, std = _normalisation(folder / PREPROCESSOR)
@@ -127,14 +127,18 @@ def read_hf(path: str | Path) -> Checkpoint:
     return Checkpoint(config, from_hf_state_dict(tensors, config, base), source="hf", meta=meta)
 
 
-def _architecture(hf: dict[str, Any], tensors: dict[str, torch.Tensor], path: Path) -> str:
+def hf_architecture(hf: dict[str, Any], tensors: dict[str, torch.Tensor], path: Path,
+                    classes: tuple[str, str] = (CLASSIFIER, BACKBONE), base: str = "vit.") -> str:
+    """The transformers class of a folder, one of (classifier, backbone): its config's `architectures`, else
+    whether the tensors sit under the classifier's `base` prefix."""
+    classifier, backbone = classes
     archs = hf.get("architectures") or []
     if archs:
-        if archs[0] not in (CLASSIFIER, BACKBONE):
+        if archs[0] not in classes:
             raise WeightsError(path, f"architecture {archs[0]!r} is not supported",
-                               f"vitlab reads {CLASSIFIER} and {BACKBONE} weights")  # fmt: skip
+                               f"vitlab reads {classifier} and {backbone} weights")  # fmt: skip
         return archs[0]
-    return CLASSIFIER if any(k.startswith("vit.") for k in tensors) else BACKBONE
+    return classifier if any(k.startswith(base) for k in tensors) else backbone
 
 
 def _drop_unused(tensors: dict[str, torch.Tensor], arch: str, base: str) -> tuple[dict[str, torch.Tensor], list[str]]:

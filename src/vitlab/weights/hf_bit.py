@@ -15,7 +15,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from ..models.config import BiTConfig
@@ -24,7 +23,7 @@ from .card import model_card
 from .checkpoint import Checkpoint
 from .errors import WeightsError
 from .files import check_against, expected_shapes, read_json, read_weights_folder
-from .hf import PREPROCESSOR, _class_names, label_maps, write_hf_folder
+from .hf import PREPROCESSOR, _class_names, hf_architecture, label_maps, write_hf_folder
 
 __all__ = ["HF_GN_EPS", "HF_WS_EPS", "config_from_hf_bit", "hf_bit_config", "read_hf_bit", "write_hf_bit"]
 
@@ -72,7 +71,7 @@ def read_hf_bit(path: str | Path) -> Checkpoint:
         raise WeightsError(cfg_path, f"model_type {hf.get('model_type')!r} is not 'bit'",
                            f"vitlab reads HF {CLASSIFIER} / {BACKBONE} folders here")  # fmt: skip
     file, tensors = read_weights_folder(folder, ("model.safetensors", "pytorch_model.bin"))
-    arch = _architecture(hf, tensors, cfg_path)
+    arch = hf_architecture(hf, tensors, cfg_path, (CLASSIFIER, BACKBONE), "bit.")
     base = "bit." if arch == CLASSIFIER else ""
     pre_path = folder / PREPROCESSOR
     config = config_from_hf_bit(hf, cfg_path, arch)
@@ -92,16 +91,6 @@ def read_hf_bit(path: str | Path) -> Checkpoint:
         meta["notes"] = notes
     state = {key: tensors[name] for key, name in names.items()}
     return Checkpoint(config, state, source="hf", meta=meta)
-
-
-def _architecture(hf: dict[str, Any], tensors: dict[str, torch.Tensor], path: Path) -> str:
-    archs = hf.get("architectures") or []
-    if archs:
-        if archs[0] not in (CLASSIFIER, BACKBONE):
-            raise WeightsError(path, f"architecture {archs[0]!r} is not supported",
-                               f"vitlab reads {CLASSIFIER} and {BACKBONE} weights")  # fmt: skip
-        return archs[0]
-    return CLASSIFIER if any(k.startswith("bit.") for k in tensors) else BACKBONE
 
 
 def config_from_hf_bit(hf: dict[str, Any], path: str | Path, arch: str) -> BiTConfig:
