@@ -126,3 +126,17 @@ def test_mpp_validation_counts_corrupted_patches_not_images():
     cls = Classification().summary({"loss": 0.5, "top1": 0.25, "top5": 1.0, "count": 8})
     assert cls == "val loss 0.5000  top-1 25.00%  top-5 100.00%  (8 images)"
     assert np.isfinite(metrics["loss"])
+
+
+def test_convert_draws_read_and_write_bars_on_a_terminal(tmp_path, monkeypatch):
+    from vitlab.weights.jax_npz import write_jax_npz
+
+    model = build_model(ViTConfig(image_size=8, patch_size=4, width=32, depth=1, mlp_dim=64, num_heads=2,
+                                  num_classes=10, gelu="tanh"))
+    write_jax_npz(model, tmp_path / "m.npz")
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    assert main(["convert", str(tmp_path / "m.npz"), str(tmp_path / "m.safetensors")]) == 0
+    drawn = term.getvalue()
+    assert "read m.npz" in drawn and "tensor" in drawn  # one step per array of the archive
+    assert "convert m.npz" in drawn and "2/2" in drawn  # read, then write

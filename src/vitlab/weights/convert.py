@@ -8,6 +8,7 @@ from typing import Any
 from torch import nn
 
 from ..models.config import BiTConfig, ViTConfig
+from ..progress import progress
 from .errors import WeightsError
 from .load import detect_format, load, read_checkpoint, weights_path
 
@@ -85,10 +86,13 @@ def convert(
     file = source_file(src)  # the weights file it means, named as the card's source
     if Path(dst).resolve() in (Path(src).resolve(), file.resolve()):
         raise ValueError("destination is the source; write to a new path")
-    model = load(file, image_size=image_size, num_classes=num_classes, arch=arch)
-    if fmt == "jax-npz" and isinstance(model.config, BiTConfig):
-        fmt = "bit-npz"  # the official .npz of a BiT is big_transfer's layout
-    write(model, dst, fmt, source=file, card=card, **options)
+    with progress(total=2, desc=f"convert {file.name}", unit="phase") as bar:  # read, then write
+        model = load(file, image_size=image_size, num_classes=num_classes, arch=arch)
+        bar.update(1)
+        if fmt == "jax-npz" and isinstance(model.config, BiTConfig):
+            fmt = "bit-npz"  # the official .npz of a BiT is big_transfer's layout
+        write(model, dst, fmt, source=file, card=card, **options)
+        bar.update(1)
     return fmt
 
 

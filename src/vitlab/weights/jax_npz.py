@@ -27,6 +27,7 @@ from ..models.config import BiTConfig, ResNetConfig, ViTConfig
 from ..models.registry import list_models, model_config
 from ..models.vit import VisionTransformer
 from ..outputs import atomic_write
+from ..progress import progress
 from .checkpoint import Checkpoint
 from .errors import WeightsError
 
@@ -182,8 +183,8 @@ def read_npz_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
                            "official ViT and BiT weights are .npz files; use vitlab.load for other formats")
     try:
         npz = np.load(path, allow_pickle=False)
-        with npz:
-            arrays = {k: npz[k] for k in npz.files}
+        with npz:  # decompressing a multi-GB release takes a while: a bar per tensor on a terminal
+            arrays = {k: npz[k] for k in progress(npz.files, desc=f"read {Path(path).name}", unit="tensor")}
     except (zipfile.BadZipFile, EOFError, ValueError, OSError, zlib.error) as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise WeightsError(path, f"truncated or corrupt .npz archive ({reason})", _FIX_CORRUPT) from e
