@@ -139,4 +139,4 @@ def test_convert_draws_read_and_write_bars_on_a_terminal(tmp_path, monkeypatch):
     assert main(["convert", str(tmp_path / "m.npz"), str(tmp_path / "m.safetensors")]) == 0
     drawn = term.getvalue()
     assert "read m.npz" in drawn and "tensor" in drawn  # one step per array of the archive
-    assert "convert m.npz" in drawn and "2/2" in drawn  # read, then write
+    assert "convert m.npz" in drawn and "/2 [" in drawn and "phase" in drawn  # read, then write
