@@ -182,11 +182,14 @@ def _recorded_preprocessing(weights: Path, meta: Mapping[str, Any]) -> dict[str,
 
 
 def _note_resolution_change(layers: _Layers, checkpoint: Any) -> None:
+    from ..models.config import ViTConfig
+
     native, size = checkpoint.config.image_size, layers.values["image_size"]
     if native != (size, size):
+        how = ("the position embedding is resampled (bilinear, corners aligned, paper Section 3.2)"
+               if isinstance(checkpoint.config, ViTConfig) else "a CNN takes any size")
         layers.notes.append(f"fine-tuning at {size}×{size} px ({layers.sources['image_size']}); the weights were "
-                            f"trained at {native[0]}×{native[1]}: the position embedding is resampled (bilinear, "
-                            "corners aligned, paper Section 3.2)")
+                            f"trained at {native[0]}×{native[1]}: {how}")
 
 
 def _preset_layer(layers: _Layers, preset: str) -> None:
