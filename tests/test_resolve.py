@@ -125,3 +125,16 @@ def test_recipe_model_arguments_are_dropped_for_another_model():
     assert resolved.config.model_args == {}
     assert any("recipe demo's model arguments (depth, mlp_dim, num_heads, width) not applied" in n
                for n in resolved.notes)
+
+
+def test_every_flag_of_every_verb_has_help():
+    import argparse
+
+    from vitlab.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == {"models", "bench", "info", "convert", "train", "finetune", "eval", "predict",
+                                "recipes", "fewshot", "analyze", "download"}
+    for verb, parser in sub.choices.items():
+        missing = [a.option_strings[0] for a in parser._actions if a.option_strings and not a.help]
+        assert missing == [], (verb, missing)
