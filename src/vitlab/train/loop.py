@@ -46,7 +46,7 @@ from .objective import objective_for
 from .optim import Ema, build_optimizer, build_scheduler
 from .resolve import Resolved
 from .rundir import prepare_run_dir
-from .runlog import RunLog, log, plot_curves
+from .runlog import RunLog, StepWindow, log, plot_curves, to_float
 from .setup import (
     build_model,
     check_classes,
@@ -210,8 +210,8 @@ class Trainer:
     def fit(self) -> RunResult:
         cfg, start_time = self.cfg, time.perf_counter()
         previous = self._catch_stop_signals()
-        window = _Window()
-        totals = _Window()
+        window = StepWindow()
+        totals = StepWindow()
         status = "completed"
         try:
             batches = iter(self.train_loader)
@@ -267,7 +267,7 @@ class Trainer:
         if self.ema is not None:
             self.ema.update(self.model)
         seconds = time.perf_counter() - t0
-        return {"loss": loss_value, "lr": lr, "grad_norm": _to_float(grad_norm), "images": images * d.world,
+        return {"loss": loss_value, "lr": lr, "grad_norm": to_float(grad_norm), "images": images * d.world,
                 "seconds": seconds, "wait": wait, "load": load, "local_images": images}
 
     def _diverged(self, value: float) -> None:
@@ -277,7 +277,7 @@ class Trainer:
             "Lower --lr, lengthen --warmup or check the data"
         )
 
-    def _after_step(self, window: _Window) -> None:
+    def _after_step(self, window: StepWindow) -> None:
         cfg, step = self.cfg, self.step
         show = step % cfg.log_every == 0 or step == cfg.steps
         stats = window.summary(self.workers, self.d.world)
@@ -404,7 +404,7 @@ class Trainer:
             return True
         return False
 
-    def _finish(self, status: str, totals: _Window, seconds: float) -> RunResult:
+    def _finish(self, status: str, totals: StepWindow, seconds: float) -> RunResult:
         weights = None
         if status == "completed":
             if not self.metrics:  # a resumed run that had already finished: evaluate again, log nothing new
@@ -438,41 +438,3 @@ class Trainer:
         if self.lock is not None:
             self.lock.release()
             self.lock = None
-
-
-def _to_float(t: Any) -> float:
-    if hasattr(t, "full_tensor"):  # a DTensor under FSDP
-        t = t.full_tensor()
-    return float(t)
-
-
-class _Window:
-    """Sums over a stretch of steps, summarised as rates."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.steps, self.loss, self.images, self.seconds, self.wait, self.load, self.local = 0, 0.0, 0, 0.0, 0.0, 0.0, 0
-        self.last: dict[str, float] = {}
-
-    def add(self, s: dict[str, float]) -> None:
-        self.steps += 1
-        self.loss += s["loss"]
-        self.images += s["images"]
-        self.seconds += s["seconds"]
-        self.wait += s["wait"]
-        self.load += s["load"]
-        self.local += s["local_images"]
-        self.last = s
-
-    def summary(self, workers: int, world: int) -> dict[str, float]:
-        """Model images/s: global images per second of compute (waiting for data excluded). Data images/s:
-        what the loaders of all processes can deliver, from the time the workers spent producing batches."""
-        compute = max(self.seconds - self.wait, 1e-9)
-        capacity = self.local / max(self.load / max(workers, 1), 1e-9) * world
-        return {
-            "loss": self.loss / max(self.steps, 1), "lr": self.last.get("lr", 0.0),
-            "grad_norm": self.last.get("grad_norm", 0.0), "images_per_s": self.images / compute,
-            "data_images_per_s": capacity, "data_wait": self.wait / max(self.seconds, 1e-9),
-        }

@@ -194,3 +194,42 @@ def plot_curves(metrics_path: Path, out: Path) -> Path | None:
     fig.savefig(out, dpi=90)
     plt.close(fig)
     return out
+
+
+def to_float(t: Any) -> float:
+    """A scalar tensor (a DTensor under FSDP too) as a float for the logs."""
+    if hasattr(t, "full_tensor"):  # a DTensor under FSDP
+        t = t.full_tensor()
+    return float(t)
+
+
+class StepWindow:
+    """Sums over a stretch of steps, summarised as rates."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.steps, self.loss, self.images, self.seconds, self.wait, self.load, self.local = 0, 0.0, 0, 0.0, 0.0, 0.0, 0
+        self.last: dict[str, float] = {}
+
+    def add(self, s: dict[str, float]) -> None:
+        self.steps += 1
+        self.loss += s["loss"]
+        self.images += s["images"]
+        self.seconds += s["seconds"]
+        self.wait += s["wait"]
+        self.load += s["load"]
+        self.local += s["local_images"]
+        self.last = s
+
+    def summary(self, workers: int, world: int) -> dict[str, float]:
+        """Model images/s: global images per second of compute (waiting for data excluded). Data images/s:
+        what the loaders of all processes can deliver, from the time the workers spent producing batches."""
+        compute = max(self.seconds - self.wait, 1e-9)
+        capacity = self.local / max(self.load / max(workers, 1), 1e-9) * world
+        return {
+            "loss": self.loss / max(self.steps, 1), "lr": self.last.get("lr", 0.0),
+            "grad_norm": self.last.get("grad_norm", 0.0), "images_per_s": self.images / compute,
+            "data_images_per_s": capacity, "data_wait": self.wait / max(self.seconds, 1e-9),
+        }
