@@ -110,6 +110,9 @@ def describe(path: str | Path, arch: str | None = None) -> dict[str, Any]:
     fmt = detect_format(file)
     ck = read_checkpoint(file, arch)
     cfg = ck.config
+    from .validate import check_values
+
+    check_values(file, ck.state_dict, ck.meta.get("class_names"), cfg.num_classes)  # what loading would refuse
     info: dict[str, Any] = {"path": str(path)}
     if file != Path(path):  # a run or checkpoint directory: say which file it means
         info["file"] = str(file)
