@@ -30,7 +30,9 @@ def test_choice_is_the_dev_best_not_the_test_best():
 def test_sweep_runs_each_lr_on_the_dev_split_and_reports_the_chosen_test(tmp_path, monkeypatch):
     seen = []
 
-    def fake_fine_tune(cfg):
+    def fake_fine_tune(resolved):
+        cfg = resolved.config
+        assert resolved.sources["lr"] == "sweep (--lr-sweep)" and resolved.sources["val_fraction"].startswith("sweep")
         seen.append(cfg)
         return MADE_UP[cfg.lr]
 
@@ -54,7 +56,8 @@ def test_sweep_runs_each_lr_on_the_dev_split_and_reports_the_chosen_test(tmp_pat
 def test_refit_trains_the_chosen_lr_on_all_of_train(tmp_path, monkeypatch):
     seen = []
 
-    def fake_fine_tune(cfg):
+    def fake_fine_tune(resolved):
+        cfg = resolved.config
         seen.append(cfg)
         return MADE_UP[cfg.lr] if cfg.val_fraction else (0.0, 0.87)
 

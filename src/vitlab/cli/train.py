@@ -194,7 +194,7 @@ def _train(args: argparse.Namespace) -> int:
         print("\n".join(settings_lines(resolved)))
         return 0
     if resolved.config.lr_sweep:
-        return _sweep(resolved.config, rank)
+        return _sweep(resolved, rank)
     try:
         result = run(resolved)
     except TrainingDiverged as err:
@@ -238,12 +238,12 @@ def _protocol_flags(p: argparse.ArgumentParser) -> None:
                    help="after the sweep, fine-tune the chosen lr on all of train (the paper's final runs)")
 
 
-def _sweep(cfg: Any, rank: int) -> int:
+def _sweep(resolved: Any, rank: int) -> int:
     from ..train import TrainingDiverged
     from ..train.sweep import format_table, run_sweep
 
     try:
-        result = run_sweep(cfg)
+        result = run_sweep(resolved)
     except TrainingDiverged as err:
         raise UserError(str(err)) from None
     if rank == 0:

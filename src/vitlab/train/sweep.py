@@ -25,6 +25,7 @@ from ..data import EMBEDDED
 from ..data.errors import DataError
 from ..data.folder import folder_layout
 from .config import TrainConfig
+from .resolve import Resolved
 
 log = logging.getLogger("vitlab.train")
 
@@ -88,12 +89,13 @@ def choose(rows: list[SweepRow]) -> SweepRow:
     return max(sorted(rows, key=lambda r: r.lr), key=lambda r: r.dev_top1)
 
 
-def _fine_tune(cfg: TrainConfig) -> tuple[float, float]:
+def _fine_tune(resolved: Resolved) -> tuple[float, float]:
     """(final dev top-1, test top-1 of the final weights) of one run through the training loop."""
     from .evaluate import evaluate_weights
     from .loop import run
 
-    result = run(cfg)
+    cfg = resolved.config
+    result = run(resolved)
     if result.status != "completed":
         raise RuntimeError(f"{cfg.out} stopped at step {result.step} ({result.status}); rerun with --resume")
     test = evaluate_weights(result.weights, cfg.data, split="val", batch_size=cfg.eval_batch_size, workers=0,
@@ -101,23 +103,36 @@ def _fine_tune(cfg: TrainConfig) -> tuple[float, float]:
     return float(result.metrics["top1"]), float(test.metrics["top1"])
 
 
-def run_sweep(cfg: TrainConfig) -> SweepResult:
-    """Fine-tune at every lr of `cfg.lr_sweep`, choose on the dev split, report the chosen run's test accuracy."""
+def _sub_run(resolved: Resolved, lr: float, dev_fraction: float | None, name: str) -> Resolved:
+    """One run of the sweep with the sweep's sources (its banner and config.json say which values the sweep
+    set); the initial weights are read once for all of them."""
+    sub = sub_config(resolved.config, lr, dev_fraction, name)
+    split = f"sweep: {100 * dev_fraction:g}% dev split" if dev_fraction else "sweep: refit on all of train"
+    sources = {**resolved.sources, "lr": "sweep (--lr-sweep)", "lr_sweep": "sweep", "refit": "sweep",
+               "val_fraction": split, "out": "sweep"}
+    return Resolved(sub, sources, resolved.notes, init=resolved.init)
+
+
+def run_sweep(settings: TrainConfig | Resolved) -> SweepResult:
+    """Fine-tune at every lr of `lr_sweep`, choose on the dev split, report the chosen run's test accuracy."""
+    resolved = settings if isinstance(settings, Resolved) else Resolved(
+        settings, dict.fromkeys(settings.to_dict(), "given"))
+    cfg = resolved.config
     check_sweep(cfg)
     start = time.perf_counter()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for lr in sorted(cfg.lr_sweep):
-        sub = sub_config(cfg, lr, cfg.dev_fraction, run_name(lr))
-        log.info("sweep: lr %g on train minus %g%% dev -> %s", lr, 100 * cfg.dev_fraction, sub.out)
+        sub = _sub_run(resolved, lr, cfg.dev_fraction, run_name(lr))
+        log.info("sweep: lr %g on train minus %g%% dev -> %s", lr, 100 * cfg.dev_fraction, sub.config.out)
         dev, test = _fine_tune(sub)
-        rows.append(SweepRow(lr, dev, test, sub.out))
+        rows.append(SweepRow(lr, dev, test, sub.config.out))
     chosen = choose(rows)
     result = SweepResult(out, rows, chosen, cfg.dev_fraction, config=cfg.to_dict())
     if cfg.refit:
-        final = sub_config(cfg, chosen.lr, None, "final")
-        log.info("sweep: lr %g chosen; fine-tuning on all of train -> %s", chosen.lr, final.out)
+        final = _sub_run(resolved, chosen.lr, None, "final")
+        log.info("sweep: lr %g chosen; fine-tuning on all of train -> %s", chosen.lr, final.config.out)
         result.refit_test_top1 = _fine_tune(final)[1]
     result.seconds = time.perf_counter() - start
     write_sweep(result)
