@@ -10,6 +10,7 @@ import numpy as np
 from .embedded import EMBEDDED, embedded_splits
 from .errors import DataError
 from .folder import check_same_classes, class_folders, folder_layout, scan_split
+from .shards import is_shard_source, open_shard_set, shard_split
 from .sources import ImageSplit, stratified_holdout
 
 
@@ -37,6 +38,8 @@ def build_datasets(data: str = "digits", val_fraction: float | None = None, stri
     if data in EMBEDDED:
         train, val = embedded_splits(data)
         ds = Datasets(train, val, train.class_names, data)
+    elif is_shard_source(data):
+        ds = _shard_datasets(data, val_fraction, strict)
     else:
         ds = _folder_datasets(Path(data), val_fraction, strict)
     if val_fraction:
@@ -60,6 +63,17 @@ def _folder_datasets(root: Path, val_fraction: float | None, strict: bool) -> Da
     else:
         val = train.subset(np.arange(0), "val")  # replaced by the held-out part in build_datasets
     return Datasets(train, val, class_names, str(root), skipped)
+
+
+def _shard_datasets(data: str, val_fraction: float | None, strict: bool) -> Datasets:
+    shards = open_shard_set(data)
+    if "val" not in shards.splits and not val_fraction:
+        raise DataError(f"missing split: the shards {data} have no val split; pack one (vitlab shards SRC OUT "
+                        "--val-fraction 0.1) or hold out part of train with --val-fraction 0.1")
+    train = shard_split(shards, "train", strict=strict)
+    val = shard_split(shards, "val", train.class_names, strict) if not val_fraction else train.subset(
+        np.arange(0), "val")  # replaced by the held-out part in build_datasets
+    return Datasets(train, val, train.class_names, data)
 
 
 def scan_with_classes(
@@ -102,6 +116,10 @@ def load_split(
     if data in EMBEDDED:
         train, test = embedded_splits(data)
         return train if split == "train" else test
+    if is_shard_source(data):
+        shards = open_shard_set(data)
+        only = next(iter(shards.splits)) if len(shards.splits) == 1 else None  # like a plain folder: any split
+        return shard_split(shards, only or ("train" if split == "train" else "val"), class_names, strict)
     root = Path(data)
     train_dir, val_dir = folder_layout(root)
     if split == "train" or train_dir == root:
@@ -147,7 +165,12 @@ def evaluation_splits(
     folder's val/; a folder without val/ (or any data, given `val_fraction`) holds out a stratified share of
     each class of its train split instead (HOLDOUT_FRACTION by default, seed 0): testing on the images the
     shots were drawn from would report memorisation as accuracy."""
-    has_val = data in EMBEDDED or folder_layout(Path(data))[1] is not None
+    if data in EMBEDDED:
+        has_val = True
+    elif is_shard_source(data):
+        has_val = "val" in open_shard_set(data).splits
+    else:
+        has_val = folder_layout(Path(data))[1] is not None
     if val_fraction is None and has_val:
         train = load_split(data, "train", class_names, strict)
         test = load_split(data, "val", class_names, strict)

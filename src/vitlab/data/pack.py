@@ -1,0 +1,199 @@
+"""`pack_shards`: an image folder into WebDataset tar shards that vitlab (and any WebDataset reader) streams.
+
+Each sample is `key.<ext>` holding the original encoded bytes, unchanged, and `key.cls` holding the class
+index as text. Shards are filled in the folder reader's order (class by class, sorted paths) up to a byte
+budget, each written under a temporary name and renamed, and `_info.json` is rewritten after every shard: it
+lists only complete shards with their sample counts and every image's byte offset, so reading needs no scan and
+a re-run resumes after the last complete shard. Images that do not decode are reported and never packed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from ..outputs import atomic_write
+from ..progress import progress
+from .datasets import scan_with_classes
+from .errors import DataError, describe_paths, log
+from .folder import class_folders, folder_layout, scan_split
+from .shards import INFO_NAME
+from .sources import DECODE_ERRORS, stratified_holdout
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20,
+          "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """'1GB' -> 10**9, '256MiB' -> 2**28, '4096' -> 4096 bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if m is None or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"shard size {text!r} is not a size; write e.g. 1GB, 256MB or 512MiB")
+    size = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if size <= 0:
+        raise ValueError(f"shard size must be positive, got {text!r}")
+    return size
+
+
+@dataclass
+class PackResult:
+    out: Path
+    counts: dict[str, int]  # samples packed per split (all shards, kept ones included)
+    shards: dict[str, int]  # shards per split
+    written: int  # shards written by this run (0: everything was already there)
+    skipped: list[str]  # undecodable images, never packed
+
+
+def _decodes(data: bytes) -> bool:
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            if img.format == "JPEG":
+                img.draft("RGB", (64, 64))  # reduced-size decode still reads every entropy-coded byte
+            img.load()
+        return True
+    except DECODE_ERRORS:
+        return False
+
+
+def _source_splits(src: Path, val_fraction: float | None) -> tuple[list[str], dict[str, tuple], list[str]]:
+    """(class names, split -> (paths, labels), images unreadable at the header) in the folder reader's order."""
+    train_dir, val_dir = folder_layout(src)
+    names = class_folders(train_dir)
+    log.addFilter(_quiet_scan)  # the unreadable files are reported once, with the undecodable ones
+    try:
+        return _scan(names, train_dir, val_dir, val_fraction)
+    finally:
+        log.removeFilter(_quiet_scan)
+
+
+def _quiet_scan(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("skipping")
+
+
+def _scan(names: list[str], train_dir: Path, val_dir: Path | None, val_fraction: float | None) -> tuple:
+    train, bad = scan_split(train_dir, names, "train", strict=False)
+    splits = {"train": (train.paths, train.labels)}
+    if val_fraction:
+        keep, held = stratified_holdout(train.labels, val_fraction, seed=0)
+        splits = {"train": ([train.paths[i] for i in keep], train.labels[keep]),
+                  "val": ([train.paths[i] for i in held], train.labels[held])}
+    elif val_dir is not None:
+        val, bad_val = scan_with_classes(val_dir, names, "val", strict=False)
+        splits["val"] = (val.paths, val.labels)
+        bad += bad_val
+    return names, splits, bad
+
+
+def _read_info(out: Path, settings: dict) -> dict:
+    """The existing info with only the shards still complete on disk; a fresh one when there is none."""
+    path = out / INFO_NAME
+    if not path.is_file():
+        return {"format": "vitlab-shards", "version": 1, **settings, "splits": {}, "index": {}}
+    info = json.loads(path.read_text())
+    if {k: info.get(k) for k in settings} != settings:
+        raise DataError(f"{out} holds shards packed with other settings ({info.get('source')}, "
+                        f"{info.get('shard_size')} bytes); pack into an empty folder")
+    for split in info["splits"].values():
+        for k, name in enumerate(split["filenames"]):
+            entry = info["index"].get(name)
+            if entry is None or not (out / name).is_file() or (out / name).stat().st_size != entry["bytes"]:
+                for field in ("filenames", "shard_lengths", "consumed"):
+                    split[field] = split[field][:k]
+                break
+    return info
+
+
+def _write_shard(path: Path, members: list[tuple[str, bytes, int]]) -> dict:
+    """Write (key.ext, bytes, label) samples as one tar; returns its index entry (image data offsets)."""
+    entry: dict = {"keys": [], "offsets": [], "sizes": [], "labels": []}
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f, tarfile.open(fileobj=f, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+            for name, data, label in members:
+                key = name.split(".", 1)[0]
+                for member, payload in ((name, data), (f"{key}.cls", str(label).encode())):
+                    info = tarfile.TarInfo(member)
+                    info.size, info.mode, info.mtime = len(payload), 0o444, 0
+                    tar.addfile(info, io.BytesIO(payload))
+                    if member == name:  # data starts after the header: total minus the padded payload
+                        padded = -(-len(payload) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+                        entry["keys"].append(key)
+                        entry["offsets"].append(tar.offset - padded)
+                        entry["sizes"].append(len(payload))
+                        entry["labels"].append(int(label))
+
+    atomic_write(path, write)
+    entry["bytes"] = path.stat().st_size
+    return entry
+
+
+def _pack_split(out: Path, name: str, paths: list[str], labels: np.ndarray, shard_size: int, info: dict,
+                bar, bad: list[str]) -> int:
+    """Pack one split after its complete shards; returns the number of shards written."""
+    split = info["splits"].setdefault(name, {"filenames": [], "shard_lengths": [], "consumed": []})
+    start = sum(split["consumed"])  # source images covered by complete shards (the packing order is fixed)
+    bar.update(start)
+    written, members, used = 0, [], 0
+    width = len(str(len(paths)))
+    for i in range(start, len(paths)):
+        data = Path(paths[i]).read_bytes()
+        bar.update(1)
+        if not _decodes(data):
+            bad.append(paths[i])
+            continue
+        ext = Path(paths[i]).suffix.lower().lstrip(".")
+        members.append((f"{name}_{i:0{width}d}.{ext}", data, int(labels[i])))
+        used += len(data) + 3 * tarfile.BLOCKSIZE  # two headers and the padding, roughly
+        if used >= shard_size:
+            _finish_shard(out, name, members, i + 1 - start, info)
+            start, members, used, written = i + 1, [], 0, written + 1
+    if members:
+        _finish_shard(out, name, members, len(paths) - start, info)
+        written += 1
+    return written
+
+
+def _finish_shard(out: Path, name: str, members: list, consumed: int, info: dict) -> None:
+    """Write a shard covering `consumed` source images (bad ones left out) and record it as complete."""
+    split = info["splits"][name]
+    filename = f"{name}-{len(split['filenames']):06d}.tar"
+    info["index"][filename] = _write_shard(out / filename, members)
+    split["filenames"].append(filename)
+    split["shard_lengths"].append(len(members))
+    split["consumed"].append(consumed)
+    split["num_samples"] = sum(split["shard_lengths"])
+    text = json.dumps(info)
+    atomic_write(out / INFO_NAME, lambda tmp: Path(tmp).write_text(text))
+
+
+def pack_shards(src: str | Path, out: str | Path, shard_size: int = 10**9,
+                val_fraction: float | None = None) -> PackResult:
+    """Pack the image folder `src` (root/<class>/ or root/train|val/<class>/) into shards in `out`."""
+    src, out = Path(src), Path(out)
+    if val_fraction is not None and not 0.0 < val_fraction < 1.0:
+        raise DataError(f"--val-fraction must be in (0, 1), got {val_fraction}")
+    names, splits, bad = _source_splits(src, val_fraction)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {"source": str(src.resolve()), "shard_size": shard_size, "val_fraction": val_fraction,
+                "class_names": names}
+    info = _read_info(out, settings)
+    total = sum(len(p) for p, _ in splits.values())
+    written = 0
+    with progress(total=total, desc="packing", unit="img") as bar:
+        for name, (paths, labels) in splits.items():
+            written += _pack_split(out, name, paths, labels, shard_size, info, bar, bad)
+    if bad:
+        log.warning("skipped %d undecodable image(s), not packed: %s", len(bad), describe_paths(bad))
+    return PackResult(out, {k: v["num_samples"] for k, v in info["splits"].items()},
+                      {k: len(v["filenames"]) for k, v in info["splits"].items()}, written, bad)
+
+
+__all__ = ["PackResult", "pack_shards", "parse_size"]

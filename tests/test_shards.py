@@ -1,0 +1,226 @@
+"""WebDataset shards: `vitlab shards` packing (counts, skipped images, atomic resume), reading back the exact
+source bytes, indexes built once and cached, one-line errors for broken shards, and training on shards giving
+the losses training on the source folder gives."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import shutil
+import tarfile
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vitlab.cli import main
+from vitlab.data import DataError, load_split
+from vitlab.data import shards as shards_mod
+from vitlab.data.pack import pack_shards, parse_size
+from vitlab.data.shards import open_shard_set, shard_split
+
+CLASSES = ("ant", "bee", "cat")
+
+
+def make_source(root, per_class=13, val_per_class=2, corrupt=True):
+    """root/train|val/<class>/ with PNGs and JPEGs of varied sizes; with `corrupt`, one file that is not an image
+    and one truncated JPEG (its header reads, its pixels do not)."""
+    rng = np.random.RandomState(0)
+    for split, n in (("train", per_class), ("val", val_per_class)):
+        for c, name in enumerate(CLASSES):
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(n):
+                pixels = rng.randint(0, 256, (16 + i, 20 + c, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(folder / f"{i:02d}.{'png' if i % 2 else 'jpg'}")
+    bad = []
+    if corrupt:
+        (root / "train" / "ant" / "zz_garbage.jpg").write_bytes(b"not an image at all")
+        whole = (root / "train" / "bee" / "00.jpg").read_bytes()
+        (root / "train" / "bee" / "zz_truncated.jpg").write_bytes(whole[: len(whole) // 2])
+        bad = [str(root / "train" / "ant" / "zz_garbage.jpg"), str(root / "train" / "bee" / "zz_truncated.jpg")]
+    return root, bad
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    base = tmp_path_factory.mktemp("shards")
+    src, bad = make_source(base / "src")
+    out = base / "out"
+    result = pack_shards(src, out, parse_size("6KB"))
+    return src, out, bad, result
+
+
+def test_parse_size():
+    assert parse_size("1GB") == 10**9 and parse_size("256MB") == 256 * 10**6 and parse_size("512MiB") == 2**29
+    assert parse_size("4096") == 4096
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size("big")
+
+
+def test_pack_counts_and_skips_corrupt(tmp_path, caplog, capsys):
+    src, bad = make_source(tmp_path / "src")
+    with caplog.at_level(logging.WARNING, logger="vitlab.data"):
+        assert main(["shards", str(src), str(tmp_path / "out"), "--shard-size", "6KB"]) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and all(p in warnings[0] for p in bad)  # one line naming both files
+    info = json.loads((tmp_path / "out" / "_info.json").read_text())
+    assert info["class_names"] == list(CLASSES)
+    train, val = info["splits"]["train"], info["splits"]["val"]
+    assert sum(train["shard_lengths"]) == 3 * 13 and sum(val["shard_lengths"]) == 3 * 2
+    assert len(train["filenames"]) >= 3 and train["filenames"][0] == "train-000000.tar"
+    for name, n in zip(train["filenames"], train["shard_lengths"], strict=True):
+        with tarfile.open(tmp_path / "out" / name) as tar:  # counted independently of the index
+            assert len([m for m in tar.getnames() if m.endswith(".cls")]) == n
+    assert "train: 39 images" in capsys.readouterr().out
+
+
+def test_samples_read_back_equal_the_source(packed):
+    src, out, bad, _ = packed
+    split = shard_split(open_shard_set(str(out)), "train")
+    folder = load_split(str(src), "train")
+    kept = [i for i, p in enumerate(folder.paths) if p not in bad]  # the folder reader keeps the truncated JPEG
+    assert len(split) == len(kept) == 39
+    tars = {p: tarfile.open(p) for p in split.shards}
+    for i, j in enumerate(kept):
+        source = open(folder.paths[j], "rb").read()
+        assert split.read_bytes(i) == source
+        ext = folder.paths[j].rsplit(".", 1)[1]
+        tar = tars[split.shards[split.shard_of[i]]]
+        assert tar.extractfile(f"{split.keys[i]}.{ext}").read() == source  # tarfile's own reading agrees
+        assert int(tar.extractfile(f"{split.keys[i]}.cls").read()) == split.labels[i] == folder.labels[j]
+        np.testing.assert_array_equal(np.asarray(split.load(i)), np.asarray(Image.open(folder.paths[j]).convert("RGB")))
+    for tar in tars.values():
+        tar.close()
+    assert len(shard_split(open_shard_set(str(out)), "val")) == 6
+
+
+def test_jpeg_draft_decoding_matches_the_folder_reader(tmp_path):
+    folder = tmp_path / "src" / "train" / "a"
+    folder.mkdir(parents=True)
+    Image.fromarray(np.random.RandomState(1).randint(0, 256, (96, 128, 3), dtype=np.uint8)).save(folder / "x.jpg")
+    pack_shards(tmp_path / "src", tmp_path / "out", 10**6)
+    shard = load_split(str(tmp_path / "out"), "train")
+    ref = load_split(str(tmp_path / "src"), "train")
+    assert shard.load(0, 24).size == ref.load(0, 24).size == (32, 24)  # drafted at 1/4 scale
+    np.testing.assert_array_equal(np.asarray(shard.load(0, 24)), np.asarray(ref.load(0, 24)))
+
+
+def test_rerun_is_a_noop_and_resumes_after_a_lost_shard(packed, tmp_path):
+    src, out, _, first = packed
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in copy.glob("*.tar")}
+    again = pack_shards(src, copy, parse_size("6KB"))
+    assert again.written == 0 and again.counts == first.counts
+    assert {p.name: p.stat().st_mtime_ns for p in copy.glob("*.tar")} == {k: v[0] for k, v in before.items()}
+    last = sorted(copy.glob("train-*.tar"))[-1]
+    last.unlink()
+    resumed = pack_shards(src, copy, parse_size("6KB"))
+    assert resumed.written == 1 and resumed.counts == first.counts
+    assert last.read_bytes() == before[last.name][1]  # the same shard again, byte for byte
+    assert {p.name for p in copy.glob("*.tar")} == set(before)
+
+
+def _copy_tars(out, dest, prefix="train"):
+    dest.mkdir()
+    for p in sorted(out.glob(f"{prefix}-*.tar")):
+        shutil.copy(p, dest / p.name)
+    return sorted(dest.glob("*.tar"))
+
+
+def test_brace_pattern_and_folder_of_tars_are_indexed_once(packed, tmp_path, monkeypatch):
+    _, out, _, _ = packed
+    reference = shard_split(open_shard_set(str(out)), "train")
+    tars = _copy_tars(out, tmp_path / "plain")
+    pattern = str(tmp_path / "plain" / f"train-{{000000..{len(tars) - 1:06d}}}.tar")
+    for data in (pattern, str(tmp_path / "plain")):
+        split = load_split(data, "train")
+        assert (tmp_path / "plain" / "_vitlab_index.json").is_file()
+        np.testing.assert_array_equal(split.labels, reference.labels)
+        np.testing.assert_array_equal(split.offsets, reference.offsets)
+        assert split.read_bytes(5) == reference.read_bytes(5)
+
+    def no_scan(path):
+        raise AssertionError(f"{path} scanned again")
+
+    monkeypatch.setattr(shards_mod, "scan_shard", no_scan)  # the cached index serves every later start
+    assert len(load_split(pattern, "train")) == len(reference)
+
+
+def test_timm_style_info_without_offsets(packed, tmp_path):
+    _, out, _, _ = packed
+    tars = _copy_tars(out, tmp_path / "timm")
+    counts = [len(shard_split(open_shard_set(str(t)), "train")) for t in tars]
+    info = {"name": "tiny", "splits": {"train": {"name": "train", "num_samples": sum(counts),
+                                                 "filenames": [t.name for t in tars], "shard_lengths": counts}}}
+    (tmp_path / "timm" / "_info.json").write_text(json.dumps(info))
+    split = load_split(str(tmp_path / "timm"), "train")
+    assert len(split) == 39 and split.class_names == ["0", "1", "2"]
+    assert (tmp_path / "timm" / "_vitlab_index.json").is_file()
+    info["splits"]["train"]["shard_lengths"][0] += 1
+    (tmp_path / "timm" / "_info.json").write_text(json.dumps(info))
+    with pytest.raises(DataError, match="train-000000.tar holds .* samples, _info.json says"):
+        load_split(str(tmp_path / "timm"), "train")
+
+
+def _tar(path, members):
+    with tarfile.open(path, "w") as tar:
+        for name, payload in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+
+
+def test_broken_shards_give_one_line_errors(packed, tmp_path, capsys):
+    _, out, _, _ = packed
+    png = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(png, format="PNG")
+    (tmp_path / "nolabel").mkdir()
+    _tar(tmp_path / "nolabel" / "train-000000.tar", [("s1.png", png.getvalue()), ("s1.cls", b"0"),
+                                                     ("s2.png", png.getvalue())])
+    with pytest.raises(DataError, match=r"train-000000.tar sample s2 has no label"):
+        load_split(str(tmp_path / "nolabel"), "train")
+    tars = _copy_tars(out, tmp_path / "cut")
+    with tarfile.open(tars[0]) as tar:
+        image = [m for m in tar.getmembers() if not m.name.endswith(".cls")][-1]
+    tars[0].write_bytes(tars[0].read_bytes()[: image.offset_data + image.size // 2])  # cut inside the last image
+    with pytest.raises(DataError, match=r"truncated .*train-000000.tar.* sample train_\d+"):
+        load_split(str(tmp_path / "cut"), "train")
+    cut_info = tmp_path / "cut_info"
+    shutil.copytree(out, cut_info)
+    shard = cut_info / "train-000001.tar"
+    shard.write_bytes(shard.read_bytes()[:1000])
+    with pytest.raises(DataError, match=r"truncated shard .*train-000001.tar"):
+        load_split(str(cut_info), "train")
+    assert main(["train", "--data", str(cut_info), "--out", str(tmp_path / "run"), *TINY]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "truncated shard" in err[0] and "train-000001.tar" in err[0]
+
+
+TINY = ["--model", "ViT-Ti/4", "--depth", "1", "--width", "32", "--heads", "2", "--mlp-dim", "64",
+        "--image-size", "8", "--batch-size", "8", "--warmup", "1", "--workers", "0", "--log-every", "1",
+        "--steps", "3", "--seed", "3"]
+
+
+def _losses(run):
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["split"], r["loss"], r.get("grad_norm")) for r in rows if "loss" in r]
+
+
+def test_training_on_shards_equals_training_on_the_folder(tmp_path, capsys):
+    src, _ = make_source(tmp_path / "src", per_class=5, corrupt=False)
+    assert main(["shards", str(src), str(tmp_path / "out"), "--shard-size", "3KB"]) == 0
+    assert main(["train", "--data", str(src), "--out", str(tmp_path / "a"), *TINY]) == 0
+    assert main(["train", "--data", str(tmp_path / "out"), "--out", str(tmp_path / "b"), *TINY]) == 0
+    folder, shards = _losses(tmp_path / "a"), _losses(tmp_path / "b")
+    assert [r[0] for r in folder].count("train") == 3 and folder == shards  # train losses, gradients, val loss
+
+
+def test_missing_val_split_is_one_line(packed, tmp_path, capsys):
+    _, out, _, _ = packed
+    _copy_tars(out, tmp_path / "trainonly")
+    assert main(["train", "--data", str(tmp_path / "trainonly"), "--out", str(tmp_path / "r"), *TINY]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no val split" in err[0] and "--val-fraction" in err[0]
