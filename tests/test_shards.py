@@ -224,3 +224,38 @@ def test_missing_val_split_is_one_line(packed, tmp_path, capsys):
     assert main(["train", "--data", str(tmp_path / "trainonly"), "--out", str(tmp_path / "r"), *TINY]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no val split" in err[0] and "--val-fraction" in err[0]
+
+
+def test_hyperrule_probe_reads_image_sizes_from_shards(packed):
+    from vitlab.train.presets import typical_image_size
+
+    src, out, _, _ = packed
+    assert typical_image_size(load_split(str(out), "train")) == typical_image_size(load_split(str(src), "train"))
+
+
+def test_preempted_shard_run_resumes_bit_exactly(packed, tmp_path, monkeypatch):
+    """SIGTERM during step 3 of a run on shards, then --resume: the same weights as the uninterrupted run (the
+    batches are a function of (seed, step), so the shard reader must serve sample i identically after resume)."""
+    import os
+    import signal
+
+    import vitlab.train.loop as loop
+    from test_train_resume import same_weights, tiny
+    from vitlab.train import run
+
+    _, out, _, _ = packed
+    data = dict(data=str(out), steps=5, batch_size=8, eval_batch_size=64)
+    reference = run(tiny(tmp_path / "ref", **data))
+    real_step = loop.Trainer._train_step
+
+    def step_then_signal(self, batches):
+        stats = real_step(self, batches)
+        if self.step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return stats
+
+    monkeypatch.setattr(loop.Trainer, "_train_step", step_then_signal)
+    assert run(tiny(tmp_path / "run", **data)).status == "preempted"
+    monkeypatch.setattr(loop.Trainer, "_train_step", real_step)
+    resumed = run(tiny(tmp_path / "run", resume=True, **data))
+    assert resumed.status == "completed" and same_weights(reference.weights, resumed.weights)

@@ -54,8 +54,11 @@ class ShardSplit(ImageSplit):
             raise OSError(f"truncated shard: {self.describe(i)} ends {self.sizes[i] - len(data)} bytes early")
         return data
 
+    def encoded(self, i: int) -> io.BytesIO:
+        return io.BytesIO(self.read_bytes(i))
+
     def load(self, i: int, min_size: int | None = None) -> Image.Image:
-        with Image.open(io.BytesIO(self.read_bytes(i))) as img:
+        with Image.open(self.encoded(i)) as img:
             if min_size and img.format == "JPEG" and min(img.size) >= 2 * min_size:
                 img.draft("RGB", (min_size, min_size))  # as the folder reader: both sides stay >= min_size
             return img.convert("RGB")

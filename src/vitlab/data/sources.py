@@ -8,6 +8,7 @@ uses Pillow's draft mode when the file is much larger than needed: the decoder t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -33,6 +34,11 @@ class ImageSplit:
 
     def describe(self, i: int) -> str:
         return self.paths[i] if self.paths is not None else f"{self.name}[{i}]"
+
+    def encoded(self, i: int) -> Any:
+        """What Image.open reads for file-backed image i (a path here, the bytes for shards): for header-only
+        probes that must not decode."""
+        return self.paths[i]
 
     def load(self, i: int, min_size: int | None = None) -> Image.Image:
         """The i-th image; grayscale arrays stay 'L', files become 'RGB'. `min_size` allows JPEG draft

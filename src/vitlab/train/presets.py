@@ -106,7 +106,7 @@ def typical_image_size(split: ImageSplit, probe: int = 64) -> tuple[int, int]:
     sizes = []
     for i in sorted({k * n // m for k in range(m)}):
         try:
-            with Image.open(split.paths[i]) as img:
+            with Image.open(split.encoded(i)) as img:
                 sizes.append((img.height, img.width))
         except DECODE_ERRORS:
             continue  # the loader reports unreadable files
