@@ -259,3 +259,19 @@ def test_preempted_shard_run_resumes_bit_exactly(packed, tmp_path, monkeypatch):
     monkeypatch.setattr(loop.Trainer, "_train_step", real_step)
     resumed = run(tiny(tmp_path / "run", resume=True, **data))
     assert resumed.status == "completed" and same_weights(reference.weights, resumed.weights)
+
+
+def test_pattern_inside_a_packed_folder_uses_its_info(packed, tmp_path):
+    _, out, _, _ = packed
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    split = load_split(str(copy / "train-{000000..000001}.tar"), "train")
+    assert split.class_names == list(CLASSES) and not (copy / "_vitlab_index.json").exists()
+    info = json.loads((copy / "_info.json").read_text())
+    assert len(split) == sum(info["splits"]["train"]["shard_lengths"][:2])
+
+
+def test_split_names_from_shard_file_names():
+    assert shards_mod._split_of("train-000001.tar") == "train"
+    assert shards_mod._split_of("imagenet22k-validation-0003.tar") == "val"
+    assert shards_mod._split_of("val_12.tar") == "val" and shards_mod._split_of("000001.tar") == "train"

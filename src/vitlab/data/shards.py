@@ -181,9 +181,10 @@ class ShardSet:
 
 
 def _split_of(name: str) -> str:
-    head = name.split("-", 1)[0].lower() if "-" in name else ""
-    return {"validation": "val", "valid": "val", "test": "val"}.get(head, head if head in ("train", "val") else
-                                                                     "train")
+    """The split a shard's file name names (`train-000001.tar`, `imagenet22k-validation-0003.tar`); train when
+    it names none."""
+    words = set(re.split(r"[-_.]", name.lower()))
+    return "val" if words & {"val", "valid", "validation", "test"} else "train"
 
 
 def _from_info(root: Path) -> ShardSet:
@@ -225,9 +226,23 @@ def open_shard_set(data: str) -> ShardSet:
     by_folder: dict[Path, list[str]] = {}
     for f in files:
         by_folder.setdefault(f.parent, []).append(f.name)
+    class_names = None
     for folder, names in by_folder.items():
-        entries.update({folder / n: e for n, e in _cached_index(folder, names).items()})
-    return ShardSet(splits, entries, None)
+        info = _vitlab_info(folder)  # shards of a `vitlab shards` folder picked by a pattern: its index and names
+        if info is not None and all(n in info["index"] for n in names):
+            entries.update({folder / n: info["index"][n] for n in names})
+            class_names = class_names or info.get("class_names")
+        else:
+            entries.update({folder / n: e for n, e in _cached_index(folder, names).items()})
+    return ShardSet(splits, entries, class_names)
+
+
+def _vitlab_info(folder: Path) -> dict | None:
+    try:
+        info = json.loads((folder / INFO_NAME).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return info if isinstance(info, dict) and isinstance(info.get("index"), dict) else None
 
 
 def _check_sizes(paths: list[Path], entries: dict[Path, dict]) -> None:
