@@ -275,3 +275,12 @@ def test_split_names_from_shard_file_names():
     assert shards_mod._split_of("train-000001.tar") == "train"
     assert shards_mod._split_of("imagenet22k-validation-0003.tar") == "val"
     assert shards_mod._split_of("val_12.tar") == "val" and shards_mod._split_of("000001.tar") == "train"
+
+
+def test_val_split_detection_for_sweeps_and_fewshot(packed, tmp_path):
+    from vitlab.data.datasets import has_val_split
+
+    _, out, _, _ = packed
+    _copy_tars(out, tmp_path / "trainonly")
+    assert has_val_split(str(out)) and not has_val_split(str(tmp_path / "trainonly"))
+    assert not has_val_split(str(out / "train-{000000..000001}.tar"))

@@ -142,6 +142,15 @@ def _held_out(train: ImageSplit, val_fraction: float) -> tuple[ImageSplit, Image
     return train.subset(keep, "train"), train.subset(held, f"train[{val_fraction:g}]")
 
 
+def has_val_split(data: str) -> bool:
+    """Whether `data` has a validation split of its own (embedded test split, a folder's val/, val shards)."""
+    if data in EMBEDDED:
+        return True
+    if is_shard_source(data):
+        return "val" in open_shard_set(data).splits
+    return folder_layout(Path(data))[1] is not None
+
+
 @dataclass
 class EvaluationSplits:
     """A fit split and a test split that share no image (a protocol that fits on one and tests on the other)."""
@@ -165,12 +174,7 @@ def evaluation_splits(
     folder's val/; a folder without val/ (or any data, given `val_fraction`) holds out a stratified share of
     each class of its train split instead (HOLDOUT_FRACTION by default, seed 0): testing on the images the
     shots were drawn from would report memorisation as accuracy."""
-    if data in EMBEDDED:
-        has_val = True
-    elif is_shard_source(data):
-        has_val = "val" in open_shard_set(data).splits
-    else:
-        has_val = folder_layout(Path(data))[1] is not None
+    has_val = has_val_split(data)
     if val_fraction is None and has_val:
         train = load_split(data, "train", class_names, strict)
         test = load_split(data, "val", class_names, strict)
@@ -184,4 +188,4 @@ def evaluation_splits(
     return EvaluationSplits(train, test, source, fraction)
 
 
-__all__ = ["Datasets", "EvaluationSplits", "build_datasets", "evaluation_splits", "load_split"]
+__all__ = ["Datasets", "EvaluationSplits", "build_datasets", "evaluation_splits", "has_val_split", "load_split"]

@@ -39,7 +39,8 @@ class ShardSplit(ImageSplit):
     shard_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # (N,) index into shards
     offsets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (N,) image data offset
     sizes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (N,) image data bytes
-    keys: list[str] = field(default_factory=list)
+    keys: np.ndarray = field(default_factory=lambda: np.zeros(0, "U1"))  # (N,) sample keys, for messages
+    # numpy, not lists: loader workers receive the split pickled, and millions of Python objects are slow to send
 
     def describe(self, i: int) -> str:
         return f"{self.shards[self.shard_of[i]]}:{self.keys[i]}"
@@ -66,7 +67,7 @@ class ShardSplit(ImageSplit):
     def subset(self, indices: np.ndarray, name: str) -> ShardSplit:
         return ShardSplit(name, self.labels[indices], self.class_names, strict=self.strict, shards=self.shards,
                           shard_of=self.shard_of[indices], offsets=self.offsets[indices],
-                          sizes=self.sizes[indices], keys=[self.keys[i] for i in indices])
+                          sizes=self.sizes[indices], keys=self.keys[indices])
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -274,10 +275,11 @@ def shard_split(shard_set: ShardSet, split: str, class_names: list[str] | None =
                         "check the shards' .cls files")
     return ShardSplit(
         split, labels, list(names), strict=strict, shards=[str(p) for p in paths],
-        shard_of=np.concatenate([np.full(len(e["keys"]), k, np.int32) for k, e in enumerate(entries)]),
+        shard_of=np.concatenate([np.zeros(0, np.int32)] + [np.full(len(e["keys"]), k, np.int32)
+                                                           for k, e in enumerate(entries)]),
         offsets=np.array([v for e in entries for v in e["offsets"]], dtype=np.int64),
         sizes=np.array([v for e in entries for v in e["sizes"]], dtype=np.int64),
-        keys=[k for e in entries for k in e["keys"]],
+        keys=np.array([k for e in entries for k in e["keys"]], dtype=str),
     )
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ..data import EMBEDDED
+from ..data.datasets import has_val_split
 from ..data.errors import DataError
-from ..data.folder import folder_layout
 from .config import TrainConfig
 from .resolve import Resolved
 
@@ -67,8 +67,7 @@ def check_sweep(cfg: TrainConfig) -> None:
     if cfg.val_fraction:
         raise ValueError("--val-fraction with --lr-sweep: the sweep holds out --dev-fraction itself; drop it")
     if cfg.data not in EMBEDDED:
-        _, val_dir = folder_layout(Path(cfg.data))
-        if val_dir is None:
+        if not has_val_split(cfg.data):  # a folder's val/ or val shards
             raise DataError(
                 f"missing split: {cfg.data} has no val/ folder, so a sweep cannot report test accuracy; add "
                 f"{cfg.data}/val/<class>/*.jpg"
