@@ -284,3 +284,19 @@ def test_val_split_detection_for_sweeps_and_fewshot(packed, tmp_path):
     _copy_tars(out, tmp_path / "trainonly")
     assert has_val_split(str(out)) and not has_val_split(str(tmp_path / "trainonly"))
     assert not has_val_split(str(out / "train-{000000..000001}.tar"))
+
+
+def test_non_image_payload_is_skipped_with_the_shard_and_sample_named(tmp_path):
+    from vitlab.data import EvalTransform, TransformedSplit
+
+    png = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(png, format="PNG")
+    (tmp_path / "wds").mkdir()
+    _tar(tmp_path / "wds" / "val-000000.tar", [("a.png", png.getvalue()), ("a.cls", b"0"),
+                                               ("b.png", b"<html>not an image</html>"), ("b.cls", b"1")])
+    split = load_split(str(tmp_path / "wds"), "val")
+    batch = TransformedSplit(split, EvalTransform((8, 8))).__getitems__([(0, 0), (1, 0)])
+    assert batch["valid"].tolist() == [True, False]  # left out of the evaluation, not a crash
+    with pytest.raises(OSError):
+        split.load(1)
+    assert split.describe(1) == f"{tmp_path / 'wds' / 'val-000000.tar'}:b"
