@@ -300,3 +300,29 @@ def test_non_image_payload_is_skipped_with_the_shard_and_sample_named(tmp_path):
     with pytest.raises(OSError):
         split.load(1)
     assert split.describe(1) == f"{tmp_path / 'wds' / 'val-000000.tar'}:b"
+
+
+def test_interrupted_pack_resumes_from_shard_sidecars(packed, tmp_path, monkeypatch):
+    """Killed before _info.json was written: the shards already complete (sidecar + tar) are kept."""
+    from vitlab.data import pack as pack_mod
+
+    src, out, _, first = packed
+    real_add, calls = pack_mod._Recorder.add, []
+
+    def add_then_die(self, name, members, consumed):
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        calls.append(name)
+        real_add(self, name, members, consumed)
+
+    monkeypatch.setattr(pack_mod, "INFO_EVERY_S", 1e9)
+    monkeypatch.setattr(pack_mod._Recorder, "add", add_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        pack_shards(src, tmp_path / "out", parse_size("6KB"))
+    assert not (tmp_path / "out" / "_info.json").exists() and len(list((tmp_path / "out").glob("*.tar"))) == 3
+    monkeypatch.setattr(pack_mod._Recorder, "add", real_add)
+    resumed = pack_shards(src, tmp_path / "out", parse_size("6KB"))
+    assert resumed.written == sum(first.shards.values()) - 3 and resumed.counts == first.counts
+    assert not (tmp_path / "out" / "_pending").exists()
+    for p in out.glob("*.tar"):
+        assert (tmp_path / "out" / p.name).read_bytes() == p.read_bytes()

@@ -13,7 +13,9 @@ import io
 import json
 import logging
 import re
+import shutil
 import tarfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +30,8 @@ from .folder import class_folders, folder_layout, scan_split
 from .shards import INFO_NAME
 from .sources import DECODE_ERRORS, stratified_holdout
 
+PENDING = "_pending"  # sidecars of shards completed since _info.json was last written
+INFO_EVERY_S = 10.0
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20,
           "gib": 2**30, "tib": 2**40}
 
@@ -135,10 +139,10 @@ def _write_shard(path: Path, members: list[tuple[str, bytes, int]]) -> dict:
     return entry
 
 
-def _pack_split(out: Path, name: str, paths: list[str], labels: np.ndarray, shard_size: int, info: dict,
-                bar, bad: list[str]) -> int:
+def _pack_split(recorder: _Recorder, name: str, paths: list[str], labels: np.ndarray, shard_size: int, bar,
+                bad: list[str]) -> int:
     """Pack one split after its complete shards; returns the number of shards written."""
-    split = info["splits"].setdefault(name, {"filenames": [], "shard_lengths": [], "consumed": []})
+    split = recorder.info["splits"].setdefault(name, {"filenames": [], "shard_lengths": [], "consumed": []})
     start = sum(split["consumed"])  # source images covered by complete shards (the packing order is fixed)
     bar.update(start)
     written, members, used = 0, [], 0
@@ -153,25 +157,63 @@ def _pack_split(out: Path, name: str, paths: list[str], labels: np.ndarray, shar
         members.append((f"{name}_{i:0{width}d}.{ext}", data, int(labels[i])))
         used += len(data) + 3 * tarfile.BLOCKSIZE  # two headers and the padding, roughly
         if used >= shard_size:
-            _finish_shard(out, name, members, i + 1 - start, info)
+            recorder.add(name, members, i + 1 - start)
             start, members, used, written = i + 1, [], 0, written + 1
     if members:
-        _finish_shard(out, name, members, len(paths) - start, info)
+        recorder.add(name, members, len(paths) - start)
         written += 1
     return written
 
 
-def _finish_shard(out: Path, name: str, members: list, consumed: int, info: dict) -> None:
-    """Write a shard covering `consumed` source images (bad ones left out) and record it as complete."""
-    split = info["splits"][name]
-    filename = f"{name}-{len(split['filenames']):06d}.tar"
-    info["index"][filename] = _write_shard(out / filename, members)
+class _Recorder:
+    """Records complete shards: at once in a small sidecar (`_pending/<shard>.json`, what a resume trusts), and
+    in `_info.json` at most every INFO_EVERY_S seconds and at the end, since rewriting the whole index after
+    every shard would make packing quadratic in the number of shards."""
+
+    def __init__(self, out: Path, info: dict):
+        self.out, self.info, self.saved_at = out, info, time.monotonic()
+
+    def add(self, name: str, members: list, consumed: int) -> None:
+        """Write a shard covering `consumed` source images (bad ones left out) and record it as complete."""
+        split = self.info["splits"][name]
+        filename = f"{name}-{len(split['filenames']):06d}.tar"
+        entry = _write_shard(self.out / filename, members)
+        record = json.dumps({"entry": entry, "length": len(members), "consumed": consumed})
+        atomic_write(self.out / PENDING / f"{filename}.json", lambda tmp: Path(tmp).write_text(record))
+        _append(self.info, name, filename, entry, len(members), consumed)
+        if time.monotonic() - self.saved_at >= INFO_EVERY_S:
+            self.save()
+
+    def save(self) -> None:
+        text = json.dumps(self.info)
+        atomic_write(self.out / INFO_NAME, lambda tmp: Path(tmp).write_text(text))
+        self.saved_at = time.monotonic()
+
+
+def _append(info: dict, name: str, filename: str, entry: dict, length: int, consumed: int) -> None:
+    split = info["splits"].setdefault(name, {"filenames": [], "shard_lengths": [], "consumed": []})
+    info["index"][filename] = entry
     split["filenames"].append(filename)
-    split["shard_lengths"].append(len(members))
+    split["shard_lengths"].append(length)
     split["consumed"].append(consumed)
     split["num_samples"] = sum(split["shard_lengths"])
-    text = json.dumps(info)
-    atomic_write(out / INFO_NAME, lambda tmp: Path(tmp).write_text(text))
+
+
+def _adopt_pending(out: Path, info: dict, split_names: list[str]) -> None:
+    """Shards completed after the last `_info.json` write: taken in order while their sidecar and tar agree."""
+    for name in split_names:
+        split = info["splits"].get(name, {"filenames": []})
+        while True:
+            filename = f"{name}-{len(split['filenames']):06d}.tar"
+            try:
+                record = json.loads((out / PENDING / f"{filename}.json").read_text())
+                complete = (out / filename).stat().st_size == record["entry"]["bytes"]
+            except (OSError, json.JSONDecodeError, KeyError, TypeError):
+                complete = False
+            if not complete:
+                break
+            _append(info, name, filename, record["entry"], record["length"], record["consumed"])
+            split = info["splits"][name]
 
 
 def pack_shards(src: str | Path, out: str | Path, shard_size: int = 10**9,
@@ -185,11 +227,15 @@ def pack_shards(src: str | Path, out: str | Path, shard_size: int = 10**9,
     settings = {"source": str(src.resolve()), "shard_size": shard_size, "val_fraction": val_fraction,
                 "class_names": names}
     info = _read_info(out, settings)
+    _adopt_pending(out, info, list(splits))
+    recorder = _Recorder(out, info)
     total = sum(len(p) for p, _ in splits.values())
     written = 0
     with progress(total=total, desc="packing", unit="img") as bar:
         for name, (paths, labels) in splits.items():
-            written += _pack_split(out, name, paths, labels, shard_size, info, bar, bad)
+            written += _pack_split(recorder, name, paths, labels, shard_size, bar, bad)
+    recorder.save()
+    shutil.rmtree(out / PENDING, ignore_errors=True)  # everything is in _info.json now
     if bad:
         log.warning("skipped %d undecodable image(s), not packed: %s", len(bad), describe_paths(bad))
     return PackResult(out, {k: v["num_samples"] for k, v in info["splits"].items()},
