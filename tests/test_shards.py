@@ -326,3 +326,18 @@ def test_interrupted_pack_resumes_from_shard_sidecars(packed, tmp_path, monkeypa
     assert not (tmp_path / "out" / "_pending").exists()
     for p in out.glob("*.tar"):
         assert (tmp_path / "out" / p.name).read_bytes() == p.read_bytes()
+
+
+def test_json_labels_and_cli_errors(tmp_path, capsys):
+    jpg = io.BytesIO()
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(jpg, format="JPEG")
+    (tmp_path / "wds").mkdir()
+    _tar(tmp_path / "wds" / "000000.tar", [("x/a.jpg", jpg.getvalue()), ("x/a.json", b'{"label": 2}'),
+                                           ("x/b.jpg", jpg.getvalue()), ("x/b.cls", b"1\n")])
+    split = load_split(str(tmp_path / "wds"), "train")
+    assert split.labels.tolist() == [2, 1] and list(split.keys) == ["x/a", "x/b"]
+    assert main(["shards", str(tmp_path / "none"), str(tmp_path / "out")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["shards", str(tmp_path), str(tmp_path / "out"), "--shard-size", "lots"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a size" in err[0]
