@@ -341,3 +341,13 @@ def test_json_labels_and_cli_errors(tmp_path, capsys):
     assert main(["shards", str(tmp_path), str(tmp_path / "out"), "--shard-size", "lots"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a size" in err[0]
+
+
+def test_a_models_class_list_relabels_shards_by_name(packed):
+    _, out, _, _ = packed
+    plain = load_split(str(out), "val")
+    swapped = load_split(str(out), "val", class_names=["cat", "ant", "bee"])
+    assert swapped.class_names == ["cat", "ant", "bee"]
+    assert [swapped.class_names[v] for v in swapped.labels] == [plain.class_names[v] for v in plain.labels]
+    with pytest.raises(DataError, match="classes unknown to the 2 training classes: cat"):
+        load_split(str(out), "val", class_names=["ant", "bee"])
