@@ -67,3 +67,17 @@ def test_fsdp_two_processes_match_one_and_resume(tmp_path):
     shutil.rmtree(tmp_path / "fsdp" / "checkpoints" / "step_00000020")
     torchrun(tmp_path / "fsdp", "--fsdp", "--accum", "2", "--resume")
     assert losses(tmp_path / "fsdp")[-1] == pytest.approx(final, rel=1e-6)
+
+
+def test_ddp_on_shards_matches_one_process(tmp_path):
+    """WebDataset shards are read by position, so 2 processes draw the same global batches as 1 (issue: data at
+    scale): the losses of both runs agree step for step."""
+    from test_shards import make_source
+    from vitlab.cli import main
+
+    src, _ = make_source(tmp_path / "src", per_class=12, corrupt=False)
+    assert main(["shards", str(src), str(tmp_path / "wds"), "--shard-size", "4KB"]) == 0
+    data = ["--data", str(tmp_path / "wds"), "--image-size", "16", "--batch-size", "8", "--eval-every", "0"]
+    torchrun(tmp_path / "ddp", *data)
+    single(tmp_path / "one", *data)
+    check_same_curves(tmp_path / "ddp", tmp_path / "one")
