@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import math
-import os
-import signal
 
 import numpy as np
 import pytest
@@ -86,22 +84,11 @@ def test_mixup_changes_training(tmp_path):
 
 
 @pytest.mark.slow
-def test_mixup_run_resumes_exactly(tmp_path, monkeypatch):
+def test_mixup_run_resumes_exactly(tmp_path, sigterm_during_step):
     """Preempted at step 3 and resumed: the same weights as without the interruption, bit for bit."""
     reference = weights(run(tiny(tmp_path / "ref")))
-    import vitlab.train.loop as loop
-
-    real_step = loop.Trainer._train_step
-
-    def step_then_signal(self, batches):
-        stats = real_step(self, batches)
-        if self.step == 2:  # SIGTERM during step 3
-            os.kill(os.getpid(), signal.SIGTERM)
-        return stats
-
-    monkeypatch.setattr(loop.Trainer, "_train_step", step_then_signal)
-    assert run(tiny(tmp_path / "run")).status == "preempted"
-    monkeypatch.setattr(loop.Trainer, "_train_step", real_step)
+    with sigterm_during_step(3):
+        assert run(tiny(tmp_path / "run")).status == "preempted"
     resumed = weights(run(tiny(tmp_path / "run", resume=True)))
     assert all(torch.equal(reference[k], resumed[k]) for k in reference)
 

@@ -95,12 +95,9 @@ def test_mpp_recipe_holds_the_paper_values():
         "mpp", "ViT-B/16", "adam", 2e-4, 10_000, "cosine", 4096, 1_000_000)
 
 
-def test_mpp_run_saves_a_plain_vit_that_finetunes_and_resumes_exactly(tmp_path, monkeypatch):
-    import os
-    import signal
+def test_mpp_run_saves_a_plain_vit_that_finetunes_and_resumes_exactly(tmp_path, sigterm_during_step):
 
     import vitlab
-    import vitlab.train.loop as loop
     from vitlab.train import resolve_config, run
 
     result = run(mpp_run(tmp_path, "mpp"))
@@ -113,19 +110,10 @@ def test_mpp_run_saves_a_plain_vit_that_finetunes_and_resumes_exactly(tmp_path, 
     assert ft.status == "completed" and vitlab.load(ft.weights).config.num_classes == 10
     # preempted after step 3, resumed: the mask token and prediction head come back too, so the weights
     # equal the uninterrupted run's bit for bit
-    real_step = loop.Trainer._train_step
-
-    def step_then_signal(self, batches):
-        stats = real_step(self, batches)
-        if self.step == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return stats
-
-    monkeypatch.setattr(loop.Trainer, "_train_step", step_then_signal)
-    assert run(mpp_run(tmp_path, "split")).status == "preempted"
+    with sigterm_during_step(3):
+        assert run(mpp_run(tmp_path, "split")).status == "preempted"
     ckpt = torch.load(tmp_path / "split" / "checkpoints" / "step_00000003" / "state.pt", weights_only=True)
     assert set(ckpt["objective"]) == {"mask_token", "head.weight", "head.bias"}
-    monkeypatch.setattr(loop.Trainer, "_train_step", real_step)
     resumed = run(mpp_run(tmp_path, "split", resume=True))
     a, b = vitlab.load(result.weights).state_dict(), vitlab.load(resumed.weights).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -233,30 +233,17 @@ def test_hyperrule_probe_reads_image_sizes_from_shards(packed):
     assert typical_image_size(load_split(str(out), "train")) == typical_image_size(load_split(str(src), "train"))
 
 
-def test_preempted_shard_run_resumes_bit_exactly(packed, tmp_path, monkeypatch):
+def test_preempted_shard_run_resumes_bit_exactly(packed, tmp_path, sigterm_during_step):
     """SIGTERM during step 3 of a run on shards, then --resume: the same weights as the uninterrupted run (the
     batches are a function of (seed, step), so the shard reader must serve sample i identically after resume)."""
-    import os
-    import signal
-
-    import vitlab.train.loop as loop
     from test_train_resume import same_weights, tiny
     from vitlab.train import run
 
     _, out, _, _ = packed
     data = dict(data=str(out), steps=5, batch_size=8, eval_batch_size=64)
     reference = run(tiny(tmp_path / "ref", **data))
-    real_step = loop.Trainer._train_step
-
-    def step_then_signal(self, batches):
-        stats = real_step(self, batches)
-        if self.step == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return stats
-
-    monkeypatch.setattr(loop.Trainer, "_train_step", step_then_signal)
-    assert run(tiny(tmp_path / "run", **data)).status == "preempted"
-    monkeypatch.setattr(loop.Trainer, "_train_step", real_step)
+    with sigterm_during_step(3):
+        assert run(tiny(tmp_path / "run", **data)).status == "preempted"
     resumed = run(tiny(tmp_path / "run", resume=True, **data))
     assert resumed.status == "completed" and same_weights(reference.weights, resumed.weights)
 

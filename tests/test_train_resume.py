@@ -33,25 +33,14 @@ def same_weights(a: Path, b: Path) -> bool:
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_sigterm_saves_and_resume_is_exact(tmp_path, monkeypatch):
+def test_sigterm_saves_and_resume_is_exact(tmp_path, sigterm_during_step):
     """In-process preemption at step 3 (dropout on, so the RNG state must be restored too)."""
     reference = run(tiny(tmp_path / "ref"))
-    import vitlab.train.loop as loop
-
-    real_step = loop.Trainer._train_step
-
-    def step_then_signal(self, batches):
-        stats = real_step(self, batches)
-        if self.step == 2:  # the loop increments after this returns: SIGTERM arrives during step 3
-            os.kill(os.getpid(), signal.SIGTERM)
-        return stats
-
-    monkeypatch.setattr(loop.Trainer, "_train_step", step_then_signal)
-    first = run(tiny(tmp_path / "run"))
+    with sigterm_during_step(3):
+        first = run(tiny(tmp_path / "run"))
     assert (first.status, first.step) == ("preempted", 3)
     ckpt = tmp_path / "run" / "checkpoints" / "step_00000003"
     assert verify_checkpoint(ckpt) is None and vitlab.load(ckpt / "model.safetensors").config.depth == 1
-    monkeypatch.setattr(loop.Trainer, "_train_step", real_step)
     resumed = run(tiny(tmp_path / "run", resume=True))
     assert resumed.status == "completed"
     assert same_weights(reference.weights, resumed.weights)

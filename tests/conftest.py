@@ -1,0 +1,32 @@
+"""Shared test helpers."""
+
+import os
+import signal
+from contextlib import contextmanager
+
+import pytest
+
+
+@pytest.fixture
+def sigterm_during_step(monkeypatch):
+    """`with sigterm_during_step(3): run(...)`: the run receives SIGTERM while it computes step `step` (as a job
+    scheduler's preemption would arrive), and trains normally again after the block."""
+    import vitlab.train.loop as loop
+
+    real_step = loop.Trainer._train_step
+
+    @contextmanager
+    def during(step: int):
+        def step_then_signal(self, batches):
+            stats = real_step(self, batches)
+            if self.step == step - 1:  # the loop counts the step after this returns
+                os.kill(os.getpid(), signal.SIGTERM)
+            return stats
+
+        monkeypatch.setattr(loop.Trainer, "_train_step", step_then_signal)
+        try:
+            yield
+        finally:
+            monkeypatch.setattr(loop.Trainer, "_train_step", real_step)
+
+    return during
