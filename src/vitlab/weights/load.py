@@ -137,7 +137,7 @@ def load(
     """A model in eval mode with the file's weights. `image_size` resamples the position embedding,
     `num_classes` (if different from the file's) attaches a new zero-initialised head. `arch` names the
     architecture of a bare timm state dict when its shapes alone do not determine it."""
-    return model_from_checkpoint(read_checkpoint(path, arch), path, image_size, num_classes)
+    return model_from_checkpoint(read_checkpoint(path, arch), path, image_size, num_classes, owned=True)
 
 
 def model_from_checkpoint(
@@ -145,9 +145,12 @@ def model_from_checkpoint(
     path: str | Path,
     image_size: int | tuple[int, int] | None = None,
     num_classes: int | None = None,
+    owned: bool = False,
 ) -> nn.Module:
     """`load` for weights already read (training reads a checkpoint once: its config decides settings first).
-    `path` names the source in errors."""
+    `path` names the source in errors. The model's parameters take over the checkpoint's tensors only when the
+    caller `owned` them (nobody else holds the Checkpoint); otherwise they are copies, so that training one model
+    (a sweep's first learning rate) cannot change the next one built from the same Checkpoint."""
     config, state = ck.config, dict(ck.state_dict)
     if image_size is not None:
         config, state = change_image_size(config, state, image_size, path)
@@ -163,7 +166,7 @@ def model_from_checkpoint(
     check_state_dict(path, {k: v.shape for k, v in expected.items() if k not in fresh}, state)
     check_values(path, state, ck.meta.get("class_names"), config.num_classes)
     # The model's dtype and a dense layout, as copying into initialised parameters gave (npz kernels are views).
-    state = {k: v.to(expected[k].dtype).contiguous() for k, v in state.items()}
+    state = {k: _param_tensor(v, ck.state_dict.get(k), expected[k].dtype, owned) for k, v in state.items()}
     model.load_state_dict(state, strict=not fresh, assign=True)
     if fresh:
         model.reset_classifier(config.num_classes)  # a zero head on the loaded weights' device and dtype
@@ -172,6 +175,15 @@ def model_from_checkpoint(
     if ck.meta.get("eval_resize"):  # how the run evaluated: `vitlab.transforms(model)` and exports repeat it
         model.eval_resize = ck.meta["eval_resize"]
     return model.eval()
+
+
+def _param_tensor(tensor: torch.Tensor, original: torch.Tensor | None, dtype: torch.dtype, owned: bool
+                  ) -> torch.Tensor:
+    """A dense tensor of the model's dtype for a parameter; a copy when it would still share memory with a
+    Checkpoint the caller keeps."""
+    out = tensor.to(dtype).contiguous()
+    shared = original is not None and out.untyped_storage().data_ptr() == original.untyped_storage().data_ptr()
+    return out.clone() if shared and not owned else out
 
 
 def drop_head(config: ModelConfig, state: dict, num_classes: int) -> tuple[ModelConfig, dict]:
