@@ -50,6 +50,13 @@ class ImageSplit:
                 img.draft("RGB", (min_size, min_size))  # both sides stay >= min_size
             return img.convert("RGB")  # also decodes: errors in the data surface here, inside the `with`
 
+    def storage_blocks(self) -> np.ndarray | None:
+        """Lengths of the runs of consecutive samples stored together (tar shards, Arrow files), in index order,
+        summing to len(self); None when any sample is as cheap to reach as any other (arrays, image files).
+        With blocks, training reads them as streams (`StreamOrder`): whole blocks in a seeded order, locally
+        shuffled, instead of a permutation that jumps across the whole dataset at every sample."""
+        return None
+
     def subset(self, indices: np.ndarray, name: str) -> ImageSplit:
         arrays = self.arrays[indices] if self.arrays is not None else None
         paths = [self.paths[i] for i in indices] if self.paths is not None else None
