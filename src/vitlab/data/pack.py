@@ -1,4 +1,5 @@
-"""`pack_shards`: an image folder into WebDataset tar shards that vitlab (and any WebDataset reader) streams.
+"""`pack_shards`: an image folder or a Hugging Face dataset on disk into WebDataset tar shards that vitlab (and any
+WebDataset reader) streams.
 
 Each sample is `key.<ext>` holding the original encoded bytes, unchanged, and `key.cls` holding the class
 index as text. Shards are filled in the folder reader's order (class by class, sorted paths) up to a byte
@@ -18,6 +19,7 @@ import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -27,8 +29,9 @@ from ..progress import progress
 from .datasets import scan_with_classes
 from .errors import DataError, describe_paths, log
 from .folder import class_folders, folder_layout, scan_split
+from .hfdata import hf_split, is_hf_source, open_hf
 from .shards import INFO_NAME
-from .sources import DECODE_ERRORS, stratified_holdout
+from .sources import DECODE_ERRORS, ImageSplit, stratified_holdout
 
 PENDING = "_pending"  # sidecars of shards completed since _info.json was last written
 INFO_EVERY_S = 10.0
@@ -56,19 +59,72 @@ class PackResult:
     skipped: list[str]  # undecodable images, never packed
 
 
-def _decodes(data: bytes) -> bool:
+SHARD_FORMATS = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}  # what the shard reader takes, by extension
+
+
+def _decodes(data: bytes) -> str | None:
+    """The image format (JPEG, PNG, …) if the bytes decode, else None."""
     try:
         with Image.open(io.BytesIO(data)) as img:
             if img.format == "JPEG":
                 img.draft("RGB", (64, 64))  # reduced-size decode still reads every entropy-coded byte
             img.load()
-        return True
+            return img.format or "unknown"
     except DECODE_ERRORS:
-        return False
+        return None
+
+
+class _Row:
+    """Row `index` of a Hugging Face split, packed as a file is; printed as the row's name."""
+
+    __slots__ = ("split", "index")
+
+    def __init__(self, split: ImageSplit, index: int):
+        self.split, self.index = split, index
+
+    def __str__(self) -> str:
+        return self.split.describe(self.index)
+
+
+def _payload(item: str | _Row) -> tuple[bytes | None, str]:
+    """(encoded bytes, extension) of a file or row; bytes None when they do not decode. Files keep their bytes
+    and extension. Rows keep their bytes, named by their format; a format the shard reader does not take (BMP,
+    TIFF, GIF) is stored as lossless PNG of the RGB image the loader would make of it."""
+    if isinstance(item, str):
+        data = Path(item).read_bytes()
+        return (data if _decodes(data) else None), Path(item).suffix.lower().lstrip(".")
+    try:
+        data = item.split.read_bytes(item.index)
+    except OSError:  # a row without an image
+        return None, ""
+    kind = _decodes(data)
+    if kind is None or kind in SHARD_FORMATS:
+        return (data if kind else None), SHARD_FORMATS.get(kind, "")
+    buf = io.BytesIO()
+    with Image.open(io.BytesIO(data)) as img:
+        img.convert("RGB").save(buf, format="PNG")
+    return buf.getvalue(), "png"
+
+
+def _hf_splits(src: str, val_fraction: float | None) -> tuple[list[str], dict[str, tuple], list[str]]:
+    """(class names, split -> (rows, labels), []) of a Hugging Face source, in row order; a source with one
+    split packs it as train."""
+    hf = open_hf(src)
+    train = hf_split(hf, "train", lenient=True)
+    parts: dict[str, Any] = {"train": train}
+    if val_fraction:
+        keep, held = stratified_holdout(train.labels, val_fraction, seed=0)
+        parts = {"train": train.subset(keep, "train"), "val": train.subset(held, "val")}
+    elif hf.has_val and len(hf.splits) > 1:
+        parts["val"] = hf_split(hf, "val", train.class_names)
+    splits = {k: ([_Row(s, i) for i in range(len(s))], s.labels) for k, s in parts.items()}
+    return train.class_names, splits, []
 
 
 def _source_splits(src: Path, val_fraction: float | None) -> tuple[list[str], dict[str, tuple], list[str]]:
     """(class names, split -> (paths, labels), images unreadable at the header) in the folder reader's order."""
+    if is_hf_source(str(src)):
+        return _hf_splits(str(src), val_fraction)
     train_dir, val_dir = folder_layout(src)
     names = class_folders(train_dir)
     log.addFilter(_quiet_scan)  # the unreadable files are reported once, with the undecodable ones
@@ -148,12 +204,11 @@ def _pack_split(recorder: _Recorder, name: str, paths: list[str], labels: np.nda
     written, members, used = 0, [], 0
     width = len(str(len(paths)))
     for i in range(start, len(paths)):
-        data = Path(paths[i]).read_bytes()
+        data, ext = _payload(paths[i])
         bar.update(1)
-        if not _decodes(data):
-            bad.append(paths[i])
+        if data is None:
+            bad.append(str(paths[i]))
             continue
-        ext = Path(paths[i]).suffix.lower().lstrip(".")
         members.append((f"{name}_{i:0{width}d}.{ext}", data, int(labels[i])))
         used += len(data) + 3 * tarfile.BLOCKSIZE  # two headers and the padding, roughly
         if used >= shard_size:
@@ -218,7 +273,8 @@ def _adopt_pending(out: Path, info: dict, split_names: list[str]) -> None:
 
 def pack_shards(src: str | Path, out: str | Path, shard_size: int = 10**9,
                 val_fraction: float | None = None) -> PackResult:
-    """Pack the image folder `src` (root/<class>/ or root/train|val/<class>/) into shards in `out`."""
+    """Pack the image folder `src` (root/<class>/ or root/train|val/<class>/) or the Hugging Face dataset `src`
+    (a save_to_disk folder or Parquet, `#image=…,label=…` choosing columns) into shards in `out`."""
     src, out = Path(src), Path(out)
     if val_fraction is not None and not 0.0 < val_fraction < 1.0:
         raise DataError(f"--val-fraction must be in (0, 1), got {val_fraction}")

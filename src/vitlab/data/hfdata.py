@@ -1,0 +1,200 @@
+"""Hugging Face datasets on disk as a data source (where the splits are: `hfsource`): rows read by random access
+from the memory-mapped Arrow files, so the samplers work as for image files. Images are read as the stored
+encoded bytes and decoded here exactly as for image files and shards; labels come from one column read. The
+image column is the `Image` feature, the label column the `ClassLabel` feature (its names are the class
+names); `--data '/data/cifar100#image=img,label=fine_label'` chooses them by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from .errors import DataError
+from .hfsource import NEEDS_DATASETS, HFSet, import_datasets, int_column, is_hf_source, open_hf
+from .sources import ImageSplit
+
+IMAGE_NAMES = ("image", "img", "jpg", "png")  # image columns by name when no column has the Image feature
+LABEL_NAMES = ("label", "labels", "cls", "fine_label", "target")
+_INT_TYPES = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"}
+
+
+def _is_image(feature: Any, hf: Any) -> bool:
+    if isinstance(feature, hf.Image):
+        return True
+    if isinstance(feature, hf.Value):
+        return feature.dtype in ("binary", "large_binary", "string", "large_string")  # bytes, or a file path
+    return isinstance(feature, dict) and "bytes" in feature  # {bytes, path} without the Image feature
+
+
+def _is_label(feature: Any, hf: Any) -> bool:
+    return isinstance(feature, hf.ClassLabel) or isinstance(feature, hf.Value) and feature.dtype in _INT_TYPES
+
+
+def _choose(kind: str, features: Any, chosen: str | None, typed: type, named: tuple[str, ...], accept: Any,
+            where: str, source: str) -> str:
+    """One column of `kind`: the chosen one, else the only one with the typed feature, else the only one with
+    a conventional name. None or several: a one-line error asking for #kind=COLUMN."""
+    listing = ", ".join(features)
+    if chosen is not None:
+        if chosen not in features:
+            raise DataError(f"{where} has no column {chosen!r} (#{kind}={chosen}); its columns are {listing}")
+        if not accept(features[chosen]):
+            raise DataError(f"{where}: column {chosen!r} holds {features[chosen]}, not "
+                            f"{'images' if kind == 'image' else 'class indices'}; its columns are {listing}")
+        return chosen
+    found = [c for c, f in features.items() if isinstance(f, typed)]
+    found = found or [c for c in named if c in features and accept(features[c])]
+    if len(found) == 1:
+        return found[0]
+    what = f"{len(found)} {kind} columns ({', '.join(found)})" if found else f"no {kind} column (columns: {listing})"
+    raise DataError(f"{where} has {what}; choose one: --data '{source}#{kind}={found[0] if found else 'COLUMN'}'")
+
+
+def pick_columns(features: Any, chosen: dict[str, str], where: str, source: str) -> tuple[str, str]:
+    """(image column, label column) of a split's features."""
+    hf = import_datasets()
+    image = _choose("image", features, chosen.get("image"), hf.Image, IMAGE_NAMES, lambda f: _is_image(f, hf),
+                    where, source)
+    label = _choose("label", features, chosen.get("label"), hf.ClassLabel, LABEL_NAMES, lambda f: _is_label(f, hf),
+                    where, source)
+    return image, label
+
+
+# ---- the split ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class HFSplit(ImageSplit):
+    """An ImageSplit whose images are rows of a memory-mapped Dataset (`paths` and `arrays` stay None)."""
+
+    dataset: Any = None  # datasets.Dataset over memory-mapped files: pickles as their paths, not their rows
+    image_column: str = "image"
+    source: str = ""  # the --data path, for messages
+    split_name: str = ""  # the dataset's own name of the split (validation, test, …)
+    rows: np.ndarray | None = None  # (N,) the dataset row of sample i; None: sample i is row i (8 bytes/row less)
+    _chunks: Any = field(default=None, init=False, repr=False, compare=False)  # per process, rebuilt after pickling
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_chunks": None}  # Arrow arrays would pickle their data
+
+    def _record_batches(self) -> tuple[list, np.ndarray]:
+        """The image column's record batches and the first row of each (one cheap pass over the metadata)."""
+        if self._chunks is None:
+            chunks = self.dataset.data.table.column(self.image_column).chunks
+            self._chunks = (chunks, np.cumsum([0] + [len(c) for c in chunks], dtype=np.int64))
+        return self._chunks
+
+    def _row(self, i: int) -> int:
+        return int(i if self.rows is None else self.rows[i])
+
+    def describe(self, i: int) -> str:
+        return f"{self.source}[{self.split_name}][row {self._row(i)}]"
+
+    def read_bytes(self, i: int) -> bytes:
+        """The stored encoded image of sample i. OSError (a decode error to the loader, which then substitutes
+        or skips the row) for a row without an image."""
+        chunks, starts = self._record_batches()
+        row = self._row(i)
+        k = int(np.searchsorted(starts, row, "right")) - 1
+        value = chunks[k][row - int(starts[k])].as_py()
+        data, path = (value.get("bytes"), value.get("path")) if isinstance(value, dict) else (
+            (None, value) if isinstance(value, str) else (value, None))
+        if data is None and path:  # an Image feature may refer to a file instead of holding its bytes
+            return Path(path).read_bytes()
+        if data is None:
+            raise OSError(f"{self.describe(i)} has no image")
+        return data
+
+    def encoded(self, i: int) -> io.BytesIO:
+        return io.BytesIO(self.read_bytes(i))
+
+    def load(self, i: int, min_size: int | None = None) -> Image.Image:
+        with Image.open(self.encoded(i)) as img:
+            if min_size and img.format == "JPEG" and min(img.size) >= 2 * min_size:
+                img.draft("RGB", (min_size, min_size))  # as the folder reader: both sides stay >= min_size
+            return img.convert("RGB")
+
+    def storage_blocks(self) -> np.ndarray:
+        """Runs of consecutive samples in one Arrow record batch (a contiguous stretch of one memory-mapped file;
+        `datasets` writes image rows 100 to a batch), or what a subset kept of them."""
+        _, starts = self._record_batches()
+        if self.rows is None:
+            lengths = np.diff(starts)
+            return lengths[lengths > 0]
+        block = np.searchsorted(starts, self.rows, "right") - 1
+        if not len(block):
+            return np.zeros(0, np.int64)
+        return np.diff(np.concatenate([[0], np.flatnonzero(np.diff(block)) + 1, [len(block)]]))
+
+    def subset(self, indices: np.ndarray, name: str) -> HFSplit:
+        rows = np.asarray(indices, np.int64) if self.rows is None else self.rows[indices]
+        return dataclasses.replace(self, name=name, labels=self.labels[indices], rows=rows)
+
+
+def _relabel(labels: np.ndarray, recorded: list[str] | None, wanted: list[str] | None, where: str) -> np.ndarray:
+    """Labels in the order of `wanted` (the training split's or a model's classes), matched by class name as
+    for folders; labels without recorded names keep their indices."""
+    if wanted is None or recorded is None or list(recorded) == list(wanted):
+        return labels
+    unknown = sorted(set(recorded) - set(wanted))
+    if unknown:
+        raise DataError(f"{where} has classes unknown to the {len(wanted)} training classes: "
+                        f"{', '.join(unknown[:5])}; use data with the same classes")
+    return np.array([list(wanted).index(c) for c in recorded], dtype=np.int64)[labels]
+
+
+def _check_labels(labels: np.ndarray, num_classes: int, column: str, where: str) -> None:
+    unlabelled = int((labels == -1).sum())
+    if unlabelled:
+        raise DataError(f"{where}: {unlabelled} of {len(labels)} rows have no label (-1: Hugging Face's mark of an "
+                        "unlabelled test split); use a labelled split, e.g. hold out part of train with "
+                        "--val-fraction 0.1")
+    bad = labels[(labels < 0) | (labels >= num_classes)]
+    if len(bad):
+        raise DataError(f"{where}: label {int(bad[0])} in column {column!r} is outside the {num_classes} classes; "
+                        "choose the label column with #label=COLUMN or fix the data")
+
+
+def hf_split(hf: HFSet, split: str, class_names: list[str] | None = None, strict: bool = False,
+             lenient: bool = False) -> HFSplit:
+    """vitlab's `split` (train, val, test) of a Hugging Face source; `class_names` (the training split's or a
+    model's) label it by name."""
+    name = hf.resolve(split, lenient)
+    where = f"{hf.source}[{name}]"
+    image, label = pick_columns(hf.features(name), hf.columns, where, hf.source)
+    dataset = hf.open(name)
+    labels = int_column(dataset.data.column(label))  # one column read, no pass over the rows
+    feature = dataset.features[label]
+    recorded = list(feature.names) if isinstance(feature, import_datasets().ClassLabel) else None
+    if recorded is None and class_names is None:  # no names: the class indices, over all splits
+        top = max((int(hf.label_values(s, label).max(initial=-1)) for s in hf.splits), default=-1)
+        recorded_count = top + 1
+    else:
+        recorded_count = len(recorded) if recorded is not None else len(class_names)
+    _check_labels(labels, recorded_count, label, where)
+    labels = _relabel(labels, recorded, class_names, where)
+    names = class_names or recorded or [str(k) for k in range(recorded_count)]
+    return HFSplit(split, labels, list(names), strict=strict, dataset=dataset, image_column=image, source=hf.source,
+                   split_name=name)
+
+
+def hf_train_val(data: str, val_fraction: float | None, strict: bool) -> tuple[HFSplit, HFSplit]:
+    """The train split and the val split labelled by its classes (empty with --val-fraction: held out later)."""
+    hf = open_hf(data)
+    if not hf.has_val and not val_fraction:
+        raise DataError(f"missing split: {hf.source} has no validation or test split (found "
+                        f"{', '.join(hf.splits)}); hold out part of train with --val-fraction 0.1")
+    train = hf_split(hf, "train", strict=strict)
+    val = hf_split(hf, "val", train.class_names, strict) if not val_fraction else train.subset(np.arange(0), "val")
+    return train, val
+
+
+__all__ = ["NEEDS_DATASETS", "HFSet", "HFSplit", "hf_split", "hf_train_val", "is_hf_source", "open_hf",
+           "pick_columns"]
