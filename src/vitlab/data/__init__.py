@@ -1,10 +1,11 @@
-"""Datasets (image folders, WebDataset tar shards, embedded digits/MNIST), the official pre-processing
-(inception crop as TF draws it, the named evaluation resizes, big_vision's few-shot resize) and deterministic
-loaders."""
+"""Datasets (image folders, WebDataset tar shards, embedded digits/MNIST, rendered FractalDB), the official
+pre-processing (inception crop as TF draws it, the named evaluation resizes, big_vision's few-shot resize) and
+deterministic loaders."""
 
 from .datasets import Datasets, build_datasets, load_split
 from .embedded import EMBEDDED
 from .errors import DataError
+from .fractal import fractal_splits
 from .loader import ShardSampler, StepSampler, TransformedSplit, make_loader
 from .shards import ShardSplit
 from .sources import ImageSplit
@@ -13,5 +14,5 @@ from .transforms import EVAL_RESIZES, FEWSHOT_RESIZE, TRAIN_CROPS, EvalTransform
 __all__ = [
     "EMBEDDED", "EVAL_RESIZES", "FEWSHOT_RESIZE", "TRAIN_CROPS", "DataError", "Datasets", "EvalTransform",
     "ImageSplit", "ShardSampler", "ShardSplit", "StepSampler", "TrainTransform", "TransformedSplit", "build_datasets",
-    "load_split", "make_loader", "normalize",
+    "fractal_splits", "load_split", "make_loader", "normalize",
 ]

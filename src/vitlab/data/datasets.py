@@ -10,6 +10,7 @@ import numpy as np
 from .embedded import EMBEDDED, embedded_splits
 from .errors import DataError
 from .folder import check_same_classes, class_folders, folder_layout, scan_split
+from .fractal import fractal_splits, is_fractal_source
 from .hfdata import HFSplit, hf_split, hf_train_val, is_hf_source, open_hf
 from .shards import is_shard_source, open_shard_set, shard_split
 from .sources import ImageSplit, stratified_holdout
@@ -38,6 +39,9 @@ def build_datasets(data: str = "digits", val_fraction: float | None = None, stri
         raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
     if data in EMBEDDED:
         train, val = embedded_splits(data)
+        ds = Datasets(train, val, train.class_names, data)
+    elif is_fractal_source(data):  # fractal:C:N[:SEED], rendered (Kataoka et al. 2020)
+        train, val = fractal_splits(data)
         ds = Datasets(train, val, train.class_names, data)
     elif is_hf_source(data):  # before shards: a brace pattern of .parquet files is not a tar pattern
         train, val = hf_train_val(data, val_fraction, strict)
@@ -120,6 +124,9 @@ def load_split(
     if data in EMBEDDED:
         train, test = embedded_splits(data)
         return train if split == "train" else test
+    if is_fractal_source(data):
+        train, val = fractal_splits(data)
+        return train if split == "train" else val
     if is_hf_source(data):
         return hf_split(open_hf(data), split, class_names, strict, lenient=True)
     if is_shard_source(data):
@@ -150,7 +157,7 @@ def _held_out(train: ImageSplit, val_fraction: float) -> tuple[ImageSplit, Image
 
 def has_val_split(data: str) -> bool:
     """Whether `data` has a validation split of its own (embedded test split, a folder's val/, val shards)."""
-    if data in EMBEDDED:
+    if data in EMBEDDED or is_fractal_source(data):
         return True
     if is_hf_source(data):
         return open_hf(data).has_val
@@ -187,6 +194,8 @@ def evaluation_splits(
         train = load_split(data, "train", class_names, strict)
         test = load_split(data, "val", class_names, strict)
         source = f"the {data} test split" if data in EMBEDDED else f"{Path(data) / 'val'}"
+        if is_fractal_source(data):
+            source = f"the {data} val split"
         if isinstance(test, HFSplit):
             source = f"the {test.split_name} split of {test.source}"
         return EvaluationSplits(train, test, source, None)
