@@ -1,0 +1,93 @@
+"""`vitlab experiment NAME`: one of the paper's findings reproduced at small scale (vitlab.experiments)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from .types import non_negative_int
+
+DEFAULT_OUT = "runs/experiments"
+QUICK_OUT = "runs/experiments-quick"
+DEFAULT_REPORT = "REPRODUCTION.md"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from ..experiments import NAMES
+
+    p = sub.add_parser(
+        "experiment", help="reproduce one of the paper's findings at small scale (results.json, figures)",
+        description="Run one experiment of the paper at CPU scale: " + ", ".join(NAMES) + " (all: every one in "
+                    "turn; report: only rewrite REPRODUCTION.md from the stored results). Every number comes "
+                    "from runs the command performs, each in its own run directory under OUT/_runs/, shared "
+                    "between experiments; a finished run is never redone and an interrupted one resumes, so "
+                    "running the same command again continues where it stopped. Writes OUT/NAME/results.json "
+                    "and figures, and (full runs) rewrites REPRODUCTION.md.")
+    p.add_argument("name", metavar="NAME", help=f"{', '.join(NAMES)}, all, or report")
+    p.add_argument("--quick", action="store_true",
+                   help="the pipeline in seconds (tiny sets, a few steps, one seed): checks that it runs, not "
+                        "what it finds")
+    p.add_argument("--out", help=f"where runs and results go (default {DEFAULT_OUT}; with --quick {QUICK_OUT})")
+    p.add_argument("--seeds", type=non_negative_int, nargs="+", metavar="SEED",
+                   help="seeds of the compared runs (default: the experiment's, 0 1 2 for most; --quick: 0)")
+    p.add_argument("--estimate", action="store_true",
+                   help="measure step times, print what is left to run and how long it will take, run nothing")
+    p.add_argument("--report", metavar="PATH",
+                   help=f"the Markdown report to rewrite from OUT's full results (default {DEFAULT_REPORT} for "
+                        "full runs, none for --quick)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..experiments import NAMES, experiments
+    from . import UserError
+
+    names = list(NAMES) if args.name == "all" else [] if args.name == "report" else [args.name]
+    if any(n not in NAMES for n in names):
+        raise UserError(f"unknown experiment {args.name!r}; choose one of {', '.join(NAMES)}, all or report")
+    if args.verbosity > 0:  # every sub-run's training log on the console, as `vitlab train` prints it
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+    out = Path(args.out or (QUICK_OUT if args.quick else DEFAULT_OUT))
+    table = experiments()
+    for name in names:
+        if not _run_one(table[name], out, args):
+            return 130
+    report = args.report or (None if args.quick else DEFAULT_REPORT)
+    if report and not args.estimate:
+        from ..experiments.report import write_report
+
+        write_report(out, Path(report))
+        print(f"wrote {report} from the results in {out}")
+    return 0
+
+
+def _run_one(experiment, out: Path, args: argparse.Namespace) -> bool:
+    """One experiment; False if a run was stopped (SIGTERM, Ctrl-C) and the experiment with it."""
+    from ..experiments import run_experiment
+    from ..experiments.runner import Interrupted
+
+    try:
+        results = run_experiment(experiment, out, args.quick, tuple(args.seeds) if args.seeds else None,
+                                 args.estimate)
+    except Interrupted as err:
+        print(f"vitlab experiment: interrupted ({err}); run the same command again to continue", file=sys.stderr)
+        return False
+    if results is not None:
+        print_summary(results, out / experiment.name)
+    return True
+
+
+def print_summary(results: dict, folder: Path) -> None:
+    print(f"{results['experiment']} ({results['paper']}), {results['mode']} run, seeds "
+          f"{' '.join(str(s) for s in results['seeds'])}, {results['wall_seconds']:.0f} s:")
+    for line in results["measured"]:
+        print(f"  {line}")
+    check = results["check"]
+    if results["mode"] == "quick":
+        print("  (--quick: a check of the pipeline; its numbers say nothing about the finding)")
+    else:
+        print(f"  the paper's ordering {'holds' if check['holds'] else 'does not hold'} here by the rule: "
+              f"{check['rule']}")
+    print(f"  {folder / 'results.json'}; figures: {', '.join(f['file'] for f in results['figures'])}")

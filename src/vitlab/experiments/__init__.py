@@ -1,0 +1,25 @@
+"""The paper's findings reproduced at small scale, one command per experiment (`vitlab experiment NAME`).
+
+Each experiment module holds its paper reference, the finding, a plan (the runs it needs) and an analysis (tables,
+figures, the measured comparison); `runner` trains and evaluates the runs, shared between experiments through a
+run cache keyed by what each run computes; `report` writes REPRODUCTION.md from the results.
+"""
+
+from __future__ import annotations
+
+from .driver import Experiment, read_results, run_experiment
+
+_MODULES = ["data_scaling", "compute", "pos_embed", "token_vs_gap", "attention_distance", "mpp"]
+
+
+def experiments() -> dict[str, Experiment]:
+    """Every experiment by name, in the issue's order."""
+    import importlib
+
+    found = [Experiment.from_module(importlib.import_module(f"{__name__}.{m}")) for m in _MODULES]
+    return {e.name: e for e in found}
+
+
+NAMES = ("data-scaling", "compute", "pos-embed", "token-vs-gap", "attention-distance", "mpp")
+
+__all__ = ["NAMES", "Experiment", "experiments", "read_results", "run_experiment"]

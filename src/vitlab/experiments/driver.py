@@ -1,0 +1,149 @@
+"""`run_experiment`: estimate, run, analyse, write `<out>/<name>/results.json` and the figures."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from .common import FULL, QUICK, Scale
+from .runner import Context, Progress, Runner, format_seconds
+
+RESULTS = "results.json"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A paper finding as data: the runs its `plan` asks for, and `analyze` turning their records into tables,
+    figures and the measured comparison."""
+
+    name: str
+    title: str
+    paper: str  # where in the paper
+    finding: str  # the paper's claim, in words
+    setup: str  # what is run, with {scale fields} filled in
+    plan: Callable[[Context], Any]
+    analyze: Callable[[Context, Any, Path], dict[str, Any]]
+    seeds: tuple[int, ...] = (0, 1, 2)
+
+    @classmethod
+    def from_module(cls, module: ModuleType) -> Experiment:
+        return cls(module.NAME, module.TITLE, module.PAPER, module.FINDING, module.SETUP, module.plan,
+                   module.analyze, getattr(module, "SEEDS", (0, 1, 2)))
+
+
+def scale_for(quick: bool) -> Scale:
+    return QUICK if quick else FULL
+
+
+def default_seeds(experiment: Experiment, quick: bool) -> tuple[int, ...]:
+    return experiment.seeds[:1] if quick else experiment.seeds
+
+
+def estimate(experiment: Experiment, runner: Runner, seeds: tuple[int, ...]) -> Context:
+    """The dry pass: what is still to do and its seconds (step times are measured here)."""
+    dry = Context(runner, seeds, dry=True)
+    experiment.plan(dry)
+    return dry
+
+
+def describe_estimate(experiment: Experiment, dry: Context, runner: Runner) -> str:
+    todo = list(dry.todo.values())
+    trainings = [spec for spec, _, _ in todo if runner.todo(spec, [])[0]]
+    steps = sum(spec.steps for spec in trainings)
+    total = sum(seconds for _, _, seconds in todo)
+    times = ", ".join(f"{name} {t.train_s:.3f} s" for name, t in sorted(runner.cost.named().items()))
+    if not todo:
+        return f"{experiment.name}: every run is already done; analysing"
+    return (f"{experiment.name}: {len(trainings)} run(s) to train ({steps:,} steps) and "
+            f"{sum(len(e) for _, e, _ in todo)} evaluation(s): about {format_seconds(total)} on this machine "
+            f"(estimated from step times measured now, per step: {times})")
+
+
+def run_experiment(experiment: Experiment, out: str | Path, quick: bool = False,
+                   seeds: tuple[int, ...] | None = None, estimate_only: bool = False,
+                   say: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+    """Run one experiment (what is not done yet), write its results.json and figures; returns the results."""
+    say = say or (lambda line: print(line, file=sys.stdout, flush=True))
+    out = Path(out)
+    scale = scale_for(quick)
+    seeds = tuple(seeds) if seeds else default_seeds(experiment, quick)
+    runner = Runner(out, scale)
+    dry = estimate(experiment, runner, seeds)
+    estimated = sum(seconds for _, _, seconds in dry.todo.values())
+    say(describe_estimate(experiment, dry, runner))
+    if estimate_only:
+        return None
+    started = time.perf_counter()
+    progress = Progress(dict(dry.todo), experiment.name)
+    try:
+        ctx = Context(runner, seeds, dry=False, progress=progress)
+        planned = experiment.plan(ctx)
+    finally:
+        progress.close()
+    folder = out / experiment.name
+    folder.mkdir(parents=True, exist_ok=True)
+    analysis = experiment.analyze(ctx, planned, folder)
+    results = {
+        "experiment": experiment.name, "title": experiment.title, "paper": experiment.paper,
+        "finding": experiment.finding, "setup": describe_setup(experiment, scale, seeds),
+        "mode": scale.name, "seeds": list(seeds), "scale": scale.to_dict(),
+        "command": command(experiment.name, quick, seeds, experiment),
+        **analysis,
+        "runs": [_run_entry(r, out) for r in ctx.records.values()],
+        "estimated_seconds": round(estimated, 1), "wall_seconds": round(time.perf_counter() - started, 1),
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "versions": _versions(),
+    }
+    write_results(folder / RESULTS, results)
+    return results
+
+
+def command(name: str, quick: bool, seeds: tuple[int, ...], experiment: Experiment) -> str:
+    parts = [f"vitlab experiment {name}"] + (["--quick"] if quick else [])
+    if seeds != default_seeds(experiment, quick):
+        parts.append("--seeds " + " ".join(str(s) for s in seeds))
+    return " ".join(parts)
+
+
+def describe_setup(experiment: Experiment, scale: Scale, seeds: tuple[int, ...]) -> str:
+    """The experiment's setup text with the scale's numbers filled in."""
+    fields = {**scale.to_dict(), "seeds": len(seeds)}
+    fields["per_class"] = " / ".join(f"{n:,}" for n in scale.per_class)
+    fields["fewshot_data"] = " and ".join(scale.fewshot_data)
+    return experiment.setup.format(**fields)
+
+
+def _run_entry(record: Any, out: Path) -> dict[str, Any]:
+    s = record.spec.settings
+    entry = {"key": record.spec.key, "label": record.spec.label, "dir": str(record.run_dir.relative_to(out)),
+             "lr": s.get("lr"), "seed": s.get("seed"), "steps": s.get("steps"),
+             "val_top1": record.result.get("train", {}).get("val", {}).get("top1"),
+             "wall_seconds": record.result.get("wall_seconds", {})}
+    return entry
+
+
+def _versions() -> dict[str, str]:
+    import torch
+
+    from .. import __version__
+
+    return {"vitlab": __version__, "torch": torch.__version__, "python": sys.version.split()[0]}
+
+
+def write_results(path: Path, results: dict[str, Any]) -> None:
+    from ..outputs import atomic_write
+
+    text = json.dumps(results, indent=1)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def read_results(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None

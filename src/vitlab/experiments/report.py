@@ -1,0 +1,156 @@
+"""REPRODUCTION.md, written from the experiments' results.json files (full runs only: a --quick run checks the
+pipeline, not the findings), so that running an experiment again rewrites its section.
+
+Per experiment: the paper's finding, the setup, the command, the tables and figure, the measured comparison and
+whether the paper's ordering holds by a stated mechanical rule. A person's notes between
+`<!-- notes:NAME -->` and `<!-- /notes:NAME -->` survive every rewrite. Figures are copied next to the report
+(`reproduction/NAME-FILE.png`) so that the report does not point into a run folder.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from . import NAMES
+from .common import FULL
+from .driver import RESULTS, describe_setup, read_results
+
+FIGURES = "reproduction"
+NOT_RUN = ("**Verdict: pending.** No full run yet; `{command}` produces the numbers, the figure and the measured "
+           "comparison that replace this line.")
+
+INTRO = """# Reproducing the paper's findings at small scale
+
+Dosovitskiy et al., "An Image is Worth 16x16 Words" (ICLR 2021), reproduced on a 2-core CPU: every experiment is one
+command, `vitlab experiment NAME`, and every number below comes from runs that command performed (each run keeps its
+own directory under `runs/experiments/_runs/`, with its config.json, metrics and weights; the results are in
+`runs/experiments/NAME/results.json`). Pre-training is on FractalDB-style sets (`--data fractal:C:N`: images drawn by
+iterated function systems, Kataoka et al. 2020), since ImageNet-21k and JFT-300M cannot be had here; transfer is to
+the embedded digits (8×8, 1,797 images) and MNIST (5,000-image subset). Seeds are fixed and listed; ± is one standard
+deviation over seeds. The setup was fixed before the runs and not tuned afterwards to agree with the paper.
+
+This file is written by `vitlab experiment NAME` (and `vitlab experiment report`) from the results; text between
+`<!-- notes:NAME -->` markers is kept when it is rewritten.
+"""
+
+
+def write_report(out: str | Path, path: str | Path) -> Path:
+    """Rewrite the report at `path` from the results under `out` (the --out of the experiments)."""
+    from ..outputs import atomic_write
+    from . import experiments
+
+    out, path, table = Path(out), Path(path), experiments()
+    previous = path.read_text(encoding="utf-8") if path.is_file() else ""
+    sections, rows = [], []
+    for number, name in enumerate(NAMES, 1):
+        results = read_results(out / name / RESULTS)
+        full = results if results and results.get("mode") == "full" else None
+        figures = _copy_figures(full, out / name, path.parent) if full else []
+        sections.append(section(number, name, full, figures, _notes(previous, name)))
+        rows.append(_summary_row(name, full, table[name].paper))
+    summary = ["## Summary", "", "| experiment | paper | the paper's ordering (by the rule in its section) | wall "
+               "time |", "|---|---|---|---|", *rows, ""]
+    text = "\n".join([INTRO, *summary, shared_setup(), *sections]).rstrip() + "\n"
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    return path
+
+
+def shared_setup() -> str:
+    """What every experiment shares: the scale, the recipes and the three model families with their size and
+    cost by vitlab's counters (known before any run)."""
+    from ..train.config import RECIPES
+    from .common import model_table
+
+    f = FULL
+    warmup = RECIPES["pretrain-i1k"]["warmup"] / RECIPES["pretrain-i1k"]["steps"]
+    rows = [f"| {r['family']} | {r['size']} | {r['architecture']} | {r['params']:,} | {r['macs'] / 1e6:.1f} M |"
+            for r in model_table(f, f.categories)]
+    return "\n".join([
+        "## Setup shared by the experiments", "",
+        f"- Images at {f.image_size}×{f.image_size} px. Pre-training sets `fractal:{f.categories}:N`: {f.categories} "
+        f"categories, N training and N/10 validation images each, N in {', '.join(f'{n:,}' for n in f.per_class)}.",
+        f"- Pre-training: the paper's ImageNet-1k recipe (Table 3; vitlab recipe `pretrain-i1k`: Adam, cosine decay, "
+        f"weight decay 0.3, dropout 0.1, softmax, a `pre_logits` layer) for {f.steps} steps of {f.batch_size} images, "
+        f"the warm-up keeping its {100 * warmup:.3g} % share of the steps; the learning rate chosen per family from "
+        f"{', '.join(f'{lr:g}' for lr in f.lrs)} by final top-1 on the largest set's validation split (seed 0).",
+        f"- Fine-tuning on digits: the paper's protocol (Table 4, recipe `finetune`: SGD momentum 0.9, cosine decay, "
+        f"no weight decay) for {f.finetune_steps} steps of {f.batch_size}, the learning rate chosen from "
+        f"{', '.join(f'{lr:g}' for lr in f.finetune_lrs)} on a {100 * f.dev_fraction:g} % dev split of the "
+        "training images (Appendix B.1.1), accuracy on the digits test split.",
+        f"- Few-shot: big_vision's linear protocol (closed-form ridge, L2 2^10, {f.fewshot_seeds} draws per shot "
+        f"count) at {' and '.join(str(k) for k in f.shots)} shots on {' and '.join(f.fewshot_data)}.",
+        "", "*Models (parameters as pre-trained on the fractal classes; multiply-adds per image, forward, by "
+        "vitlab.flops)*", "", "| family | size | architecture | parameters | multiply-adds |", "|---|---|---|---|---|",
+        *rows, ""])
+
+
+def section(number: int, name: str, results: dict[str, Any] | None, figures: list[tuple[str, str]],
+            notes: str) -> str:
+    """One experiment's section: the finding and, when a full run exists, what it measured."""
+    from . import experiments
+
+    exp = experiments()[name]
+    lines = [f"## {number}. {name}: {exp.title} (paper {exp.paper})", "", f"**The paper's finding.** {exp.finding}", ""]
+    if results is None:
+        setup = describe_setup(exp, FULL, exp.seeds)
+        lines += [f"**Setup.** {setup} Seeds {', '.join(str(s) for s in exp.seeds)}.", "",
+                  NOT_RUN.format(command=f"vitlab experiment {name}"), ""]
+    else:
+        lines += _measured(results, figures)
+    lines += [f"<!-- notes:{name} -->", *([notes] if notes else []), f"<!-- /notes:{name} -->", ""]
+    return "\n".join(lines)
+
+
+def _measured(r: dict[str, Any], figures: list[tuple[str, str]]) -> list[str]:
+    check = r["check"]
+    verdict = "holds" if check["holds"] else "does not hold"
+    lines = [f"**Setup.** {r['setup']} Seeds {', '.join(str(s) for s in r['seeds'])}; learning rates chosen: "
+             f"{_choices(r.get('choices', {}))}.", "",
+             f"**Command.** `{r['command']}` ({r['wall_seconds'] / 60:.0f} min of wall time on "
+             f"{r['finished']}; vitlab {r['versions']['vitlab']}, torch {r['versions']['torch']}).", ""]
+    for table in r["tables"]:
+        lines += [f"*{table['title']}*", "", "| " + " | ".join(table["columns"]) + " |",
+                  "|" + "---|" * len(table["columns"]), *("| " + " | ".join(str(c) for c in row) + " |"
+                                                           for row in table["rows"]), ""]
+    for file, caption in figures:
+        lines += [f"![{caption}]({file})", "", f"*{caption}*", ""]
+    lines += ["**Measured.**", "", *(f"- {m}" for m in r["measured"]), ""]
+    lines += [f"**Verdict (measured).** At this scale the paper's ordering {verdict} by the rule: {check['rule']}.",
+              "", *(f"- {d}" for d in check["details"]), ""]
+    return lines
+
+
+def _choices(choices: dict[str, Any]) -> str:
+    parts = []
+    for what, value in choices.items():
+        text = ", ".join(f"{k} {v:g}" for k, v in value.items()) if isinstance(value, dict) else f"{value:g}"
+        parts.append(f"{what.replace('_', ' ')}: {text}")
+    return "; ".join(parts) or "none"
+
+
+def _summary_row(name: str, r: dict[str, Any] | None, paper: str) -> str:
+    if r is None:
+        return f"| {name} | {paper} | pending: no full run yet | |"
+    state = "holds" if r["check"]["holds"] else "does not hold"
+    return f"| {name} | {r['paper']} | {state} | {r['wall_seconds'] / 60:.0f} min |"
+
+
+def _copy_figures(results: dict[str, Any], folder: Path, report_dir: Path) -> list[tuple[str, str]]:
+    copied = []
+    for figure in results["figures"]:
+        source = folder / figure["file"]
+        target = Path(FIGURES) / f"{results['experiment']}-{figure['file']}"
+        if source.is_file():
+            (report_dir / FIGURES).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, report_dir / target)
+            copied.append((target.as_posix(), figure["caption"]))
+    return copied
+
+
+def _notes(previous: str, name: str) -> str:
+    """A person's notes on an experiment from the report being replaced (empty if none)."""
+    found = re.search(rf"<!-- notes:{re.escape(name)} -->\n(.*?)\n?<!-- /notes:{re.escape(name)} -->", previous, re.S)
+    return found.group(1).strip("\n") if found else ""

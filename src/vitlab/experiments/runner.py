@@ -1,0 +1,285 @@
+"""Running an experiment's sub-runs: each in its own run directory under `<out>/_runs/`, trained in this process
+through the same resolution step and training loop as `vitlab train`, finished runs found again from their
+stored results, an interrupted one resumed by the trainer's --resume.
+
+An experiment is a plan function: plain code that asks `ctx.run(spec, evals)` for the runs it needs, in order,
+and `ctx.best(...)` to choose among candidates (a learning rate). The plan is executed twice: a dry pass that only
+lists what is not done yet and estimates its time (printed before anything starts, and the progress bar's total),
+then the real pass, which trains what is missing and returns the records the analysis reads.
+
+A run directory holds the normal run files (config.json, metrics.jsonl, console.log, model.safetensors) and
+result.json: the spec, the training outcome and every evaluation computed on it so far. A run is finished when
+result.json has its training outcome; an evaluation is done when result.json has it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .estimate import CostModel, render_seconds
+from .evals import evaluate
+from .spec import RunSpec
+
+RESULT = "result.json"
+RUNS = "_runs"
+CURVE = "curve"  # the checkpoints' weights of a run that keeps them
+
+
+class Interrupted(Exception):
+    """A sub-run stopped on a signal with a checkpoint; running the same command again continues it."""
+
+
+@dataclass
+class Record:
+    """A run and what is stored about it (in the dry pass: what is stored so far, `pending` if not finished)."""
+
+    spec: RunSpec
+    run_dir: Path
+    result: dict[str, Any] = field(default_factory=dict)
+    pending: bool = False
+
+    @property
+    def val(self) -> dict[str, float]:
+        """The final validation metrics of the training run (top1, loss, count)."""
+        return self.result["train"]["val"]
+
+    def evaluation(self, name: str) -> Any:
+        return self.result["evals"][name]
+
+
+def train_spec(spec: RunSpec, run_dir: Path, init: Path | None) -> dict[str, Any]:
+    """Train (or continue) one run as `vitlab train`/`vitlab finetune` would with the spec's settings as flags:
+    the same resolution step, banner, config.json and loop, in this process."""
+    from ..train import TrainingDiverged, run
+    from ..train.resolve import resolve
+
+    flags = {**spec.settings, "out": str(run_dir), "resume": True}
+    if init is not None:
+        flags["init"] = str(init)
+    try:
+        result = run(resolve(spec.recipe, flags, verb=spec.verb))
+    except TrainingDiverged as err:  # an outcome (a learning rate too high), recorded as one: top-1 0
+        return {"diverged": str(err), "val": {"top1": 0.0}}
+    if result.status != "completed":
+        raise Interrupted(f"{run_dir} stopped at step {result.step} ({result.status})")
+    return {"step": result.step, "val": {k: float(v) for k, v in result.metrics.items()},
+            "seconds": round(result.seconds, 2), "images_per_s": round(result.images_per_s, 1)}
+
+
+class Runner:
+    """Finds, trains and evaluates runs under `<root>/_runs/`."""
+
+    def __init__(self, root: Path, scale: Any, train: Callable[..., dict[str, Any]] | None = None):
+        self.runs = Path(root) / RUNS
+        self.scale = scale
+        self.train = train if train is not None else train_spec  # another trainer: tests
+        self.cost = CostModel(scale.workers)
+
+    def run_dir(self, spec: RunSpec) -> Path:
+        """The spec's directory: an existing one with its key (whatever its label), else a new name."""
+        found = sorted(self.runs.glob(f"{spec.key}-*")) if self.runs.is_dir() else []
+        return found[0] if found else self.runs / spec.dirname
+
+    def stored(self, spec: RunSpec) -> Record:
+        run_dir = self.run_dir(spec)
+        try:
+            result = json.loads((run_dir / RESULT).read_text())
+        except (OSError, ValueError):
+            result = {}
+        if result.get("spec", {}).get("key") != spec.key:
+            result = {}
+        return Record(spec, run_dir, result, pending="train" not in result)
+
+    def todo(self, spec: RunSpec, evals: Iterable[str]) -> tuple[bool, list[str]]:
+        """(training still needed, evaluations still missing)."""
+        record = self.stored(spec)
+        done = record.result.get("evals", {})
+        return record.pending, [e for e in evals if e not in done]
+
+    def execute(self, spec: RunSpec, evals: Iterable[str], on_done: Callable[[str], None] = lambda s: None) -> Record:
+        record = self.stored(spec)
+        if record.pending:
+            init = self._init_path(spec)
+            started = time.perf_counter()
+            outcome = self.train(spec, record.run_dir, init)
+            record.result = {"spec": spec.to_dict(), "train": outcome, "evals": {},
+                             "wall_seconds": {"train": round(time.perf_counter() - started, 2)}}
+            if spec.curve:
+                keep_curve_weights(record.run_dir)
+            _write(record)
+            # model.safetensors is what the evaluations read; the optimiser states are not needed any more
+            shutil.rmtree(record.run_dir / "checkpoints", ignore_errors=True)
+            record.pending = False
+            on_done("trained")
+        missing = [name for name in evals if name not in record.result["evals"]]
+        if missing and record.result["train"].get("diverged"):
+            raise ValueError(f"run {record.run_dir} diverged, so {', '.join(missing)} cannot be measured: "
+                             f"{record.result['train']['diverged']}")
+        for name in missing:
+            if name not in record.result["evals"]:
+                self._evaluate(record, name)
+                _write(record)
+                on_done(name)
+        return record
+
+    def _evaluate(self, record: Record, name: str) -> None:
+        started = time.perf_counter()
+        record.result["evals"][name] = evaluate(name, record.run_dir, self.scale)
+        record.result.setdefault("wall_seconds", {})[name] = round(time.perf_counter() - started, 2)
+
+    def _init_path(self, spec: RunSpec) -> Path | None:
+        if spec.init is None:
+            return None
+        found = sorted(self.runs.glob(f"{spec.init}-*/{RESULT}"))
+        if not found:
+            raise ValueError(f"{spec.label} fine-tunes run {spec.init}, which has not been trained; the plan must "
+                             "run it first")
+        return found[0].parent / "model.safetensors"
+
+
+def keep_curve_weights(run_dir: Path) -> None:
+    """The weights of every kept checkpoint as <run>/curve/step_N.safetensors, for a transfer curve computed
+    when an experiment asks for it (without the optimiser state, a third of a checkpoint's size)."""
+    from ..train.checkpoint import list_checkpoints
+
+    folder = run_dir / CURVE
+    folder.mkdir(exist_ok=True)
+    for ckpt in list_checkpoints(run_dir):
+        if (ckpt / "model.safetensors").is_file():
+            (ckpt / "model.safetensors").replace(folder / f"{ckpt.name}.safetensors")
+
+
+def _write(record: Record) -> None:
+    from ..outputs import atomic_write
+
+    text = json.dumps(record.result, indent=1)
+    atomic_write(record.run_dir / RESULT, lambda tmp: Path(tmp).write_text(text))
+
+
+class Context:
+    """What a plan sees: the scale, the seeds, `run` and `best`. In the dry pass nothing runs: it collects what
+    is missing and its estimated seconds; records are the stored ones (pending if unfinished)."""
+
+    def __init__(self, runner: Runner, seeds: tuple[int, ...], dry: bool, progress: Any = None):
+        self.runner, self.scale, self.seeds, self.dry = runner, runner.scale, tuple(seeds), dry
+        self.progress = progress
+        self.todo: dict[str, tuple[RunSpec, list[str], float]] = {}  # key -> (spec, missing evals, seconds)
+        self.rendered: set[str] = set()
+        self.records: dict[str, Record] = {}
+        self.specs: dict[str, RunSpec] = {}  # every spec asked for, by key: a fine-tuning run's model is its init's
+
+    def run(self, spec: RunSpec, evals: Iterable[str] = ()) -> Record:
+        evals = list(dict.fromkeys(evals))
+        if self.dry:
+            self._note(spec, evals)
+            return self.runner.stored(spec)
+        if spec.key in self.records and all(e in self.records[spec.key].result["evals"] for e in evals):
+            return self.records[spec.key]
+        started, done = time.perf_counter(), []
+        record = self.runner.execute(spec, evals, done.append)
+        if done and self.progress is not None:
+            if "trained" in done:
+                done[done.index("trained")] = f"trained, val top-1 {100 * record.val.get('top1', 0):.1f}%"
+            self.progress.done(spec, "; ".join(done), time.perf_counter() - started)
+        self.records[spec.key] = record
+        return record
+
+    def best(self, candidates: Mapping[Any, RunSpec], metric: str = "top1") -> Any:
+        """The candidate whose run has the best final validation `metric` (a tie: the first); in the dry pass,
+        before the candidates have run, the first (what the estimate needs is the same for every choice)."""
+        records = {value: self.run(spec) for value, spec in candidates.items()}
+        if any(r.pending for r in records.values()):
+            return next(iter(candidates))
+        return max(records, key=lambda v: (records[v].val[metric], -list(records).index(v)))
+
+    def _costed(self, spec: RunSpec) -> RunSpec:
+        """The spec with its model's settings (a fine-tuning run's come from the run it starts from)."""
+        if spec.init is None or spec.init not in self.specs:
+            return spec
+        parent = self.specs[spec.init].settings
+        model = {k: parent[k] for k in ("model", "model_args") if k in parent}
+        return RunSpec(spec.label, spec.recipe, {**spec.settings, **model})
+
+    def _note(self, spec: RunSpec, evals: list[str]) -> None:
+        self.specs[spec.key] = spec
+        train, missing = self.runner.todo(spec, evals)
+        before = self.todo.get(spec.key)
+        if before is not None:  # asked for again (maybe with more evaluations)
+            missing = [e for e in missing if e not in before[1]]
+            train = False
+        cost = self.runner.cost
+        seconds = 0.0
+        costed = self._costed(spec)
+        if train:
+            seconds += cost.train_seconds(costed)
+            data = spec.settings.get("data", "")
+            if data not in self.rendered:
+                self.rendered.add(data)
+                seconds += render_seconds(data)
+            missing = [e for e in evals if e not in (before[1] if before else [])]
+        seconds += sum(cost.eval_seconds(costed, e, self.scale.curve_points) for e in missing)
+        if train or missing:
+            old = before or (spec, [], 0.0)
+            self.todo[spec.key] = (spec, old[1] + missing, old[2] + seconds)
+
+
+class Progress:
+    """One bar over the estimated seconds of the whole experiment (on a terminal), and a line per finished run
+    with the ETA, scaled by how the finished runs compared with their estimates."""
+
+    def __init__(self, todo: dict[str, tuple[RunSpec, list[str], float]], name: str):
+        from ..progress import progress, quiet
+
+        self.todo, self.quiet = todo, quiet()
+        self.total = sum(t[2] for t in todo.values())
+        self.spent_estimate = 0.0
+        self.started = time.perf_counter()
+        self.count, self.finished = len(todo), 0
+        self.bar = progress(total=max(round(self.total), 1), desc=f"experiment {name}", unit="s")
+
+    def done(self, spec: RunSpec, what: str, seconds: float) -> None:
+        entry = self._take(spec)
+        if entry is None:
+            return
+        self.finished += 1
+        self.spent_estimate += entry[2]
+        self.bar.update(round(entry[2]))
+        elapsed = time.perf_counter() - self.started
+        left = elapsed / self.spent_estimate * (self.total - self.spent_estimate) if self.spent_estimate else 0.0
+        if not self.quiet:
+            lr = spec.settings.get("lr")
+            self.write(f"[{self.finished}/{self.count}] {spec.label}{f' (lr {lr:g})' if lr else ''}: {what} "
+                       f"({seconds:.0f} s); "
+                       f"about {format_seconds(left)} left")
+
+    def _take(self, spec: RunSpec) -> tuple[RunSpec, list[str], float] | None:
+        """The estimate of this run: by key, or, for a run whose settings depended on a choice made after the
+        estimate (a tuned learning rate), the estimated run with the same label."""
+        if spec.key in self.todo:
+            return self.todo.pop(spec.key)
+        same = next((k for k, t in self.todo.items() if t[0].label == spec.label), None)
+        return self.todo.pop(same) if same is not None else None
+
+    def write(self, line: str) -> None:
+        from tqdm import tqdm
+
+        tqdm.write(line, file=sys.stdout)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def format_seconds(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    if seconds < 90:
+        return f"{seconds} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
