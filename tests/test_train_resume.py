@@ -74,9 +74,9 @@ def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
-def _start_and_signal(out: Path, sig: int, after_step: int) -> subprocess.CompletedProcess:
+def _start_and_signal(out: Path, sig: int, after_step: int, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """Start a CLI run and send `sig` once the checkpoint of `after_step` exists."""
-    proc = subprocess.Popen(_cli(out), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(_cli(out, *extra), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     target = out / "checkpoints" / f"step_{after_step:08d}"
     deadline = time.monotonic() + 120
     while not target.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -87,7 +87,7 @@ def _start_and_signal(out: Path, sig: int, after_step: int) -> subprocess.Comple
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
-def _reference_in_process(out: Path) -> None:
+def _reference_in_process(out: Path, *extra: str) -> None:
     """The uninterrupted run, here rather than in one more subprocess; one thread like the CLI runs, since
     the float32 kernels' summation order may depend on the thread count."""
     from vitlab.cli import build_parser
@@ -96,20 +96,31 @@ def _reference_in_process(out: Path) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        run(build_config(build_parser().parse_args(_cli(out)[3:])))
+        run(build_config(build_parser().parse_args(_cli(out, *extra)[3:])))
     finally:
         torch.set_num_threads(threads)
 
 
-def test_kill_then_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
+@pytest.mark.parametrize("source", ["digits", "shards"])
+def test_kill_then_resume_equals_uninterrupted_run(tmp_path, monkeypatch, source):
+    """kill -9 mid-run, then --resume: the weights of the uninterrupted run, bit for bit. On shards the order
+    is a stream (vitlab.data.stream) read by two loader workers, each loading its part of every step."""
     # The run sets its thread count from the CPUs unless OMP_NUM_THREADS is set: pin it like the subprocesses'.
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    _reference_in_process(tmp_path / "ref")
-    killed = _start_and_signal(tmp_path / "run", signal.SIGKILL, after_step=40)
+    extra: tuple[str, ...] = ()
+    if source == "shards":
+        from test_shards import make_source
+        from vitlab.data.pack import pack_shards
+
+        src, _ = make_source(tmp_path / "src", per_class=11, corrupt=False)
+        pack_shards(src, tmp_path / "shards", shard_size=4000)
+        extra = ("--data", str(tmp_path / "shards"), "--workers", "2")
+    _reference_in_process(tmp_path / "ref", *extra)
+    killed = _start_and_signal(tmp_path / "run", signal.SIGKILL, after_step=40, extra=extra)
     assert killed.returncode == -signal.SIGKILL
     assert not (tmp_path / "run" / "model.safetensors").exists()
-    resumed = subprocess.run(_cli(tmp_path / "run", "--resume"), env=_env(), capture_output=True, text=True,
-                             timeout=300)
+    resumed = subprocess.run(_cli(tmp_path / "run", "--resume", *extra), env=_env(), capture_output=True,
+                             text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming from" in resumed.stderr
     assert same_weights(tmp_path / "ref" / "model.safetensors", tmp_path / "run" / "model.safetensors")

@@ -16,10 +16,12 @@ skipped files as one warning, or fails under --strict.
 
 from __future__ import annotations
 
+import atexit
 import random
 import signal
 import time
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -133,8 +135,13 @@ class StepSampler:
 
     def __init__(
         self, num_images: int, global_batch: int, seed: int, start_step: int, total_steps: int,
-        rank: int = 0, world: int = 1, accum: int = 1,
+        rank: int = 0, world: int = 1, accum: int = 1, order: Callable[[int], np.ndarray] | None = None,
+        parts: int = 1,
     ):
+        """`order`: epoch -> the epoch's sample order (a StreamOrder for shards); default a seeded permutation.
+        `parts`: each micro-batch is yielded as that many contiguous parts, one per loader worker (PartsLoader
+        joins them again), so that every worker loads a part of every step and, under a StreamOrder, only
+        its own lanes' shards."""
         if global_batch % (world * accum):
             raise ValueError(
                 f"batch size {global_batch} is not divisible by processes x accumulation = {world} x {accum}"
@@ -143,11 +150,17 @@ class StepSampler:
         self.start, self.total = start_step, total_steps
         self.rank, self.world, self.accum = rank, world, accum
         self.micro = global_batch // (world * accum)
+        self.parts = max(1, min(parts, self.micro))
+        self.order = order
         self._perm: tuple[int, np.ndarray] | None = None
 
     def _permutation(self, epoch: int) -> np.ndarray:
         if self._perm is None or self._perm[0] != epoch:
-            self._perm = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.n))
+            perm = self.order(epoch) if self.order is not None else \
+                np.random.default_rng([self.seed, epoch]).permutation(self.n)
+            if len(perm) != self.n:
+                raise ValueError(f"the epoch order has {len(perm)} samples, the split {self.n}")
+            self._perm = (epoch, perm)
         return self._perm[1]
 
     def global_batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -166,10 +179,13 @@ class StepSampler:
             for j in range(self.accum):
                 lo = (j * self.world + self.rank) * self.micro
                 seeds = (self.seed << 40) + positions[lo : lo + self.micro]  # unique per draw, any epoch
-                yield [(int(i), int(s)) for i, s in zip(indices[lo : lo + self.micro], seeds, strict=True)]
+                keys = [(int(i), int(s)) for i, s in zip(indices[lo : lo + self.micro], seeds, strict=True)]
+                bounds = np.linspace(0, len(keys), self.parts + 1).round().astype(int)
+                for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+                    yield keys[a:b]
 
     def __len__(self) -> int:
-        return (self.total - self.start) * self.accum
+        return (self.total - self.start) * self.accum * self.parts
 
 
 class ShardSampler:
@@ -191,17 +207,76 @@ class ShardSampler:
         return -(-len(self.keys) // self.batch_size)
 
 
+class PartsLoader:
+    """Iterates a DataLoader over a StepSampler with `parts` > 1 and joins each micro-batch's parts again. The
+    DataLoader hands consecutive batches to its workers in turn, so with as many parts as workers, worker k
+    always loads part k: all workers work on the same step (the first batch comes sooner) and each reads its
+    own lanes."""
+
+    def __init__(self, loader: DataLoader, parts: int):
+        self.loader, self.parts = loader, parts
+        self.dataset = loader.dataset
+
+    @property
+    def _iterator(self) -> Any:  # the running workers, for shutting them down
+        return getattr(self.loader, "_iterator", None)
+
+    def __len__(self) -> int:
+        return len(self.loader) // self.parts
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        batches = iter(self.loader)
+        while True:
+            group = []
+            for _ in range(self.parts):
+                try:
+                    group.append(next(batches))
+                except StopIteration:
+                    if group:
+                        raise RuntimeError("a micro-batch ended part-way: sampler and loader disagree") from None
+                    return
+            yield join_batches(group)
+
+
+def join_batches(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One batch from consecutive parts (images, labels and valid in order; load time summed over workers)."""
+    if len(parts) == 1:
+        return parts[0]
+    images = torch.cat([p["images"] for p in parts])
+    return {
+        "images": images.pin_memory() if parts[0]["images"].is_pinned() else images,
+        "labels": torch.cat([p["labels"] for p in parts]),
+        "valid": torch.cat([p["valid"] for p in parts]),
+        "load_seconds": sum(p["load_seconds"] for p in parts),
+        "bad": [f for p in parts for f in p["bad"]],
+    }
+
+
 def _ignore_sigterm(worker_id: int) -> None:
     """Workers leave preemption to the main process: it finishes the step, saves a checkpoint and then shuts
     the workers down. A worker killed first would make the main process fail instead."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+_WITH_WORKERS: weakref.WeakSet[DataLoader] = weakref.WeakSet()
+
+
+@atexit.register  # registered after multiprocessing's own exit hook, so it runs first
+def _stop_workers_at_exit() -> None:
+    """Shut down the workers of loaders still alive at exit. Multiprocessing would terminate them with SIGTERM,
+    which they ignore (see _ignore_sigterm), and then wait for them forever: a loader dropped mid-epoch by a
+    caller that never closed it would hang the interpreter's exit."""
+    for loader in list(_WITH_WORKERS):
+        iterator = getattr(loader, "_iterator", None)
+        if iterator is not None:
+            iterator._shutdown_workers()
+
+
 def make_loader(dataset: TransformedSplit, sampler: Any, workers: int, device: torch.device) -> DataLoader:
     """Worker processes (persistent: no re-fork per evaluation), pinned memory for fast copies to CUDA.
     The loader gets a generator of its own: by default each new iterator draws its base seed from the global
     RNG, which would shift the dropout stream of a resumed run against the uninterrupted one."""
-    return DataLoader(
+    loader = DataLoader(
         dataset,
         batch_sampler=sampler,
         num_workers=workers,
@@ -212,3 +287,6 @@ def make_loader(dataset: TransformedSplit, sampler: Any, workers: int, device: t
         worker_init_fn=_ignore_sigterm if workers > 0 else None,
         generator=torch.Generator().manual_seed(0),  # unused by the samples: they are seeded per key
     )
+    if workers > 0:
+        _WITH_WORKERS.add(loader)
+    return loader

@@ -2,8 +2,8 @@
 WebDataset reader) streams.
 
 Each sample is `key.<ext>` holding the original encoded bytes, unchanged, and `key.cls` holding the class
-index as text. Shards are filled in the folder reader's order (class by class, sorted paths) up to a byte
-budget, each written under a temporary name and renamed, and `_info.json` is rewritten after every shard: it
+index as text. Shards are filled in a fixed random order of the samples (so each shard holds a mix of classes) up to a
+byte budget, each written under a temporary name and renamed, and `_info.json` is rewritten after every shard: it
 lists only complete shards with their sample counts and every image's byte offset, so reading needs no scan and
 a re-run resumes after the last complete shard. Images that do not decode are reported and never packed.
 """
@@ -33,6 +33,7 @@ from .hfdata import hf_split, is_hf_source, open_hf
 from .shards import INFO_NAME
 from .sources import DECODE_ERRORS, ImageSplit, stratified_holdout
 
+PACK_SEED = 0  # the packing order's seed: shards are written in one fixed random order
 PENDING = "_pending"  # sidecars of shards completed since _info.json was last written
 INFO_EVERY_S = 10.0
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20,
@@ -152,6 +153,16 @@ def _scan(names: list[str], train_dir: Path, val_dir: Path | None, val_fraction:
     return names, splits, bad
 
 
+def _shuffled(paths: list[str], labels: np.ndarray) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(paths, labels, source ids) in a seeded random order; a sample's key keeps its id (its position in the
+    folder reader's order), so a packed sample is traced back to its file. A folder lists class after class;
+    packed that way, every shard would hold one or two classes and a streamed batch (a few shards at a time)
+    would see a handful of classes. WebDataset writers shuffle before writing for the same reason. The order
+    is fixed, so a re-run resumes."""
+    perm = np.random.RandomState(PACK_SEED).permutation(len(paths))
+    return [paths[i] for i in perm], np.asarray(labels)[perm], perm
+
+
 def _read_info(out: Path, settings: dict) -> dict:
     """The existing info with only the shards still complete on disk; a fresh one when there is none."""
     path = out / INFO_NAME
@@ -195,8 +206,8 @@ def _write_shard(path: Path, members: list[tuple[str, bytes, int]]) -> dict:
     return entry
 
 
-def _pack_split(recorder: _Recorder, name: str, paths: list[str], labels: np.ndarray, shard_size: int, bar,
-                bad: list[str]) -> int:
+def _pack_split(recorder: _Recorder, name: str, paths: list[str], labels: np.ndarray, ids: np.ndarray,
+                shard_size: int, bar, bad: list[str]) -> int:
     """Pack one split after its complete shards; returns the number of shards written."""
     split = recorder.info["splits"].setdefault(name, {"filenames": [], "shard_lengths": [], "consumed": []})
     start = sum(split["consumed"])  # source images covered by complete shards (the packing order is fixed)
@@ -209,7 +220,7 @@ def _pack_split(recorder: _Recorder, name: str, paths: list[str], labels: np.nda
         if data is None:
             bad.append(str(paths[i]))
             continue
-        members.append((f"{name}_{i:0{width}d}.{ext}", data, int(labels[i])))
+        members.append((f"{name}_{ids[i]:0{width}d}.{ext}", data, int(labels[i])))
         used += len(data) + 3 * tarfile.BLOCKSIZE  # two headers and the padding, roughly
         if used >= shard_size:
             recorder.add(name, members, i + 1 - start)
@@ -279,17 +290,18 @@ def pack_shards(src: str | Path, out: str | Path, shard_size: int = 10**9,
     if val_fraction is not None and not 0.0 < val_fraction < 1.0:
         raise DataError(f"--val-fraction must be in (0, 1), got {val_fraction}")
     names, splits, bad = _source_splits(src, val_fraction)
+    splits = {k: _shuffled(paths, labels) for k, (paths, labels) in splits.items()}  # (paths, labels, ids)
     out.mkdir(parents=True, exist_ok=True)
     settings = {"source": str(src.resolve()), "shard_size": shard_size, "val_fraction": val_fraction,
-                "class_names": names}
+                "class_names": names, "order": f"shuffled, seed {PACK_SEED}"}
     info = _read_info(out, settings)
     _adopt_pending(out, info, list(splits))
     recorder = _Recorder(out, info)
-    total = sum(len(p) for p, _ in splits.values())
+    total = sum(len(p) for p, _, _ in splits.values())
     written = 0
     with progress(total=total, desc="packing", unit="img") as bar:
-        for name, (paths, labels) in splits.items():
-            written += _pack_split(recorder, name, paths, labels, shard_size, bar, bad)
+        for name, (paths, labels, ids) in splits.items():
+            written += _pack_split(recorder, name, paths, labels, ids, shard_size, bar, bad)
     recorder.save()
     shutil.rmtree(out / PENDING, ignore_errors=True)  # everything is in _info.json now
     if bad:

@@ -64,6 +64,13 @@ class ShardSplit(ImageSplit):
                 img.draft("RGB", (min_size, min_size))  # as the folder reader: both sides stay >= min_size
             return img.convert("RGB")
 
+    def storage_blocks(self) -> np.ndarray:
+        """Runs of consecutive samples in one shard: the shards, or what a subset kept of them."""
+        if not len(self.shard_of):
+            return np.zeros(0, np.int64)
+        bounds = np.concatenate([[0], np.flatnonzero(np.diff(self.shard_of)) + 1, [len(self.shard_of)]])
+        return np.diff(bounds)
+
     def subset(self, indices: np.ndarray, name: str) -> ShardSplit:
         return ShardSplit(name, self.labels[indices], self.class_names, strict=self.strict, shards=self.shards,
                           shard_of=self.shard_of[indices], offsets=self.offsets[indices],

@@ -112,7 +112,7 @@ def typical_image_size(split: ImageSplit, probe: int = 64) -> tuple[int, int]:
             continue  # the loader reports unreadable files
     if not sizes:
         raise ValueError(f"no readable image among {m} probed in {split.name}; check the data")
-    return sorted(sizes, key=lambda hw: hw[0] * hw[1])[len(sizes) // 2]
+    return sorted(sizes, key=lambda hw: (hw[0] * hw[1], hw))[len(sizes) // 2]  # ties: any order of the split agrees
 
 
 def hyperrule_from_data(data: Datasets, todo: tuple[str, ...], values: dict[str, Any]) -> tuple[dict[str, Any], str]:

@@ -14,6 +14,8 @@ from torch import nn
 
 from ..data import Datasets, EvalTransform, ShardSampler, StepSampler, TrainTransform, TransformedSplit, make_loader
 from ..data.errors import DataError, describe_paths
+from ..data.loader import PartsLoader
+from ..data.stream import StreamOrder
 from ..models.config import ViTConfig
 from ..models.registry import build_model as build_from_config
 from ..models.registry import describe_architecture, model_config
@@ -117,8 +119,14 @@ def make_loaders(cfg: TrainConfig, data: Datasets, start_step: int, d: Dist) -> 
     set_cpu_threads(d, workers)
     size = (cfg.image_size, cfg.image_size)
     train_tf = TrainTransform(size, tuple(cfg.crop_scale), tuple(cfg.crop_ratio), cfg.flip, cfg.train_crop)
-    sampler = StepSampler(len(data.train), cfg.batch_size, cfg.seed, start_step, cfg.steps, d.rank, d.world, cfg.accum)
+    blocks = data.train.storage_blocks()
+    order = StreamOrder(tuple(blocks), cfg.seed, cfg.batch_size) if blocks is not None and len(blocks) else None
+    parts = max(1, workers)
+    sampler = StepSampler(len(data.train), cfg.batch_size, cfg.seed, start_step, cfg.steps, d.rank, d.world, cfg.accum,
+                          order, parts)
     train = make_loader(TransformedSplit(data.train, train_tf), sampler, workers, d.device)
+    if sampler.parts > 1:
+        train = PartsLoader(train, sampler.parts)
     val_sampler = ShardSampler(len(data.val), cfg.eval_batch_size, d.rank, d.world)
     val = make_loader(TransformedSplit(data.val, EvalTransform(size, cfg.eval_resize)), val_sampler, workers, d.device)
     return train, val, workers
