@@ -167,6 +167,23 @@ def test_timm_style_info_without_offsets(packed, tmp_path):
         load_split(str(tmp_path / "timm"), "train")
 
 
+def test_timm_style_info_as_yaml(packed, tmp_path):
+    """timm's wds datasets may ship `_info.yaml` instead: the same fields, read with a YAML parser."""
+    import yaml
+
+    _, out, _, _ = packed
+    tars = _copy_tars(out, tmp_path / "timm")
+    counts = [len(shard_split(open_shard_set(str(t)), "train")) for t in tars]
+    info = {"name": "tiny", "splits": {"train": {"name": "train", "num_samples": sum(counts),
+                                                 "filenames": [t.name for t in tars], "shard_lengths": counts}}}
+    (tmp_path / "timm" / "_info.yaml").write_text(yaml.safe_dump(info))
+    split = load_split(str(tmp_path / "timm"), "train")
+    assert len(split) == sum(counts) == 39 and split.class_names == ["0", "1", "2"]
+    (tmp_path / "timm" / "_info.yaml").write_text("splits: [unclosed\n")
+    with pytest.raises(DataError, match=r"_info.yaml is not a shard info file .*; re-run vitlab shards"):
+        load_split(str(tmp_path / "timm"), "train")
+
+
 def _tar(path, members):
     with tarfile.open(path, "w") as tar:
         for name, payload in members:
@@ -343,3 +360,26 @@ def test_a_models_class_list_relabels_shards_by_name(packed):
     assert [swapped.class_names[v] for v in swapped.labels] == [plain.class_names[v] for v in plain.labels]
     with pytest.raises(DataError, match="classes unknown to the 2 training classes: cat"):
         load_split(str(out), "val", class_names=["ant", "bee"])
+
+
+def test_val_fraction_holds_out_whole_shards(packed):
+    """--val-fraction on shards holds out whole shards (seed 0), the same ones for training and evaluation;
+    one shard alone falls back to a stratified share of each class."""
+    from vitlab.data import build_datasets
+    from vitlab.data.datasets import evaluation_splits
+
+    _, out, _, _ = packed
+    whole = shard_split(open_shard_set(str(out)), "train")
+    n_shards = len(whole.shards)
+    ds = build_datasets(str(out), val_fraction=0.25)
+    held_shards = {whole.shards[k] for k in range(n_shards)} - {ds.train.shards[k] for k in set(ds.train.shard_of)}
+    assert len(held_shards) == round(0.25 * n_shards) >= 1
+    in_val = {(ds.val.shards[s], k) for s, k in zip(ds.val.shard_of, ds.val.keys, strict=True)}
+    assert in_val == {(whole.shards[s], k) for s, k in zip(whole.shard_of, whole.keys, strict=True)
+                      if whole.shards[s] in held_shards}  # every sample of the held-out shards, nothing else
+    assert len(ds.train) + len(ds.val) == len(whole)
+    fit = evaluation_splits(str(out), val_fraction=0.25)
+    assert list(fit.test.keys) == list(ds.val.keys) and "whole shards, seed 0" in fit.test_source
+    one = whole.subset(np.flatnonzero(whole.shard_of == 0), "train")
+    keep, held = one.holdout(0.25)
+    assert len(keep) + len(held) == len(one) and len(held) >= 1  # stratified within the one shard

@@ -13,7 +13,7 @@ from .folder import check_same_classes, class_folders, folder_layout, scan_split
 from .fractal import fractal_splits, is_fractal_source
 from .hfdata import HFSplit, hf_split, hf_train_val, is_hf_source, open_hf
 from .shards import is_shard_source, open_shard_set, shard_split
-from .sources import ImageSplit, stratified_holdout
+from .sources import ImageSplit
 
 
 @dataclass
@@ -51,7 +51,7 @@ def build_datasets(data: str = "digits", val_fraction: float | None = None, stri
     else:
         ds = _folder_datasets(Path(data), val_fraction, strict)
     if val_fraction:
-        keep, held = stratified_holdout(ds.train.labels, val_fraction, seed=0)
+        keep, held = ds.train.holdout(val_fraction, seed=0)
         ds.train, ds.val = ds.train.subset(keep, "train"), ds.train.subset(held, f"train[{val_fraction:g}]")
     return ds
 
@@ -148,7 +148,7 @@ def load_split(
 
 
 def _held_out(train: ImageSplit, val_fraction: float) -> tuple[ImageSplit, ImageSplit]:
-    keep, held = stratified_holdout(train.labels, val_fraction, seed=HOLDOUT_SEED)
+    keep, held = train.holdout(val_fraction, seed=HOLDOUT_SEED)
     if not len(held):
         raise DataError(f"--val-fraction {val_fraction:g} holds out no image of {train.name} "
                         f"({len(train)} images): raise it or add images")
@@ -201,9 +201,10 @@ def evaluation_splits(
         return EvaluationSplits(train, test, source, None)
     fraction = HOLDOUT_FRACTION if val_fraction is None else val_fraction
     _check_fraction(fraction)
-    train, test = _held_out(load_split(data, "train", class_names, strict), fraction)
+    whole = load_split(data, "train", class_names, strict)
+    train, test = _held_out(whole, fraction)
     why = "" if has_val else f"; {data} has no val/"
-    source = f"{100 * fraction:g}% of each class held out from the train split (stratified, seed {HOLDOUT_SEED}{why})"
+    source = f"{whole.describe_holdout(fraction, HOLDOUT_SEED)}{why})"
     return EvaluationSplits(train, test, source, fraction)
 
 

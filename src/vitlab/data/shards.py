@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import yaml
 from PIL import Image
 
 from ..outputs import atomic_write
@@ -26,6 +27,7 @@ from .errors import DataError
 from .sources import ImageSplit
 
 INFO_NAME = "_info.json"
+INFO_NAMES = (INFO_NAME, "_info.yaml", "_info.yml")  # timm's wds datasets ship either; vitlab writes JSON
 INDEX_NAME = "_vitlab_index.json"
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp")
 _BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}")
@@ -71,6 +73,28 @@ class ShardSplit(ImageSplit):
         bounds = np.concatenate([[0], np.flatnonzero(np.diff(self.shard_of)) + 1, [len(self.shard_of)]])
         return np.diff(bounds)
 
+    def holdout(self, fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Whole shards for --val-fraction (round(fraction x shards), at least one, never all), drawn with
+        `seed`: training keeps streaming whole shards and the held-out split reads whole shards. `vitlab
+        shards` writes samples in a shuffled order, so a shard is a random sample of the classes. Under two
+        shards, a stratified share of each class instead."""
+        blocks = self.storage_blocks()
+        if len(blocks) < 2:
+            return super().holdout(fraction, seed)
+        n_held = min(max(1, round(fraction * len(blocks))), len(blocks) - 1)
+        held_blocks = np.zeros(len(blocks), bool)
+        held_blocks[np.random.RandomState(seed).permutation(len(blocks))[:n_held]] = True
+        held = np.repeat(held_blocks, blocks)
+        return np.flatnonzero(~held), np.flatnonzero(held)
+
+    def describe_holdout(self, fraction: float, seed: int = 0) -> str:
+        blocks = self.storage_blocks()
+        if len(blocks) < 2:
+            return super().describe_holdout(fraction, seed)
+        held = len(self) - len(self.holdout(fraction, seed)[0])
+        return (f"{min(max(1, round(fraction * len(blocks))), len(blocks) - 1)} of {len(blocks)} shards "
+                f"({held} images) held out from the train split (whole shards, seed {seed}")
+
     def subset(self, indices: np.ndarray, name: str) -> ShardSplit:
         return ShardSplit(name, self.labels[indices], self.class_names, strict=self.strict, shards=self.shards,
                           shard_of=self.shard_of[indices], offsets=self.offsets[indices],
@@ -97,7 +121,7 @@ def is_shard_source(data: str) -> bool:
     root = Path(data)
     if not root.is_dir():
         return False
-    if (root / INFO_NAME).is_file():
+    if info_file(root) is not None:
         return True
     return not (root / "train").is_dir() and any(root.glob("*.tar"))
 
@@ -195,12 +219,20 @@ def _split_of(name: str) -> str:
     return "val" if words & {"val", "valid", "validation", "test"} else "train"
 
 
+def info_file(root: Path) -> Path | None:
+    """The shard set's info file in `root` (_info.json, else timm's _info.yaml), or None."""
+    return next((root / n for n in INFO_NAMES if (root / n).is_file()), None)
+
+
 def _from_info(root: Path) -> ShardSet:
     try:
-        info = json.loads((root / INFO_NAME).read_text())
+        path = info_file(root)
+        text = path.read_text()
+        info = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
         raw_splits = info["splits"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
-        raise DataError(f"{root / INFO_NAME} is not a shard info file ({err}); re-run vitlab shards") from None
+    except (OSError, json.JSONDecodeError, yaml.YAMLError, KeyError, TypeError) as err:
+        raise DataError(f"{path} is not a shard info file ({str(err).splitlines()[0]}); re-run vitlab shards "
+                        "or fix the file") from None
     splits: dict[str, list[Path]] = {}
     for name, split in raw_splits.items():
         files = split.get("filenames") or split.get("shards") or []
@@ -211,7 +243,7 @@ def _from_info(root: Path) -> ShardSet:
     for split in raw_splits.values():  # timm's info records shard lengths: they must agree with the data
         for f, n in zip(split.get("filenames") or [], split.get("shard_lengths") or [], strict=False):
             if len(entries[f]["keys"]) != n:
-                raise DataError(f"{root / f} holds {len(entries[f]['keys'])} samples, {INFO_NAME} says {n}; "
+                raise DataError(f"{root / f} holds {len(entries[f]['keys'])} samples, {path.name} says {n}; "
                                 "the shard is incomplete: re-copy it")
     names_info = info.get("class_names") or info.get("label_names")
     return ShardSet(splits, {root / n: entries[n] for n in names}, names_info)
@@ -219,7 +251,7 @@ def _from_info(root: Path) -> ShardSet:
 
 def open_shard_set(data: str) -> ShardSet:
     root = Path(data)
-    if root.is_dir() and (root / INFO_NAME).is_file():
+    if root.is_dir() and info_file(root) is not None:
         return _from_info(root)
     if root.is_dir():
         files = sorted(root.glob("*.tar"))

@@ -57,6 +57,14 @@ class ImageSplit:
         shuffled, instead of a permutation that jumps across the whole dataset at every sample."""
         return None
 
+    def holdout(self, fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(keep, held_out) indices for --val-fraction: a stratified share of each class by default."""
+        return stratified_holdout(self.labels, fraction, seed)
+
+    def describe_holdout(self, fraction: float, seed: int = 0) -> str:
+        """`holdout` in words, for result files (without the closing parenthesis: callers may add a reason)."""
+        return f"{100 * fraction:g}% of each class held out from the train split (stratified, seed {seed}"
+
     def subset(self, indices: np.ndarray, name: str) -> ImageSplit:
         arrays = self.arrays[indices] if self.arrays is not None else None
         paths = [self.paths[i] for i in indices] if self.paths is not None else None
