@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seeds", type=non_negative_int, nargs="+", metavar="SEED",
                    help="seeds of the compared runs (default: the experiment's, 0 1 2 for most; --quick: 0)")
     p.add_argument("--estimate", action="store_true",
-                   help="measure step times, print what is left to run and how long it will take, run nothing")
+                   help="measure step times, print what is left to run and how long it will take, run nothing "
+                        "(all: each experiment after the ones before it)")
     p.add_argument("--report", metavar="PATH",
                    help=f"the Markdown report to rewrite from OUT's full results (default {DEFAULT_REPORT} for "
                         "full runs, none for --quick)")
@@ -51,8 +52,9 @@ def run(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
     out = Path(args.out or (QUICK_OUT if args.quick else DEFAULT_OUT))
     table = experiments()
+    assumed = {} if args.estimate and len(names) > 1 else None  # `all --estimate`: each after the ones before
     for name in names:
-        if not _run_one(table[name], out, args):
+        if not _run_one(table[name], out, args, assumed):
             return 130
     report = args.report or (None if args.quick else DEFAULT_REPORT)
     if report and not args.estimate:
@@ -63,14 +65,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_one(experiment, out: Path, args: argparse.Namespace) -> bool:
+def _run_one(experiment, out: Path, args: argparse.Namespace, assumed: dict | None) -> bool:
     """One experiment; False if a run was stopped (SIGTERM, Ctrl-C) and the experiment with it."""
     from ..experiments import run_experiment
     from ..experiments.runner import Interrupted
 
     try:
         results = run_experiment(experiment, out, args.quick, tuple(args.seeds) if args.seeds else None,
-                                 args.estimate)
+                                 args.estimate, assumed=assumed)
     except Interrupted as err:
         print(f"vitlab experiment: interrupted ({err}); run the same command again to continue", file=sys.stderr)
         return False

@@ -45,10 +45,15 @@ def default_seeds(experiment: Experiment, quick: bool) -> tuple[int, ...]:
     return experiment.seeds[:1] if quick else experiment.seeds
 
 
-def estimate(experiment: Experiment, runner: Runner, seeds: tuple[int, ...]) -> Context:
-    """The dry pass: what is still to do and its seconds (step times are measured here)."""
-    dry = Context(runner, seeds, dry=True)
+def estimate(experiment: Experiment, runner: Runner, seeds: tuple[int, ...],
+             assumed: dict[str, set[str]] | None = None) -> Context:
+    """The dry pass: what is still to do and its seconds (step times are measured here). `assumed`: runs and
+    evaluations to take as done (those of the experiments estimated before this one), updated with this one's."""
+    dry = Context(runner, seeds, dry=True, assumed=assumed)
     experiment.plan(dry)
+    if assumed is not None:
+        for key, (_, evals, _) in dry.todo.items():
+            assumed.setdefault(key, set()).update(evals)
     return dry
 
 
@@ -57,24 +62,26 @@ def describe_estimate(experiment: Experiment, dry: Context, runner: Runner) -> s
     trainings = [spec for spec, _, _ in todo if runner.todo(spec, [])[0]]
     steps = sum(spec.steps for spec in trainings)
     total = sum(seconds for _, _, seconds in todo)
-    times = ", ".join(f"{name} {t.train_s:.3f} s" for name, t in sorted(runner.cost.named().items()))
+    times = "; ".join(f"{name} {t.train_s:.3f} s" for name, t in sorted(runner.cost.named().items()))
     if not todo:
         return f"{experiment.name}: every run is already done; analysing"
     return (f"{experiment.name}: {len(trainings)} run(s) to train ({steps:,} steps) and "
-            f"{sum(len(e) for _, e, _ in todo)} evaluation(s): about {format_seconds(total)} on this machine "
-            f"(estimated from step times measured now, per step: {times})")
+            f"{sum(len(e) for _, e, _ in todo)} evaluation(s): about {format_seconds(total)} on this machine, "
+            f"estimated from step times measured now:\n  {times}")
 
 
 def run_experiment(experiment: Experiment, out: str | Path, quick: bool = False,
                    seeds: tuple[int, ...] | None = None, estimate_only: bool = False,
-                   say: Callable[[str], None] | None = None) -> dict[str, Any] | None:
-    """Run one experiment (what is not done yet), write its results.json and figures; returns the results."""
+                   say: Callable[[str], None] | None = None,
+                   assumed: dict[str, set[str]] | None = None) -> dict[str, Any] | None:
+    """Run one experiment (what is not done yet), write its results.json and figures; returns the results.
+    With `estimate_only`, only print the estimate (`assumed`: what earlier experiments will have done)."""
     say = say or (lambda line: print(line, file=sys.stdout, flush=True))
     out = Path(out)
     scale = scale_for(quick)
     seeds = tuple(seeds) if seeds else default_seeds(experiment, quick)
     runner = Runner(out, scale)
-    dry = estimate(experiment, runner, seeds)
+    dry = estimate(experiment, runner, seeds, assumed)
     estimated = sum(seconds for _, _, seconds in dry.todo.values())
     say(describe_estimate(experiment, dry, runner))
     if estimate_only:

@@ -8,6 +8,7 @@ fractal sets not yet in the cache.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -45,11 +46,11 @@ class CostModel:
         from ..train.config import RECIPES
 
         s = {**spec.settings, "objective": spec.settings.get("objective", RECIPES[spec.recipe].get("objective"))}
-        key = repr((s.get("model"), sorted((s.get("model_args") or {}).items()), s.get("image_size"),
-                    s.get("batch_size"), s.get("objective", "classify")))
+        key = repr((spec.recipe, s.get("model"), sorted((s.get("model_args") or {}).items()), s.get("image_size"),
+                    s.get("batch_size"), s.get("objective")))
         if key not in self.measured:
-            self.measured[key] = _measure(s, self.workers)
-            self.names[key] = short_name(s)
+            self.measured[key] = _measure(RunSpec(spec.label, spec.recipe, s), self.workers)
+            self.names[key] = f"{short_name(s)} {spec.recipe}"
         return self.measured[key]
 
     def train_seconds(self, spec: RunSpec) -> float:
@@ -68,7 +69,7 @@ class CostModel:
 
 
 def short_name(settings: dict[str, Any]) -> str:
-    """'ViT-M (batch 64)', 'ViT-M gap MPP (batch 64)': the family and size of the experiments' model table."""
+    """'ViT-M (batch 64)', 'ViT-M gap (batch 64)': the family and size of the experiments' model table."""
     from .common import MODELS
 
     args = dict(settings.get("model_args") or {})
@@ -78,28 +79,27 @@ def short_name(settings: dict[str, Any]) -> str:
             extra = {k: v for k, v in args.items() if k not in base_args}
             name = " ".join([f"{family}-{size}", *(str(v) for v in extra.values())])
             break
-    mpp = " MPP" if settings.get("objective") == "mpp" else ""
-    return f"{name}{mpp} (batch {settings.get('batch_size')})"
+    return f"{name} (batch {settings.get('batch_size')})"
 
 
-def _measure(settings: dict[str, Any], workers: int | None) -> StepTime:
-    from ..models.registry import build_model, model_config
+def _measure(spec: RunSpec, workers: int | None) -> StepTime:
+    """A few optimiser steps of the model, loss, clipping and optimiser the run will build (the resolution step
+    and the trainer's own builders), on random images; and one forward pass of the representation."""
     from ..train.distributed import pick_device
+    from ..train.objective import objective_for
+    from ..train.optim import build_optimizer
+    from ..train.resolve import resolve
+    from ..train.setup import build_model
 
-    device = pick_device(settings.get("device", "auto"))
-    size, batch = int(settings.get("image_size", 32)), int(settings.get("batch_size", 64))
-    mpp = settings.get("objective") == "mpp"
-    config = model_config(settings["model"], num_classes=0 if mpp else 10, image_size=size,
-                          **(settings.get("model_args") or {}))
-    model = build_model(config)
-    if mpp:
-        from ..selfsup import MaskedPatchPredictor
-
-        model = MaskedPatchPredictor(model)
-    model = model.to(device)
-    optimizer = torch.optim.Adam(model.parameters(), 1e-4)
-    x = torch.rand(batch, 3, size, size, device=device) * 2 - 1
-    y = torch.randint(0, 10, (batch,), device=device)
+    flags = {k: v for k, v in spec.settings.items() if k not in ("init", "resume")}
+    cfg = resolve(spec.recipe, {**flags, "out": "unused"}, verb="train").config  # a fine-tuning run's: from scratch
+    device = pick_device(cfg.device)
+    objective = objective_for(cfg)
+    classes = [str(i) for i in range(_classes(cfg.data))]
+    model = objective.wrap(build_model(cfg, classes, objective.has_head)).to(device).train()
+    optimizer = build_optimizer(model, cfg)
+    x = torch.rand(cfg.batch_size, 3, cfg.image_size, cfg.image_size, device=device) * 2 - 1
+    y = torch.randint(0, len(classes), (cfg.batch_size,), device=device)
     threads = torch.get_num_threads()
     if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:  # as the trainer sets it (train/setup.py)
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -107,19 +107,25 @@ def _measure(settings: dict[str, Any], workers: int | None) -> StepTime:
         torch.set_num_threads(max(1, cpus - loaders))
     try:
         def step() -> None:
-            loss = model(x)[0] if mpp else torch.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
+            objective.loss(model, x, y, cfg).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
         train_s = _timed(step, device)
-        encoder = model.encoder if mpp else model
+        encoder = getattr(model, "encoder", model)
         encoder.eval()
         with torch.no_grad():
             forward_s = _timed(lambda: encoder.forward_head(encoder.forward_features(x), pre_logits=True), device)
     finally:
         torch.set_num_threads(threads)
-    return StepTime(train_s, forward_s / batch)
+    return StepTime(train_s, forward_s / cfg.batch_size)
+
+
+def _classes(data: str) -> int:
+    from ..data.fractal import is_fractal_source, parse_spec
+
+    return parse_spec(data).categories if is_fractal_source(data) else 10
 
 
 def _timed(fn: Any, device: torch.device) -> float:

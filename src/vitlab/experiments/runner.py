@@ -167,9 +167,11 @@ class Context:
     """What a plan sees: the scale, the seeds, `run` and `best`. In the dry pass nothing runs: it collects what
     is missing and its estimated seconds; records are the stored ones (pending if unfinished)."""
 
-    def __init__(self, runner: Runner, seeds: tuple[int, ...], dry: bool, progress: Any = None):
+    def __init__(self, runner: Runner, seeds: tuple[int, ...], dry: bool, progress: Any = None,
+                 assumed: Mapping[str, set[str]] | None = None):
         self.runner, self.scale, self.seeds, self.dry = runner, runner.scale, tuple(seeds), dry
         self.progress = progress
+        self.assumed = assumed or {}  # dry pass: runs (and evaluations) taken as done, by earlier experiments
         self.todo: dict[str, tuple[RunSpec, list[str], float]] = {}  # key -> (spec, missing evals, seconds)
         self.rendered: set[str] = set()
         self.records: dict[str, Record] = {}
@@ -210,6 +212,8 @@ class Context:
     def _note(self, spec: RunSpec, evals: list[str]) -> None:
         self.specs[spec.key] = spec
         train, missing = self.runner.todo(spec, evals)
+        if spec.key in self.assumed:
+            train, missing = False, [e for e in missing if e not in self.assumed[spec.key]]
         before = self.todo.get(spec.key)
         if before is not None:  # asked for again (maybe with more evaluations)
             missing = [e for e in missing if e not in before[1]]
