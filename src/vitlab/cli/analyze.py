@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .types import device_name, float_range, image_size, new_or_folder, positive_int
+from .types import DATA_SOURCES, device_name, float_range, image_size, new_or_folder, positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,9 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--image-size", type=image_size, nargs="+", metavar="PX",
                    help="input size H [W] (default: the model's native size); a multiple of the patch size")
     p.add_argument("--data", default="digits",
-                   help="without --images: an embedded dataset (digits, mnist: its test split), an image folder "
-                        "root/[train|val]/<class>/ (val/, else the whole tree, else train/) or an image file "
-                        "(default digits)")
+                   help="without --images: its val or test split (a plain folder tree: the whole tree) of "
+                        + DATA_SOURCES + ", or an image file (default digits)")
     p.add_argument("--num-images", type=positive_int, default=8,
                    help="images of --data to use, one per class in turn (default 8; figures show the first 8)")
     p.add_argument("--head-fusion", choices=["mean", "max", "min"], default="mean",

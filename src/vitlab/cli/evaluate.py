@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .train import EVAL_RESIZE_HELP
-from .types import device_name, non_negative_int, positive_int
+from .types import DATA_SOURCES, device_name, non_negative_int, positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +22,7 @@ def _register_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="top-1/top-5 and a confusion matrix of weights on a dataset",
                        description="Evaluate weights (file, checkpoint or run directory) on a dataset split.")
     p.add_argument("--weights", required=True, help="weights file, checkpoint directory or run directory")
-    p.add_argument("--data", required=True, help="embedded dataset (digits, mnist) or image folder")
+    p.add_argument("--data", required=True, help=DATA_SOURCES)
     p.add_argument("--split", default="val", choices=["val", "train"],
                    help="split to evaluate (default val; embedded sets: their test split)")
     p.add_argument("--eval-resize", choices=EVAL_RESIZES,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .types import device_name, fraction, new_file, positive_float, positive_int
+from .types import DATA_SOURCES, device_name, fraction, new_file, positive_float, positive_int
 
 
 def parse_shots(text: str) -> tuple[int | str, ...]:
@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "class from the train split (3 seeds), fits closed-form ridge regression, "
                                    "reports accuracy on the val/test split.")
     p.add_argument("--weights", required=True, help="weights file, folder or run directory")
-    p.add_argument("--data", default="digits", help="embedded dataset (digits, mnist) or image folder (default digits)")
+    p.add_argument("--data", default="digits", help=DATA_SOURCES + " (default digits)")
     p.add_argument("--shots", default="1,5,10,25", type=parse_shots,
                    help="shots per class, comma-separated; 'all' = linear probe (default 1,5,10,25)")
     p.add_argument("--seeds", type=positive_int, default=3, help="random draws per shot count (default 3)")

@@ -15,6 +15,7 @@ from typing import Any
 from . import UserError
 from .recipes import RecipeHelp
 from .types import (
+    DATA_SOURCES,
     class_count,
     device_name,
     finite_float,
@@ -69,7 +70,7 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
     a("--print-config", action="store_true",
       help="print every resolved setting with where its value came from (recipe, weights, preset, flag), then exit")
     g = p.add_argument_group("data")
-    g.add_argument("--data", help="embedded dataset (digits, mnist) or image folder root/[train|val]/<class>/")
+    g.add_argument("--data", help=DATA_SOURCES)
     g.add_argument("--val-fraction", type=fraction, help="hold out this fraction of train for validation")
     g.add_argument("--strict", action="store_true", default=None, help="unreadable images are fatal")
     g.add_argument("--num-classes", type=class_count, help="expected class count (checked against the data)")
