@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import numpy as np
@@ -107,6 +108,7 @@ def test_finetune_from_vitlab_weights_on_a_folder(trained, tmp_path, capsys):
         ("empty_class", r"vitlab train: error: class folder .*b has no images \(\.jpg, \.jpeg, \.png, \.webp\)"),
         ("num_classes", r"vitlab train: error: num_classes mismatch: --num-classes 7 but .* has 3 classes"),
         ("strict", r"vitlab train: error: 1 unreadable image\(s\) in .*broken\.jpg \(--strict\)"),
+        ("strict_val", r"vitlab train: error: 1 unreadable image\(s\) in evaluation: .*cut\.jpg \(--strict\)"),
         ("resume_without_out", r"vitlab train: error: --resume needs --out RUN_DIR"),
         ("used_out", r"vitlab train: error: .* already holds a run; pass --resume"),
         ("diverged", r"vitlab train: error: loss is (nan|inf) at step \d+; stopped without saving it"),
@@ -131,6 +133,12 @@ def test_train_errors_are_one_line(tmp_path, capsys, case, message):
     elif case == "strict":
         folder(data)
         (data / "train" / "a" / "broken.jpg").write_bytes(b"\xff\xd8 garbage")
+        args += ["--strict"]
+    elif case == "strict_val":  # its header reads, its pixels do not: found by the evaluation at the end
+        folder(data)
+        whole = io.BytesIO()
+        Image.fromarray(np.random.RandomState(0).randint(0, 256, (64, 64, 3), dtype=np.uint8)).save(whole, "JPEG")
+        (data / "val" / "a" / "cut.jpg").write_bytes(whole.getvalue()[: len(whole.getvalue()) // 2])
         args += ["--strict"]
     elif case == "resume_without_out":
         args = ["train", "--resume"]

@@ -68,6 +68,22 @@ class OutputError(ValueError):
     """The run could not write its outputs; the checkpoints written before stay valid."""
 
 
+class _StoppableBatches:
+    """A loader's batches until `stop()` says so. It keeps the loader's `dataset`: the evaluation reads the
+    split's --strict and the files already reported from it (a bare generator hid both, so --strict never
+    failed an evaluation during training and every evaluation warned again)."""
+
+    def __init__(self, loader: Any, stop: Any):
+        self.loader, self.stop = loader, stop
+        self.dataset = getattr(loader, "dataset", None)
+
+    def __iter__(self) -> Any:
+        for batch in self.loader:
+            if self.stop():
+                raise _StopDuringEvaluation
+            yield batch
+
+
 class _StopDuringEvaluation(Exception):
     """A stop was requested while evaluating: the evaluation is abandoned, the finished step is saved."""
 
@@ -384,13 +400,10 @@ class Trainer:
 
         return {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
 
-    def _stoppable(self, loader: Any) -> Any:
+    def _stoppable(self, loader: Any) -> _StoppableBatches:
         """The evaluation batches, ending the evaluation when a stop is requested (one process: a job's
         processes would have to agree first, so they finish the evaluation and stop after the step)."""
-        for batch in loader:
-            if self._stop_requested and self.d.world == 1:
-                raise _StopDuringEvaluation
-            yield batch
+        return _StoppableBatches(loader, lambda: bool(self._stop_requested) and self.d.world == 1)
 
     def _preemption_agreed(self) -> bool:
         """Every process stops at the same step, even if only some of them received the signal."""
