@@ -113,20 +113,19 @@ class Runner:
                              "wall_seconds": {"train": round(time.perf_counter() - started, 2)}}
             if spec.curve:
                 keep_curve_weights(record.run_dir)
-            _write(record)
+            _write(record)  # from here on the run is finished: killed before this line, it resumes
             # model.safetensors is what the evaluations read; the optimiser states are not needed any more
             shutil.rmtree(record.run_dir / "checkpoints", ignore_errors=True)
             record.pending = False
-            on_done("trained")
+            on_done("diverged" if outcome.get("diverged") else "trained")
         missing = [name for name in evals if name not in record.result["evals"]]
         if missing and record.result["train"].get("diverged"):
             raise ValueError(f"run {record.run_dir} diverged, so {', '.join(missing)} cannot be measured: "
                              f"{record.result['train']['diverged']}")
         for name in missing:
-            if name not in record.result["evals"]:
-                self._evaluate(record, name)
-                _write(record)
-                on_done(name)
+            self._evaluate(record, name)
+            _write(record)
+            on_done(name)
         return record
 
     def _evaluate(self, record: Record, name: str) -> None:
@@ -141,19 +140,24 @@ class Runner:
         if not found:
             raise ValueError(f"{spec.label} fine-tunes run {spec.init}, which has not been trained; the plan must "
                              "run it first")
-        return found[0].parent / "model.safetensors"
+        weights = found[0].parent / "model.safetensors"
+        if not weights.is_file():
+            raise ValueError(f"{spec.label} fine-tunes {found[0].parent}, which has no final weights (it diverged: "
+                             f"see its {RESULT})")
+        return weights
 
 
 def keep_curve_weights(run_dir: Path) -> None:
-    """The weights of every kept checkpoint as <run>/curve/step_N.safetensors, for a transfer curve computed
-    when an experiment asks for it (without the optimiser state, a third of a checkpoint's size)."""
+    """The weights of every kept checkpoint copied to <run>/curve/step_N.safetensors, for a transfer curve
+    computed when an experiment asks for it (without the optimiser state, a third of a checkpoint's size). Copied,
+    not moved: until result.json is written the checkpoints must stay intact for a resume."""
     from ..train.checkpoint import list_checkpoints
 
     folder = run_dir / CURVE
     folder.mkdir(exist_ok=True)
     for ckpt in list_checkpoints(run_dir):
         if (ckpt / "model.safetensors").is_file():
-            (ckpt / "model.safetensors").replace(folder / f"{ckpt.name}.safetensors")
+            shutil.copyfile(ckpt / "model.safetensors", folder / f"{ckpt.name}.safetensors")
 
 
 def _write(record: Record) -> None:
@@ -188,7 +192,7 @@ class Context:
         record = self.runner.execute(spec, evals, done.append)
         if done and self.progress is not None:
             if "trained" in done:
-                done[done.index("trained")] = f"trained, val top-1 {100 * record.val.get('top1', 0):.1f}%"
+                done[done.index("trained")] = f"trained, val top-1 {100 * record.val['top1']:.1f}%"
             self.progress.done(spec, "; ".join(done), time.perf_counter() - started)
         self.records[spec.key] = record
         return record
