@@ -73,7 +73,7 @@ FULL = Scale("full", categories=64, per_class=(16, 64, 256, 1024), steps=500, ba
 # The pipeline end to end in seconds per experiment: the same models at 16 px on 16- and 32-image sets, a few steps.
 QUICK = Scale("quick", categories=4, per_class=(4, 8), steps=6, batch_size=16, finetune_steps=3, lrs=(1e-3, 3e-3),
               finetune_lrs=(0.01, 0.03), fewshot_data=("digits",), shots=(5, 25), fewshot_seeds=3, curve_points=2,
-              curve_data="digits", attention_images=16, workers=0, image_size=16)
+              curve_data="digits", attention_images=16, workers=None, image_size=16)
 SCALES = {"full": FULL, "quick": QUICK}
 
 
