@@ -184,6 +184,20 @@ def test_families_have_similar_size_and_compute():
     assert set(MODELS) == set(rows)
 
 
+def test_full_size_figures_stay_small(tmp_path):
+    """Five panels of three noisy series (what data-scaling and compute draw in full runs), at dpi 100."""
+    import random
+
+    from vitlab.experiments import plots
+
+    rng = random.Random(0)
+    for xs in ([1024, 4096, 16384, 65536], [2.1e11, 2.3e11, 2.5e11, 5e11, 5.1e11, 5.4e11, 1.3e12, 1.4e12]):
+        panels = [(f"metric {i}", {f: (xs, [{"mean": rng.uniform(10, 90), "std": rng.uniform(0, 5)} for _ in xs])
+                                   for f in ("ViT", "BiT", "hybrid")}) for i in range(5)]
+        path = plots.line_panels(tmp_path / "f.png", panels, "x", title="t")
+        assert 10_000 < path.stat().st_size < 100_000
+
+
 def test_bad_name_is_one_line_listing_the_names(capsys):
     assert main(["experiment", "bogus"]) == 2
     err = capsys.readouterr().err.strip()

@@ -3,6 +3,7 @@ deviation as a band or error bars; with one seed there is no spread to draw)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ def line_panels(path: Path, panels: Sequence[tuple[str, dict[str, tuple[list[flo
                 xlabel: str, ylabel: str = "accuracy (%)", log_x: bool = True, title: str = "") -> Path:
     """One panel per metric; in each, one line per series: x values and a stat ({"mean", "std"}) per x."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.0), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(2.4 * len(panels), 2.5), squeeze=False)
     for ax, (caption, series) in zip(axes[0], panels, strict=True):
         for i, (label, (xs, stats)) in enumerate(series.items()):
             mean = [s["mean"] for s in stats]
@@ -60,20 +61,17 @@ def line_panels(path: Path, panels: Sequence[tuple[str, dict[str, tuple[list[flo
 
 
 def _log_ticks(ax: Any, xs: list[float]) -> None:
-    """A log axis labelled at the data's own x values (1k, 4k, 2.1e+12), without minor labels."""
+    """A log axis labelled at the data's own x values (1,024 4,096 …) when they are few, at powers of ten
+    otherwise; no minor labels."""
     from matplotlib.ticker import NullFormatter
 
     ax.set_xscale("log")
-    ax.set_xticks(xs, [_short(x) for x in xs])
+    if len(xs) > 5:  # 1, 2 and 5 times the powers of ten in the data's range
+        low, high = min(xs), max(xs)
+        decades = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+        xs = [m * 10.0**k for k in decades for m in (1, 2, 5) if low / 1.3 <= m * 10.0**k <= high * 1.3]
+    ax.set_xticks(xs, [f"{x:,.0f}" if x < 1e6 else f"{x:.2g}" for x in xs])
     ax.xaxis.set_minor_formatter(NullFormatter())
-
-
-def _short(x: float) -> str:
-    if x >= 1e6:
-        return f"{x:.2g}"
-    if x >= 1000:
-        return f"{x / 1000:g}k"
-    return f"{x:g}"
 
 
 def bar_panels(path: Path, panels: Sequence[tuple[str, dict[str, dict]]], title: str = "") -> Path:
