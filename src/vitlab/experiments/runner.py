@@ -253,19 +253,17 @@ class Progress:
         self.bar = progress(total=max(round(self.total), 1), desc=f"experiment {name}", unit="s")
 
     def done(self, spec: RunSpec, what: str, seconds: float) -> None:
-        entry = self._take(spec)
-        if entry is None:
-            return
-        self.finished += 1
-        self.spent_estimate += entry[2]
-        self.bar.update(round(entry[2]))
+        entry = self._take(spec)  # None: work the estimate put on another run (before a learning rate was chosen)
+        if entry is not None:
+            self.finished += 1
+            self.spent_estimate += entry[2]
+            self.bar.update(round(entry[2]))
         elapsed = time.perf_counter() - self.started
         left = elapsed / self.spent_estimate * (self.total - self.spent_estimate) if self.spent_estimate else 0.0
         if not self.quiet:
             lr = spec.settings.get("lr")
             self.write(f"[{self.finished}/{self.count}] {spec.label}{f' (lr {lr:g})' if lr else ''}: {what} "
-                       f"({seconds:.0f} s); "
-                       f"about {format_seconds(left)} left")
+                       f"({seconds:.0f} s); about {format_seconds(left)} left")
 
     def _take(self, spec: RunSpec) -> tuple[RunSpec, list[str], float] | None:
         """The estimate of this run: by key, or, for a run whose settings depended on a choice made after the
