@@ -10,6 +10,15 @@ from typing import Any
 MODES = ("infer", "train")
 
 
+def verdict(wins: int, n: int, better: str = "faster", worse: str = "slower") -> str:
+    """Who won the paired repeats, in words: a mixed count means the difference is within the noise."""
+    if wins == n:
+        return f"vitlab {better} in every repeat ({n} of {n})"
+    if wins == 0:
+        return f"vitlab {worse} in every repeat ({n} of {n})"
+    return f"no consistent winner: vitlab {better} in {wins} of {n} repeats, {worse} in {n - wins}"
+
+
 @dataclass
 class BenchSettings:
     model: str = "ViT-S/16"
@@ -99,15 +108,8 @@ class BenchResult:
         other, lines = self.settings.compare, []
         for mode, r in self.ratios().items():
             pairs = ", ".join(f"{v:.3f}" for v in r["per_repeat"])
-            faster, n = r["vitlab_faster_in"], r["repeats"]
-            if faster == n:
-                verdict = f"vitlab faster in every repeat ({n} of {n})"
-            elif faster == 0:
-                verdict = f"vitlab slower in every repeat ({n} of {n})"
-            else:
-                verdict = f"no consistent winner: vitlab faster in {faster} of {n} repeats, slower in {n - faster}"
             lines.append(f"vitlab/{other} {mode}: per repeat {pairs}; median {r['median']:.3f}, ratio of the "
-                         f"img/s medians above {r['of_medians']:.3f}; {verdict}")
+                         f"img/s medians above {r['of_medians']:.3f}; {verdict(r['vitlab_faster_in'], r['repeats'])}")
         if lines:
             lines.append(f"(vitlab img/s / {other} img/s of repeats timed back to back, so slow drift of the machine "
                          "cancels within a pair; their median need not equal the ratio of the medians. Mixed "
