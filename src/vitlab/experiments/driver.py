@@ -52,21 +52,21 @@ def estimate(experiment: Experiment, runner: Runner, seeds: tuple[int, ...],
     dry = Context(runner, seeds, dry=True, assumed=assumed)
     experiment.plan(dry)
     if assumed is not None:
-        for key, (_, evals, _) in dry.todo.items():
-            assumed.setdefault(key, set()).update(evals)
+        for key, todo in dry.todo.items():
+            assumed.setdefault(key, set()).update(todo.evals)
     return dry
 
 
 def describe_estimate(experiment: Experiment, dry: Context, runner: Runner) -> str:
     todo = list(dry.todo.values())
-    trainings = [spec for spec, _, _ in todo if runner.todo(spec, [])[0]]
+    trainings = [t.spec for t in todo if t.train]
     steps = sum(spec.steps for spec in trainings)
-    total = sum(seconds for _, _, seconds in todo)
+    total = sum(t.seconds for t in todo)
     times = "; ".join(f"{name} {t.train_s:.3f} s" for name, t in sorted(runner.cost.named().items()))
     if not todo:
         return f"{experiment.name}: every run is already done; analysing"
     return (f"{experiment.name}: {len(trainings)} run(s) to train ({steps:,} steps) and "
-            f"{sum(len(e) for _, e, _ in todo)} evaluation(s): about {format_seconds(total)} on this machine, "
+            f"{sum(len(t.evals) for t in todo)} evaluation(s): about {format_seconds(total)} on this machine, "
             f"estimated from step times measured now:\n  {times}")
 
 
@@ -82,7 +82,7 @@ def run_experiment(experiment: Experiment, out: str | Path, quick: bool = False,
     seeds = tuple(seeds) if seeds else default_seeds(experiment, quick)
     runner = Runner(out, scale)
     dry = estimate(experiment, runner, seeds, assumed)
-    estimated = sum(seconds for _, _, seconds in dry.todo.values())
+    estimated = sum(t.seconds for t in dry.todo.values())
     say(describe_estimate(experiment, dry, runner))
     if estimate_only:
         return None

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .estimate import CostModel, render_seconds
 from .evals import evaluate
@@ -30,6 +30,15 @@ from .spec import RunSpec
 RESULT = "result.json"
 RUNS = "_runs"
 CURVE = "curve"  # the checkpoints' weights of a run that keeps them
+
+
+class Todo(NamedTuple):
+    """What the dry pass found a run still needs, and its estimated seconds."""
+
+    spec: RunSpec
+    evals: list[str]
+    seconds: float
+    train: bool
 
 
 class Interrupted(Exception):
@@ -176,7 +185,7 @@ class Context:
         self.runner, self.scale, self.seeds, self.dry = runner, runner.scale, tuple(seeds), dry
         self.progress = progress
         self.assumed = assumed or {}  # dry pass: runs (and evaluations) taken as done, by earlier experiments
-        self.todo: dict[str, tuple[RunSpec, list[str], float]] = {}  # key -> (spec, missing evals, seconds)
+        self.todo: dict[str, Todo] = {}  # dry pass: what each run still needs
         self.rendered: set[str] = set()
         self.records: dict[str, Record] = {}
         self.specs: dict[str, RunSpec] = {}  # every spec asked for, by key: a fine-tuning run's model is its init's
@@ -220,33 +229,29 @@ class Context:
             train, missing = False, [e for e in missing if e not in self.assumed[spec.key]]
         before = self.todo.get(spec.key)
         if before is not None:  # asked for again (maybe with more evaluations)
-            missing = [e for e in missing if e not in before[1]]
-            train = False
-        cost = self.runner.cost
-        seconds = 0.0
-        costed = self._costed(spec)
+            train, missing = False, [e for e in missing if e not in before.evals]
+        cost, costed = self.runner.cost, self._costed(spec)
+        seconds = sum(cost.eval_seconds(costed, e, self.scale.curve_points) for e in missing)
         if train:
             seconds += cost.train_seconds(costed)
             data = spec.settings.get("data", "")
             if data not in self.rendered:
                 self.rendered.add(data)
                 seconds += render_seconds(data)
-            missing = [e for e in evals if e not in (before[1] if before else [])]
-        seconds += sum(cost.eval_seconds(costed, e, self.scale.curve_points) for e in missing)
         if train or missing:
-            old = before or (spec, [], 0.0)
-            self.todo[spec.key] = (spec, old[1] + missing, old[2] + seconds)
+            old = before or Todo(spec, [], 0.0, False)
+            self.todo[spec.key] = Todo(spec, old.evals + missing, old.seconds + seconds, old.train or train)
 
 
 class Progress:
     """One bar over the estimated seconds of the whole experiment (on a terminal), and a line per finished run
     with the ETA, scaled by how the finished runs compared with their estimates."""
 
-    def __init__(self, todo: dict[str, tuple[RunSpec, list[str], float]], name: str):
+    def __init__(self, todo: dict[str, Todo], name: str):
         from ..progress import progress, quiet
 
         self.todo, self.quiet = todo, quiet()
-        self.total = sum(t[2] for t in todo.values())
+        self.total = sum(t.seconds for t in todo.values())
         self.spent_estimate = 0.0
         self.started = time.perf_counter()
         self.count, self.finished = len(todo), 0
@@ -256,8 +261,8 @@ class Progress:
         entry = self._take(spec)  # None: work the estimate put on another run (before a learning rate was chosen)
         if entry is not None:
             self.finished += 1
-            self.spent_estimate += entry[2]
-            self.bar.update(round(entry[2]))
+            self.spent_estimate += entry.seconds
+            self.bar.update(round(entry.seconds))
         elapsed = time.perf_counter() - self.started
         left = elapsed / self.spent_estimate * (self.total - self.spent_estimate) if self.spent_estimate else 0.0
         if not self.quiet:
@@ -265,12 +270,12 @@ class Progress:
             self.write(f"[{self.finished}/{self.count}] {spec.label}{f' (lr {lr:g})' if lr else ''}: {what} "
                        f"({seconds:.0f} s); about {format_seconds(left)} left")
 
-    def _take(self, spec: RunSpec) -> tuple[RunSpec, list[str], float] | None:
+    def _take(self, spec: RunSpec) -> Todo | None:
         """The estimate of this run: by key, or, for a run whose settings depended on a choice made after the
         estimate (a tuned learning rate), the estimated run with the same label."""
         if spec.key in self.todo:
             return self.todo.pop(spec.key)
-        same = next((k for k, t in self.todo.items() if t[0].label == spec.label), None)
+        same = next((k for k, t in self.todo.items() if t.spec.label == spec.label), None)
         return self.todo.pop(same) if same is not None else None
 
     def write(self, line: str) -> None:
