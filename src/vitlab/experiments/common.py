@@ -103,7 +103,8 @@ def model_settings(family: str, size: str, **overrides: Any) -> dict[str, Any]:
 
 def pretrain(scale: Scale, family: str, size: str, data: str, lr: float, seed: int, *, mpp: bool = False,
              tag: str = "", **model_overrides: Any) -> RunSpec:
-    """Supervised (or MPP) pre-training of one model on `data`, 4 checkpoints kept for the transfer curve."""
+    """Supervised (or MPP) pre-training of one model on `data`, the weights of `curve_points` checkpoints kept for
+    the transfer curve."""
     settings = {
         **model_settings(family, size, **model_overrides), "data": data, "image_size": scale.image_size,
         "batch_size": scale.batch_size, "steps": scale.steps, "lr": lr, "seed": seed, "eval_every": 0,
