@@ -205,6 +205,16 @@ def test_bad_name_is_one_line_listing_the_names(capsys):
     assert "unknown experiment 'bogus'" in err and all(name in err for name in NAMES)
 
 
+@pytest.mark.parametrize("seeds,says", [(["-1"], "--seeds"), (["nan"], "--seeds"), (["0", "0"], "seed twice")])
+def test_bad_seeds_are_one_line(capsys, seeds, says):
+    try:
+        code = main(["experiment", "mpp", "--quick", "--seeds", *seeds])
+    except SystemExit as exit_:  # argparse's own refusal
+        code = exit_.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and says in err
+
+
 def synthetic_results(mode="full"):
     return {"experiment": "pos-embed", "title": "Position embeddings", "paper": "Appendix D.4, Table 8",
             "finding": "f", "setup": "A setup.", "mode": mode, "seeds": [0, 1],

@@ -48,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     names = list(NAMES) if args.name == "all" else [] if args.name == "report" else [args.name]
     if any(n not in NAMES for n in names):
         raise UserError(f"unknown experiment {args.name!r}; choose one of {', '.join(NAMES)}, all or report")
+    if args.seeds and len(set(args.seeds)) != len(args.seeds):
+        raise UserError(f"--seeds lists a seed twice ({' '.join(map(str, args.seeds))}); give each seed once")
     if args.verbosity > 0:  # every sub-run's training log on the console, as `vitlab train` prints it
         logging.basicConfig(level=logging.INFO, format="%(message)s")
     out = Path(args.out or (QUICK_OUT if args.quick else DEFAULT_OUT))
