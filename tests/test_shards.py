@@ -383,3 +383,21 @@ def test_val_fraction_holds_out_whole_shards(packed):
     one = whole.subset(np.flatnonzero(whole.shard_of == 0), "train")
     keep, held = one.holdout(0.25)
     assert len(keep) + len(held) == len(one) and len(held) >= 1  # stratified within the one shard
+
+
+def test_timm_reads_vitlab_shards_by_their_info(tmp_path):
+    """timm's WebDataset reader (`create_dataset('wds/…')`) takes vitlab's _info.json as it is (each split
+    record names itself) and finds every sample's image (`.JPEG` files are packed as `.jpg`) and label."""
+    from timm.data import create_dataset  # its wds reader needs webdataset (in the test extra)
+
+    src, _ = make_source(tmp_path / "src", per_class=4, corrupt=False)
+    upper = src / "train" / "ant" / "00.jpg"
+    upper.rename(upper.with_suffix(".JPEG"))
+    pack_shards(src, tmp_path / "out", parse_size("4KB"))
+    ours = shard_split(open_shard_set(str(tmp_path / "out")), "train")
+    dataset = create_dataset("wds/tiny", root=str(tmp_path / "out"), split="train", is_training=False,
+                             batch_size=1)
+    labels = sorted(int(label) for _, label in dataset)
+    assert labels == sorted(ours.labels.tolist()) and len(labels) == 12
+    assert all(k.rsplit(".", 1)[-1] in ("jpg", "png") for k in tarfile.open(ours.shards[0]).getnames()
+               if not k.endswith(".cls"))

@@ -227,7 +227,7 @@ def describe_source(s: DataBenchSettings) -> dict[str, Any]:
     elif train.arrays is not None:
         kind = "embedded"
     else:
-        kind = type(train).__name__  # a source added since (Arrow files, ...)
+        kind = {"HFSplit": "Hugging Face dataset"}.get(type(train).__name__, type(train).__name__)
     info: dict[str, Any] = {"kind": kind, "train_images": len(train), "notes": []}
     if isinstance(train, ShardSplit):
         info["shards"] = len(train.shards)

@@ -93,7 +93,8 @@ def _payload(item: str | _Row) -> tuple[bytes | None, str]:
     TIFF, GIF) is stored as lossless PNG of the RGB image the loader would make of it."""
     if isinstance(item, str):
         data = Path(item).read_bytes()
-        return (data if _decodes(data) else None), Path(item).suffix.lower().lstrip(".")
+        ext = Path(item).suffix.lower().lstrip(".")
+        return (data if _decodes(data) else None), "jpg" if ext == "jpeg" else ext  # WebDataset readers' key
     try:
         data = item.split.read_bytes(item.index)
     except OSError:  # a row without an image
@@ -210,6 +211,7 @@ def _pack_split(recorder: _Recorder, name: str, paths: list[str], labels: np.nda
                 shard_size: int, bar, bad: list[str]) -> int:
     """Pack one split after its complete shards; returns the number of shards written."""
     split = recorder.info["splits"].setdefault(name, {"filenames": [], "shard_lengths": [], "consumed": []})
+    split.setdefault("name", name)  # timm's WebDataset reader needs it
     start = sum(split["consumed"])  # source images covered by complete shards (the packing order is fixed)
     bar.update(start)
     written, members, used = 0, [], 0
@@ -257,7 +259,7 @@ class _Recorder:
 
 
 def _append(info: dict, name: str, filename: str, entry: dict, length: int, consumed: int) -> None:
-    split = info["splits"].setdefault(name, {"filenames": [], "shard_lengths": [], "consumed": []})
+    split = info["splits"].setdefault(name, {"name": name, "filenames": [], "shard_lengths": [], "consumed": []})
     info["index"][filename] = entry
     split["filenames"].append(filename)
     split["shard_lengths"].append(length)
