@@ -18,7 +18,7 @@ from PIL import Image
 
 from .errors import DataError
 from .hfsource import NEEDS_DATASETS, HFSet, import_datasets, int_column, is_hf_source, open_hf
-from .sources import ImageSplit
+from .sources import ImageSplit, decode_rgb
 
 IMAGE_NAMES = ("image", "img", "jpg", "png")  # image columns by name when no column has the Image feature
 LABEL_NAMES = ("label", "labels", "cls", "fine_label", "target")
@@ -116,10 +116,7 @@ class HFSplit(ImageSplit):
         return io.BytesIO(self.read_bytes(i))
 
     def load(self, i: int, min_size: int | None = None) -> Image.Image:
-        with Image.open(self.encoded(i)) as img:
-            if min_size and img.format == "JPEG" and min(img.size) >= 2 * min_size:
-                img.draft("RGB", (min_size, min_size))  # as the folder reader: both sides stay >= min_size
-            return img.convert("RGB")
+        return decode_rgb(self.encoded(i), min_size)
 
     def storage_blocks(self) -> np.ndarray:
         """Runs of consecutive samples in one Arrow record batch (a contiguous stretch of one memory-mapped file;

@@ -24,7 +24,7 @@ from PIL import Image
 
 from ..outputs import atomic_write
 from .errors import DataError
-from .sources import ImageSplit
+from .sources import ImageSplit, decode_rgb
 
 INFO_NAME = "_info.json"
 INFO_NAMES = (INFO_NAME, "_info.yaml", "_info.yml")  # timm's wds datasets ship either; vitlab writes JSON
@@ -61,10 +61,7 @@ class ShardSplit(ImageSplit):
         return io.BytesIO(self.read_bytes(i))
 
     def load(self, i: int, min_size: int | None = None) -> Image.Image:
-        with Image.open(self.encoded(i)) as img:
-            if min_size and img.format == "JPEG" and min(img.size) >= 2 * min_size:
-                img.draft("RGB", (min_size, min_size))  # as the folder reader: both sides stay >= min_size
-            return img.convert("RGB")
+        return decode_rgb(self.encoded(i), min_size)
 
     def storage_blocks(self) -> np.ndarray:
         """Runs of consecutive samples in one shard: the shards, or what a subset kept of them."""
