@@ -333,7 +333,7 @@ def test_preempted_run_on_hf_resumes_bit_exactly(source, tmp_path, sigterm_durin
     assert resumed.status == "completed" and same_weights(reference.weights, resumed.weights)
 
 
-@pytest.mark.slow  # two CLI processes: ~20 s
+# two CLI processes: ~20 s, in the default suite like the kill tests on digits and shards
 def test_kill_then_resume_on_hf_equals_uninterrupted_run(source, tmp_path, monkeypatch):
     """kill -9 once a checkpoint exists, then --resume: the metrics and weights of the uninterrupted run, bit for
     bit (two loader workers, which receive the split pickled or forked)."""
@@ -406,7 +406,7 @@ def test_packing_hf_rows_skips_bad_ones_and_stores_other_formats_as_png(tmp_path
     assert "nothing to do" in capsys.readouterr().out  # resumable: a re-run finds every shard complete
 
 
-@pytest.mark.slow  # torchrun with two processes: ~25 s
+# torchrun with two processes: ~25 s, in the default suite like the DDP test on shards
 def test_ddp_on_hf_matches_one_process(tmp_path):
     """Rows are read by position, so 2 processes draw the same global batches (a stream over the record
     batches) as 1: the losses of both runs agree step for step."""
