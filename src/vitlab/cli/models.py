@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from .types import device_name, float_range, image_size, new_file, non_negative_int, positive_int
@@ -130,10 +131,17 @@ def run_bench(args: argparse.Namespace) -> int:
         result = run_benchmark(settings, progress=report)
     finally:
         bar.close()
+    return _report(result, args.json)
+
+
+def _report(result: Any, json_path: str | None) -> int:
+    """The table on stdout and, with --json, the result as JSON (atomic: never a half-written file)."""
+    from ..outputs import atomic_write
+
     print(result.table())
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result.to_dict(), f, indent=2)
+    if json_path:
+        text = json.dumps(result.to_dict(), indent=2)
+        atomic_write(Path(json_path), lambda tmp: Path(tmp).write_text(text))
     return 0
 
 
@@ -157,8 +165,4 @@ def run_data_bench(args: argparse.Namespace) -> int:
         result = run_data_benchmark(settings, on_repeat=report, on_batch=bar.update)
     finally:
         bar.close()
-    print(result.table())
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result.to_dict(), f, indent=2)
-    return 0
+    return _report(result, args.json)

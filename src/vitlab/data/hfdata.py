@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
 
 from .errors import DataError
 from .hfsource import NEEDS_DATASETS, HFSet, import_datasets, int_column, is_hf_source, open_hf
-from .sources import ImageSplit, decode_rgb
+from .sources import ImageSplit
 
 IMAGE_NAMES = ("image", "img", "jpg", "png")  # image columns by name when no column has the Image feature
 LABEL_NAMES = ("label", "labels", "cls", "fine_label", "target")
@@ -114,9 +113,6 @@ class HFSplit(ImageSplit):
 
     def encoded(self, i: int) -> io.BytesIO:
         return io.BytesIO(self.read_bytes(i))
-
-    def load(self, i: int, min_size: int | None = None) -> Image.Image:
-        return decode_rgb(self.encoded(i), min_size)
 
     def storage_blocks(self) -> np.ndarray:
         """Runs of consecutive samples in one Arrow record batch (a contiguous stretch of one memory-mapped file;

@@ -20,11 +20,10 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from PIL import Image
 
 from ..outputs import atomic_write
 from .errors import DataError
-from .sources import ImageSplit, decode_rgb
+from .sources import ImageSplit
 
 INFO_NAME = "_info.json"
 INFO_NAMES = (INFO_NAME, "_info.yaml", "_info.yml")  # timm's wds datasets ship either; vitlab writes JSON
@@ -59,9 +58,6 @@ class ShardSplit(ImageSplit):
 
     def encoded(self, i: int) -> io.BytesIO:
         return io.BytesIO(self.read_bytes(i))
-
-    def load(self, i: int, min_size: int | None = None) -> Image.Image:
-        return decode_rgb(self.encoded(i), min_size)
 
     def storage_blocks(self) -> np.ndarray:
         """Runs of consecutive samples in one shard: the shards, or what a subset kept of them."""

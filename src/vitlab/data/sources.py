@@ -65,7 +65,7 @@ class ImageSplit:
         decoding down to that short side. Raises one of DECODE_ERRORS for unreadable files."""
         if self.arrays is not None:
             return Image.fromarray(self.arrays[i])
-        return decode_rgb(self.paths[i], min_size)
+        return decode_rgb(self.encoded(i), min_size)  # a path here, bytes for shards and Arrow rows
 
     def storage_blocks(self) -> np.ndarray | None:
         """Lengths of the runs of consecutive samples stored together (tar shards, Arrow files), in index order,
