@@ -166,7 +166,11 @@ Batches = Callable[[], Iterator[Any]]  # opens the source, builds the loader, yi
 
 def _drain(open_batches: Batches, steps: int, warm: int, count: Callable[[Any], tuple[int, int | None]],
            on_batch: Callable[[int], None] | None) -> LoaderRun:
-    """Time `steps` batches from `open_batches()` (which opens the source: it is inside the timing)."""
+    """Time `steps` batches from `open_batches()` (which opens the source: it is inside the timing). Every repeat
+    starts after a full garbage collection: the first one would otherwise also pay for collecting the imports'
+    objects (0.1-0.2 s), wherever the collector happened to fall due, and the sources compared would differ by
+    that chance rather than by what they do."""
+    gc.collect()
     t0 = time.perf_counter()
     batches = open_batches()
     times, sizes, failures = [], [], 0

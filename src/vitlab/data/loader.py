@@ -17,6 +17,7 @@ skipped files as one warning, or fails under --strict.
 from __future__ import annotations
 
 import atexit
+import gc
 import random
 import signal
 import time
@@ -252,10 +253,16 @@ def join_batches(parts: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _ignore_sigterm(worker_id: int) -> None:
+def _init_worker(worker_id: int) -> None:
     """Workers leave preemption to the main process: it finishes the step, saves a checkpoint and then shuts
-    the workers down. A worker killed first would make the main process fail instead."""
+    the workers down. A worker killed first would make the main process fail instead.
+
+    The objects a worker inherits from the main process (270k after vitlab's imports) are frozen out of its
+    garbage collector: a collection would otherwise walk them all, writing to every page they live on and so
+    copying the parent's heap into the worker. It made a worker's first batch 3x slower (0.24 s vs 0.08 s for
+    32 images at 224 px), whenever the collection fell in the worker rather than in the main process."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    gc.freeze()
 
 
 _WITH_WORKERS: weakref.WeakSet[DataLoader] = weakref.WeakSet()
@@ -264,7 +271,7 @@ _WITH_WORKERS: weakref.WeakSet[DataLoader] = weakref.WeakSet()
 @atexit.register  # registered after multiprocessing's own exit hook, so it runs first
 def _stop_workers_at_exit() -> None:
     """Shut down the workers of loaders still alive at exit. Multiprocessing would terminate them with SIGTERM,
-    which they ignore (see _ignore_sigterm), and then wait for them forever: a loader dropped mid-epoch by a
+    which they ignore (see _init_worker), and then wait for them forever: a loader dropped mid-epoch by a
     caller that never closed it would hang the interpreter's exit."""
     for loader in list(_WITH_WORKERS):
         iterator = getattr(loader, "_iterator", None)
@@ -284,7 +291,7 @@ def make_loader(dataset: TransformedSplit, sampler: Any, workers: int, device: t
         pin_memory=device.type == "cuda",
         persistent_workers=workers > 0,
         prefetch_factor=4 if workers > 0 else None,
-        worker_init_fn=_ignore_sigterm if workers > 0 else None,
+        worker_init_fn=_init_worker if workers > 0 else None,
         generator=torch.Generator().manual_seed(0),  # unused by the samples: they are seeded per key
     )
     if workers > 0:
