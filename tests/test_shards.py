@@ -151,24 +151,11 @@ def test_brace_pattern_and_folder_of_tars_are_indexed_once(packed, tmp_path, mon
     assert len(load_split(pattern, "train")) == len(reference)
 
 
-def test_timm_style_info_without_offsets(packed, tmp_path):
-    _, out, _, _ = packed
-    tars = _copy_tars(out, tmp_path / "timm")
-    counts = [len(shard_split(open_shard_set(str(t)), "train")) for t in tars]
-    info = {"name": "tiny", "splits": {"train": {"name": "train", "num_samples": sum(counts),
-                                                 "filenames": [t.name for t in tars], "shard_lengths": counts}}}
-    (tmp_path / "timm" / "_info.json").write_text(json.dumps(info))
-    split = load_split(str(tmp_path / "timm"), "train")
-    assert len(split) == 39 and split.class_names == ["0", "1", "2"]
-    assert (tmp_path / "timm" / "_vitlab_index.json").is_file()
-    info["splits"]["train"]["shard_lengths"][0] += 1
-    (tmp_path / "timm" / "_info.json").write_text(json.dumps(info))
-    with pytest.raises(DataError, match="train-000000.tar holds .* samples, _info.json says"):
-        load_split(str(tmp_path / "timm"), "train")
-
-
-def test_timm_style_info_as_yaml(packed, tmp_path):
-    """timm's wds datasets may ship `_info.yaml` instead: the same fields, read with a YAML parser."""
+@pytest.mark.parametrize("info_name", ["_info.json", "_info.yaml"])
+def test_timm_style_info_without_offsets(packed, tmp_path, info_name):
+    """timm's info file (JSON, or the YAML some wds datasets ship) lists shards and their lengths but no byte
+    offsets: the index is built once from the tar headers, and lengths that disagree with the shards, or a file
+    that does not parse, are one line."""
     import yaml
 
     _, out, _, _ = packed
@@ -176,11 +163,17 @@ def test_timm_style_info_as_yaml(packed, tmp_path):
     counts = [len(shard_split(open_shard_set(str(t)), "train")) for t in tars]
     info = {"name": "tiny", "splits": {"train": {"name": "train", "num_samples": sum(counts),
                                                  "filenames": [t.name for t in tars], "shard_lengths": counts}}}
-    (tmp_path / "timm" / "_info.yaml").write_text(yaml.safe_dump(info))
+    dump = json.dumps if info_name.endswith(".json") else yaml.safe_dump
+    (tmp_path / "timm" / info_name).write_text(dump(info))
     split = load_split(str(tmp_path / "timm"), "train")
-    assert len(split) == sum(counts) == 39 and split.class_names == ["0", "1", "2"]
-    (tmp_path / "timm" / "_info.yaml").write_text("splits: [unclosed\n")
-    with pytest.raises(DataError, match=r"_info.yaml is not a shard info file .*; re-run vitlab shards"):
+    assert len(split) == 39 and split.class_names == ["0", "1", "2"]
+    assert (tmp_path / "timm" / "_vitlab_index.json").is_file()
+    info["splits"]["train"]["shard_lengths"][0] += 1
+    (tmp_path / "timm" / info_name).write_text(dump(info))
+    with pytest.raises(DataError, match=f"train-000000.tar holds .* samples, {info_name} says"):
+        load_split(str(tmp_path / "timm"), "train")
+    (tmp_path / "timm" / info_name).write_text('{"splits": [unclosed\n')
+    with pytest.raises(DataError, match=rf"{info_name} is not a shard info file .*; re-run vitlab shards"):
         load_split(str(tmp_path / "timm"), "train")
 
 

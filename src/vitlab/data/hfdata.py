@@ -17,7 +17,7 @@ import numpy as np
 
 from .errors import DataError
 from .hfsource import NEEDS_DATASETS, HFSet, import_datasets, int_column, is_hf_source, open_hf
-from .sources import ImageSplit
+from .sources import ImageSplit, relabel_by_name
 
 IMAGE_NAMES = ("image", "img", "jpg", "png")  # image columns by name when no column has the Image feature
 LABEL_NAMES = ("label", "labels", "cls", "fine_label", "target")
@@ -131,18 +131,6 @@ class HFSplit(ImageSplit):
         return dataclasses.replace(self, name=name, labels=self.labels[indices], rows=rows)
 
 
-def _relabel(labels: np.ndarray, recorded: list[str] | None, wanted: list[str] | None, where: str) -> np.ndarray:
-    """Labels in the order of `wanted` (the training split's or a model's classes), matched by class name as
-    for folders; labels without recorded names keep their indices."""
-    if wanted is None or recorded is None or list(recorded) == list(wanted):
-        return labels
-    unknown = sorted(set(recorded) - set(wanted))
-    if unknown:
-        raise DataError(f"{where} has classes unknown to the {len(wanted)} training classes: "
-                        f"{', '.join(unknown[:5])}; use data with the same classes")
-    return np.array([list(wanted).index(c) for c in recorded], dtype=np.int64)[labels]
-
-
 def _check_labels(labels: np.ndarray, num_classes: int, column: str, where: str) -> None:
     unlabelled = int((labels == -1).sum())
     if unlabelled:
@@ -172,7 +160,7 @@ def hf_split(hf: HFSet, split: str, class_names: list[str] | None = None, strict
     else:
         recorded_count = len(recorded) if recorded is not None else len(class_names)
     _check_labels(labels, recorded_count, label, where)
-    labels = _relabel(labels, recorded, class_names, where)
+    labels = relabel_by_name(labels, recorded, class_names, where)
     names = class_names or recorded or [str(k) for k in range(recorded_count)]
     return HFSplit(split, labels, list(names), strict=strict, dataset=dataset, image_column=image, source=hf.source,
                    split_name=name)

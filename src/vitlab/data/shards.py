@@ -23,7 +23,7 @@ import yaml
 
 from ..outputs import atomic_write
 from .errors import DataError
-from .sources import ImageSplit
+from .sources import ImageSplit, relabel_by_name
 
 INFO_NAME = "_info.json"
 INFO_NAMES = (INFO_NAME, "_info.yaml", "_info.yml")  # timm's wds datasets ship either; vitlab writes JSON
@@ -288,18 +288,6 @@ def _check_sizes(paths: list[Path], entries: dict[Path, dict]) -> None:
                             "re-copy or re-pack it")
 
 
-def _relabel(labels: np.ndarray, recorded: list[str] | None, wanted: list[str] | None) -> np.ndarray:
-    """Labels in the order of `wanted` (a model's or the training split's classes), matched by name as the
-    folder reader does; shards without recorded names keep their indices."""
-    if wanted is None or recorded is None or list(recorded) == list(wanted):
-        return labels
-    unknown = sorted(set(recorded) - set(wanted))
-    if unknown:
-        raise DataError(f"the shards have classes unknown to the {len(wanted)} training classes: "
-                        f"{', '.join(unknown[:5])}; use shards packed with the same classes")
-    return np.array([list(wanted).index(c) for c in recorded], dtype=np.int64)[labels]
-
-
 def shard_split(shard_set: ShardSet, split: str, class_names: list[str] | None = None,
                 strict: bool = False) -> ShardSplit:
     """The named split as a ShardSplit; `class_names` (the training split's or a model's) label it."""
@@ -310,7 +298,7 @@ def shard_split(shard_set: ShardSet, split: str, class_names: list[str] | None =
     _check_sizes(paths, shard_set.entries)
     entries = [shard_set.entries[p] for p in paths]
     labels = np.array([v for e in entries for v in e["labels"]], dtype=np.int64)
-    labels = _relabel(labels, shard_set.class_names, class_names)
+    labels = relabel_by_name(labels, shard_set.class_names, class_names, "the shards")
     names = class_names or shard_set.class_names
     if names is None:
         top = max((max(e["labels"], default=-1) for e in shard_set.entries.values()), default=-1)

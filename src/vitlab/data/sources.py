@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from .errors import DataError
+
 # Errors Pillow raises for files it cannot decode: truncated (OSError), not an image (UnidentifiedImageError,
 # an OSError), broken PNG chunks (SyntaxError), bad headers (ValueError), absurd sizes (DecompressionBombError).
 DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
@@ -102,3 +104,17 @@ def stratified_holdout(labels: np.ndarray, fraction: float, seed: int = 0) -> tu
         held.append(idx[:n])
         keep.append(idx[n:])
     return np.sort(np.concatenate(keep)), np.sort(np.concatenate(held))
+
+
+def relabel_by_name(labels: np.ndarray, recorded: list[str] | None, wanted: list[str] | None,
+                    where: str) -> np.ndarray:
+    """Labels in the order of `wanted` (the training split's or a model's classes), matched by class name as
+    the folder reader does; labels without recorded names keep their indices. DataError naming `where` for
+    classes outside `wanted`."""
+    if wanted is None or recorded is None or list(recorded) == list(wanted):
+        return labels
+    unknown = sorted(set(recorded) - set(wanted))
+    if unknown:
+        raise DataError(f"{where} has classes unknown to the {len(wanted)} training classes: "
+                        f"{', '.join(unknown[:5])}; use data with the same classes")
+    return np.array([list(wanted).index(c) for c in recorded], dtype=np.int64)[labels]
