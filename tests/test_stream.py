@@ -161,3 +161,28 @@ def test_a_loader_dropped_mid_epoch_does_not_hang_the_exit():
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "8", done.stderr
+
+
+def test_class_sorted_storage_is_not_streamed(caplog):
+    """Shards written class after class would give streamed batches of a few classes: such a split is read in
+    a random permutation instead, with one warning line; shuffled storage streams."""
+    import logging
+
+    from vitlab.data.sources import ImageSplit
+    from vitlab.data.stream import sorted_by_label, training_order
+
+    class Blocks(ImageSplit):
+        def storage_blocks(self):
+            return np.full(10, 60)
+
+    rng = np.random.RandomState(0)
+    by_class = np.repeat(np.arange(10), 60)
+    shuffled = by_class[rng.permutation(600)]
+    assert sorted_by_label(by_class) and not sorted_by_label(shuffled)
+    assert sorted_by_label(np.repeat([0, 1], 300)) and not sorted_by_label(rng.randint(0, 2, 600))  # 2 classes
+    with caplog.at_level(logging.WARNING, logger="vitlab.data"):
+        assert training_order(Blocks("train", by_class, []), 0, 32, "/data/wds") is None
+    assert len(caplog.records) == 1 and "/data/wds stores its samples sorted by class" in caplog.text
+    order = training_order(Blocks("train", shuffled, []), 0, 32)
+    assert isinstance(order, StreamOrder) and order.blocks == (60,) * 10
+    assert training_order(ImageSplit("train", shuffled, []), 0, 32) is None  # no blocks: a permutation

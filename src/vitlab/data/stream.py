@@ -22,8 +22,11 @@ before the others (blocks differ in length) simply drop out of the rotation unti
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from .errors import log
 
 LANES = 16  # blocks read at once per epoch; a global batch mixes this many shards
 WINDOW = 1024  # samples: how far the shuffle window moves a sample from its stored place
@@ -75,4 +78,30 @@ class StreamOrder:
         return index[np.lexsort((place, turn))]
 
 
-__all__ = ["LANES", "WINDOW", "StreamOrder"]
+def sorted_by_label(labels: np.ndarray) -> bool:
+    """Whether neighbouring samples share their label far more often than in a random order (a class-sorted
+    folder packed as it was listed). Random order: a share of sum_c p_c^2; sorted: nearly 1."""
+    labels = np.asarray(labels)
+    if len(labels) < 2:
+        return False
+    same = float(np.mean(labels[1:] == labels[:-1]))
+    random = float(np.sum((np.bincount(labels) / len(labels)) ** 2))
+    return same > random + (1.0 - random) / 2
+
+
+def training_order(split: Any, seed: int, batch_size: int, source: str = "the data") -> StreamOrder | None:
+    """The stream order for a split stored in blocks, None for a seeded permutation (arrays, image files).
+    Storage sorted by class gets the permutation too, with a warning: a stream reads a few blocks at a time,
+    so its batches would hold a few classes (WebDataset writers shuffle before writing; `vitlab shards` does)."""
+    blocks = split.storage_blocks()
+    if blocks is None or not len(blocks):
+        return None
+    if sorted_by_label(split.labels):
+        log.warning("%s stores its samples sorted by class: reading it as a stream would give batches of a few "
+                    "classes, so training draws a random permutation instead (one seek per image; re-pack with "
+                    "vitlab shards, which shuffles, to stream it)", source)
+        return None
+    return StreamOrder(tuple(int(b) for b in blocks), seed, batch_size)
+
+
+__all__ = ["LANES", "WINDOW", "StreamOrder", "sorted_by_label", "training_order"]

@@ -15,7 +15,7 @@ from torch import nn
 from ..data import Datasets, EvalTransform, ShardSampler, StepSampler, TrainTransform, TransformedSplit, make_loader
 from ..data.errors import DataError, describe_paths
 from ..data.loader import PartsLoader
-from ..data.stream import StreamOrder
+from ..data.stream import training_order
 from ..models.config import ViTConfig
 from ..models.registry import build_model as build_from_config
 from ..models.registry import describe_architecture, model_config
@@ -119,8 +119,7 @@ def make_loaders(cfg: TrainConfig, data: Datasets, start_step: int, d: Dist) -> 
     set_cpu_threads(d, workers)
     size = (cfg.image_size, cfg.image_size)
     train_tf = TrainTransform(size, tuple(cfg.crop_scale), tuple(cfg.crop_ratio), cfg.flip, cfg.train_crop)
-    blocks = data.train.storage_blocks()
-    order = StreamOrder(tuple(blocks), cfg.seed, cfg.batch_size) if blocks is not None and len(blocks) else None
+    order = training_order(data.train, cfg.seed, cfg.batch_size, data.source)  # None: a seeded permutation
     parts = max(1, workers)
     sampler = StepSampler(len(data.train), cfg.batch_size, cfg.seed, start_step, cfg.steps, d.rank, d.world, cfg.accum,
                           order, parts)
