@@ -124,6 +124,16 @@ def test_kill_then_resume_equals_uninterrupted_run(tmp_path, monkeypatch, source
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming from" in resumed.stderr
     assert same_weights(tmp_path / "ref" / "model.safetensors", tmp_path / "run" / "model.safetensors")
+    # logged every 100 steps, checkpoints every 20: the mean of steps 41-100 resumes from the checkpoint's sum
+    logged = _train_losses(tmp_path / "ref")
+    assert _train_losses(tmp_path / "run") == logged and len(logged) == 3
+
+
+def _train_losses(run_dir: Path) -> list[tuple[int, float]]:
+    import json
+
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in rows if r.get("split") == "train"]
 
 
 def test_sigterm_leaves_a_loadable_checkpoint(tmp_path):

@@ -146,6 +146,7 @@ class Trainer:
         self.data = resolved.data or build_datasets(cfg.data, cfg.val_fraction, cfg.strict)
         check_classes(cfg, self.data)
         self.step, self.best, self.last_checkpoint, self.metrics = 0, None, None, {}
+        self.window = StepWindow()  # the steps since the last logged line; its loss sum is in checkpoints
         torch.manual_seed(cfg.seed)
         self.objective = objective_for(cfg)
         state = self._resume_model() if cfg.resume else None
@@ -216,6 +217,8 @@ class Trainer:
                 set_model_state_dict(self.model, state["ema"], options=_FULL)
                 self.ema.capture(self.model)
         self.step, self.best = int(state["step"]), state.get("best")
+        logged = state.get("log_window") or {}  # a checkpoint between two logged lines: their mean spans both
+        self.window.steps, self.window.loss = int(logged.get("steps", 0)), float(logged.get("loss", 0.0))
         rngs = state["rng"]
         if self.d.rank < len(rngs):
             set_rng_state(rngs[self.d.rank])
@@ -226,7 +229,7 @@ class Trainer:
     def fit(self) -> RunResult:
         cfg, start_time = self.cfg, time.perf_counter()
         previous = self._catch_stop_signals()
-        window = StepWindow()
+        window = self.window
         totals = StepWindow()
         status = "completed"
         try:
@@ -376,6 +379,7 @@ class Trainer:
                 "scheduler": self.scheduler.state_dict(), "ema": ema, "rng": rngs, "best": self.best,
                 "class_names": self.data.class_names, "world_size": self.d.world,
                 "objective": extras,  # self-supervision: mask token and prediction head, not in the weights file
+                "log_window": {"steps": self.window.steps, "loss": self.window.loss},  # the logged loss resumes
             }
             path = write_checkpoint(self.run_dir, self.step, weights, self.model_config, self.class_names_saved(),
                                     state, weights_meta(self.cfg))
