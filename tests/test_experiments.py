@@ -198,6 +198,32 @@ def test_full_size_figures_stay_small(tmp_path):
         assert 10_000 < path.stat().st_size < 100_000
 
 
+@pytest.mark.parametrize("family", ["ViT", "BiT"])
+def test_untrained_reference_keeps_the_initial_weights(tmp_path, family):
+    """The no-pre-training reference is one step at learning rate 0: every normalisation scale is still exactly 1
+    and every bias still as initialised, 0 or (a ViT's MLP, as in the official code) normal with std 1e-6; one Adam
+    step at a positive learning rate moves each of them by about the learning rate. A control run at lr 1e-3 shows
+    the check can fail."""
+    from safetensors.torch import load_file
+
+    from vitlab.experiments.common import untrained
+    from vitlab.experiments.runner import train_spec
+
+    spec = untrained(QUICK, family, "S", seed=1)
+    assert spec.settings["lr"] == 0.0 and spec.steps == 1
+    # two steps: the head kernel starts at zero (the official code; Section 3.2 for fine-tuning), so the first
+    # step moves only the head
+    moved = RunSpec("moved", spec.recipe, {**spec.settings, "lr": 1e-3, "warmup": 0, "steps": 2})
+    for run, expect_initial in ((spec, True), (moved, False)):
+        assert "diverged" not in train_spec(run, tmp_path / run.label, None)
+        weights = load_file(tmp_path / run.label / "model.safetensors")
+        scales = [v for k, v in weights.items() if "norm" in k and k.endswith("weight")]
+        biases = [v for k, v in weights.items() if k.endswith("bias") and not k.startswith("head")]
+        assert scales and biases
+        initial = all(bool((v == 1).all()) for v in scales) and all(float(v.abs().max()) < 1e-5 for v in biases)
+        assert initial == expect_initial, run.label
+
+
 def test_bad_name_is_one_line_listing_the_names(capsys):
     assert main(["experiment", "bogus"]) == 2
     err = capsys.readouterr().err.strip()

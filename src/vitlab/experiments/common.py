@@ -117,6 +117,16 @@ def pretrain(scale: Scale, family: str, size: str, data: str, lr: float, seed: i
     return RunSpec(label, "mpp" if mpp else "pretrain-i1k", settings, curve=True)
 
 
+def untrained(scale: Scale, family: str, size: str, seed: int) -> RunSpec:
+    """The model exactly as pre-training with `seed` initialises it: one step at learning rate 0 of the same
+    pre-training run (Adam's update and the decoupled weight decay are both scaled by the learning rate, so the
+    weights do not move). The reference a pre-trained representation must beat to have learnt anything that
+    transfers: a random network's features are far from useless to a linear classifier on digits."""
+    settings = {**pretrain(scale, family, size, scale.largest, 0.0, seed).settings, "steps": 1, "save_every": 0,
+                "keep_last": 1}
+    return RunSpec(f"init-{family}-{size}-s{seed}", "pretrain-i1k", settings)
+
+
 def finetune(scale: Scale, parent: RunSpec | None, lr: float, seed: int, *, dev: bool = False,
              scratch: tuple[str, str] | None = None) -> RunSpec:
     """Fine-tuning on digits from `parent`'s weights (or, with scratch=(family, size), training that model from

@@ -20,6 +20,7 @@ from .common import (
     transfer_evals,
     tuned_finetune_lr,
     tuned_pretrain_lr,
+    untrained,
 )
 from .runner import Context
 
@@ -32,7 +33,8 @@ FINDING = ("With little pre-training data the ResNets (BiT) transfer better than
 SETUP = ("ViT, BiT ResNetV2 and hybrid of matched size (M in the model table) pre-trained on fractal sets of "
          "{categories} categories × {per_class} images (the same number of steps for every size, so smaller sets "
          "are seen for more epochs, as in Fig. 4), then evaluated by few-shot linear regression on "
-         "{fewshot_data} and by fine-tuning on digits.")
+         "{fewshot_data} and by fine-tuning on digits. References without pre-training: the few-shot accuracy of "
+         "each model's initial weights, and each model trained on digits alone with the fine-tuning recipe.")
 
 
 def plan(ctx: Context) -> dict[str, Any]:
@@ -46,7 +48,13 @@ def plan(ctx: Context) -> dict[str, Any]:
                 pre = pretrain(scale, f, "M", scale.fractal(n), lr[f], seed)
                 record = ctx.run(pre, transfer_evals(scale))
                 runs[(f, n, seed)] = (record, ctx.run(finetune(scale, pre, ft_lr[f], seed)))
-    return {"lr": lr, "finetune_lr": ft_lr, "runs": runs}
+    # references: the same model untrained (few-shot) and trained on digits alone at its own tuned lr (fine-tuned)
+    scratch_lr = {f: tuned_finetune_lr(ctx, None, scratch=(f, "M")) for f in FAMILIES}
+    for f in FAMILIES:
+        for seed in ctx.seeds:
+            runs[("untrained", f, seed)] = (ctx.run(untrained(scale, f, "M", seed), transfer_evals(scale)),
+                                            ctx.run(finetune(scale, None, scratch_lr[f], seed, scratch=(f, "M"))))
+    return {"lr": lr, "finetune_lr": ft_lr, "scratch_lr": scratch_lr, "runs": runs}
 
 
 def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -57,26 +65,36 @@ def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
         for n in scale.per_class:
             per_seed = [transfer(scale, *planned["runs"][(f, n, s)]) for s in ctx.seeds]
             cells[(f, n)] = {key: stat([v[key] for v in per_seed]) for key, _ in metrics}
+    for f in FAMILIES:  # no pre-training: few-shot of the untrained model, fine-tuned = trained on digits only
+        per_seed = [transfer(scale, *planned["runs"][("untrained", f, s)]) for s in ctx.seeds]
+        cells[(f, 0)] = {key: stat([v[key] for v in per_seed]) for key, _ in metrics}
     sizes = [scale.images(n) for n in scale.per_class]
     panels = [(caption, {f: (sizes, [cells[(f, n)][key] for n in scale.per_class]) for f in FAMILIES})
               for key, caption in metrics]
+    references = [{f: cells[(f, 0)][key] for f in FAMILIES} for key, _ in metrics]
     figure = plots.line_panels(out / "data_scaling.png", panels, "pre-training images (fractal)",
-                               title="Transfer against pre-training set size (paper Figs. 3, 4)")
+                               title="Transfer against pre-training set size (paper Figs. 3, 4); dashed: no "
+                               "pre-training", references=references)
     columns = ["pre-training images", "family"] + [caption for _, caption in metrics]
-    rows = [[f"{scale.images(n):,}", f] + [show(cells[(f, n)][key]) for key, _ in metrics]
-            for n in scale.per_class for f in FAMILIES]
+    rows = [[f"{scale.images(n):,}" if n else "none", f] + [show(cells[(f, n)][key]) for key, _ in metrics]
+            for n in (0, *scale.per_class) for f in FAMILIES]
     small, large = min(scale.per_class), max(scale.per_class)
     measured = [f"at {scale.images(n):,} images, {caption}: " + " vs ".join(
         f"{f} {show(cells[(f, n)][key])}" for f in FAMILIES) for n in (small, large) for key, caption in metrics]
+    measured += [f"without pre-training, {caption}: " + " vs ".join(f"{f} {show(cells[(f, 0)][key])}"
+                                                                     for f in FAMILIES) for key, caption in metrics]
     return {
         "tables": [{"title": "Transfer accuracy (mean ± std over seeds)", "columns": columns, "rows": rows},
                    _models_table(scale)],
         "figures": [{"file": figure.name, "caption": "Few-shot and fine-tuned accuracy against the number of "
-                     "pre-training images; mean over seeds, band ± one standard deviation."}],
+                     "pre-training images; mean over seeds, band ± one standard deviation. Dashed lines: the same "
+                     "model without pre-training (few-shot: its initial weights; fine-tuned: trained on digits "
+                     "alone with the fine-tuning recipe at its own tuned learning rate)."}],
         "measured": measured,
         "check": _check(scale, cells, metrics, small, large),
-        "choices": {"pretrain_lr": planned["lr"], "finetune_lr": planned["finetune_lr"]},
-        "data": {f"{f}/{scale.images(n)}": cells[(f, n)] for f in FAMILIES for n in scale.per_class},
+        "choices": {"pretrain_lr": planned["lr"], "finetune_lr": planned["finetune_lr"],
+                    "scratch_lr": planned["scratch_lr"]},
+        "data": {f"{f}/{scale.images(n)}": cells[(f, n)] for f in FAMILIES for n in (0, *scale.per_class)},
     }
 
 

@@ -35,11 +35,16 @@ def _color(label: str, i: int) -> str:
 
 
 def line_panels(path: Path, panels: Sequence[tuple[str, dict[str, tuple[list[float], list[dict]]]]],
-                xlabel: str, ylabel: str = "accuracy (%)", log_x: bool = True, title: str = "") -> Path:
-    """One panel per metric; in each, one line per series: x values and a stat ({"mean", "std"}) per x."""
+                xlabel: str, ylabel: str = "accuracy (%)", log_x: bool = True, title: str = "",
+                references: Sequence[dict[str, dict]] | None = None) -> Path:
+    """One panel per metric; in each, one line per series: x values and a stat ({"mean", "std"}) per x.
+    `references`: per panel, a stat per series drawn as a dashed horizontal line in the series' colour (a
+    baseline that does not depend on x)."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(2.4 * len(panels), 2.5), squeeze=False)
-    for ax, (caption, series) in zip(axes[0], panels, strict=True):
+    for p, (ax, (caption, series)) in enumerate(zip(axes[0], panels, strict=True)):
+        for i, (label, ref) in enumerate((references[p] if references else {}).items()):
+            ax.axhline(ref["mean"], ls="--", lw=1, color=_color(label, i), alpha=0.8)
         for i, (label, (xs, stats)) in enumerate(series.items()):
             mean = [s["mean"] for s in stats]
             std = [s["std"] for s in stats]
