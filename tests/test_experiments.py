@@ -40,11 +40,12 @@ def fake_experiment(specs, name="fake"):
     return Experiment(name, "Fake", "nowhere", "nothing", "two runs", plan, analyze, (0,))
 
 
-def counting_trainer(calls, fail_on=None):
+def counting_trainer(calls, fail_on=None, seconds=0.0):
     from vitlab.experiments.runner import Interrupted
 
     def train(spec, run_dir, init):
         calls.append(spec.label)
+        time.sleep(seconds)
         if spec.label == fail_on:
             run_dir.mkdir(parents=True, exist_ok=True)
             raise Interrupted(f"{run_dir} stopped")  # as the trainer stops on SIGTERM or Ctrl-C
@@ -57,7 +58,7 @@ def test_second_invocation_trains_nothing(tmp_path, monkeypatch, fixed_step_time
     import vitlab.experiments.runner as runner
 
     calls = []
-    monkeypatch.setattr(runner, "train_spec", counting_trainer(calls))
+    monkeypatch.setattr(runner, "train_spec", counting_trainer(calls, seconds=0.2))
     specs = [RunSpec("a", "demo", {**TINY, "seed": 0}), RunSpec("b", "demo", {**TINY, "seed": 1})]
     first = run_experiment(fake_experiment(specs), tmp_path, quick=True, say=lambda line: None)
     assert calls == ["a", "b"]
@@ -66,6 +67,8 @@ def test_second_invocation_trains_nothing(tmp_path, monkeypatch, fixed_step_time
     assert calls == ["a", "b"]  # nothing trained again
     assert lines == ["fake: every run is already done; analysing"]
     assert second["measured"] == first["measured"]
+    # the experiment's cost is its runs' time, whichever invocation trained them: two trainings of >= 0.2 s each
+    assert second["run_seconds"] == first["run_seconds"] >= 0.4
 
 
 def test_interrupted_experiment_continues_with_the_unfinished_run(tmp_path, monkeypatch, fixed_step_times):
@@ -166,7 +169,8 @@ def test_experiments_share_their_runs(tmp_path, fixed_step_times):
     for name in NAMES:
         assert largest_vit in asked[name], name
     # compute re-uses every data-scaling run on the largest set (tuning, size M) and their fine-tuning runs
-    on_largest = {k for k, s in asked["data-scaling"].items() if s.settings.get("data") == QUICK.largest}
+    on_largest = {k for k, s in asked["data-scaling"].items()
+                  if s.settings.get("data") == QUICK.largest and s.settings["lr"] > 0}  # lr 0: untrained references
     tuned = {k for k, s in asked["data-scaling"].items() if s.init in on_largest}
     assert len(on_largest) == 3 * len(QUICK.lrs) and len(tuned) == 3 * len(QUICK.finetune_lrs) + 3
     assert on_largest | tuned <= set(asked["compute"])
@@ -250,7 +254,7 @@ def synthetic_results(mode="full"):
             "figures": [{"file": "pos_embed.png", "caption": "Bars."}],
             "measured": ["5-shot digits: none 41.2±1.3 %, 1-D 45.0±0.8 %"],
             "check": {"holds": True, "rule": "none below the others", "details": ["none −3.8 points"]},
-            "choices": {"pretrain_lr": 0.001, "finetune_lr": 0.01}, "wall_seconds": 1800.0,
+            "choices": {"pretrain_lr": 0.001, "finetune_lr": 0.01}, "wall_seconds": 1800.0, "run_seconds": 4200.0,
             "finished": "2026-12-01 10:00:00", "versions": {"vitlab": "0.1.0", "torch": "2.x"}}
 
 
@@ -270,7 +274,9 @@ def test_reproduction_md_is_written_from_results_and_keeps_notes(tmp_path):
     assert (tmp_path / "reproduction" / "pos-embed-pos_embed.png").read_bytes() == b"\x89PNG fake"
     other = text[text.index("## 1. data-scaling"):text.index("## 2.")]
     assert "**Verdict: pending.**" in other and "`vitlab experiment data-scaling`" in other
-    assert "| pos-embed | Appendix D.4, Table 8 | holds | 30 min |" in text
+    assert "| pos-embed | Appendix D.4, Table 8 | holds | 70 min |" in text  # its runs' time, not the last call's
+    assert "its runs took 70 min of wall time in all, training and evaluation, on this machine; the last " \
+           "invocation 30 min" in pos
     # a person's notes survive the rewrite; rewriting again changes nothing else
     noted = text.replace("<!-- notes:pos-embed -->\n", "<!-- notes:pos-embed -->\nAt 16 patches position matters "
                                                        "less.\n")

@@ -104,6 +104,7 @@ def run_experiment(experiment: Experiment, out: str | Path, quick: bool = False,
         **analysis,
         "runs": [_run_entry(r, out) for r in ctx.records.values()],
         "estimated_seconds": round(estimated, 1), "wall_seconds": round(time.perf_counter() - started, 1),
+        "run_seconds": run_seconds(ctx.records.values()),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "versions": _versions(),
     }
     write_results(folder / RESULTS, results)
@@ -123,6 +124,13 @@ def describe_setup(experiment: Experiment, scale: Scale, seeds: tuple[int, ...])
     fields["per_class"] = " / ".join(f"{n:,}" for n in scale.per_class)
     fields["fewshot_data"] = " and ".join(scale.fewshot_data)
     return experiment.setup.format(**fields)
+
+
+def run_seconds(records: Any) -> float:
+    """What the experiment costs from nothing: the wall seconds of training and evaluating every run it reads,
+    whenever (and by whichever experiment) they were computed. `wall_seconds` of an invocation says only what
+    that invocation had left to do."""
+    return round(sum(sum(r.result.get("wall_seconds", {}).values()) for r in records), 1)
 
 
 def _run_entry(record: Any, out: Path) -> dict[str, Any]:

@@ -52,7 +52,8 @@ def write_report(out: str | Path, path: str | Path) -> Path:
         sections.append(section(number, name, full, figures, _notes(previous, name)))
         rows.append(_summary_row(name, full, table[name].paper))
     summary = ["## Summary", "", "| experiment | paper | the paper's ordering (by the rule in its section) | wall "
-               "time |", "|---|---|---|---|", *rows, ""]
+               "time of its runs |", "|---|---|---|---|", *rows, "", "A run shared by two experiments (compute re-uses "
+               "data-scaling's size-M runs, for example) counts in both times; it was trained once.", ""]
     text = "\n".join([INTRO, *summary, shared_setup(), *sections]).rstrip() + "\n"
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     return path
@@ -109,7 +110,8 @@ def _measured(r: dict[str, Any], figures: list[tuple[str, str]]) -> list[str]:
     verdict = "holds" if check["holds"] else "does not hold"
     lines = [f"**Setup.** {r['setup']} Seeds {', '.join(str(s) for s in r['seeds'])}; learning rates chosen: "
              f"{_choices(r.get('choices', {}))}.", "",
-             f"**Command.** `{r['command']}` ({r['wall_seconds'] / 60:.0f} min of wall time on "
+             f"**Command.** `{r['command']}` (its runs took {_minutes(_cost(r))} of wall time in all, training "
+             f"and evaluation, on this machine; the last invocation {_minutes(r['wall_seconds'])}, finished "
              f"{r['finished']}; vitlab {r['versions']['vitlab']}, torch {r['versions']['torch']}).", ""]
     for table in r["tables"]:
         lines += [f"*{table['title']}*", "", "| " + " | ".join(table["columns"]) + " |",
@@ -135,7 +137,17 @@ def _summary_row(name: str, r: dict[str, Any] | None, paper: str) -> str:
     if r is None:
         return f"| {name} | {paper} | pending: no full run yet | |"
     state = "holds" if r["check"]["holds"] else "does not hold"
-    return f"| {name} | {r['paper']} | {state} | {r['wall_seconds'] / 60:.0f} min |"
+    return f"| {name} | {r['paper']} | {state} | {_minutes(_cost(r))} |"
+
+
+def _cost(r: dict[str, Any]) -> float:
+    """The wall seconds of every run the experiment reads (results written before they were recorded: the
+    invocation's own)."""
+    return r.get("run_seconds", r["wall_seconds"])
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 def _copy_figures(results: dict[str, Any], folder: Path, report_dir: Path) -> list[tuple[str, str]]:

@@ -1,0 +1,64 @@
+"""How many directions the frozen representation of experiment runs spreads digits over: the effective rank
+(exp of the entropy of the centred features' normalised singular values squared; Roy & Vetterli 2007) of each
+run's pre-logits features on the digits training images, as they are and standardised per feature (what the
+few-shot ridge regression sees), beside the 5-shot accuracy its result.json stores.
+
+A diagnostic for REPRODUCTION.md's notes: a pre-trained representation whose few-shot accuracy falls below its own
+initial weights' (data-scaling's "no pre-training" reference) has usually collapsed onto a few directions.
+
+    .venv/bin/python benchmarks/feature_rank.py 'runs/experiments/_runs/*-pre-*-fractal_64_65536*' \
+        'runs/experiments/_runs/*-init-*'
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def effective_rank(x: np.ndarray, standardise: bool = False) -> float:
+    x = x - x.mean(axis=0, keepdims=True)
+    if standardise:  # what the few-shot regression sees: every feature scaled to unit variance
+        x = x / (x.std(axis=0, keepdims=True) + 1e-5)
+    s = np.linalg.svd(x.astype(np.float64), compute_uv=False)
+    p = s**2 / max(float((s**2).sum()), 1e-300)
+    p = p[p > 0]
+    return float(np.exp(-(p * np.log(p)).sum()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", help="run directories or glob patterns (quoted)")
+    parser.add_argument("--data", default="digits", help="whose training images to embed (default digits)")
+    args = parser.parse_args()
+
+    from vitlab.data.datasets import evaluation_splits
+    from vitlab.data.transforms import FEWSHOT_RESIZE
+    from vitlab.eval.fewshot_data import features_of
+    from vitlab.train.evaluate import load_for_inference
+
+    # by label (the part after the key), so a family's runs sit together
+    dirs = sorted({Path(d) for pattern in args.runs for d in glob.glob(pattern)}, key=lambda d: d.name.split("-", 1)[1])
+    split = evaluation_splits(args.data, None).train
+    print(f"{'run':58s} {'dims':>5s} {'eff. rank':>9s} {'standardised':>12s} {'5-shot':>7s}")
+    for run in dirs:
+        weights = run / "model.safetensors"
+        if not weights.is_file():
+            continue
+        model = load_for_inference(weights, "cpu")[0]
+        x, _ = features_of(model, split, 256, 0, FEWSHOT_RESIZE, False)
+        x = np.asarray(x)
+        try:
+            shot = json.loads((run / "result.json").read_text())["evals"][f"fewshot/{args.data}"]["accuracy"]["5"]
+            five = f"{100 * shot['mean']:6.1f}%"
+        except (OSError, KeyError, ValueError):
+            five = "      -"
+        print(f"{run.name.split('-', 1)[1][:58]:58s} {x.shape[1]:5d} {effective_rank(x):9.2f} {effective_rank(x, True):12.2f} {five}")
+
+
+if __name__ == "__main__":
+    main()
