@@ -143,6 +143,15 @@ def test_join_batches_keeps_order_and_sums_load_time():
     assert j["images"][2].min() == 1 and j["load_seconds"] == 0.75 and j["bad"] == ["x"]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")
+def test_join_batches_of_pinned_parts_is_pinned():
+    parts = [{"images": torch.full((n, 3, 4, 4), n, dtype=torch.uint8).pin_memory(), "labels": torch.arange(n),
+              "valid": torch.ones(n, dtype=torch.bool), "load_seconds": 0.0, "bad": []} for n in (2, 3)]
+    j = join_batches(parts)
+    assert j["images"].is_pinned() and j["images"].shape == (5, 3, 4, 4)
+    assert j["images"][:2].eq(2).all() and j["images"][2:].eq(3).all()
+
+
 def test_a_loader_dropped_mid_epoch_does_not_hang_the_exit():
     """Loader workers ignore SIGTERM (the main process handles preemption); multiprocessing's exit would send
     them SIGTERM and wait forever, so vitlab shuts them down first."""

@@ -243,9 +243,15 @@ def join_batches(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """One batch from consecutive parts (images, labels and valid in order; load time summed over workers)."""
     if len(parts) == 1:
         return parts[0]
-    images = torch.cat([p["images"] for p in parts])
+    chunks = [p["images"] for p in parts]
+    if chunks[0].is_pinned():  # joined straight into pinned memory: one copy, not a join and then a pinning copy
+        images = torch.empty((sum(len(c) for c in chunks), *chunks[0].shape[1:]), dtype=chunks[0].dtype,
+                             pin_memory=True)
+        torch.cat(chunks, out=images)
+    else:
+        images = torch.cat(chunks)
     return {
-        "images": images.pin_memory() if parts[0]["images"].is_pinned() else images,
+        "images": images,
         "labels": torch.cat([p["labels"] for p in parts]),
         "valid": torch.cat([p["valid"] for p in parts]),
         "load_seconds": sum(p["load_seconds"] for p in parts),
