@@ -18,6 +18,7 @@ training set, once per family (Appendix B.1.1).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -43,6 +44,7 @@ class Scale:
     lrs: tuple[float, ...]  # pre-training learning rates to choose from
     finetune_lrs: tuple[float, ...]  # the paper's fine-tuning grid (Appendix B.1.1), without its smallest
     fewshot_data: tuple[str, ...]
+    finetune_data: tuple[str, ...]  # data-scaling fine-tunes on each (the other experiments on the first)
     shots: tuple[int, ...]
     fewshot_seeds: int  # few-shot draws per shot count (big_vision: 3)
     curve_points: int  # checkpoints kept and evaluated per pre-training run
@@ -68,12 +70,12 @@ class Scale:
 
 FULL = Scale("full", categories=64, per_class=(16, 64, 256, 1024), steps=500, batch_size=64, finetune_steps=100,
              lrs=(3e-4, 1e-3, 3e-3), finetune_lrs=(0.003, 0.01, 0.03), fewshot_data=("digits", "mnist"),
-             shots=(5, 25), fewshot_seeds=3, curve_points=4, curve_data="digits", attention_images=128,
-             workers=None)
+             finetune_data=("digits", "mnist"), shots=(5, 25), fewshot_seeds=3, curve_points=4, curve_data="digits",
+             attention_images=128, workers=None)
 # The pipeline end to end in seconds per experiment: the same models at 16 px on 16- and 32-image sets, a few steps.
 QUICK = Scale("quick", categories=4, per_class=(4, 8), steps=6, batch_size=16, finetune_steps=3, lrs=(1e-3, 3e-3),
-              finetune_lrs=(0.01, 0.03), fewshot_data=("digits",), shots=(5, 25), fewshot_seeds=3, curve_points=2,
-              curve_data="digits", attention_images=16, workers=None, image_size=16)
+              finetune_lrs=(0.01, 0.03), fewshot_data=("digits",), finetune_data=("digits", "mnist"), shots=(5, 25),
+              fewshot_seeds=3, curve_points=2, curve_data="digits", attention_images=16, workers=None, image_size=16)
 SCALES = {"full": FULL, "quick": QUICK}
 
 
@@ -128,11 +130,12 @@ def untrained(scale: Scale, family: str, size: str, seed: int) -> RunSpec:
 
 
 def finetune(scale: Scale, parent: RunSpec | None, lr: float, seed: int, *, dev: bool = False,
-             scratch: tuple[str, str] | None = None) -> RunSpec:
-    """Fine-tuning on digits from `parent`'s weights (or, with scratch=(family, size), training that model from
-    random initialisation with the same recipe); `dev`: on train minus a 10% dev split, to choose the lr."""
+             scratch: tuple[str, str] | None = None, data: str = "digits") -> RunSpec:
+    """Fine-tuning on `data` (digits or mnist, both small grey digits upsampled to the scale's size) from
+    `parent`'s weights (or, with scratch=(family, size), training that model from random initialisation with the
+    same recipe); `dev`: on train minus a 10% dev split, to choose the lr."""
     settings = {
-        "data": "digits", "image_size": scale.image_size, "batch_size": scale.batch_size,
+        "data": data, "image_size": scale.image_size, "batch_size": scale.batch_size,
         "steps": scale.finetune_steps, "lr": lr, "seed": seed, "eval_every": 0,
         "log_every": max(1, scale.finetune_steps // 5), "keep_last": 1, "workers": scale.workers,
         **DIGITS_PREPROCESSING, **({"val_fraction": scale.dev_fraction} if dev else {}),
@@ -140,9 +143,11 @@ def finetune(scale: Scale, parent: RunSpec | None, lr: float, seed: int, *, dev:
     split = f"-dev-lr{lr:g}" if dev else ""
     if scratch is not None:
         settings.update(model_settings(*scratch))
-        return RunSpec(f"scratch-{scratch[0]}-{scratch[1]}-digits{split}-s{seed}", "finetune", settings)
+        return RunSpec(f"scratch-{scratch[0]}-{scratch[1]}-{data}{split}-s{seed}", "finetune", settings)
     own_seed = "" if parent.settings.get("seed") == seed else f"-s{seed}"
-    return RunSpec(f"ft-{parent.label}{split}{own_seed}", "finetune", settings, verb="finetune", init=parent.key)
+    target = "" if data == "digits" else f"{data}-"
+    return RunSpec(f"ft-{target}{parent.label}{split}{own_seed}", "finetune", settings, verb="finetune",
+                   init=parent.key)
 
 
 def transfer_evals(scale: Scale) -> list[str]:
@@ -158,11 +163,12 @@ def tuned_pretrain_lr(ctx: Context, family: str, size: str = "M", *, mpp: bool =
     return ctx.best(candidates)
 
 
-def tuned_finetune_lr(ctx: Context, parent: RunSpec | None, scratch: tuple[str, str] | None = None) -> float:
-    """The fine-tuning lr with the best top-1 on the digits dev split, from `parent`'s weights (or scratch)."""
+def tuned_finetune_lr(ctx: Context, parent: RunSpec | None, scratch: tuple[str, str] | None = None,
+                      data: str = "digits") -> float:
+    """The fine-tuning lr with the best top-1 on `data`'s dev split, from `parent`'s weights (or scratch)."""
     if parent is not None:
         ctx.run(parent, transfer_evals(ctx.scale))
-    candidates = {lr: finetune(ctx.scale, parent, lr, TUNING_SEED, dev=True, scratch=scratch)
+    candidates = {lr: finetune(ctx.scale, parent, lr, TUNING_SEED, dev=True, scratch=scratch, data=data)
                   for lr in ctx.scale.finetune_lrs}
     return ctx.best(candidates)
 
@@ -195,17 +201,19 @@ def show(s: dict[str, Any]) -> str:
     return f"{s['mean']:.1f}±{s['std']:.1f} %"
 
 
-def metric_names(scale: Scale) -> list[tuple[str, str]]:
-    """(key, caption) of the transfer metrics reported: few-shot per dataset and shot count, fine-tuned."""
+def metric_names(scale: Scale, finetune_data: tuple[str, ...] = ("digits",)) -> list[tuple[str, str]]:
+    """(key, caption) of the transfer metrics reported: few-shot per dataset and shot count, fine-tuned per
+    dataset."""
     names = [(f"{d}/{k}-shot", f"{k}-shot {d}") for d in scale.fewshot_data for k in scale.shots]
-    return names + [("digits/fine-tuned", "fine-tuned digits")]
+    return names + [(f"{d}/fine-tuned", f"fine-tuned {d}") for d in finetune_data]
 
 
-def transfer(scale: Scale, pre: Record, ft: Record | None) -> dict[str, float]:
-    """Every transfer metric of one pre-training run (and its fine-tuning)."""
+def transfer(scale: Scale, pre: Record, ft: Record | Mapping[str, Record] | None) -> dict[str, float]:
+    """Every transfer metric of one pre-training run and its fine-tuning (one run: on digits; or one per
+    dataset)."""
     values = {f"{d}/{k}-shot": fewshot(pre, d, k) for d in scale.fewshot_data for k in scale.shots}
-    if ft is not None:
-        values["digits/fine-tuned"] = top1(ft)
+    for data, record in ({"digits": ft} if isinstance(ft, Record) else ft or {}).items():
+        values[f"{data}/fine-tuned"] = top1(record)
     return values
 
 

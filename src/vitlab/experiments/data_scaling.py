@@ -33,39 +33,45 @@ FINDING = ("With little pre-training data the ResNets (BiT) transfer better than
 SETUP = ("ViT, BiT ResNetV2 and hybrid of matched size (M in the model table) pre-trained on fractal sets of "
          "{categories} categories × {per_class} images (the same number of steps for every size, so smaller sets "
          "are seen for more epochs, as in Fig. 4), then evaluated by few-shot linear regression on "
-         "{fewshot_data} and by fine-tuning on digits. References without pre-training: the few-shot accuracy of "
-         "each model's initial weights, and each model trained on digits alone with the fine-tuning recipe.")
+         "{fewshot_data} and by fine-tuning on each. References without pre-training: the few-shot accuracy of "
+         "each model's initial weights, and each model trained on the target alone with the fine-tuning recipe.")
 
 
 def plan(ctx: Context) -> dict[str, Any]:
     scale = ctx.scale
     lr = {f: tuned_pretrain_lr(ctx, f) for f in FAMILIES}
-    ft_lr = {f: tuned_finetune_lr(ctx, pretrain(scale, f, "M", scale.largest, lr[f], TUNING_SEED)) for f in FAMILIES}
+    # a fine-tuning lr per family and target, chosen from the largest set's seed-0 pre-training (Appendix B.1.1)
+    ft_lr = {d: {f: tuned_finetune_lr(ctx, pretrain(scale, f, "M", scale.largest, lr[f], TUNING_SEED), data=d)
+                 for f in FAMILIES} for d in scale.finetune_data}
     runs = {}
     for f in FAMILIES:
         for n in scale.per_class:
             for seed in ctx.seeds:
                 pre = pretrain(scale, f, "M", scale.fractal(n), lr[f], seed)
                 record = ctx.run(pre, transfer_evals(scale))
-                runs[(f, n, seed)] = (record, ctx.run(finetune(scale, pre, ft_lr[f], seed)))
-    # references: the same model untrained (few-shot) and trained on digits alone at its own tuned lr (fine-tuned)
-    scratch_lr = {f: tuned_finetune_lr(ctx, None, scratch=(f, "M")) for f in FAMILIES}
+                runs[(f, n, seed)] = (record, {d: ctx.run(finetune(scale, pre, ft_lr[d][f], seed, data=d))
+                                               for d in scale.finetune_data})
+    # references: the same model untrained (few-shot) and trained on the target alone at its own tuned lr
+    scratch_lr = {d: {f: tuned_finetune_lr(ctx, None, scratch=(f, "M"), data=d) for f in FAMILIES}
+                  for d in scale.finetune_data}
     for f in FAMILIES:
         for seed in ctx.seeds:
-            runs[("untrained", f, seed)] = (ctx.run(untrained(scale, f, "M", seed), transfer_evals(scale)),
-                                            ctx.run(finetune(scale, None, scratch_lr[f], seed, scratch=(f, "M"))))
+            runs[("untrained", f, seed)] = (
+                ctx.run(untrained(scale, f, "M", seed), transfer_evals(scale)),
+                {d: ctx.run(finetune(scale, None, scratch_lr[d][f], seed, scratch=(f, "M"), data=d))
+                 for d in scale.finetune_data})
     return {"lr": lr, "finetune_lr": ft_lr, "scratch_lr": scratch_lr, "runs": runs}
 
 
 def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
     scale = ctx.scale
-    metrics = metric_names(scale)
+    metrics = metric_names(scale, scale.finetune_data)
     cells: dict[tuple[str, int], dict[str, Any]] = {}
     for f in FAMILIES:
         for n in scale.per_class:
             per_seed = [transfer(scale, *planned["runs"][(f, n, s)]) for s in ctx.seeds]
             cells[(f, n)] = {key: stat([v[key] for v in per_seed]) for key, _ in metrics}
-    for f in FAMILIES:  # no pre-training: few-shot of the untrained model, fine-tuned = trained on digits only
+    for f in FAMILIES:  # no pre-training: few-shot of the untrained model, fine-tuned = trained on the target only
         per_seed = [transfer(scale, *planned["runs"][("untrained", f, s)]) for s in ctx.seeds]
         cells[(f, 0)] = {key: stat([v[key] for v in per_seed]) for key, _ in metrics}
     sizes = [scale.images(n) for n in scale.per_class]
@@ -88,12 +94,13 @@ def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
                    _models_table(scale)],
         "figures": [{"file": figure.name, "caption": "Few-shot and fine-tuned accuracy against the number of "
                      "pre-training images; mean over seeds, band ± one standard deviation. Dashed lines: the same "
-                     "model without pre-training (few-shot: its initial weights; fine-tuned: trained on digits "
-                     "alone with the fine-tuning recipe at its own tuned learning rate)."}],
+                     "model without pre-training (few-shot: its initial weights; fine-tuned: trained on the "
+                     "target alone with the fine-tuning recipe at its own tuned learning rate)."}],
         "measured": measured,
         "check": _check(scale, cells, metrics, small, large),
-        "choices": {"pretrain_lr": planned["lr"], "finetune_lr": planned["finetune_lr"],
-                    "scratch_lr": planned["scratch_lr"]},
+        "choices": {"pretrain_lr": planned["lr"],
+                    **{f"{d}_finetune_lr": planned["finetune_lr"][d] for d in scale.finetune_data},
+                    **{f"{d}_from_scratch_lr": planned["scratch_lr"][d] for d in scale.finetune_data}},
         "data": {f"{f}/{scale.images(n)}": cells[(f, n)] for f in FAMILIES for n in (0, *scale.per_class)},
     }
 
