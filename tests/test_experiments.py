@@ -168,10 +168,10 @@ def test_experiments_share_their_runs(tmp_path, fixed_step_times):
     largest_vit = pretrain(QUICK, "ViT", "M", QUICK.largest, QUICK.lrs[0], 0).key
     for name in NAMES:
         assert largest_vit in asked[name], name
-    # compute re-uses every data-scaling run on the largest set (tuning, size M) and their fine-tuning runs
+    # compute re-uses every data-scaling run on the largest set (tuning, size M) and their digits fine-tuning runs
     on_largest = {k for k, s in asked["data-scaling"].items()
                   if s.settings.get("data") == QUICK.largest and s.settings["lr"] > 0}  # lr 0: untrained references
-    tuned = {k for k, s in asked["data-scaling"].items() if s.init in on_largest}
+    tuned = {k for k, s in asked["data-scaling"].items() if s.init in on_largest and s.settings["data"] == "digits"}
     assert len(on_largest) == 3 * len(QUICK.lrs) and len(tuned) == 3 * len(QUICK.finetune_lrs) + 3
     assert on_largest | tuned <= set(asked["compute"])
 
