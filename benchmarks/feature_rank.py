@@ -6,8 +6,8 @@ few-shot ridge regression sees), beside the 5-shot accuracy its result.json stor
 A diagnostic for REPRODUCTION.md's notes: a pre-trained representation whose few-shot accuracy falls below its own
 initial weights' (data-scaling's "no pre-training" reference) has usually collapsed onto a few directions.
 
-    .venv/bin/python benchmarks/feature_rank.py 'runs/experiments/_runs/*-pre-*-fractal_64_65536*' \
-        'runs/experiments/_runs/*-init-*'
+    .venv/bin/python benchmarks/feature_rank.py 'runs/experiments/_runs/*-pre-*-M-fractal_64_1024-s0' \
+        'runs/experiments/_runs/*-init-*-s0'
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def main() -> None:
     # by label (the part after the key), so a family's runs sit together
     dirs = sorted({Path(d) for pattern in args.runs for d in glob.glob(pattern)}, key=lambda d: d.name.split("-", 1)[1])
     split = evaluation_splits(args.data, None).train
-    print(f"{'run':58s} {'dims':>5s} {'eff. rank':>9s} {'standardised':>12s} {'5-shot':>7s}")
+    print(f"{'run':50s} {'lr':>7s} {'dims':>5s} {'eff. rank':>9s} {'standardised':>12s} {'5-shot':>7s}")
     for run in dirs:
         weights = run / "model.safetensors"
         if not weights.is_file():
@@ -53,11 +53,14 @@ def main() -> None:
         x, _ = features_of(model, split, 256, 0, FEWSHOT_RESIZE, False)
         x = np.asarray(x)
         try:
-            shot = json.loads((run / "result.json").read_text())["evals"][f"fewshot/{args.data}"]["accuracy"]["5"]
-            five = f"{100 * shot['mean']:6.1f}%"
-        except (OSError, KeyError, ValueError):
-            five = "      -"
-        print(f"{run.name.split('-', 1)[1][:58]:58s} {x.shape[1]:5d} {effective_rank(x):9.2f} {effective_rank(x, True):12.2f} {five}")
+            result = json.loads((run / "result.json").read_text())
+        except (OSError, ValueError):
+            result = {}
+        shot = result.get("evals", {}).get(f"fewshot/{args.data}", {}).get("accuracy", {}).get("5")
+        five = f"{100 * shot['mean']:6.1f}%" if shot else "      -"
+        lr = result.get("spec", {}).get("settings", {}).get("lr")
+        print(f"{run.name.split('-', 1)[1][:50]:50s} {lr if lr is not None else '-':>7} {x.shape[1]:5d} "
+              f"{effective_rank(x):9.2f} {effective_rank(x, True):12.2f} {five}")
 
 
 if __name__ == "__main__":
