@@ -62,6 +62,10 @@ def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
                                                             curves)], "pre-training step", log_x=False,
                                title="Class token vs GAP (paper Fig. 9)")
     finals = {name: _finals(scale, [planned["runs"][(name, s)] for s in seeds]) for name in names}
+    # whether each classifier learnt the pre-training task at all: a few-shot tie means little if one did not
+    learnt = plots.bar_panels(out / "token_vs_gap_pretraining.png", [
+        (f"pre-training val top-1\n(chance {100 / scale.categories:.1f} %)",
+         {name: finals[name]["pre-training val top-1"] for name in names})], title="Class token vs GAP")
     keys = list(next(iter(finals.values())))
     rows = [[name] + [show(finals[name][k]) for k in keys] for name in names]
     grid_rows = [["GAP" if gap else "token", f"{lr:g}", f"{top1(r):.1f} %"]
@@ -74,7 +78,9 @@ def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
                    {"title": f"Learning-rate choice (seed {TUNING_SEED}, final top-1 on the pre-training validation "
                     "split)", "columns": ["classifier", "lr", "validation top-1"], "rows": grid_rows}],
         "figures": [{"file": figure.name, "caption": f"5-shot {scale.curve_data} accuracy of the checkpoints kept "
-                     "during pre-training; mean over seeds, band ± one standard deviation."}],
+                     "during pre-training; mean over seeds, band ± one standard deviation."},
+                    {"file": learnt.name, "caption": "Final top-1 on the pre-training validation split per classifier "
+                     "and learning rate; bars the mean, dots the seeds, whiskers ± one standard deviation."}],
         "measured": measured,
         "check": _check(finals, token, gap_own, names[2] if len(names) > 2 else None, planned),
         "choices": {"lr_token": planned["lr_token"], "lr_gap": planned["lr_gap"]},
