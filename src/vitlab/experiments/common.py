@@ -208,11 +208,10 @@ def metric_names(scale: Scale, finetune_data: tuple[str, ...] = ("digits",)) -> 
     return names + [(f"{d}/fine-tuned", f"fine-tuned {d}") for d in finetune_data]
 
 
-def transfer(scale: Scale, pre: Record, ft: Record | Mapping[str, Record] | None) -> dict[str, float]:
-    """Every transfer metric of one pre-training run and its fine-tuning (one run: on digits; or one per
-    dataset)."""
+def transfer(scale: Scale, pre: Record, finetuned: Mapping[str, Record]) -> dict[str, float]:
+    """Every transfer metric of one pre-training run and its fine-tuning runs, by target dataset."""
     values = {f"{d}/{k}-shot": fewshot(pre, d, k) for d in scale.fewshot_data for k in scale.shots}
-    for data, record in ({"digits": ft} if isinstance(ft, Record) else ft or {}).items():
+    for data, record in finetuned.items():
         values[f"{data}/fine-tuned"] = top1(record)
     return values
 

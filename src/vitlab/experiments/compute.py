@@ -47,7 +47,7 @@ def plan(ctx: Context) -> dict[str, Any]:
             for seed in ctx.seeds:
                 pre = pretrain(scale, f, size, scale.largest, lr[f], seed)
                 record = ctx.run(pre, transfer_evals(scale))
-                runs[(f, size, seed)] = (record, ctx.run(finetune(scale, pre, ft_lr[f], seed)))
+                runs[(f, size, seed)] = (record, {"digits": ctx.run(finetune(scale, pre, ft_lr[f], seed))})
     return {"lr": lr, "finetune_lr": ft_lr, "runs": runs}
 
 

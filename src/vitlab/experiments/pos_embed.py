@@ -49,7 +49,8 @@ def plan(ctx: Context) -> dict[str, Any]:
     for name, kind in VARIANTS.items():
         for seed in ctx.seeds:
             pre = spec(ctx, kind, lr, seed)
-            runs[(name, seed)] = (ctx.run(pre, transfer_evals(scale)), ctx.run(finetune(scale, pre, ft_lr, seed)))
+            runs[(name, seed)] = (ctx.run(pre, transfer_evals(scale)),
+                                  {"digits": ctx.run(finetune(scale, pre, ft_lr, seed))})
     return {"lr": lr, "finetune_lr": ft_lr, "runs": runs}
 
 
