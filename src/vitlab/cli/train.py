@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
-    from ..data.transforms import EVAL_RESIZES, TRAIN_CROPS
+    from ..data.transforms import EVAL_RESIZES, TRAIN_CROPS, TRAIN_RESIZES
     from ..train import RECIPES
 
     a = p.add_argument
@@ -74,12 +74,16 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
     g.add_argument("--val-fraction", type=fraction, help="hold out this fraction of train for validation")
     g.add_argument("--strict", action="store_true", default=None, help="unreadable images are fatal")
     g.add_argument("--num-classes", type=class_count, help="expected class count (checked against the data)")
-    g.add_argument("--workers", type=non_negative_int, help="data-loading processes (default: CPUs - 1, at most 8)")
+    g.add_argument("--workers", type=non_negative_int,
+                   help="data-loading processes (default: CPUs - 1; on CPU at most 8)")
     g.add_argument("--crop-scale", type=float_range(0.0, 1.0, low_open=True), nargs=2, metavar=("MIN", "MAX"),
                    help="inception-crop area range")
     g.add_argument("--train-crop", choices=TRAIN_CROPS,
                    help="inception: TF's sample_distorted_bounding_box (official code); inception-subpixel: "
                         "uniform area, fractional boxes (tiny images); resize-random-crop: BiT-HyperRule")
+    g.add_argument("--train-resize", choices=TRAIN_RESIZES,
+                   help="what resamples the training crop: pil (default) or tensor (torch's uint8 kernel: within "
+                        "one grey level of PIL; speed: BENCHMARKS.md)")
     g.add_argument("--eval-resize", choices=EVAL_RESIZES, help=EVAL_RESIZE_HELP)
     g.add_argument("--no-flip", dest="no_flip", action="store_true", help="no random horizontal flip")
     g.add_argument("--flip", dest="flip", action="store_true", help="random horizontal flip")

@@ -20,9 +20,13 @@ Evaluation resizes (`eval_resize`):
 Few-shot evaluation ("fewshot", big_vision configs/common_fewshot.py): the whole image to 256×256, aspect
 ignored, then the central 224 crop; scaled as round(S·8/7) (448 for 384) for other sizes.
 
-Resampling is bilinear (PIL). Transforms return uint8 (H, W, 3) arrays; `normalize` maps them to the range the
-weights expect on the device, so workers ship 1 byte per value instead of 4 and the mean/std stay a property
-of the model (official: [-1, 1]).
+Resampling is bilinear (PIL). `TrainTransform(resize="tensor")` resizes the integer crops with torch's
+antialiased bilinear kernel on uint8 instead (`F.interpolate(..., antialias=True)` on a channels-last uint8
+tensor, vectorised): PIL's filter (same support, half-pixel centres) within one grey level. Its speed against
+PIL's per image on one core is measured by benchmarks/tensor_resize_ab.py (BENCHMARKS.md).
+
+Transforms return uint8 (H, W, 3) arrays; `normalize` maps them to the range the weights expect on the device,
+so workers ship 1 byte per value instead of 4 and the mean/std stay a property of the model (official: [-1, 1]).
 
 Every random draw comes from a `random.Random` seeded per sample by the loader, so an augmented batch depends
 only on (seed, position in the sample stream): the same with 0 or 8 workers, 1 or 2 processes, before or after
@@ -46,6 +50,7 @@ Size = tuple[int, int]  # (height, width)
 Box = tuple[float, float, float, float]  # (left, top, right, bottom) in source pixels, as PIL takes it
 
 TRAIN_CROPS = ("inception", "inception-subpixel", "resize-random-crop")
+TRAIN_RESIZES = ("pil", "tensor")  # what resamples a training crop: PIL, or torch's uint8 kernel
 EVAL_RESIZES = ("official", "big_vision", "resize-short-crop")
 FEWSHOT_RESIZE = "fewshot"  # big_vision common_fewshot; an eval resize may be used for few-shot instead
 TF_MAX_ATTEMPTS = 100  # sample_distorted_bounding_box's default max_attempts
@@ -140,6 +145,23 @@ def _to_rgb_array(img: Image.Image) -> np.ndarray:
     return arr
 
 
+def tensor_resize(arr: np.ndarray, size: Size) -> torch.Tensor:
+    """uint8 (H, W, C) or (H, W) -> uint8 (1, C, th, tw): antialiased bilinear, as PIL's BILINEAR resize (its
+    filter widens with the scale when shrinking). An (H, W, C) array seen as (1, C, H, W) is channels-last, the
+    layout torch's vectorised uint8 kernel reads; it writes (C, th, tw) planes."""
+    t = torch.from_numpy(arr if arr.ndim == 3 else arr[:, :, None]).permute(2, 0, 1)[None]  # (1, C, H, W)
+    return torch.nn.functional.interpolate(t, size=size, mode="bilinear", antialias=True, align_corners=False)
+
+
+def _tensor_to_array(t: torch.Tensor, flip: bool) -> np.ndarray:
+    """(1, C, H, W) uint8 -> (H, W, C), or (H, W) for one channel (grayscale stays 1 channel until the end),
+    mirrored left-right if `flip`, in one copy: torch's transposing copy is faster than numpy's, which costs as
+    much as the resize on a reversed view."""
+    hwc = t[0].permute(1, 2, 0)  # the kernel writes (C, H, W) planes
+    arr = (hwc.flip(1) if flip else hwc).contiguous().numpy()
+    return arr[:, :, 0] if arr.shape[2] == 1 else arr
+
+
 def _crop_of_resized(img: Image.Image, resized: Size, top: int, left: int, size: Size) -> Image.Image:
     """img resized to `resized` (h, w), then the `size` crop at integer offset (top, left). Resampling only
     the matching source box would save work but moves the filter by float rounding: one grey level off in ~5%
@@ -151,17 +173,24 @@ def _crop_of_resized(img: Image.Image, resized: Size, top: int, left: int, size:
 @dataclass(frozen=True)
 class TrainTransform:
     """Random crop (`crop`: one of TRAIN_CROPS) + random horizontal flip. Digits must not be flipped, so
-    `flip` is a setting. `crop_scale` / `crop_ratio` are the inception crops' area and aspect ranges."""
+    `flip` is a setting. `crop_scale` / `crop_ratio` are the inception crops' area and aspect ranges. `resize`
+    (one of TRAIN_RESIZES) picks what resamples the crop; the random draws are the same for both."""
 
     image_size: Size
     crop_scale: tuple[float, float] = (0.05, 1.0)
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
     flip: bool = True
     crop: str = "inception"
+    resize: str = "pil"
 
     def __post_init__(self) -> None:
         if self.crop not in TRAIN_CROPS:
             raise ValueError(f"unknown train crop {self.crop!r}; use one of {', '.join(TRAIN_CROPS)}")
+        if self.resize not in TRAIN_RESIZES:
+            raise ValueError(f"unknown train resize {self.resize!r}; use one of {', '.join(TRAIN_RESIZES)}")
+        if self.resize == "tensor" and self.crop == "inception-subpixel":
+            raise ValueError("train resize 'tensor' resamples integer crop boxes; the inception-subpixel crop draws "
+                             "fractional ones: use train resize 'pil' or another train crop")
 
     @property
     def min_source_size(self) -> int:
@@ -172,6 +201,8 @@ class TrainTransform:
         return math.ceil(max(self.image_size) / math.sqrt(max(self.crop_scale[0], 1e-4)))
 
     def __call__(self, img: Image.Image, rng: random.Random) -> np.ndarray:
+        if self.resize == "tensor":
+            return self._tensor_path(img, rng)
         th, tw = self.image_size
         if self.crop == "resize-random-crop":
             r = bit_resize(max(th, tw))
@@ -186,6 +217,19 @@ class TrainTransform:
         if self.flip and rng.random() < 0.5:
             img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         return _to_rgb_array(img)
+
+    def _tensor_path(self, img: Image.Image, rng: random.Random) -> np.ndarray:
+        """The same draws in the same order as the PIL path, resampled by `tensor_resize`. The crop is cut by
+        PIL (a copy of the box alone) before the array copy out of PIL's pixel store."""
+        th, tw = self.image_size
+        if self.crop == "resize-random-crop":
+            r = bit_resize(max(th, tw))
+            top, left = rng.randrange(r - th + 1), rng.randrange(r - tw + 1)
+            out = tensor_resize(np.array(img, dtype=np.uint8), (r, r))[:, :, top : top + th, left : left + tw]
+        else:
+            box = tf_inception_box(img.width, img.height, self.crop_scale, self.crop_ratio, rng)
+            out = tensor_resize(np.array(img.crop(box), dtype=np.uint8), (th, tw))  # np.array: torch needs writable
+        return _to_rgb_array(_tensor_to_array(out, self.flip and rng.random() < 0.5))
 
 
 @dataclass(frozen=True)
@@ -281,14 +325,14 @@ def model_transform(
 ) -> ModelTransform:
     """The eval pipeline at `image_size` with `eval_resize`, or (train=True) the training augmentation
     (TrainTransform's defaults: the official inception crop and flip; `train_options` override crop,
-    crop_scale, crop_ratio, flip) drawing from random.Random(seed)."""
+    crop_scale, crop_ratio, flip, resize) drawing from random.Random(seed)."""
     size = as_size(image_size)
     if train:
         try:
             augment = TrainTransform(size, **train_options)  # type: ignore[arg-type]
         except TypeError:
             raise ValueError(f"unknown training option in {sorted(train_options)}; use crop, crop_scale, "
-                             "crop_ratio, flip") from None  # fmt: skip
+                             "crop_ratio, flip, resize") from None  # fmt: skip
         return ModelTransform(augment, tuple(mean), tuple(std), random.Random(seed))
     if train_options:
         raise ValueError(f"{', '.join(train_options)}: training options apply only with train=True")

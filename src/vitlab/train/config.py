@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..data.transforms import EVAL_RESIZES, TRAIN_CROPS
+from ..data.transforms import EVAL_RESIZES, TRAIN_CROPS, TRAIN_RESIZES
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class TrainConfig:
     val_fraction: float | None = None  # hold out this fraction of train as the validation split
     strict: bool = False  # unreadable images are fatal instead of skipped
     num_classes: int | None = None  # if set, must equal the dataset's class count
-    workers: int | None = None  # DataLoader worker processes; None: one fewer than the CPU count, at most 8
+    workers: int | None = None  # DataLoader worker processes; None: the process's CPUs less one (CPU: at most 8)
     # model
     model: str = "ViT-B/16"
     model_args: dict[str, Any] = field(default_factory=dict)  # config overrides: depth, width, num_heads, …
@@ -66,6 +66,7 @@ class TrainConfig:
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
     flip: bool = True
     train_crop: str = "inception"  # inception (TF's sampler), inception-subpixel, resize-random-crop (BiT)
+    train_resize: str = "pil"  # what resamples the crop: pil, or tensor (torch's uint8 kernel, within 1 level)
     eval_resize: str = "official"  # official (whole image to S×S), big_vision (short side 8/7·S, central crop),
     # resize-short-crop (short side S, central crop)
     # run
@@ -243,6 +244,11 @@ def _choice_problems(cfg: TrainConfig) -> list[str]:
         (not (cfg.fewshot_every and cfg.fsdp), "--fewshot-every runs on one process: use DDP, not --fsdp"),
         (not (cfg.mixup and cfg.objective != "classify"), "--mixup mixes labelled images: use it with classify"),
         (cfg.train_crop in TRAIN_CROPS, f"unknown --train-crop {cfg.train_crop!r}; use {', '.join(TRAIN_CROPS)}"),
+        (cfg.train_resize in TRAIN_RESIZES,
+         f"unknown --train-resize {cfg.train_resize!r}; use {', '.join(TRAIN_RESIZES)}"),
+        (not (cfg.train_resize == "tensor" and cfg.train_crop == "inception-subpixel"),
+         "--train-resize tensor resamples integer crop boxes, --train-crop inception-subpixel draws fractional "
+         "ones: use --train-resize pil or --train-crop inception"),
         (cfg.eval_resize in EVAL_RESIZES,
          f"unknown --eval-resize {cfg.eval_resize!r}; use {', '.join(EVAL_RESIZES)}"),
         (_valid_device(cfg.device), f"unknown --device {cfg.device!r}; use auto, cpu, cuda or cuda:N"),
