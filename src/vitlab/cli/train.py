@@ -95,6 +95,9 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
     m.add_argument("--dropout", type=float_range(0.0, 1.0, high_open=True),
                    help="dropout after the position embedding and each Dense (fine-tuning: the official model "
                         "config's)")
+    m.add_argument("--drop-path-rate", type=float_range(0.0, 1.0, high_open=True), metavar="RATE",
+                   help="stochastic depth: the last block's residual branches are dropped with this probability, "
+                        "linearly less in earlier blocks (DeiT: 0.1; AugReg: 0 or 0.1)")
     m.add_argument("--representation-size", type=non_negative_int, metavar="N",
                    help="`pre_logits` Dense(N) + tanh before the head of a model built from scratch (0: none; "
                         "pre-training recipes: the model's width)")
@@ -127,6 +130,17 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
                    help="label smoothing in [0, 1) (the paper: 0)")
     o.add_argument("--mixup", type=non_negative_float, metavar="ALPHA",
                    help="MixUp: λ ~ Beta(α, α) per step (BiT-HyperRule: 0.1 above 20k images); 0: off")
+    o.add_argument("--cutmix", type=non_negative_float, metavar="ALPHA",
+                   help="CutMix: a box of 1 - λ of the image from another, λ ~ Beta(α, α), labels mixed by its "
+                        "pixels (DeiT: 1.0); with --mixup, each step is one of the two at random; 0: off")
+    o.add_argument("--randaug-ops", type=non_negative_int, metavar="N",
+                   help="RandAugment: operations per image (AugReg, DeiT: 2; torchvision's RandAugment); 0: off")
+    o.add_argument("--randaug-magnitude", type=float_range(0.0, 20.0), metavar="M",
+                   help="RandAugment level on TF's 0-10 scale, to 20 (AugReg 0/10/15/20, DeiT 9)")
+    o.add_argument("--randaug-mstd", type=non_negative_float, metavar="STD",
+                   help="per-image standard deviation of the RandAugment level (DeiT: 0.5)")
+    o.add_argument("--random-erasing", type=float_range(0.0, 1.0), metavar="P",
+                   help="probability of replacing one random box of the image with noise (DeiT: 0.25)")
     o.add_argument("--batch-size", type=positive_int, help="global batch size (all processes, all accumulation steps)")
     o.add_argument("--accum", type=positive_int, help="gradient accumulation steps")
     o.add_argument("--steps", type=positive_int, help="optimiser steps")

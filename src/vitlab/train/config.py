@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..data.transforms import EVAL_RESIZES, TRAIN_CROPS, TRAIN_RESIZES
+from .recipes_augreg import AUGREG_RECIPES, DEIT_RECIPE
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,12 @@ class TrainConfig:
     steps: int = 1000
     ema: float | None = None  # Polyak/EMA decay of the weights used for evaluation, e.g. 0.9999
     mixup: float = 0.0  # MixUp α: λ ~ Beta(α, α) per step (BiT-HyperRule: 0.1 above 20k images); 0: off
+    cutmix: float = 0.0  # CutMix α (DeiT: 1.0); with MixUp too, each step is one of the two with p = 1/2; 0: off
+    randaug_ops: int = 0  # RandAugment: operations per image (AugReg, DeiT: 2); 0: off
+    randaug_magnitude: float = 0.0  # RandAugment level on TF's 0-10 scale, to 20 (vitlab.data.augment)
+    randaug_mstd: float = 0.0  # per-image std of that level (DeiT: 0.5)
+    random_erasing: float = 0.0  # probability of erasing one box with noise (DeiT: 0.25); 0: off
+    drop_path_rate: float | None = None  # stochastic depth of the last block (linear in depth); None: the model's
     # fine-tuning protocol (paper Appendix B.1.1, Table 4): vitlab.train.presets and vitlab.train.sweep
     preset: str | None = None  # a per-dataset fine-tuning preset (a Table 4 row), applied over the recipe
     lr_sweep: tuple[float, ...] = ()  # fine-tune once per lr on train minus a dev split; the dev-best is chosen
@@ -154,6 +161,10 @@ RECIPES: dict[str, dict[str, Any]] = {
         steps=1000, crop_scale=(0.5, 1.0), flip=False, eval_every=250, log_every=50,
         train_crop="inception-subpixel", eval_resize="official",
     ),
+    # AugReg's seven pre-training augmentation levels and DeiT's ImageNet-1k recipe (values and sources:
+    # vitlab.train.recipes_augreg).
+    **AUGREG_RECIPES,
+    "deit": DEIT_RECIPE,
 }
 
 
@@ -200,6 +211,17 @@ def _range_problems(cfg: TrainConfig) -> list[str]:
         ("linear_end", cfg.linear_end, finite(cfg.linear_end) and cfg.linear_end >= 0, "a finite number >= 0"),
         ("head_bias_init", cfg.head_bias_init, finite(cfg.head_bias_init), "a finite number"),
         ("mixup", cfg.mixup, finite(cfg.mixup) and cfg.mixup >= 0, ">= 0 (a Beta(α, α) parameter; 0: off)"),
+        ("cutmix", cfg.cutmix, finite(cfg.cutmix) and cfg.cutmix >= 0, ">= 0 (a Beta(α, α) parameter; 0: off)"),
+        ("randaug_ops", cfg.randaug_ops, isinstance(cfg.randaug_ops, int) and cfg.randaug_ops >= 0,
+         "an integer >= 0 (0: off)"),
+        ("randaug_magnitude", cfg.randaug_magnitude, finite(cfg.randaug_magnitude)
+         and 0 <= cfg.randaug_magnitude <= 20, "in [0, 20] (TF's RandAugment levels: 10 is the operations' maximum)"),
+        ("randaug_mstd", cfg.randaug_mstd, finite(cfg.randaug_mstd) and cfg.randaug_mstd >= 0, ">= 0"),
+        ("random_erasing", cfg.random_erasing, finite(cfg.random_erasing) and 0 <= cfg.random_erasing <= 1,
+         "a probability in [0, 1]"),
+        ("drop_path_rate", cfg.drop_path_rate, cfg.drop_path_rate is None or (finite(cfg.drop_path_rate)
+                                                                               and 0 <= cfg.drop_path_rate < 1),
+         "in [0, 1)"),
         ("ema", cfg.ema, cfg.ema is None or (finite(cfg.ema) and 0 < cfg.ema < 1), "in (0, 1)"),
         ("val_fraction", cfg.val_fraction, cfg.val_fraction is None or (finite(cfg.val_fraction)
                                                                          and 0 < cfg.val_fraction < 1), "in (0, 1)"),
@@ -243,6 +265,7 @@ def _choice_problems(cfg: TrainConfig) -> list[str]:
         (cfg.objective != "mpp" or not cfg.init, "masked patch prediction pre-trains; fine-tune with finetune"),
         (not (cfg.fewshot_every and cfg.fsdp), "--fewshot-every runs on one process: use DDP, not --fsdp"),
         (not (cfg.mixup and cfg.objective != "classify"), "--mixup mixes labelled images: use it with classify"),
+        (not (cfg.cutmix and cfg.objective != "classify"), "--cutmix mixes labelled images: use it with classify"),
         (cfg.train_crop in TRAIN_CROPS, f"unknown --train-crop {cfg.train_crop!r}; use {', '.join(TRAIN_CROPS)}"),
         (cfg.train_resize in TRAIN_RESIZES,
          f"unknown --train-resize {cfg.train_resize!r}; use {', '.join(TRAIN_RESIZES)}"),

@@ -269,7 +269,8 @@ class Trainer:
                           self.model_config.std)
             y = batch["labels"].to(d.device, non_blocking=True)
             images += len(y)
-            mix = draw_mixup(cfg.mixup, len(y), cfg.seed, self.step, j, d.rank)  # None without MixUp
+            mix = draw_mixup(cfg.mixup, len(y), cfg.seed, self.step, j, d.rank, cutmix=cfg.cutmix,
+                             size=tuple(x.shape[-2:]))  # None without MixUp or CutMix
             with grad_sync(self.train_module, j == cfg.accum - 1):
                 with autocast(d.device):
                     loss = self.objective.loss(self.train_module, x, y, cfg, mix) / cfg.accum

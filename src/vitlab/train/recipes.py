@@ -5,7 +5,7 @@ The recipes' values live in `vitlab.train.config.RECIPES` (plain TrainConfig fie
 - `RECIPE_SOURCES`: the paper table and row, or the official config, each recipe's values come from;
 - `MODEL_ROWS`: values a pre-training recipe takes from another row of paper Table 3 when `--model` is that row's
   model (JFT-300M's learning rate falls with model size);
-- `EPOCHS`: the epochs and dataset size a recipe's step count stands for, at batch 4096.
+- `EPOCHS`: the epochs and dataset size a recipe's step count stands for, at the recipe's batch.
 A recipe lists in its `auto` entry the settings the resolution step (vitlab.train.resolve) takes from the model
 or the data; a setting given explicitly is never replaced.
 """
@@ -15,11 +15,15 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
+from .recipes_augreg import EPOCHS as AUGREG_EPOCHS
+from .recipes_augreg import RECIPE_SOURCES as AUGREG_SOURCES
+
 # Paper Section 4.1: ImageNet-21k has 14M images, JFT 303M; ILSVRC-2012 has 1,281,167 training images.
 EPOCHS: dict[str, tuple[int, int]] = {
     "pretrain": (90, 14_000_000),
     "pretrain-i1k": (300, 1_281_167),
     "pretrain-jft": (7, 303_000_000),
+    **AUGREG_EPOCHS,
 }
 
 _UPSTREAM = ("sigmoid cross-entropy summed over classes, head bias −10 and a model-wide `pre_logits` layer "
@@ -47,6 +51,7 @@ RECIPE_SOURCES: dict[str, str] = {
     "mpp": ("paper Section 4.6 and Appendix B.1.2: masked patch prediction, ViT-B/16, 1M steps at batch 4096, "
             "Adam lr 2e-4, 10k warm-up, cosine decay"),
     "demo": "vitlab's laptop scale-down of the pre-training recipe (embedded digits; not a paper row)",
+    **AUGREG_SOURCES,
 }
 
 # Paper Table 3: the JFT-300M rows, keyed by the registry name of the row's model. The recipe's own values are

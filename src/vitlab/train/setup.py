@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from ..data import Datasets, EvalTransform, ShardSampler, StepSampler, TrainTransform, TransformedSplit, make_loader
+from ..data.augment import with_augmentation
 from ..data.errors import DataError, describe_paths
 from ..data.loader import PartsLoader
 from ..data.stream import training_order
@@ -48,6 +50,13 @@ def _setting_changes(cfg: TrainConfig, config: Any) -> dict[str, Any]:
     changes: dict[str, Any] = {}
     if cfg.dropout is not None and isinstance(config, ViTConfig):
         changes["dropout"] = cfg.dropout
+    if cfg.drop_path_rate is not None:
+        if not any(f.name == "drop_path_rate" for f in dataclasses.fields(config)):
+            if cfg.drop_path_rate:
+                raise ValueError(f"--drop-path-rate: {config.name or type(config).__name__} has no stochastic "
+                                 "depth (ViTs and hybrids do); leave it unset")
+        else:
+            changes["drop_path_rate"] = cfg.drop_path_rate
     if cfg.mean is not None:
         changes["mean"] = tuple(cfg.mean)
     if cfg.std is not None:
@@ -127,6 +136,7 @@ def make_loaders(cfg: TrainConfig, data: Datasets, start_step: int, d: Dist) -> 
     parts = max(1, workers)
     sampler = StepSampler(len(data.train), cfg.batch_size, cfg.seed, start_step, cfg.steps, d.rank, d.world, cfg.accum,
                           order, parts)
+    train_tf = with_augmentation(train_tf, cfg.randaug_ops, cfg.randaug_magnitude, cfg.randaug_mstd, cfg.random_erasing)
     train = make_loader(TransformedSplit(data.train, train_tf), sampler, workers, d.device)
     if sampler.parts > 1:
         train = PartsLoader(train, sampler.parts)
