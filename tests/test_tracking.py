@@ -36,6 +36,7 @@ def fake_tensorboard(monkeypatch):
     module = types.ModuleType("torch.utils.tensorboard")
     module.SummaryWriter = lambda log_dir: made.append(FakeWriter(log_dir)) or made[-1]
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", module)
+    monkeypatch.setitem(runlog._TENSORBOARD, "enabled", True)  # as `vitlab train --tb` sets it
     return made
 
 
@@ -74,8 +75,21 @@ def test_tensorboard_writer_gets_every_numeric_value(tmp_path, fake_tensorboard)
     assert [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == RECORDS
 
 
+def test_tensorboard_only_when_asked_even_when_installed(tmp_path, fake_tensorboard, monkeypatch):
+    monkeypatch.setitem(runlog._TENSORBOARD, "enabled", False)  # installed (the fake), not asked for
+    log = run_log(tmp_path)
+    assert fake_tensorboard == [] and log.writers == [] and not (tmp_path / "tensorboard").exists()
+
+
+def test_tb_flag_without_tensorboard_is_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails: not installed
+    with pytest.raises(ValueError, match=r"^--tb needs the tensorboard package: pip install 'vitlab\[tb\]'$"):
+        runlog.enable_tensorboard()
+
+
 def test_without_tensorboard_the_run_logs_as_before(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails: not installed
+    monkeypatch.setitem(runlog._TENSORBOARD, "enabled", True)
     log = run_log(tmp_path)
     assert log.writers == [] and len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
 

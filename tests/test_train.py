@@ -202,6 +202,7 @@ def test_tensorboard_events_and_progress_bar(tmp_path, monkeypatch):
             scalars.append(("closed", -1))
 
     monkeypatch.setattr(runlog, "_tensorboard", lambda run_dir: Writer())
+    monkeypatch.setitem(runlog._TENSORBOARD, "enabled", True)  # `--tb`
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     run(tiny(tmp_path, steps=2, eval_every=0))
     assert {("train/loss", 1), ("train/data_images_per_s", 2), ("val/top1", 2), ("closed", -1)} <= set(scalars)

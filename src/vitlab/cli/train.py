@@ -35,7 +35,7 @@ EVAL_RESIZE_HELP = ("evaluation pre-processing: official (whole image to the inp
 # flag dest -> TrainConfig field, where the names differ
 _RENAMED = {"wd": "weight_decay", "clip": "grad_clip"}
 _MODEL_ARGS = {"depth": "depth", "width": "width", "heads": "num_heads", "mlp_dim": "mlp_dim"}
-_NOT_CONFIG = {"func", "verb", "verbosity", "wandb", "recipe", "flip", "no_flip", "config", "print_config",
+_NOT_CONFIG = {"func", "verb", "verbosity", "wandb", "tb", "recipe", "flip", "no_flip", "config", "print_config",
                *_MODEL_ARGS}
 
 
@@ -146,6 +146,8 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
     o.add_argument("--steps", type=positive_int, help="optimiser steps")
     o.add_argument("--ema", type=fraction, help="Polyak/EMA decay for the evaluated weights, e.g. 0.9999")
     r0 = p.add_argument_group("tracking")
+    r0.add_argument("--tb", action="store_true",
+                    help="write TensorBoard events into RUN/tensorboard (pip install 'vitlab[tb]'); off unless given")
     r0.add_argument("--wandb", nargs="?", const="vitlab", metavar="PROJECT",
                     help="also log to Weights & Biases (offline unless WANDB_MODE says otherwise; "
                          "pip install 'vitlab[wandb]')")
@@ -203,9 +205,10 @@ def _train(args: argparse.Namespace) -> int:
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
     resolved = build_config(args)
-    if args.wandb:
-        from ..train.runlog import enable_wandb
+    from ..train.runlog import enable_tensorboard, enable_wandb
 
+    enable_tensorboard(bool(getattr(args, "tb", False)))  # every call: an earlier --tb in this process must not stay on
+    if args.wandb:
         enable_wandb(args.wandb)
     if args.print_config:
         from ..train.banner import settings_lines
@@ -220,17 +223,26 @@ def _train(args: argparse.Namespace) -> int:
         raise UserError(str(err)) from None
     if rank != 0:
         return 0
-    if result.status == "preempted":
-        print(f"preempted at step {result.step}; continue with: vitlab {args.verb} --out {result.out_dir} --resume")
-        return 0
-    m = result.metrics
-    print(
-        f"done: step {result.step}, val top-1 {100 * m.get('top1', 0):.2f}%, top-5 {100 * m.get('top5', 0):.2f}%, "
-        f"loss {m.get('loss', 0):.4f} ({m.get('count', 0)} images) in {result.seconds:.0f} s; "
-        f"{result.images_per_s:.0f} img/s model, {result.data_images_per_s:.0f} img/s data; "
-        f"weights {result.weights}"
-    )
+    from ..train.banner import append_to_console_log
+
+    line = _result_line(result, args.verb)
+    print(line)
+    append_to_console_log(result.out_dir, line)
     return 0
+
+
+def _result_line(result: Any, verb: str) -> str:
+    """The final line: what this invocation did (trained, or re-evaluated a run that had already finished)."""
+    if result.status == "preempted":
+        return f"preempted at step {result.step}; continue with: vitlab {verb} --out {result.out_dir} --resume"
+    m = result.metrics
+    scores = (f"val top-1 {100 * m.get('top1', 0):.2f}%, top-5 {100 * m.get('top5', 0):.2f}%, loss "
+              f"{m.get('loss', 0):.4f} ({m.get('count', 0)} images)")
+    if not result.images_per_s:  # no step ran: the run had finished before this invocation
+        return (f"done: {result.out_dir} had already finished its {result.step:,} steps; nothing trained, its final "
+                f"weights evaluated again in {result.seconds:.0f} s: {scores}; weights {result.weights}")
+    return (f"done: step {result.step}, {scores} in {result.seconds:.0f} s; {result.images_per_s:.0f} img/s model, "
+            f"{result.data_images_per_s:.0f} img/s data; weights {result.weights}")
 
 
 def _lr_list(text: str) -> tuple[float, ...]:

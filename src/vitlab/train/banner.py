@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .resolve import Resolved
+from .runlog import FILE_ONLY
 
 # Settings shown in the model/data/run lines instead of in the grouped list.
 _SHOWN_ELSEWHERE = {"out", "recipe", "data", "model", "model_args", "init"}
@@ -67,9 +68,24 @@ def _count(n: float) -> str:
 def _train_preprocessing(cfg: Any) -> str:
     flip = ", flip" if cfg.flip else ", no flip"
     if cfg.train_crop == "resize-random-crop":
-        return f"resize then random crop{flip}"
+        return f"resize then random crop{flip}" + _augmentation(cfg)
     lo, hi = cfg.crop_scale
-    return f"{cfg.train_crop} crop ({100 * lo:g}%–{100 * hi:g}% of the area){flip}"
+    return f"{cfg.train_crop} crop ({100 * lo:g}%–{100 * hi:g}% of the area){flip}" + _augmentation(cfg)
+
+
+def _augmentation(cfg: Any) -> str:
+    """RandAugment, random erasing, MixUp and CutMix when on."""
+    parts = []
+    if cfg.randaug_ops:
+        spread = f" ± {cfg.randaug_mstd:g}" if cfg.randaug_mstd else ""
+        parts.append(f"RandAugment {cfg.randaug_ops} ops at level {cfg.randaug_magnitude:g}{spread}")
+    if cfg.random_erasing:
+        parts.append(f"random erasing p {cfg.random_erasing:g}")
+    if cfg.mixup:
+        parts.append(f"MixUp α {cfg.mixup:g}")
+    if cfg.cutmix:
+        parts.append(f"CutMix α {cfg.cutmix:g}")
+    return "".join(", " + part for part in parts)
 
 
 def _fmt(value: Any) -> str:
@@ -86,22 +102,38 @@ def _wrap(text: str) -> str:
     return textwrap.fill(text, width=118, subsequent_indent="      ", break_on_hyphens=False, break_long_words=False)
 
 
+_CONSOLE_FORMAT = logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S")
+
+
 class ConsoleLog:
-    """Copies vitlab's log lines into `<run>/console.log` while the run lasts (rank 0 only)."""
+    """Copies vitlab's log lines into `<run>/console.log` while the run lasts (rank 0 only), and the lines that
+    go to the file only (runlog.FILE_ONLY: step and validation lines while a progress bar is on screen)."""
 
     def __init__(self, run_dir: Path, enabled: bool):
         self.handler: logging.Handler | None = None
         if enabled:
             self.handler = logging.FileHandler(run_dir / "console.log", encoding="utf-8")
-            self.handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+            self.handler.setFormatter(_CONSOLE_FORMAT)
             self.handler.setLevel(logging.INFO)
             logger = logging.getLogger("vitlab")
             if logger.level == logging.NOTSET:  # library use without logging set up: still record INFO lines
                 logger.setLevel(logging.INFO)
             logger.addHandler(self.handler)
+            FILE_ONLY.setLevel(logging.INFO)
+            FILE_ONLY.addHandler(self.handler)
 
     def close(self) -> None:
         if self.handler is not None:
             logging.getLogger("vitlab").removeHandler(self.handler)
+            FILE_ONLY.removeHandler(self.handler)
             self.handler.close()
             self.handler = None
+
+
+def append_to_console_log(run_dir: Path, text: str) -> None:
+    """A line after the run has closed its log (the command line's final `done:` line), in the same format."""
+    path = Path(run_dir) / "console.log"
+    if path.parent.is_dir():
+        record = logging.LogRecord("vitlab", logging.INFO, __file__, 0, text, None, None)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(_CONSOLE_FORMAT.format(record) + "\n")

@@ -1,7 +1,8 @@
-"""What a run reports: `metrics.jsonl` (one JSON object per line), `curves.png`, TensorBoard events when
-tensorboard is installed (`pip install vitlab[tb]`), a Weights & Biases run when asked (`enable_wandb`), and
-progress on the console (a tqdm bar on a terminal unless `vitlab -q`, plain lines otherwise). Only the main
-process (rank 0) creates one of these."""
+"""What a run reports: `metrics.jsonl` (one JSON object per line), `curves.png`, TensorBoard events when asked
+(`enable_tensorboard`, `vitlab train --tb`; `pip install vitlab[tb]`), a Weights & Biases run when asked
+(`enable_wandb`), and progress on the console (a tqdm bar on a terminal unless `vitlab -q`, plain lines
+otherwise). `console.log` gets every step and validation line either way: under a bar they go to the file only
+(`FILE_ONLY`). Only the main process (rank 0) creates one of these."""
 
 from __future__ import annotations
 
@@ -18,6 +19,22 @@ from ..progress import bars_enabled
 log = logging.getLogger("vitlab.train")
 
 _WANDB: dict[str, Any] = {"enabled": False, "project": None}
+_TENSORBOARD: dict[str, bool] = {"enabled": False}
+# Lines for console.log only (the step lines a progress bar replaces on the terminal): vitlab.train.banner's
+# ConsoleLog writes them to the file; they do not propagate to the terminal's handlers.
+FILE_ONLY = logging.getLogger("vitlab.file_only")
+FILE_ONLY.propagate = False
+
+
+def enable_tensorboard(enabled: bool = True) -> None:
+    """Write TensorBoard events for every later run of this process (`vitlab train --tb`) into RUN/tensorboard.
+    Never on merely because the package is installed. Needs tensorboard (`pip install vitlab[tb]`)."""
+    if enabled:
+        try:
+            from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+        except ImportError:
+            raise ValueError("--tb needs the tensorboard package: pip install 'vitlab[tb]'") from None
+    _TENSORBOARD["enabled"] = enabled
 
 
 def enable_wandb(project: str | None = None) -> None:
@@ -60,9 +77,12 @@ class WandbWriter:
         self.run.finish()
 
 
-def scalar_writers(run_dir: Path, wandb_project: str | None = None, wandb: bool | None = None) -> list[Any]:
-    """The trackers of one run: TensorBoard when installed, W&B when enabled (`enable_wandb` or wandb=True)."""
-    writers = [w for w in [_tensorboard(run_dir)] if w is not None]
+def scalar_writers(run_dir: Path, wandb_project: str | None = None, wandb: bool | None = None,
+                   tensorboard: bool | None = None) -> list[Any]:
+    """The trackers of one run: TensorBoard when enabled (`enable_tensorboard` or tensorboard=True), W&B when
+    enabled (`enable_wandb` or wandb=True)."""
+    use_tb = _TENSORBOARD["enabled"] if tensorboard is None else tensorboard
+    writers = [w for w in [_tensorboard(run_dir) if use_tb else None] if w is not None]
     if _WANDB["enabled"] if wandb is None else wandb:
         writers.append(WandbWriter(run_dir, wandb_project or _WANDB["project"]))
     return writers
@@ -126,10 +146,10 @@ class RunLog:
                 loss=f"{stats['loss']:.4f}", lr=f"{stats['lr']:.2e}", img_s=f"{stats['images_per_s']:.0f}",
                 data_img_s=f"{stats['data_images_per_s']:.0f}", refresh=False,
             )
-        elif show:
+        if show:  # under a bar the line goes to console.log only: the bar is the terminal's progress
             done = step - self._step0
             eta = (time.perf_counter() - self._t0) / max(done, 1) * (self.total - step)
-            log.info(
+            (log if self.bar is None else FILE_ONLY).info(
                 "step %d/%d  loss %.4f  lr %.2e  %.0f img/s (data %.0f img/s, wait %.0f%%)  eta %s",
                 step, self.total, stats["loss"], stats["lr"], stats["images_per_s"],
                 stats["data_images_per_s"], 100 * stats["data_wait"], _duration(eta),
@@ -140,6 +160,7 @@ class RunLog:
             return
         if self.bar is not None:
             self.bar.write(text, file=sys.stderr)
+            FILE_ONLY.info("%s", text)
         else:
             log.info("%s", text)
 

@@ -1,0 +1,75 @@
+"""What a user reads after a run and meets first: console.log under a progress bar, TensorBoard only with --tb,
+the rerun of a finished run, offline failures in one attempt, defaults that follow the data, papercuts."""
+
+from __future__ import annotations
+
+import sys
+
+from vitlab.cli import main
+
+TINY_FLAGS = ["--model", "ViT-Ti/4", "--depth", "1", "--width", "32", "--heads", "2", "--mlp-dim", "64",
+              "--image-size", "8", "--batch-size", "16", "--warmup", "1", "--workers", "0"]
+
+
+def _train(out, *extra: str) -> int:
+    return main(["train", "--out", str(out), *TINY_FLAGS, *extra])
+
+
+# --- item 5: logs a user can read afterwards ------------------------------------------------------------------
+
+
+def test_console_log_keeps_every_line_under_a_progress_bar(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: the tqdm bar replaces the step lines
+    assert _train(tmp_path / "run", "--steps", "4", "--log-every", "2", "--eval-every", "2") == 0
+    terminal = capsys.readouterr()
+    assert "step 2/4  loss" not in terminal.err  # the bar shows progress on screen
+    text = (tmp_path / "run" / "console.log").read_text()
+    assert "step 2/4  loss" in text and "step 4/4  loss" in text
+    assert "step 2: val loss" in text and "step 4: val loss" in text
+    assert "done: step 4, val top-1" in text.splitlines()[-1]
+
+
+def test_console_log_without_a_bar_has_the_done_line_once(tmp_path, capsys):
+    assert _train(tmp_path / "run", "--steps", "2", "--log-every", "1") == 0
+    text = (tmp_path / "run" / "console.log").read_text()
+    assert "step 1/2  loss" in text and text.count("done: step 2") == 1
+
+
+def test_rerun_of_a_finished_run_says_what_it_did(tmp_path, capsys):
+    assert _train(tmp_path / "run", "--steps", "2") == 0
+    capsys.readouterr()
+    assert main(["train", "--out", str(tmp_path / "run"), "--resume"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith(f"done: {tmp_path / 'run'} had already finished its 2 steps; nothing trained, its final "
+                           "weights evaluated again in")
+    assert "img/s" not in line and "val top-1" in line
+    assert (tmp_path / "run" / "console.log").read_text().rstrip().endswith(line)
+
+
+def test_tensorboard_only_with_tb(tmp_path, monkeypatch, capsys):
+    import types
+
+    made = []
+
+    class Writer:  # stands in for torch.utils.tensorboard.SummaryWriter (installed or not on this machine)
+        def __init__(self, log_dir):
+            made.append(log_dir)
+
+        def add_scalar(self, tag, value, step):
+            pass
+
+        def close(self):
+            pass
+
+    module = types.ModuleType("torch.utils.tensorboard")
+    module.SummaryWriter = Writer
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", module)
+    assert _train(tmp_path / "plain", "--steps", "1") == 0
+    assert made == []  # installed, but not asked for
+    assert _train(tmp_path / "tb", "--steps", "1", "--tb") == 0
+    assert made == [str(tmp_path / "tb" / "tensorboard")]
+    assert _train(tmp_path / "after", "--steps", "1") == 0  # an earlier --tb in the process does not stay on
+    assert len(made) == 1
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # not installed: --tb is one line, exit 2
+    assert _train(tmp_path / "missing", "--steps", "1", "--tb") == 2
+    assert "--tb needs the tensorboard package: pip install 'vitlab[tb]'" in capsys.readouterr().err
