@@ -11,9 +11,11 @@ from __future__ import annotations
 import hashlib
 import http.client
 import re
+import socket
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,16 @@ USER_AGENT = "vitlab (https://github.com/google-research/vision_transformer chec
 
 class _Retry(Exception):
     """A transient failure (dropped connection, timeout): resume from what is on disk."""
+
+
+class HostNotFound(Exception):
+    """The download's host does not resolve: no network (or no DNS), which retrying does not mend. Raised at the
+    first attempt so that an offline machine fails at once, as VITLAB_OFFLINE=1 does, not after 15-25 s of
+    retries."""
+
+    def __init__(self, host: str):
+        super().__init__(host)
+        self.host = host
 
 
 class _Transfer:
@@ -53,6 +65,8 @@ class _Transfer:
             fix = "check the name; the file may have moved"
             raise WeightsError(self.url, f"HTTP {err.code} {err.reason}", fix) from None
         except (urllib.error.URLError, OSError) as err:
+            if isinstance(getattr(err, "reason", err), socket.gaierror):
+                raise HostNotFound(urllib.parse.urlsplit(self.url).hostname or self.url) from None
             raise _Retry(getattr(err, "reason", err)) from None
         with resp:
             start = self._start(resp, have)

@@ -12,7 +12,7 @@ from typing import Any
 from ..weights.errors import WeightsError
 from .cache import entry_path, file_lock, meta_path, offline, problem, write_meta
 from .catalogue import Entry
-from .download import download
+from .download import HostNotFound, download
 
 
 def fetch(entry: Entry, *, force: bool = False, progress: bool = True, retry_delay: float = 1.0) -> Path:
@@ -25,10 +25,9 @@ def fetch(entry: Entry, *, force: bool = False, progress: bool = True, retry_del
     why = problem(path)
     if why is None and not force:
         return path
+    state = "not in the cache" if why == "not downloaded" else f"a broken cache entry ({why})"
     if var := offline():
-        state = "not in the cache" if why == "not downloaded" else f"a broken cache entry ({why})"
-        raise WeightsError(path, f"{entry.name} is {state} and {var}=1 forbids downloading",
-                           f"run `vitlab download {entry.name}` where the network is reachable")
+        raise WeightsError(path, f"{entry.name} is {state} and {var}=1 forbids downloading", _offline_fix(entry))
 
     def waiting() -> None:
         print(f"vitlab: another process is downloading {entry.name}; waiting", file=sys.stderr, flush=True)
@@ -43,11 +42,19 @@ def fetch(entry: Entry, *, force: bool = False, progress: bool = True, retry_del
         # its rounding plus 1% keeps a stated "391 MiB" from rejecting the real file.
         published = entry.size if entry.size_source == "published" else None
         slack = entry.size_slack + (entry.size or 0) // 100
-        record = download(entry.url or "", part, entry.name, size=published, size_slack=slack,
-                          sha256=entry.sha256, progress=progress, retry_delay=retry_delay)
+        try:
+            record = download(entry.url or "", part, entry.name, size=published, size_slack=slack,
+                              sha256=entry.sha256, progress=progress, retry_delay=retry_delay)
+        except HostNotFound as err:  # no network: one attempt, and the line offline mode gives
+            raise WeightsError(path, f"{entry.name} is {state} and {err.host} does not resolve (offline?)",
+                               _offline_fix(entry)) from None
         write_meta(path, _meta(entry, record))  # first the record, then the file: no file without its record
         os.replace(part, path)
     return path
+
+
+def _offline_fix(entry: Entry) -> str:
+    return f"run `vitlab download {entry.name}` where the network is reachable"
 
 
 def _discard(path: Path, why: str | None, entry: Entry, fresh: bool) -> None:
