@@ -146,18 +146,20 @@ def _to_rgb_array(img: Image.Image) -> np.ndarray:
 
 
 def tensor_resize(arr: np.ndarray, size: Size) -> torch.Tensor:
-    """uint8 (H, W, C) or (H, W) -> uint8 (1, C, th, tw): antialiased bilinear, as PIL's BILINEAR resize (its
-    filter widens with the scale when shrinking). An (H, W, C) array seen as (1, C, H, W) is channels-last, the
-    layout torch's vectorised uint8 kernel reads; it writes (C, th, tw) planes."""
-    t = torch.from_numpy(arr if arr.ndim == 3 else arr[:, :, None]).permute(2, 0, 1)[None]  # (1, C, H, W)
+    """uint8 (H, W, C) or (H, W) -> uint8 (1, C, th, tw), channels-last: antialiased bilinear, as PIL's BILINEAR
+    resize (its filter widens with the scale when shrinking). The array is seen as a channels-last (1, C, H, W)
+    tensor with the batch stride of a whole image: with any other batch stride (a plain permute gives C) torch
+    takes the batch as ambiguous, writes planes and the (H, W, C) result costs a transposing copy."""
+    hwc = np.ascontiguousarray(arr if arr.ndim == 3 else arr[:, :, None])
+    h, w, c = hwc.shape
+    t = torch.as_strided(torch.from_numpy(hwc), (1, c, h, w), (h * w * c, 1, w * c, c))
     return torch.nn.functional.interpolate(t, size=size, mode="bilinear", antialias=True, align_corners=False)
 
 
 def _tensor_to_array(t: torch.Tensor, flip: bool) -> np.ndarray:
     """(1, C, H, W) uint8 -> (H, W, C), or (H, W) for one channel (grayscale stays 1 channel until the end),
-    mirrored left-right if `flip`, in one copy: torch's transposing copy is faster than numpy's, which costs as
-    much as the resize on a reversed view."""
-    hwc = t[0].permute(1, 2, 0)  # the kernel writes (C, H, W) planes
+    mirrored left-right if `flip`."""
+    hwc = t[0].permute(1, 2, 0)  # channels-last: a view
     arr = (hwc.flip(1) if flip else hwc).contiguous().numpy()
     return arr[:, :, 0] if arr.shape[2] == 1 else arr
 
