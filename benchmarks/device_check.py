@@ -212,9 +212,7 @@ def run_all(plan: Plan, device: torch.device, out: Path) -> int:
     log(f"plan {plan.name} on {device}: budget {plan.budget_s:.0f} s, output {out}")
     report.write()
     run_section(report, plan, "parity", lambda: device_check_parity.run(plan, device))
-    speed: dict[str, Any] = {}
-    run_section(report, plan, "speed", lambda: speed.setdefault("r", device_check_speed.run(plan, device, report)),
-                estimate="speed_eager")
+    run_section(report, plan, "speed", lambda: device_check_speed.run(plan, device, report), estimate="speed_eager")
     run_section(report, plan, "runs", lambda: device_check_runs.run(plan, device))
     consumed = device_check_speed.training_images_per_s(report.data["sections"].get("speed", {}))
     run_section(report, plan, "loader", lambda: device_check_loader.run(plan, device, consumed))

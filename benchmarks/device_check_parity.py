@@ -134,14 +134,16 @@ def model_parity(name: str, overrides: dict[str, int], size: int, batch: int,
 
 def run(plan: Any, device: torch.device) -> dict[str, Any]:
     skipped = []
-    if device.type == "cuda":
-        # TF32 would round fp32 matmul inputs to 10 bits: the fp32 rows compare true fp32 kernels.
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-    else:
+    if device.type != "cuda":
         skipped.append("fp32 CUDA vs CPU rows: no CUDA device (bf16 autocast runs on the CPU instead)")
+    # TF32 would round fp32 matmul and convolution inputs to 10 bits: the fp32 rows compare true fp32 kernels.
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     checks = []
-    for name, overrides, size in plan.parity_models:
-        checks += model_parity(name, overrides, size, plan.parity_batch, device)
+    try:
+        for name, overrides, size in plan.parity_models:
+            checks += model_parity(name, overrides, size, plan.parity_batch, device)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
     return {"checks": checks, "skipped": skipped, "error_measure": "max|a-b| / max|ref|",
             "bounds": {"fp32": FP32_BOUND, "bf16": BF16_BOUND}}

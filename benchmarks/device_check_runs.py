@@ -2,7 +2,10 @@
 
 - one process; then `torchrun --standalone --nproc-per-node 1` with DDP (NCCL on CUDA) and with --fsdp (FSDP2):
   the same global batches, so the same train losses step for step (checked to FSDP_REL relative; whether they
-  are bit-identical is recorded too);
+  are bit-identical is recorded too). With one GPU there is one process: FSDP2 shards every block and the root
+  (fully_shard runs at any world size), but vitlab wraps in DDP only from 2 processes, so the DDP row proves
+  the torchrun start-up, the NCCL process group and rank-0 writing, not the gradient all-reduce (2 processes
+  on one GPU are refused by NCCL; on CPU, gloo DDP with 2 processes is tests/test_train_dist.py's);
 - the single run's last checkpoint is removed and the run resumed from the one before: its train losses and
   final weights must be bit-identical to the uninterrupted run's (dropout on, so the RNG state is restored too).
 On a GPU every run is a subprocess, so a hung or crashed run fails its row and nothing else; the dry run trains
@@ -103,6 +106,9 @@ def _runs(plan: Any, device: torch.device, work: Path) -> dict[str, Any]:
             _train(work / name.split()[0].lower(), [*args, *extra], device, torchrun=True)
             checks.append(_compare(f"torchrun --nproc-per-node 1 {name} vs 1 process: train losses",
                                    train_losses(work / name.split()[0].lower()), ref))
+            if name.startswith("DDP"):
+                checks[-1]["note"] = "one process: NCCL group and torchrun start-up; vitlab wraps in DDP from 2"
+
     else:
         skipped.append("torchrun DDP/FSDP2: " + ("not in the dry run" if not plan.torchrun else "NCCL needs CUDA")
                        + " (on CPU, gloo DDP and FSDP2 equal one process in tests/test_train_dist.py)")
