@@ -193,8 +193,8 @@ def test_explicit_attention_matches_fused_path(kw):
     model = tiny(patch_size=8, **kw)
     x = torch.randn(2, 3, *model.config.image_size)
     with torch.no_grad():
-        explicit = model.forward_intermediates(x, attention=True)
-        fused = model.forward_intermediates(x, attention=False)
+        explicit = model.forward_inspect(x, attention=True)
+        fused = model.forward_inspect(x, attention=False)
         for a, b in zip(explicit["tokens"], fused["tokens"], strict=True):
             assert (a - b).abs().max() <= 1e-5
         inputs = [explicit["embeddings"], *explicit["tokens"][:-1]]

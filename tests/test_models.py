@@ -87,8 +87,8 @@ def test_explicit_attention_path_equals_fused(kw):
     model = randomize(vitlab.models.build_model(tiny(**kw)))
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        explicit = model.forward_intermediates(x, attention=True)
-        fused = model.forward_intermediates(x, attention=False)
+        explicit = model.forward_inspect(x, attention=True)
+        fused = model.forward_inspect(x, attention=False)
     assert "attention" not in fused
     for a, b in zip(explicit["tokens"], fused["tokens"], strict=True):
         assert rel_err(a, b) < 1e-5

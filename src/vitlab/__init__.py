@@ -1,6 +1,7 @@
 """vitlab: Vision Transformers exact to the paper (Dosovitskiy et al., ICLR 2021)."""
 
-from .models import BiTConfig, ResNetConfig, ViTConfig, create_model, list_models
+from .factory import create_model
+from .models import BiTConfig, ResNetConfig, ViTConfig, list_models
 
 __version__ = "0.1.0"
 

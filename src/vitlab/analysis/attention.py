@@ -49,7 +49,7 @@ def run_attention(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, tupl
     """(L, N, H, T, T) softmax weights of every layer (explicit path) and the patch grid (gh, gw)."""
     vit = require_vit(model)
     with inference(vit):
-        out = vit.forward_intermediates(_on_model(vit, x), attention=True)
+        out = vit.forward_inspect(_on_model(vit, x), attention=True)
     return torch.stack(out["attention"]).float(), tuple(out["grid"])
 
 

@@ -2,8 +2,10 @@
 
 Names: `TAG:MODEL` (`augreg-i21k:ViT-B/16`, the tags are listed in the JSON with what each one is),
 `hf-hub:owner/name` for any Hugging Face repository, `augreg:FILENAME` for any run of the AugReg index
-(see augreg.py). Facts (URLs, resolutions, accuracies, sizes) come from the references each group names; a size
-marked "derived" is 4 bytes times the architecture's parameter count because no size was published.
+(see augreg.py), and timm's `ARCH.TAG` (`vit_base_patch16_224.augreg2_in21k_ft_in1k`; a bare ARCH takes timm's
+default tag), an alias of `hf-hub:timm/ARCH.TAG`. Facts (URLs, resolutions, accuracies, sizes) come from the
+references each group names; a size marked "derived" is 4 bytes times the architecture's parameter count
+because no size was published.
 """
 
 from __future__ import annotations
@@ -114,17 +116,61 @@ def default_tags() -> list[str]:
     return list(_document()["default_tags"])
 
 
+@dataclass(frozen=True)
+class TimmName:
+    """A timm model name read against the catalogue's timm table: the vitlab model it builds, the resolution in
+    its name, its tag (timm's default when the name has none) and that tag's class count."""
+
+    arch: str
+    model: str
+    resolution: int
+    tag: str | None
+    num_classes: int
+
+    @property
+    def hub_name(self) -> str:
+        return f"{HF_PREFIX}timm/{self.arch}.{self.tag}"
+
+
+def timm_models() -> dict[str, dict[str, Any]]:
+    """timm architecture -> {"model": vitlab name, "default": tag or None, "tags": {tag: classes}}."""
+    return _document()["timm"]["models"]
+
+
+def timm_name(name: str) -> TimmName | None:
+    """The timm reading of `name` ("vit_base_patch16_224", "resnetv2_50x1_bit.goog_in21k"), None when the
+    architecture is not one vitlab builds; ValueError for a tag timm does not publish."""
+    if not isinstance(name, str):
+        return None
+    arch, _, tag = name.partition(".")
+    spec = timm_models().get(arch)
+    if spec is None:
+        return None
+    tag = tag or spec["default"]
+    if tag is not None and tag not in spec["tags"]:
+        have = ", ".join(spec["tags"]) or "none"
+        raise ValueError(f"timm publishes no {arch}.{tag}; its tags: {have}")
+    m = re.search(r"_(\d+)$", arch)
+    resolution = int(m.group(1)) if m and arch.startswith("vit_") else 224
+    classes = spec["tags"][tag] if tag is not None else 1000
+    return TimmName(arch=arch, model=spec["model"], resolution=resolution, tag=tag, num_classes=classes)
+
+
 def is_catalogue_name(name: str) -> bool:
     """Whether `name` is meant as a catalogue name rather than a path: hf-hub:…, augreg:…, a TAG:MODEL name."""
     if not isinstance(name, str) or ":" not in name:
-        return any(e.name == name for e in entries()) if isinstance(name, str) else False
+        if not isinstance(name, str):
+            return False
+        return any(e.name == name for e in entries()) or name.partition(".")[0] in timm_models()
     head = name.split(":", 1)[0]
     return head in ("hf-hub", "augreg") or head in tags()
 
 
 def find(name: str, pretrained: str | bool | None = None) -> Entry:
     """The entry for a catalogue name, or for `model` + `pretrained` tag (True: the first default tag that has the
-    model). ValueError naming the choices otherwise."""
+    model). ValueError naming the choices otherwise. A timm name carries its tag (or takes timm's default)."""
+    if pretrained in (True, None, False) and (hit := _lookup(name) if timm_name(name) else None) is not None:
+        return hit
     if pretrained is not None and pretrained is not False:
         if pretrained is True:
             choices = [f"{t}:{name}" for t in default_tags()]
@@ -145,6 +191,13 @@ def find(name: str, pretrained: str | bool | None = None) -> Entry:
 
 
 def _lookup(name: str) -> Entry | None:
+    if (timm := timm_name(name)) is not None:
+        if timm.tag is None:
+            raise ValueError(f"timm publishes no weights for {timm.arch}; create it with pretrained=False")
+        name = timm.hub_name
+        hit = next((e for e in entries() if e.name == name), None)
+        return hit or Entry(name=name, tag="hf-hub", model=timm.model, format="timm", repo=name[len(HF_PREFIX):],
+                            resolution=timm.resolution, num_classes=timm.num_classes, notes="not in the catalogue")
     for e in entries():
         if e.name == name:
             return e

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import BiTConfig
+from .timm_compat import BiTTimmMixin
 
 
 def standardize(weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -85,7 +86,7 @@ class PreActBottleneck(nn.Module):
         return y.add_(shortcut)
 
 
-class BiT(nn.Module):
+class BiT(BiTTimmMixin, nn.Module):
     """BiT ResNetV2 classifier: root, four stages of pre-activation bottlenecks, GN + ReLU, mean pool, head."""
 
     def __init__(self, config: BiTConfig):
@@ -106,13 +107,15 @@ class BiT(nn.Module):
         self.norm = nn.GroupNorm(32, in_ch, eps=cfg.gn_eps)  # "norm-pre-head"
         self.num_features = in_ch
         self.head = nn.Linear(in_ch, cfg.num_classes) if cfg.num_classes else nn.Identity()
+        self.grad_checkpointing = False  # set_grad_checkpointing(): units recomputed in the backward
         init_weights(self)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Feature map after the final GroupNorm and ReLU: (N, C, H/32, W/32)."""
         x = self.stem.conv(x)  # (N, 64·wf, H/2, W/2)
         x = F.max_pool2d(F.pad(x, (1, 1, 1, 1)), 3, 2)  # zero padding, then VALID pooling: (N, 64·wf, H/4, W/4)
-        x = self.stages(x)
+        for stage in self.stages:
+            x = self.run_stage(stage, x)
         return F.relu_(self.norm(x))
 
     def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
@@ -123,10 +126,12 @@ class BiT(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
 
-    def reset_classifier(self, num_classes: int) -> None:
-        """BiT transfer rule (and the ViT paper's): a new zero-initialised head for the new classes."""
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """BiT transfer rule (and the ViT paper's): a new zero-initialised head for the new classes. `global_pool`
+        (timm's argument) may only be "avg", the pooling BiT has."""
         from .vit import zero_head
 
+        self.check_global_pool(global_pool)
         self.head = zero_head(self.num_features, num_classes, self.norm.weight)
         self.config = self.config.replace(num_classes=num_classes)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -23,10 +24,17 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
 def _pair(v: int | tuple[int, int] | list[int]) -> tuple[int, int]:
-    if isinstance(v, int):
-        return (v, v)
-    return (int(v[0]), int(v[1]))
+    """An image size as (height, width). Only integers: "224" would otherwise be read as the pair (2, 2)."""
+    if _is_int(v):
+        return (int(v), int(v))
+    if isinstance(v, tuple | list) and len(v) == 2 and all(_is_int(x) for x in v):
+        return (int(v[0]), int(v[1]))
+    raise ValueError(f"image_size must be an integer or two integers (height, width), got {v!r}")
 
 
 def _normalize_common_fields(cfg: Any) -> None:
@@ -110,6 +118,7 @@ class ViTConfig:
     in_chans: int = 3
     dropout: float = 0.0
     attn_dropout: float = 0.0
+    drop_path_rate: float = 0.0  # stochastic depth of the last block; linear from 0 at the first (timm, DeiT)
     resnet: ResNetConfig | None = None  # hybrid stem
     mean: tuple[float, float, float] = OFFICIAL_MEAN  # input normalisation the weights expect
     std: tuple[float, float, float] = OFFICIAL_STD
@@ -118,7 +127,7 @@ class ViTConfig:
     def __post_init__(self) -> None:
         _normalize_common_fields(self)
         check_ranges(self, positive=("patch_size", "width", "depth", "mlp_dim", "num_heads", "in_chans"),
-                     unit=("dropout", "attn_dropout"))
+                     unit=("dropout", "attn_dropout", "drop_path_rate"))
         if self.representation_size is not None:
             check_ranges(self, positive=("representation_size",))
         if not (math.isfinite(self.ln_eps) and self.ln_eps > 0):

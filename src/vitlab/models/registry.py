@@ -45,7 +45,7 @@ LISTED_VITS = ["Ti/16", "S/16", "S/32", "B/8", "B/16", "B/32", "L/16", "L/32", "
 LISTED_BITS = ["R50x1", "R50x2", "R50x3", "R101x1", "R101x3", "R152x1", "R152x2", "R152x4", "R200x3"]
 
 # Overrides that leave the architecture the named one (head size, input size, regularisation, normalisation).
-_NAME_KEEPING = {"num_classes", "image_size", "dropout", "attn_dropout", "mean", "std", "name"}
+_NAME_KEEPING = {"num_classes", "image_size", "dropout", "attn_dropout", "drop_path_rate", "mean", "std", "name"}
 
 _VIT_NAME = re.compile(r"^ViT-(Ti|S|B|L|H)/(\d+)(-gap)?$")
 _BIT_NAME = re.compile(r"^BiT-R(26|50|101|152|200)x(\d+)$")
@@ -95,6 +95,23 @@ def describe_architecture(config: ModelConfig) -> str:
         return (f"{stem}ViT/{config.total_stride} (depth {config.depth}, width {config.width}, {config.num_heads} "
                 f"heads, MLP {config.mlp_dim}{gap})")
     return f"BiT ResNetV2 (units per stage {list(config.layers)}, width ×{config.width_factor})"
+
+
+# What a variant's name fixes about its weights' shapes and computation; representation layer, GELU form,
+# LayerNorm epsilon, head size, resolution and regularisation are not in the name.
+_NAMED_FIELDS = {ViTConfig: ("patch_size", "width", "depth", "mlp_dim", "num_heads", "classifier", "pos_embed",
+                             "qkv_bias", "in_chans", "resnet"),
+                 BiTConfig: ("layers", "width_factor", "in_chans")}
+
+
+def architecture_differences(expected: ModelConfig, got: ModelConfig) -> list[str]:
+    """How `got` differs from the architecture `expected` describes ("depth 4, not 12"); [] when they are the
+    same network (a head, a resolution or a representation layer of its own do not count)."""
+    if type(expected) is not type(got):
+        kinds = {ViTConfig: "a ViT", BiTConfig: "a BiT ResNetV2"}
+        return [f"{kinds[type(got)]}, not {kinds[type(expected)]}"]
+    return [f"{name} {getattr(got, name)}, not {getattr(expected, name)}" for name in _NAMED_FIELDS[type(expected)]
+            if getattr(got, name) != getattr(expected, name)]
 
 
 def build_model(config: ModelConfig) -> nn.Module:

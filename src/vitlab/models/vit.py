@@ -12,8 +12,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ViTConfig
+from .droppath import DropPath, drop_path_rates
 from .posembed import relative_position_index, resample_1d, resample_pos_embed, resample_relative_table
 from .resnet import ResNetStem
+from .timm_compat import ViTTimmMixin
 
 
 class PatchEmbed(nn.Module):
@@ -95,15 +97,17 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm encoder block: z' = MSA(LN(z)) + z ; z = MLP(LN(z')) + z'."""
+    """Pre-norm encoder block: z' = MSA(LN(z)) + z ; z = MLP(LN(z')) + z'. With stochastic depth each branch
+    is dropped per sample with probability `drop_path` in training."""
 
-    def __init__(self, cfg: ViTConfig, num_tokens: int):
+    def __init__(self, cfg: ViTConfig, num_tokens: int, drop_path: float = 0.0):
         super().__init__()
         self.norm1 = nn.LayerNorm(cfg.width, eps=cfg.ln_eps)
         self.attn = Attention(cfg, num_tokens)
         self.drop = nn.Dropout(cfg.dropout)
         self.norm2 = nn.LayerNorm(cfg.width, eps=cfg.ln_eps)
         self.mlp = Mlp(cfg)
+        self.drop_path = DropPath(drop_path) if drop_path else nn.Identity()
 
     def forward(
         self, x: torch.Tensor, num_queries: int | None = None, need_weights: bool = False
@@ -111,11 +115,11 @@ class Block(nn.Module):
         y, weights = self.attn(self.norm1(x), num_queries, need_weights)
         if num_queries is not None:
             x = x[:, :num_queries]
-        x = x + self.drop(y)
-        return x + self.mlp(self.norm2(x)), weights
+        x = x + self.drop_path(self.drop(y))
+        return x + self.drop_path(self.mlp(self.norm2(x))), weights
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(ViTTimmMixin, nn.Module):
     def __init__(self, config: ViTConfig):
         super().__init__()
         cfg = self.config = config
@@ -132,7 +136,9 @@ class VisionTransformer(nn.Module):
             self.pos_embed_y = nn.Parameter(torch.randn(1, gh, cfg.width // 2) * 0.02)
             self.pos_embed_cls = nn.Parameter(torch.randn(1, prefix, cfg.width) * 0.02) if prefix else None
         self.pos_drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg, prefix + gh * gw) for _ in range(cfg.depth))
+        rates = drop_path_rates(cfg.drop_path_rate, cfg.depth)
+        self.blocks = nn.ModuleList(Block(cfg, prefix + gh * gw, rate) for rate in rates)
+        self.grad_checkpointing = False  # set_grad_checkpointing(): blocks recomputed in the backward
         self.norm = nn.LayerNorm(cfg.width, eps=cfg.ln_eps)
         rep = cfg.representation_size
         self.pre_logits = nn.Sequential(nn.Linear(cfg.width, rep), nn.Tanh()) if rep else None
@@ -212,7 +218,7 @@ class VisionTransformer(nn.Module):
         """Tokens after the final LayerNorm: (N, T, D)."""
         z, _ = self.embed(x)
         for block in self.blocks:
-            z, _ = block(z)
+            z = self.run_block(block, z)
         return self.norm(z)
 
     def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
@@ -229,13 +235,14 @@ class VisionTransformer(nn.Module):
             # The token classifier reads only token 0, and after the last attention no token mixes with
             # another: the last block computes queries, residual and MLP for the class token alone.
             only_cls = i == last and self.config.classifier == "token"
-            z, _ = block(z, num_queries=1 if only_cls else None)
+            z = self.run_block(block, z, num_queries=1 if only_cls else None)
         return self.forward_head(self.norm(z))
 
-    def forward_intermediates(self, x: torch.Tensor, attention: bool = True) -> dict[str, object]:
-        """Per-layer outputs as a dict: "tokens" (L × (N, T, D), each block's output), "attention"
+    def forward_inspect(self, x: torch.Tensor, attention: bool = True) -> dict[str, object]:
+        """Everything inside, for analysis, as a dict: "tokens" (L × (N, T, D), each block's output), "attention"
         (L × (N, H, T, T), softmax weights; explicit path), "embeddings" (z0), "features" (after the final
-        norm), "grid" (gh, gw). With attention=False the fused attention kernel is used."""
+        norm), "grid" (gh, gw). With attention=False the fused attention kernel is used. (timm's
+        `forward_intermediates`, for feature maps, is in timm_compat.py.)"""
         z, grid = self.embed(x)
         embeddings = z
         tokens, weights = [], []
@@ -250,8 +257,10 @@ class VisionTransformer(nn.Module):
             out["attention"] = weights
         return out
 
-    def reset_classifier(self, num_classes: int) -> None:
-        """Fine-tuning rule (paper Section 3.2): drop the representation layer, attach a zero-initialised head."""
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Fine-tuning rule (paper Section 3.2): drop the representation layer, attach a zero-initialised head.
+        `global_pool` (timm's argument) may only name the pooling the architecture has ("token" or "avg")."""
+        self.check_global_pool(global_pool)
         self.pre_logits = None
         self.num_features = self.config.width
         self.head = zero_head(self.num_features, num_classes, self.norm.weight)

@@ -14,6 +14,7 @@ import torch
 
 from ..models.config import OFFICIAL_MEAN, OFFICIAL_STD, ResNetConfig, ViTConfig
 from ..models.registry import HYBRIDS, VIT_SIZES, model_config
+from ..models.timm_compat import crop_pct_for, timm_eval_crop  # noqa: F401  (re-exported: timm.py, timm_bit.py)
 from .errors import WeightsError
 
 TIMM_SIZES = {"tiny": "Ti", "small": "S", "base": "B", "large": "L", "huge": "H"}
@@ -235,31 +236,3 @@ def timm_config(name: str, **options: Any) -> ViTConfig:
     opts = {"num_classes": 1000, "in_chans": 3, **timm_name_options(name), **options}
     opts.setdefault("img_size", opts["_img_size"])
     return config_from_timm_options(opts, f"timm:{name}")
-
-
-def timm_eval_crop(image_size: tuple[int, int], eval_resize: str) -> dict[str, Any]:
-    """timm's pretrained_cfg fields (interpolation, crop_pct, crop_mode, as timm.data.transforms_factory reads
-    them) that describe vitlab's evaluation pre-processing `eval_resize` (data/transforms.py) at `image_size`.
-    timm resizes to floor(S / crop_pct), then crops S: "squash" ignores the aspect ratio, "center" keeps it."""
-    side = max(image_size)
-    if eval_resize == "official":  # the whole image to S×S, aspect ignored (vit_jax input_pipeline)
-        return {"interpolation": "bilinear", "crop_pct": 1.0, "crop_mode": "squash"}
-    if eval_resize == "resize-short-crop":
-        return {"interpolation": "bilinear", "crop_pct": 1.0, "crop_mode": "center"}
-    from ..data.transforms import FEWSHOT_RESIZE, resize_before_crop
-
-    if eval_resize not in ("big_vision", FEWSHOT_RESIZE):
-        raise ValueError(f"unknown eval resize {eval_resize!r}")
-    resized = resize_before_crop(side)
-    mode = "center" if eval_resize == "big_vision" else "squash"  # few-shot: resize(r) ignoring the aspect
-    return {"interpolation": "bilinear", "crop_pct": crop_pct_for(side, resized), "crop_mode": mode}
-
-
-def crop_pct_for(side: int, resized: int) -> float:
-    """The shortest crop_pct with floor(side / crop_pct) == resized (224/256 = 0.875 exactly; 384/448 needs
-    4 digits, 32/37 five): timm floors, so a rounded ratio can land one pixel short."""
-    for digits in range(3, 9):
-        pct = round(side / resized, digits)
-        if math.floor(side / pct) == resized:
-            return pct
-    return side / (resized + 0.5)
