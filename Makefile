@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(BIN)/vitlab train --out runs/demo --resume
+	$(BIN)/vitlab train --out runs/demo --resume auto
 
 test: setup
 	$(BIN)/python -m pytest

@@ -118,3 +118,36 @@ def atomic_folder(folder: str | Path, write: Callable[[Path], None]) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+WRITTEN_BY = "written_by"  # the key of a verb's JSON record that names the verb: its outputs may be replaced
+_LEGACY = "a vitlab version from before written_by"
+
+
+def check_replaceable(folder: str | Path, record: str, verb: str, others: tuple[str, ...] = (),
+                      legacy_keys: frozenset[str] = frozenset()) -> None:
+    """ValueError (one line) unless the files `verb` writes into `folder` (its JSON `record` and `others`) are
+    absent or its own: the record says `"written_by": verb` (or, from before the key existed, holds every one of
+    `legacy_keys`). A file that a user put there is never replaced."""
+    folder = Path(folder)
+    present = [name for name in (record, *others) if (folder / name).exists()]
+    if not present or _written_by(folder / record, legacy_keys) in (verb, _LEGACY):
+        return
+    raise ValueError(f"{folder / present[0]} was not written by {verb}; choose another --out (vitlab never "
+                     "replaces a file it did not write)")
+
+
+def _written_by(path: Path, legacy_keys: frozenset[str]) -> str | None:
+    import json
+
+    try:
+        if not path.is_file() or path.stat().st_size > 1 << 20:  # a record is a few hundred bytes
+            return None
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    if isinstance(data.get(WRITTEN_BY), str):
+        return data[WRITTEN_BY]
+    return _LEGACY if legacy_keys and legacy_keys <= data.keys() else None

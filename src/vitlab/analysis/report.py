@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..outputs import atomic_write
+from ..outputs import WRITTEN_BY, atomic_write, check_replaceable
 from ..progress import progress
 from . import figures
 from .attention import (
@@ -35,6 +35,9 @@ from .embeddings import (
 from .images import is_grey, to_display
 
 CHUNK = 16  # images per forward pass: bounds the (L, N, H, T, T) attention tensor held at once
+
+# The summary.json of vitlab analyze from before it said so (replaced by the next analysis).
+SUMMARY_KEYS = frozenset({"model", "input", "rollout", "notes", "figures"})
 
 
 @dataclass
@@ -201,11 +204,14 @@ def analyze(
     the model's own, else indices). Returns the summary dict."""
     vit = require_vit(model)
     out = Path(out_dir)
+    # before any work: a summary.json or index.html of the user's is never replaced
+    check_replaceable(out, "summary.json", "vitlab analyze", ("index.html",), legacy_keys=SUMMARY_KEYS)
     out.mkdir(parents=True, exist_ok=True)
     stats = collect_attention(vit, x, head_fusion, discard_ratio)
     records, labels = describe_images(vit, x, images, class_names or getattr(vit, "class_names", None))
     size = list(x.shape[-2:])
     summary: dict[str, Any] = {
+        WRITTEN_BY: "vitlab analyze",
         "model": _model_summary(vit),
         "input": {"image_size": size, "grid": list(stats.grid), "num_images": len(x), "source": source,
                   "description": f"{len(x)} {source}, {size[0]}×{size[1]} pixels, {stats.grid[0]}×"

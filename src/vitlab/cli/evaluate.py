@@ -43,11 +43,19 @@ def _register_eval(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_eval)
 
 
+# The record vitlab eval wrote before it said so (its metrics.json may be replaced by the next evaluation).
+EVAL_RECORD_KEYS = frozenset({"top1", "top5", "loss", "count", "eval_resize", "weights", "data", "split"})
+
+
 def _eval(args: argparse.Namespace) -> int:
     """Metrics first, files after: a destination that cannot be written costs the figure, never the numbers."""
+    from ..outputs import check_replaceable
     from ..train import evaluate_weights
     from ..train.evaluate import confusion_destination
 
+    if args.out:  # before any work: a metrics.json or figure of the user's is never replaced
+        check_replaceable(args.out, "metrics.json", "vitlab eval", () if args.confusion else ("confusion.png",),
+                          legacy_keys=EVAL_RECORD_KEYS)
     r = evaluate_weights(args.weights, args.data, args.split, args.batch_size, args.workers, args.device,
                          None, args.strict, args.eval_resize)
     record = {**r.metrics, "eval_resize": r.eval_resize, "weights": str(args.weights), "data": args.data,
@@ -71,13 +79,13 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _write_outputs(args: argparse.Namespace, r, record: dict, png) -> list[str]:
     """Write metrics.json (--out) and the figure; returns one line per file that could not be written."""
-    from ..outputs import atomic_write
+    from ..outputs import WRITTEN_BY, atomic_write
     from ..train.evaluate import write_confusion
 
     failures = []
     if args.out:
         path = Path(args.out) / "metrics.json"
-        text = json.dumps(record, indent=2) + "\n"
+        text = json.dumps({WRITTEN_BY: "vitlab eval", **record}, indent=2) + "\n"
         try:
             atomic_write(path, lambda tmp: Path(tmp).write_text(text))
         except OSError as err:

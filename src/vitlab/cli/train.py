@@ -153,7 +153,9 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
                          "pip install 'vitlab[wandb]')")
     r = p.add_argument_group("run")
     r.add_argument("--out", help="run directory (default runs/<recipe>-<time>)")
-    r.add_argument("--resume", action="store_true", default=None, help="continue the run in --out")
+    r.add_argument("--resume", nargs="?", const=True, default=None, type=_resume_mode, metavar="auto",
+                   help="continue the run in --out (refused if it holds none: a typo in --out starts nothing); "
+                        "--resume auto: continue it, or start it when there is none (supervisors, make demo)")
     r.add_argument("--seed", type=non_negative_int,
                    help="seed of the initialisation, data order and augmentation (default 0)")
     r.add_argument("--device", type=device_name, help="auto, cpu, cuda, cuda:N (default auto: CUDA when available)")
@@ -181,6 +183,12 @@ def training_overrides(args: argparse.Namespace) -> dict[str, Any]:
     if args.no_flip or args.flip:
         out["flip"] = bool(args.flip)
     return out
+
+
+def _resume_mode(text: str) -> str:
+    if text != "auto":
+        raise argparse.ArgumentTypeError(f"expected nothing or 'auto' after --resume, got {text!r}")
+    return text
 
 
 def build_config(args: argparse.Namespace) -> Any:

@@ -44,10 +44,18 @@ def write_report(out: str | Path, path: str | Path) -> Path:
 
     out, path, table = Path(out), Path(path), experiments()
     previous = path.read_text(encoding="utf-8") if path.is_file() else ""
+    found = {name: _full_results(out, name) for name in NAMES}
+    if previous and not any(found.values()):
+        raise ValueError(f"no full results under {out} (runs/ is not committed: run `vitlab experiment NAME` "
+                         f"first); {path} left unchanged")
     sections, rows = [], []
     for number, name in enumerate(NAMES, 1):
-        results = read_results(out / name / RESULTS)
-        full = results if results and results.get("mode") == "full" else None
+        full = found[name]
+        kept = None if full else _measured_section(previous, number, name)
+        if kept is not None:  # measured on another machine or in another folder: its text stays as it was
+            sections.append(kept[0])
+            rows.append(kept[1])
+            continue
         figures = _copy_figures(full, out / name, path.parent) if full else []
         sections.append(section(number, name, full, figures, _notes(previous, name)))
         rows.append(_summary_row(name, full, table[name].paper))
@@ -160,6 +168,22 @@ def _copy_figures(results: dict[str, Any], folder: Path, report_dir: Path) -> li
             shutil.copyfile(source, report_dir / target)
             copied.append((target.as_posix(), figure["caption"]))
     return copied
+
+
+def _full_results(out: Path, name: str) -> dict[str, Any] | None:
+    results = read_results(out / name / RESULTS)
+    return results if results and results.get("mode") == "full" else None
+
+
+def _measured_section(previous: str, number: int, name: str) -> tuple[str, str] | None:
+    """(section, summary row) of an experiment the report being replaced already measured; None if it has no such
+    section (or only the pending one)."""
+    found = re.search(rf"^## {number}\. {re.escape(name)}: .*?<!-- /notes:{re.escape(name)} -->\n", previous,
+                      re.S | re.M)
+    row = re.search(rf"^\| {re.escape(name)} \|.*$", previous, re.M)
+    if found is None or row is None or "**Verdict: pending.**" in found.group(0):
+        return None
+    return found.group(0), row.group(0)
 
 
 def _notes(previous: str, name: str) -> str:

@@ -69,7 +69,7 @@ def train_spec(spec: RunSpec, run_dir: Path, init: Path | None) -> dict[str, Any
     from ..train import TrainingDiverged, run
     from ..train.resolve import resolve
 
-    flags = {**spec.settings, "out": str(run_dir), "resume": True}
+    flags = {**spec.settings, "out": str(run_dir), "resume": "auto"}
     if init is not None:
         flags["init"] = str(init)
     try:

@@ -43,7 +43,7 @@ from .distributed import Dist, all_gather_objects, all_reduce, barrier, grad_syn
 from .evaluate import autocast
 from .mixup import draw_mixup
 from .objective import objective_for
-from .optim import Ema, build_optimizer, build_scheduler
+from .optim import Ema, build_optimizer, build_scheduler, replan_schedule
 from .resolve import Resolved
 from .rundir import prepare_run_dir
 from .runlog import RunLog, StepWindow, log, plot_curves, to_float
@@ -212,6 +212,10 @@ class Trainer:
     def _restore(self, state: dict[str, Any]) -> None:
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=_FULL)
         self.scheduler.load_state_dict(state["scheduler"])
+        planned_for = replan_schedule(self.scheduler, self.cfg.steps)  # --resume --steps N: extend, never lr 0
+        if planned_for is not None and self.d.is_main:
+            log.info("learning-rate schedule re-planned from %d to %d steps: step %d takes lr %.3g", planned_for,
+                     self.cfg.steps, int(state["step"]) + 1, self.scheduler.get_last_lr()[0])
         if self.ema is not None and state.get("ema") is not None:
             with self.ema.applied(self.model):
                 set_model_state_dict(self.model, state["ema"], options=_FULL)

@@ -65,6 +65,26 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> torch
     return torch.optim.lr_scheduler.LambdaLR(optimizer, Schedule(cfg.warmup, cfg.steps, cfg.decay, end, cfg.lr_drops))
 
 
+def replan_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, steps: int) -> int | None:
+    """After a checkpoint's scheduler state was restored: plan the schedule for `steps` in all (a resumed run
+    given a larger --steps). LambdaLR's state dict holds the Schedule's fields, the old total among them, so the
+    restored schedule would end where the old run ended and every added step would train at lr 0. The warm-up
+    and the step count stay; the next step takes the lr the `steps`-step schedule gives it. Returns the old
+    total, or None if it was already `steps`."""
+    schedules = [s for s in scheduler.lr_lambdas if isinstance(s, Schedule)]
+    old = schedules[0].total if schedules else steps
+    if old == steps:
+        return None
+    for schedule in schedules:
+        schedule.total = steps
+    step = scheduler.last_epoch
+    lrs = [base * factor(step) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    scheduler._last_lr = lrs  # what get_last_lr() reports for the next step
+    return old
+
+
 def classification_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str, smoothing: float) -> torch.Tensor:
     """`softmax`: cross-entropy; `sigmoid`: per-class binary cross-entropy summed over classes, as big_vision's
     `sigmoid_xent`: −Σ_c [t·log σ(x) + (1 − t)·log σ(−x)], the upstream loss of the paper's JFT and ImageNet-21k

@@ -65,8 +65,13 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
     `data`: the Datasets, if already built (otherwise built here when a rule needs them)."""
     flags = {k: v for k, v in (flags or {}).items() if v is not None}
     _check_known(flags, "training settings")
-    if flags.get("resume") and flags.get("out") and (Path(flags["out"]) / "config.json").exists():
-        return _resume(Path(flags["out"]), flags, recipe)
+    if flags.get("resume"):
+        if flags.get("out") and (Path(flags["out"]) / "config.json").exists():
+            return _resume(Path(flags["out"]), flags, recipe)
+        if flags["resume"] != "auto" and not _holds_sweep(flags.get("out")):  # a typo in --out starts nothing
+            raise ValueError(f"--resume: {flags.get('out')} holds no run to continue (no config.json); check --out, "
+                             "or pass --resume auto to start a run there when there is none")
+        flags["resume"] = _holds_sweep(flags.get("out"))
     layers = _Layers()
     file_values = _read_config_file(config_file) if config_file else {}
     name = recipe or file_values.get("recipe") or DEFAULT_RECIPE.get(verb, "demo")
@@ -319,9 +324,26 @@ def _resume(out: Path, flags: Mapping[str, Any], recipe: str | None) -> Resolved
                              "further; evaluate a checkpoint with `vitlab eval` instead")
         changes[key] = [before, now]
         sources[key] = "flag (on resume)"
-    config = validate(stored.replace(resume=True, **{k: v[1] for k, v in changes.items()}))
-    notes = tuple(f"resumed with --{k.replace('_', '-')} {_show(v[1])} (was {_show(v[0])})" for k, v in changes.items())
+    # The folder the user names is the run: a copied or moved run continues where it is now, never at the path
+    # recorded in its config.json (which would rewrite the original's weights and checkpoints).
+    sources["out"] = "flag (on resume)" if str(stored.out) != str(flags["out"]) else sources.get("out", "flag")
+    config = validate(stored.replace(resume=True, out=str(flags["out"]), **{k: v[1] for k, v in changes.items()}))
+    notes = tuple(f"resumed with --{k.replace('_', '-')} {_show(v[1])} (was {_show(v[0])})" + _extension(k, v, stored)
+                  for k, v in changes.items())
     return Resolved(config, sources, tuple(record.get("notes", ())) + notes, resumed_changes=changes)
+
+
+def _holds_sweep(out: str | None) -> bool:
+    """Whether `out` holds an interrupted learning-rate sweep (its runs in lr_*/, resumed one by one)."""
+    return bool(out) and any(Path(out).glob("lr_*/config.json"))
+
+
+def _extension(key: str, change: list[Any], stored: TrainConfig) -> str:
+    """How a resumed run with more steps continues its learning-rate schedule (the banner says it)."""
+    if key != "steps":
+        return ""
+    return (f": the {stored.decay} learning-rate schedule re-planned for {change[1]} steps (warm-up kept), so each "
+            f"step from the checkpoint on takes the lr of the {change[1]}-step schedule")
 
 
 def _show(value: Any) -> str:

@@ -3,7 +3,9 @@
 - `--out` must be new, empty, or a vitlab run (continued only with --resume): an export folder or any other
   non-empty folder is never written into.
 - One training at a time: an exclusive lock (`.vitlab.lock`, flock) is held for the run's life. The OS releases it
-  when the process dies, so a run killed with -9 never blocks its own `--resume`.
+  when the process dies, so a run killed with -9 never blocks its own `--resume`. The lock belongs to the training
+  process alone: a forked child (a loader worker) closes its inherited copy at once, since a flock lives as long as
+  any descriptor of its open file, and orphaned workers outlive a killed parent by seconds.
 - The folder and its `checkpoints/` are probed for writing before step 1, so a read-only or full disk is one line
   at the start instead of a traceback after the last step.
 """
@@ -17,6 +19,20 @@ from pathlib import Path
 
 LOCK = ".vitlab.lock"
 OWN_FILES = {LOCK, "console.log"}  # what a run that failed before its first record leaves behind
+_HELD: set[int] = set()  # descriptors of the run locks this process holds
+
+
+def _drop_inherited_locks() -> None:
+    """In a forked child: close the run-lock descriptors inherited from the parent (the parent keeps its own)."""
+    for fd in list(_HELD):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_drop_inherited_locks)
 
 
 def holds_run(out: Path) -> bool:
@@ -75,9 +91,11 @@ class RunLock:
             raise ValueError(f"cannot lock {self.path} ({err.strerror}); choose another --out") from None
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+        _HELD.add(self.fd)
 
     def release(self) -> None:
         if self.fd is not None:
+            _HELD.discard(self.fd)
             os.close(self.fd)  # closing drops the flock
             self.fd = None
 
