@@ -114,3 +114,67 @@ def test_a_host_that_does_not_resolve_fails_at_once_with_the_offline_line(tmp_pa
     assert online_line.endswith("; run `vitlab download augreg:test` where the network is reachable")
     assert "\n" not in online_line
     assert not any(p.name.endswith(".part") for p in (tmp_path / "cache").rglob("*"))  # nothing half-written
+
+
+# --- item 7: defaults that follow the user's data ---------------------------------------------------------------
+
+
+def _folder(root, size_hw, per_class):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", per_class), ("val", 2)):
+        for name in ("cat", "dog"):
+            (root / split / name).mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                pixels = rng.integers(0, 255, (*size_hw, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(root / split / name / f"{i}.png")
+    return str(root)
+
+
+def test_train_on_a_folder_takes_resolution_model_and_schedule_from_it(tmp_path):
+    from vitlab.train.banner import settings_lines
+    from vitlab.train.resolve import resolve
+
+    photos = _folder(tmp_path / "photos", (150, 200), per_class=20)
+    r = resolve(None, {"data": photos, "out": str(tmp_path / "r")}, verb="train")
+    c = r.config
+    # 40 images of 150×200 (>= 96×96): 224 px, the demo trunk on 16×16 patches, the official crop and flip;
+    # ~89 epochs (the demo's 1000 steps of 128 on 1,438 images) at batch 4 (a power of two <= 40/8)
+    assert (c.model, c.model_args, c.image_size) == ("ViT-Ti/16", {"depth": 4, "width": 128, "num_heads": 4,
+                                                                    "mlp_dim": 256}, 224)
+    assert (c.batch_size, c.steps, c.warmup, c.eval_every) == (4, round(1000 * 128 / 1438 * 40 / 4), 89, 222)
+    assert (c.train_crop, c.crop_scale, c.flip) == ("inception", (0.05, 1.0), True)
+    assert r.sources["image_size"].startswith("data rule on 40 training images")
+    text = "\n".join(settings_lines(r))
+    assert "note: demo on" in text and "224 px (images 150×200 >= 96×96" in text
+    small = resolve(None, {"data": _folder(tmp_path / "icons", (20, 20), 10), "out": str(tmp_path / "s")},
+                    verb="train").config
+    assert (small.model, small.image_size, small.flip, small.train_crop) == ("ViT-Ti/4", 24, False,
+                                                                              "inception-subpixel")
+    # flags win, and what depends on them follows: 32 px takes 4×4 patches, 100 steps a 10-step warm-up
+    given = resolve(None, {"data": photos, "image_size": 32, "steps": 100, "out": str(tmp_path / "g")},
+                    verb="train").config
+    assert (given.model, given.image_size, given.steps, given.warmup) == ("ViT-Ti/4", 32, 100, 10)
+    mine = resolve(None, {"data": photos, "model": "ViT-S/16", "out": str(tmp_path / "m")}, verb="train").config
+    assert (mine.model, mine.model_args) == ("ViT-S/16", {})
+    # the demo itself is untouched
+    demo = resolve(None, {"out": str(tmp_path / "d")}, verb="train").config
+    assert (demo.image_size, demo.steps, demo.batch_size) == (16, 1000, 128)
+
+
+def test_finetune_schedule_follows_the_size_of_the_data(tmp_path):
+    from vitlab.train.resolve import resolve
+
+    photos = _folder(tmp_path / "photos", (40, 40), per_class=150)  # 300 training images
+    c = resolve("finetune", {"data": photos, "out": str(tmp_path / "f")}, verb="finetune").config
+    # < 20k images: Table 4's 500-step rows, capped at the Flowers row's 251 epochs; batch 256 (<= 300)
+    assert (c.batch_size, c.steps, c.warmup) == (256, 295, 59) and c.steps * c.batch_size < 10_000 * 512
+    preset = resolve("finetune", {"data": photos, "preset": "pets", "out": str(tmp_path / "p")},
+                     verb="finetune").config
+    assert (preset.steps, preset.batch_size) == (500, 512)  # a preset is a choice: kept
+    from vitlab.train.data_rules import finetune_defaults
+
+    assert finetune_defaults(50_000)[0] == {"batch_size": 512, "steps": 10_000, "warmup": 500}  # CIFAR's row
+    assert finetune_defaults(1_281_167)[0]["steps"] == 20_000  # ImageNet's row

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import RECIPES, TrainConfig, config_from_json, validate
+from .data_rules import follow_data
 from .presets import BIT_DATA_FIELDS, FINETUNE_PRESETS, finetune_dropout, hyperrule_from_data
 from .recipes import MODEL_ROWS
 
@@ -94,6 +95,7 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
     _model_rules(layers, name, auto, checkpoint)
     data = _data_rules(layers, name, auto, data)
     _warmup_rule(layers, name)
+    data = follow_data(layers, name, data)  # a recipe written for other data: steps, size from it
     if checkpoint is not None:
         _note_resolution_change(layers, checkpoint)
     config = validate(TrainConfig(**layers.values))
