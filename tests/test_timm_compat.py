@@ -119,6 +119,27 @@ def test_timm_table_matches_timm(arch):
         assert model.config.image_size == tuple(ref.patch_embed.img_size)
 
 
+OTHER_ENTRIES = [e for e in catalogue.entries() if e.model and not (e.repo or "").startswith("timm/")]
+
+
+@pytest.mark.parametrize("entry", OTHER_ENTRIES, ids=[e.name for e in OTHER_ENTRIES])
+def test_catalogue_architectures_have_their_timm_alias(entry):
+    """Every other catalogue entry (official .npz, BiT .npz, google/* repos): timm's name for its architecture at
+    its resolution is an alias that builds the same vitlab model."""
+    from vitlab.weights.timm import timm_model_name
+    from vitlab.weights.timm_bit import timm_bit_name
+
+    config = meta_model(entry.model, image_size=entry.resolution or 224).config
+    if entry.model.startswith("BiT-"):
+        name = timm_bit_name(config)
+    else:
+        name = timm_model_name(config)
+        assert name.endswith(f"_{entry.resolution}")  # timm registers the architecture at this resolution
+    assert name in timm.list_models()
+    alias = meta_model(name).config
+    assert alias.replace(num_classes=0, image_size=config.image_size) == config.replace(num_classes=0)
+
+
 def test_unknown_tags_and_untrained_architectures_are_one_line_errors():
     with pytest.raises(ValueError, match="timm publishes no vit_base_patch16_224.nope; its tags: augreg2_in21k"):
         vitlab.create_model("vit_base_patch16_224.nope")
