@@ -31,7 +31,8 @@ def _make_entry(model_name: str):
 
     entry.__name__ = _entry_name(model_name)
     entry.__doc__ = (f"{model_name}: a fresh model (keyword arguments override its config, e.g. num_classes=10, "
-                     f"image_size=384), or weights=PATH to load a file with vitlab.load(PATH, **kwargs).")
+                     f"image_size=384, or timm's img_size=384, drop_path_rate=0.1, features_only=True), or "
+                     f"weights=PATH to load a file with vitlab.load(PATH, **kwargs).")
     return entry
 
 

@@ -212,3 +212,14 @@ def test_pretrained_true_takes_timms_default_tag(fake_timm_hub):
     assert tagged.config.drop_path_rate == 0.1 and model.hub_entry["name"].endswith("augreg_in21k_ft_in1k")
     with pytest.raises(ValueError, match="depth: would change the architecture of the published weights"):
         vitlab.create_model("vit_tiny_patch16_224", pretrained=True, depth=2)
+
+
+def test_torch_hub_entries_take_timms_keywords():
+    from pathlib import Path
+
+    repo = str(Path(__file__).resolve().parents[1])
+    net = torch.hub.load(repo, "vit_ti16", source="local", img_size=32, depth=2, drop_path_rate=0.1,
+                         features_only=True, out_indices=(1,))
+    assert net.feature_info.channels() == [192] and net.model.config.drop_path_rate == 0.1
+    with torch.no_grad():
+        assert net.eval()(torch.randn(1, 3, 32, 32))[0].shape == (1, 192, 2, 2)
