@@ -101,16 +101,16 @@ def _runs(plan: Any, device: torch.device, work: Path) -> dict[str, Any]:
     _train(work / "single", args, device, in_process=plan.in_process)
     ref = train_losses(work / "single")
     checks, skipped = [], []
-    if plan.torchrun and device.type == "cuda":
-        for name, extra in (("DDP (NCCL)", []), ("FSDP2", ["--fsdp"])):
+    if plan.torchrun:  # NCCL on CUDA, gloo on CPU (tests/test_device_check.py's slow test)
+        for name, extra in ((f"DDP ({'NCCL' if device.type == 'cuda' else 'gloo'})", []), ("FSDP2", ["--fsdp"])):
             _train(work / name.split()[0].lower(), [*args, *extra], device, torchrun=True)
             checks.append(_compare(f"torchrun --nproc-per-node 1 {name} vs 1 process: train losses",
                                    train_losses(work / name.split()[0].lower()), ref))
             if name.startswith("DDP"):
-                checks[-1]["note"] = "one process: NCCL group and torchrun start-up; vitlab wraps in DDP from 2"
+                checks[-1]["note"] = "one process: the process group and torchrun start-up; DDP wraps from 2"
 
     else:
-        skipped.append("torchrun DDP/FSDP2: " + ("not in the dry run" if not plan.torchrun else "NCCL needs CUDA")
-                       + " (on CPU, gloo DDP and FSDP2 equal one process in tests/test_train_dist.py)")
+        skipped.append("torchrun DDP/FSDP2: not in the dry run (on CPU, gloo DDP and FSDP2 with 2 processes equal "
+                       "one process in tests/test_train_dist.py)")
     checks += resume_check(work / "single", args, device, plan.run_steps, plan.in_process)
     return {"checks": checks, "skipped": skipped, "train_args": args, "single_process_losses": ref}

@@ -138,3 +138,21 @@ def test_the_full_check_without_cuda_is_refused_in_one_line(tmp_path):
     assert done.stderr.strip().splitlines()[-1].endswith(
         "error: the full check needs a CUDA device (torch sees none); --dry-run checks the script on CPU")
     assert not (tmp_path / "device_check.json").exists()
+
+
+@pytest.mark.slow
+def test_the_gpu_plan_code_paths_on_cpu(tmp_path):
+    """What the dry run leaves out, on CPU at dry-run sizes: torch.compile of both libraries, torchrun with DDP and
+    FSDP2 (gloo) and every training run as a subprocess, as the full check runs them on a GPU."""
+    plan = device_check.Plan(**{**device_check.asdict(device_check.DRY_RUN), "compile": True, "torchrun": True,
+                                "in_process": False, "budget_s": 1800.0,
+                                "estimates": {**device_check.DRY_RUN.estimates, "speed_compiled": 60}})
+    assert device_check.run_all(plan, torch.device("cpu"), tmp_path) == 0
+    sections = json.loads((tmp_path / "device_check.json").read_text())["sections"]
+    assert all(s["status"] == "ok" for s in sections.values())
+    compiled = [r for r in sections["speed"]["rows"] if r["compiled"]]
+    assert len(compiled) == 4 and all(r["images_per_s"] > 0 for r in compiled)
+    assert {t["name"] for t in sections["speed"]["targets"]} >= {"vitlab infer compiled >= timm infer compiled"}
+    runs = {c["name"]: c for c in sections["runs"]["checks"]}
+    for name in ("DDP (gloo)", "FSDP2"):
+        assert runs[f"torchrun --nproc-per-node 1 {name} vs 1 process: train losses"]["passed"]
