@@ -48,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `vitlab models | head`: the reader left, nothing is wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as err:  # the storage: a full disk, a read-only target, a name too long
+        from ..outputs import os_error_line
+
+        print(f"vitlab {args.verb}: error: {os_error_line(err)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"vitlab {args.verb}: interrupted", file=sys.stderr)
         return 130

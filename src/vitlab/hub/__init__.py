@@ -63,6 +63,11 @@ def load(name_or_path: str | Path, pretrained: str | bool | None = None, **kwarg
 
     entry, path = resolve(name_or_path, pretrained)
     model = load_file(path, **kwargs)
+    if entry is not None and entry.model and entry.repo is not None:  # files in the cache are checked on read
+        from ..weights.checkpoint import Checkpoint
+        from ..weights.load import check_published
+
+        check_published(Checkpoint(model.config, {}, source=entry.format), path, entry.model, entry.name)
     info = published_info(entry, path)
     if info:
         model.hub_entry = info

@@ -285,7 +285,13 @@ def _valid_device(device: str) -> bool:
 
 def config_from_json(path: str | Path) -> TrainConfig:
     """The config a run directory recorded; lists become tuples again."""
-    d = json.loads(Path(path).read_text())
+    try:
+        d = json.loads(Path(path).read_text())
+    except RecursionError:
+        raise ValueError(f"{path}: nested too deeply to be a run's settings; the file is damaged") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: holds a JSON {type(d).__name__}, not a run's settings (an object); the file is "
+                         "damaged")
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in known}  # `auto`: older runs
     # Runs recorded before these settings existed used the sub-pixel crop and short-side evaluation resize.

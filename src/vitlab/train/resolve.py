@@ -88,8 +88,9 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
     if preset is not None:
         _preset_layer(layers, preset)
     if file_values:
-        layers.apply(file_values, f"config {config_file}")
+        _file_layer(layers, file_values, f"config {config_file}")
     _flag_layer(layers, flags)
+    _check_model(layers, checkpoint)
     if "out" not in layers.values or layers.sources["out"] == "default":
         layers.apply({"out": f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S')}"}, "default (recipe and time)")
     _model_rules(layers, name, auto, checkpoint)
@@ -138,24 +139,17 @@ def _check_known(values: Mapping[str, Any], what: str, extra: frozenset[str] = f
 
 def _read_config_file(path: str) -> dict[str, Any]:
     """A run's config.json, or a JSON/YAML file of TrainConfig fields (`vitlab train --config`)."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ValueError(f"--config {path}: cannot read it ({err.strerror or err})") from None
-    try:
-        if p.suffix in (".yaml", ".yml"):
-            import yaml
+    from .configfile import check_model_args, check_types, parse_settings
 
-            values = yaml.safe_load(text)
-        else:
-            values = json.loads(text)
-    except Exception as err:  # json and yaml raise their own error types
-        raise ValueError(f"--config {path}: not valid {p.suffix.lstrip('.') or 'JSON'} ({err})") from None
+    values = parse_settings(path)  # bounded: size, nesting, no YAML aliases
     if not isinstance(values, dict):
         raise ValueError(f"--config {path}: expected a mapping of settings, got {type(values).__name__}")
     _check_known(values, f"settings in --config {path}", RUN_RECORD_KEYS)
-    return {k: v for k, v in values.items() if k not in RUN_RECORD_KEYS and k not in ("resume", "auto")}
+    values = {k: v for k, v in values.items() if k not in RUN_RECORD_KEYS and k not in ("resume", "auto")}
+    check_types(values, f"--config {path}")
+    if "model_args" in values:
+        check_model_args(values["model_args"], f"--config {path}")
+    return values
 
 
 def _init_layer(layers: _Layers, init: str) -> Any:
@@ -183,8 +177,16 @@ def _recorded_preprocessing(weights: Path, meta: Mapping[str, Any]) -> dict[str,
     for run_dir in (weights.parent, weights.parent.parent.parent):
         recorded = run_dir / "config.json"
         if (run_dir / "metrics.jsonl").exists() and recorded.exists():
-            stored = config_from_json(recorded)
-            return {k: getattr(stored, k) for k in PREPROCESSING}
+            try:
+                stored = config_from_json(recorded)
+            except (OSError, ValueError, TypeError) as err:  # TypeError: a list where a value belongs
+                raise ValueError(f"--init {weights}: cannot read the settings of the run that wrote it "
+                                 f"({str(err).splitlines()[0]})") from None
+            values = {k: getattr(stored, k) for k in PREPROCESSING}
+            from .configfile import check_types
+
+            check_types(values, f"--init {weights}: {recorded}")
+            return values
     return {"eval_resize": meta["eval_resize"]} if meta.get("eval_resize") else {}
 
 
@@ -204,6 +206,30 @@ def _preset_layer(layers: _Layers, preset: str) -> None:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(FINETUNE_PRESETS)}")
     layers.apply(FINETUNE_PRESETS[preset].settings(), f"preset {preset}")
     layers.apply({"preset": preset}, f"preset {preset}")
+
+
+def _file_layer(layers: _Layers, values: Mapping[str, Any], source: str) -> None:
+    """A --config file's values; a `model` without `model_args` is that model as named (the recipe's model
+    arguments shaped the recipe's own model), as `--model` is."""
+    if "model" in values and "model_args" not in values and layers.values["model_args"]:
+        layers.notes.append(f"model {values['model']} ({source}): recipe {layers.values['recipe']}'s model "
+                            f"arguments ({', '.join(sorted(layers.values['model_args']))}) not applied")
+        values = {**values, "model_args": {}}
+    layers.apply(values, source)
+
+
+def _check_model(layers: _Layers, checkpoint: Any) -> None:
+    """The model settings against the model (model_args it has) or the initial weights (the same network), and
+    --dev-fraction against the sweep it splits for: refused here, so that --print-config refuses them too."""
+    from .model_settings import check_against_init, check_model_args
+
+    if checkpoint is not None:
+        check_against_init(layers.values, layers.sources, checkpoint)
+    else:
+        check_model_args(layers.values["model"], layers.values["model_args"])
+    if layers.sources["dev_fraction"] == "flag" and not layers.values["lr_sweep"]:
+        raise ValueError("--dev-fraction holds out the dev split of a learning-rate sweep, and this run has none: "
+                         "add --lr-sweep LR,LR,… (or a --preset with one), or leave --dev-fraction out")
 
 
 def _flag_layer(layers: _Layers, flags: Mapping[str, Any]) -> None:

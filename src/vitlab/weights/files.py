@@ -129,13 +129,21 @@ def read_json(path: Path) -> dict[str, Any]:
         raise WeightsError(path, "no such file", "the folder needs the config.json its library wrote") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise WeightsError(path, f"not valid JSON ({e})", "the file is truncated or corrupt") from None
+    except RecursionError:  # a crafted file: nesting deeper than the parser's recursion limit
+        raise WeightsError(path, "not valid JSON (nested too deeply)", "the file is corrupt or crafted") from None
     if not isinstance(data, dict):
         raise WeightsError(path, f"holds a JSON {type(data).__name__}, not an object", "the file is corrupt")
     return data
 
 
-def expected_shapes(config: ModelConfig) -> dict[str, torch.Size]:
-    """Every tensor the architecture needs, with its shape, without allocating or initialising weights."""
+def expected_shapes(config: ModelConfig, path: str | Path | None = None, tensors: int | None = None
+                    ) -> dict[str, torch.Size]:
+    """Every tensor the architecture needs, with its shape, without allocating or initialising weights. For a
+    config read from a file, `path` and the file's tensor count bound the declared depth before anything is built."""
+    if path is not None:
+        from .validate import check_declared_size
+
+        check_declared_size(path, config, tensors if tensors is not None else 0)
     with torch.device("meta"):
         model = build_model(config)
     return {k: v.shape for k, v in model.state_dict().items()}

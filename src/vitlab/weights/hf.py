@@ -113,7 +113,7 @@ def read_hf(path: str | Path) -> Checkpoint:
     tensors, notes = _drop_unused(tensors, arch, base)
     mean, std = _normalisation(folder / PREPROCESSOR)
     config = config_from_hf(hf, cfg_path, arch, base + "pooler.dense.weight" in tensors, mean, std)
-    meta_state = {k: torch.empty(s, device="meta") for k, s in expected_shapes(config).items()}
+    meta_state = {k: torch.empty(s, device="meta") for k, s in expected_shapes(config, cfg_path, len(tensors)).items()}
     expected = {k: v.shape for k, v in to_hf_state_dict(meta_state, config, base).items()}
     check_against(file, expected, tensors, f"{arch} with this config.json")
     meta: dict[str, Any] = {"hf_architecture": arch}

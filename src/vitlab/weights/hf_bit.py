@@ -77,8 +77,9 @@ def read_hf_bit(path: str | Path) -> Checkpoint:
     config = config_from_hf_bit(hf, cfg_path, arch)
     if pre_path.is_file():  # without one, BiT's own input: [-1, 1] (mean = std = 0.5) at 224x224
         config = _with_preprocessing(config, read_json(pre_path), pre_path)
-    names = {key: hf_key(key, base) for key in expected_shapes(config)}
-    check_against(file, {names[k]: s for k, s in expected_shapes(config).items()}, tensors,
+    shapes = expected_shapes(config, cfg_path, len(tensors))
+    names = {key: hf_key(key, base) for key in shapes}
+    check_against(file, {names[k]: s for k, s in shapes.items()}, tensors,
                   f"{arch} with this config.json")  # fmt: skip
     meta: dict[str, Any] = {"hf_architecture": arch}
     class_names = _class_names(hf, config.num_classes)

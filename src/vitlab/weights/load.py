@@ -10,7 +10,6 @@ different class count drops `pre_logits` and attaches a zero-initialised head.
 
 from __future__ import annotations
 
-import json
 import zipfile
 from pathlib import Path
 
@@ -78,10 +77,9 @@ def _folder_format(path: Path) -> str:
     if not cfg_path.exists():
         raise WeightsError(path, "folder has no config.json",
                            "pass a file, a timm or HF folder, or a vitlab run directory")  # fmt: skip
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError:
-        raise WeightsError(cfg_path, "config.json is not valid JSON", "re-export the folder") from None
+    from .files import read_json
+
+    cfg = read_json(cfg_path)  # an object, or one line saying what it is instead
     if cfg.get("model_type") in ("vit", "bit"):
         return "hf"
     if "architecture" in cfg:
@@ -105,7 +103,35 @@ def _zip_format(path: Path) -> str:
 
 
 def read_checkpoint(path: str | Path, arch: str | None = None) -> Checkpoint:
+    """The file's config and tensors in vitlab's names. A file the download cache recorded as a published
+    checkpoint must hold the architecture its catalogue name promises."""
     path = weights_path(path)
+    ck = _read_format(path, arch)
+    from ..hub.cache import read_meta
+
+    record = read_meta(path) if path.is_file() else None
+    if record and isinstance(record.get("model"), str) and record["model"]:
+        check_published(ck, path, record["model"], str(record.get("name") or record["model"]))
+    return ck
+
+
+def check_published(ck: Checkpoint, path: str | Path, model: str, name: str) -> None:
+    """WeightsError when weights read for the published checkpoint `name` are not the architecture `model` it
+    promises (a cache entry replaced by another file): a model must never be labelled what it is not."""
+    from ..models.registry import architecture_differences, describe_architecture, model_config
+
+    try:
+        promised = model_config(model)
+    except ValueError:
+        return  # a name this vitlab cannot decode promises nothing checkable
+    differences = architecture_differences(promised, ck.config)
+    if differences:
+        got = ck.config.name or describe_architecture(ck.config)
+        raise WeightsError(path, f"holds {got} ({'; '.join(differences[:3])}), but {name} is a {model}",
+                           f"the cached file was replaced; delete it and run `vitlab download {name}`")
+
+
+def _read_format(path: Path, arch: str | None) -> Checkpoint:
     fmt = detect_format(path)
     if fmt == "vitlab":
         from .io import read_vitlab

@@ -137,7 +137,8 @@ def read_timm(path: str | Path, arch: str | None = None) -> Checkpoint:
     opts = complete_from_tensors(opts, tensors, file)
     pcfg = hub.get("pretrained_cfg") or {}
     config = config_from_timm_options(opts, path / "config.json" if hub else file, pcfg.get("mean"), pcfg.get("std"))
-    expected = {timm_key(k, config): shape for k, shape in expected_shapes(config).items()}
+    declared_in = path / "config.json" if hub else file
+    expected = {timm_key(k, config): shape for k, shape in expected_shapes(config, declared_in, len(tensors)).items()}
     arch_text = f"{name or 'the inferred ' + (config.name or 'ViT')} at {config.image_size[0]}x{config.image_size[1]}"
     check_against(file, expected, tensors, arch_text)
     state = {vitlab_key(k): v for k, v in tensors.items()}

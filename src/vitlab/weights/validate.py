@@ -9,6 +9,32 @@ import torch
 
 from .errors import WeightsError
 
+# The deepest published model has 66 units (BiT-R200x3: 3 + 24 + 36 + 3) and the widest stage count is four; a
+# file declaring more blocks than this is corrupt or crafted. Building even a meta-device model costs
+# milliseconds and kilobytes per block, so the bound comes before anything is built.
+MAX_BLOCKS = 1024
+# Fewest tensors one block brings (a ViT block: two LayerNorms and four Dense kernels at least; a ResNet unit:
+# three convolutions), so a file's tensor count bounds the depth it can honestly declare.
+_TENSORS_PER_BLOCK = {"vit": 8, "unit": 3}
+
+
+def check_declared_size(path: str | Path, config: object, tensors: int) -> None:
+    """WeightsError, before any model is built, when the architecture a file's metadata declares has more blocks
+    than vitlab's limit or than the file's `tensors` could hold (a 6 KB file declaring depth 10^6)."""
+    depth = int(getattr(config, "depth", 0) or 0)
+    resnet = getattr(config, "resnet", None)
+    units = list(getattr(resnet, "layers", ()) if resnet is not None else getattr(config, "layers", ()) or ())
+    blocks = depth + sum(units) + len(units)
+    what = (f"depth {depth}" if depth else "") + (" and " if depth and units else "") + (
+        f"{sum(units)} ResNet units in {len(units)} stages" if units else "")
+    if blocks > MAX_BLOCKS:
+        raise WeightsError(path, f"declares {what}: beyond vitlab's limit of {MAX_BLOCKS:,} blocks",
+                           "the file's metadata is corrupt or crafted; re-export it")
+    needed = _TENSORS_PER_BLOCK["vit"] * depth + _TENSORS_PER_BLOCK["unit"] * sum(units)
+    if needed > tensors:
+        raise WeightsError(path, f"declares {what} (at least {needed:,} tensors) but holds {tensors:,} tensors",
+                           "the file's metadata does not match its weights; re-export it")
+
 
 def _names(keys: list[str], limit: int = 4) -> str:
     shown = ", ".join(sorted(keys)[:limit])

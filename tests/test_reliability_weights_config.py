@@ -1,0 +1,503 @@
+"""Issue 19, weights / config / flag side: untrusted weights and settings files cannot make vitlab allocate for
+them or crash, the storage's faults are one line, and settings never silently say something the run does not do.
+
+Every CLI case asserts exit code 2, a single `vitlab <verb>: error: ...` line naming the problem, and that the
+user's files are unchanged (sha256). Cases whose failure was unbounded memory run in a subprocess under
+RLIMIT_AS (1 GiB above what the interpreter already maps). Full-disk and read-only cases mount a small tmpfs
+(root only; skipped elsewhere) and also assert that nothing half-written is left behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import vitlab
+from vitlab.cli import main
+from vitlab.models import BiTConfig, ViTConfig, build_model
+from vitlab.weights.errors import WeightsError
+
+TINY = ViTConfig(image_size=16, patch_size=8, width=32, depth=1, mlp_dim=64, num_heads=2, num_classes=3)
+TINY_BIT = BiTConfig(layers=(1,), width_factor=1, image_size=16, num_classes=3)
+SMALL_RUN = ["--steps", "1", "--depth", "1", "--width", "32", "--heads", "2", "--mlp-dim", "32", "--batch-size",
+             "8", "--workers", "0"]
+LONG = "n" * 300  # longer than the 255 bytes most file systems allow for one name
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def tree(folder: Path) -> dict[str, str]:
+    """Every file under `folder` with its sha256: what "the user's files are unchanged" compares."""
+    return {str(p.relative_to(folder)): sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def one_line_error(capsys, argv: list[str], *needles: str) -> str:
+    """Run the CLI in-process: exit code 2 and exactly one stderr line `vitlab <verb>: error: …` with `needles`."""
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"vitlab {argv[0]}: error: ") and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    return err
+
+
+def tiny_file(tmp_path: Path, name: str = "tiny.safetensors", config: ViTConfig | BiTConfig = TINY) -> Path:
+    torch.manual_seed(0)
+    path = tmp_path / name
+    vitlab.save(build_model(config), path)
+    return path
+
+
+def crafted(tmp_path: Path, config: dict | str, meta: str | None = None, name: str = "crafted.safetensors") -> Path:
+    """A small vitlab file: TINY's tensors, with `config` (and `meta`) written into the metadata as given."""
+    tensors = {k: v.contiguous() for k, v in build_model(TINY).state_dict().items()}
+    metadata = {"format": "vitlab", "config": config if isinstance(config, str) else json.dumps(config)}
+    if meta is not None:
+        metadata["meta"] = meta
+    path = tmp_path / name
+    save_file(tensors, str(path), metadata=metadata)
+    return path
+
+
+def raw_safetensors(tmp_path: Path, header: bytes) -> Path:
+    path = tmp_path / "raw.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header)
+    return path
+
+
+def hf_folder(tmp_path: Path, edit) -> Path:
+    """A transformers-layout folder of TINY whose config.json is replaced by `edit(config)`."""
+    from vitlab.weights.hf import write_hf
+
+    folder = tmp_path / "hf"
+    write_hf(build_model(TINY), folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(edit(config))
+    return folder
+
+
+DEEP_JSON = "[" * 100_000 + "]" * 100_000
+
+
+# --- Bounds: sizes read from untrusted weights, checked before anything is built (memory-limited subprocess) --
+
+BOUNDED = """
+import resource, sys
+import torch
+torch.set_num_threads(1)
+import vitlab.cli
+mapped = int(next(line for line in open("/proc/self/status") if line.startswith("VmSize")).split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (mapped + (1 << 30), resource.RLIM_INFINITY))  # 1 GiB more, no further
+sys.exit(vitlab.cli.main(sys.argv[1:]))
+"""
+
+
+def run_bounded(argv: list[str], cwd: Path) -> tuple[int, str]:
+    """The CLI in a subprocess allowed 1 GiB more address space than the imported interpreter, and 120 s."""
+    proc = subprocess.run([sys.executable, "-c", BOUNDED, *argv], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return proc.returncode, proc.stderr.strip()
+
+
+def _declared(tmp_path: Path, case: str) -> Path:
+    vit = TINY.to_dict()
+    if case == "depth 10^6":  # 6 KB of file, a million blocks declared
+        return crafted(tmp_path, {**vit, "depth": 10**6})
+    if case == "depth 1000, few tensors":  # within the block limit, but 8,000 tensors for a file of 20
+        return crafted(tmp_path, {**vit, "depth": 1000})
+    if case == "hybrid stem of 10^6 units":
+        return crafted(tmp_path, {**vit, "patch_size": 2, "resnet": {"layers": [10**6], "width_factor": 1}})
+    if case == "BiT of 10^6 stages":
+        return crafted(tmp_path, {**TINY_BIT.to_dict(), "layers": [1] * 10**6})
+    if case == "HF config.json num_hidden_layers 10^6":
+        return hf_folder(tmp_path, lambda c: json.dumps({**c, "num_hidden_layers": 10**6}))
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case, says", [
+    ("depth 10^6", "declares depth 1000000: beyond vitlab's limit of 1,024 blocks"),
+    ("depth 1000, few tensors", "declares depth 1000 (at least 8,000 tensors) but holds 20 tensors"),
+    ("hybrid stem of 10^6 units", "1000000 ResNet units in 1 stages: beyond vitlab's limit"),
+    ("BiT of 10^6 stages", "1000000 ResNet units in 1000000 stages: beyond vitlab's limit"),
+    ("HF config.json num_hidden_layers 10^6", "config.json: declares depth 1000000: beyond vitlab's limit"),
+])
+def test_declared_sizes_are_bounded_before_anything_is_built(tmp_path, case, says):
+    path = _declared(tmp_path, case)
+    before = tree(tmp_path)
+    rc, err = run_bounded(["info", str(path)], tmp_path)
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("vitlab info: error: ") and says in err, err
+    assert tree(tmp_path) == before
+
+
+def test_billion_laughs_config_is_refused_in_bounded_memory(tmp_path):
+    lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for level, prev in zip("bcdefghi", "abcdefgh", strict=True):  # 9^9 = 387 million strings once expanded
+        lines.append(f"{level}: &{level} [{', '.join(['*' + prev] * 9)}]")
+    config = tmp_path / "lol.yaml"
+    config.write_text("\n".join(lines) + "\nlr_sweep: *i\n")
+    before = sha256(config)
+    rc, err = run_bounded(["train", "--config", str(config), "--print-config"], tmp_path)
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert "lol.yaml: uses YAML aliases" in err
+    assert sha256(config) == before
+
+
+def test_an_oversized_config_file_is_refused(tmp_path, capsys):
+    config = tmp_path / "big.json"
+    config.write_text(json.dumps({"lr": 0.1, "notes": ["x" * 1000] * 2000}))
+    one_line_error(capsys, ["train", "--config", str(config), "--print-config"], "big.json", "limit 1,048,576")
+
+
+# --- Nesting deeper than the parsers recurse: one line, not RecursionError ---------------------------------
+
+
+def _deep(tmp_path: Path, case: str) -> list[str]:
+    if case == "safetensors header":
+        return ["info", str(raw_safetensors(tmp_path, DEEP_JSON.encode()))]
+    if case == "vitlab config metadata":
+        return ["info", str(crafted(tmp_path, DEEP_JSON))]
+    if case == "vitlab meta metadata":
+        return ["info", str(crafted(tmp_path, TINY.to_dict(), meta=DEEP_JSON))]
+    if case == "HF config.json":
+        return ["info", str(hf_folder(tmp_path, lambda c: DEEP_JSON))]
+    if case == "--config JSON":
+        (tmp_path / "deep.json").write_text('{"lr": ' + DEEP_JSON + "}")
+        return ["train", "--config", str(tmp_path / "deep.json"), "--print-config"]
+    if case == "--config YAML":
+        (tmp_path / "deep.yaml").write_text("lr: " + DEEP_JSON)
+        return ["train", "--config", str(tmp_path / "deep.yaml"), "--print-config"]
+    if case == "run config.json behind --init":
+        run = _fake_run(tmp_path)
+        (run / "config.json").write_text(DEEP_JSON)
+        return ["finetune", "--init", str(run), "--data", "digits", "--print-config"]
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case, says", [
+    ("safetensors header", "corrupt safetensors header"),
+    ("vitlab config metadata", "invalid vitlab config in metadata (nested too deeply)"),
+    ("vitlab meta metadata", "corrupt vitlab metadata ('meta' is not JSON)"),
+    ("HF config.json", "not valid JSON (nested too deeply)"),
+    ("--config JSON", "deep.json: nested too deeply to be a settings file"),
+    ("--config YAML", "deep.yaml: nested too deeply to be a settings file"),
+    ("run config.json behind --init", "nested too deeply to be a run's settings"),
+])
+def test_deeply_nested_json_is_one_line(tmp_path, capsys, case, says):
+    argv = _deep(tmp_path, case)
+    before = tree(tmp_path)
+    one_line_error(capsys, argv, says)
+    assert tree(tmp_path) == before
+
+
+# --- A list (or other JSON) where an object belongs ----------------------------------------------------------
+
+
+def _fake_run(tmp_path: Path) -> Path:
+    """A run directory as vitlab.load reads it (final weights, metrics.jsonl, config.json), without training."""
+    run = tmp_path / "run"
+    run.mkdir()
+    tiny_file(run, "model.safetensors")
+    (run / "metrics.jsonl").write_text("")
+    from vitlab.train.resolve import resolve
+
+    (run / "config.json").write_text(json.dumps(resolve("demo", {"out": str(run)}).config.to_dict()))
+    return run
+
+
+@pytest.mark.parametrize("case, argv_of, says", [
+    ("safetensors header", lambda t: ["info", str(raw_safetensors(t, b"[1, 2]"))], "not an object"),
+    ("safetensors entry", lambda t: ["info", str(raw_safetensors(t, b'{"w": [1]}'))], "entry 'w' is malformed"),
+    ("vitlab config metadata", lambda t: ["info", str(crafted(t, "[1, 2]"))], "invalid vitlab config"),
+    ("vitlab image_size", lambda t: ["info", str(crafted(t, {**TINY.to_dict(), "image_size": {"h": 16}}))],
+     "image_size must be an integer or two integers"),
+    ("HF config.json", lambda t: ["info", str(hf_folder(t, lambda c: "[1, 2]"))], "holds a JSON list"),
+    ("run config.json behind --init", lambda t: ["finetune", "--init", str(_listed_run(t)), "--data", "digits",
+                                                 "--print-config"], "holds a JSON list"),
+    ("run config.json as --config", lambda t: ["train", "--config", str(_listed_run(t) / "config.json"),
+                                               "--print-config"], "expected a mapping of settings, got list"),
+])
+def test_a_list_where_an_object_belongs_is_one_line(tmp_path, capsys, case, argv_of, says):
+    argv = argv_of(tmp_path)
+    before = tree(tmp_path)
+    one_line_error(capsys, argv, says)
+    assert tree(tmp_path) == before
+
+
+def _listed_run(tmp_path: Path) -> Path:
+    run = _fake_run(tmp_path)
+    (run / "config.json").write_text("[1, 2]")
+    return run
+
+
+# --- --config values of the wrong type, and model_args the model does not have --------------------------
+
+
+@pytest.mark.parametrize("text, says", [
+    ('steps: "4"', "steps must be an integer, got '4' (a string); write it unquoted"),
+    ("steps: [1, 2]", "steps must be an integer, got [1, 2] (a list)"),
+    ("steps: 4.5", "steps must be an integer, got 4.5"),
+    ("lr: 1e-3", "lr must be a number, got '1e-3' (a string); write it unquoted, with a decimal point (1.0e-3)"),
+    ('eval_batch_size: "4"', "eval_batch_size must be an integer"),
+    ('flip: "yes"', "flip must be true or false"),
+    ("crop_scale: [0.5]", "crop_scale must be a list of 2 numbers"),
+    ("betas: 0.9", "betas must be a list of 2 numbers"),
+    ("lr_sweep: [0.1, fast]", "lr_sweep must be a list of numbers"),
+    ("model_args: [1]", "model_args must be a mapping"),
+    ("model_args: {bogus: 1}", "bogus does not apply to ViT-Ti/4"),
+    ("model_args: {depth: '2'}", "depth must be a positive integer, got '2'"),
+    ("model_args: {image_size: 32}", "set by the run itself"),
+    ("model: BiT-R50x1\nmodel_args: {depth: 1}", "--depth does not apply to BiT-R50x1"),
+])
+def test_config_values_are_type_checked_at_resolution(tmp_path, capsys, text, says):
+    config = tmp_path / "settings.yaml"
+    config.write_text(text + "\n")
+    before = sha256(config)
+    one_line_error(capsys, ["train", "--config", str(config), "--print-config"], says)  # --print-config refuses too
+    assert sha256(config) == before
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--model", "BiT-R50x1", "--depth", "1"], "--depth does not apply to BiT-R50x1"),
+    (["--model", "BiT-R50x1", "--heads", "2"], "--heads does not apply to BiT-R50x1"),
+    (["--depth", "2", "--width", "30", "--heads", "4"], "width 30 is not divisible by num_heads 4"),
+])
+def test_model_flags_the_model_lacks_are_refused_at_resolution(capsys, argv, says):
+    one_line_error(capsys, ["train", *argv, "--print-config"], says)
+
+
+def test_a_config_model_builds_what_the_same_flag_builds(tmp_path):
+    from vitlab.train.resolve import resolve
+
+    config = tmp_path / "settings.yaml"
+    config.write_text("model: ViT-Ti/16\n")
+    by_file = resolve(None, {}, config_file=str(config)).config
+    by_flag = resolve(None, {"model": "ViT-Ti/16"}).config
+    assert by_file.model == by_flag.model == "ViT-Ti/16"
+    assert by_file.model_args == by_flag.model_args == {}  # the real ViT-Ti/16, not the demo's width and depth
+    kept = tmp_path / "kept.yaml"  # a file naming both keeps its own model arguments
+    kept.write_text("model: ViT-Ti/16\nmodel_args: {depth: 2}\n")
+    assert resolve(None, {}, config_file=str(kept)).config.model_args == {"depth": 2}
+
+
+# --- Names too long for the file system --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["convert file", "convert hf folder", "convert into a long folder", "info",
+                                  "eval --weights", "train --out"])
+def test_a_name_too_long_is_one_line(tmp_path, capsys, case):
+    src = tiny_file(tmp_path)
+    argv = {"convert file": ["convert", str(src), str(tmp_path / f"{LONG}.safetensors")],
+            "convert hf folder": ["convert", str(src), str(tmp_path / LONG), "--to", "hf"],
+            "convert into a long folder": ["convert", str(src), str(tmp_path / LONG / "out.safetensors")],
+            "info": ["info", str(tmp_path / f"{LONG}.safetensors")],
+            "eval --weights": ["eval", "--weights", str(tmp_path / LONG), "--data", "digits"],
+            "train --out": ["train", "--out", str(tmp_path / LONG), *SMALL_RUN]}[case]
+    before = tree(tmp_path)
+    one_line_error(capsys, argv, "File name too long", LONG)
+    assert tree(tmp_path) == before
+
+
+def test_a_long_name_the_file_system_allows_is_written(tmp_path, capsys):
+    """240 bytes fit the limit; the temporary beside it (a longer name) must not make the write fail."""
+    src = tiny_file(tmp_path)
+    dst = tmp_path / ("m" * 228 + ".safetensors")
+    assert main(["convert", str(src), str(dst)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([src.name, dst.name])
+    assert torch.equal(vitlab.load(dst).pos_embed, vitlab.load(src).pos_embed)
+
+
+# --- Full disk and read-only targets (a small tmpfs; root only) -------------------------------------------------
+
+
+@pytest.fixture
+def small_mount(tmp_path):
+    """make(read_only=False): an empty 16 KiB tmpfs (smaller than any export of the tiny models), optionally
+    remounted read-only."""
+    mounted: list[Path] = []
+
+    def make(read_only: bool = False, size: str = "16k") -> Path:
+        target = tmp_path / f"mnt{len(mounted)}"
+        target.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target)],
+                              capture_output=True)
+        if done.returncode != 0:
+            pytest.skip("mounting a small tmpfs needs root (full-disk and read-only cases)")
+        mounted.append(target)
+        if read_only:
+            subprocess.run(["mount", "-o", "remount,ro", str(target)], check=True, capture_output=True)
+        return target
+
+    yield make
+    for target in mounted:
+        subprocess.run(["umount", "-l", str(target)], capture_output=True)
+
+
+FORMATS = {  # name: (destination, extra flags, source architecture)
+    "vitlab": ("out.safetensors", [], TINY),
+    "jax-npz": ("out.npz", [], TINY),
+    "bit-npz": ("out.npz", ["--to", "bit-npz"], TINY_BIT),
+    "timm safetensors": ("out.safetensors", ["--to", "timm"], TINY),
+    "timm pickle": ("out.pth", ["--to", "timm"], TINY),
+    "timm folder": ("out", ["--to", "timm"], TINY),
+    "hf": ("out", ["--to", "hf"], TINY),
+    "hf bit": ("out", ["--to", "hf"], TINY_BIT),
+}
+
+
+@pytest.mark.parametrize("read_only", [False, True], ids=["full disk", "read-only"])
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_convert_onto_full_or_read_only_storage_is_one_line(tmp_path, capsys, small_mount, fmt, read_only):
+    name, flags, arch = FORMATS[fmt]
+    src = tiny_file(tmp_path, config=arch)
+    before = sha256(src)
+    target = small_mount(read_only)
+    says = "Read-only file system" if read_only else "No space left on device"
+    one_line_error(capsys, ["convert", str(src), str(target / name), *flags], says, str(target / name))
+    assert list(target.iterdir()) == []  # nothing half-written, no temporaries
+    assert sha256(src) == before
+
+
+def test_training_onto_a_full_disk_is_one_line(tmp_path, capsys, small_mount):
+    """The run's first weights do not fit: one line naming the file and the way on, no half-written file."""
+    target = small_mount(size="32k")
+    err = one_line_error(capsys, ["train", "--out", str(target / "run"), *SMALL_RUN, "--steps", "2"],
+                         "No space left on device", "continue with --resume")
+    assert "safetensors" in err
+    assert not [p.name for p in (target / "run").rglob("*") if "tmp" in p.name]
+
+
+def test_training_into_a_read_only_folder_is_one_line(tmp_path, capsys, small_mount):
+    target = small_mount(read_only=True)
+    one_line_error(capsys, ["train", "--out", str(target / "run"), *SMALL_RUN], "Read-only file system")
+
+
+def test_wrapped_storage_errors_name_the_destination(tmp_path, monkeypatch):
+    """Libraries that wrap the OS error (safetensors' text, torch.save's RuntimeError without an errno) still give
+    an OSError naming the destination; other failures pass through unchanged."""
+    import errno
+    import shutil
+
+    from vitlab.outputs import atomic_write
+
+    dest = tmp_path / "m.safetensors"
+
+    def fail(message: Exception):
+        def write(tmp: str) -> None:
+            Path(tmp).write_bytes(b"partial")
+            raise message
+        return write
+
+    with pytest.raises(OSError) as got:
+        atomic_write(dest, fail(RuntimeError("Error while serializing: I/O error: No space (os error 28)")))
+    assert got.value.errno == errno.ENOSPC and got.value.filename == str(dest)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(100, 100, 0))
+    with pytest.raises(OSError) as got:
+        atomic_write(dest, fail(RuntimeError("unexpected pos 64 vs 0")))
+    assert got.value.errno == errno.ENOSPC
+    with pytest.raises(ValueError, match="a bug"):  # not the storage's fault: as it was
+        atomic_write(dest, fail(ValueError("a bug")))
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- Silent surprises ----------------------------------------------------------------------------------------
+
+
+def test_finetune_model_contradicting_init_is_refused(tmp_path, capsys):
+    run = _fake_run(tmp_path)
+    before = tree(run)
+    one_line_error(capsys, ["finetune", "--init", str(run), "--model", "ViT-B/16", "--data", "digits",
+                            "--print-config"], "--model ViT-B/16 (flag) contradicts --init", "width 32, not 768")
+    one_line_error(capsys, ["finetune", "--init", str(run), "--depth", "2", "--data", "digits", "--print-config"],
+                   "--depth (flag) shape a model built from scratch")
+    own = "ViT/8 (depth 1, width 32, 2 heads, MLP 64)"  # the weights' own label: no contradiction
+    assert main(["finetune", "--init", str(run), "--model", own, "--data", "digits", "--print-config"]) == 0
+    assert tree(run) == before
+
+
+def test_finetune_model_naming_the_same_network_is_kept(tmp_path, capsys):
+    from vitlab.train.resolve import resolve
+
+    model = vitlab.create_model("ViT-Ti/16", image_size=16, num_classes=3)
+    weights = tmp_path / "ti16.safetensors"
+    vitlab.save(model, weights)
+    resolved = resolve("finetune", {"init": str(weights), "model": "ViT-Ti/16", "data": "digits"})
+    assert resolved.config.model == "ViT-Ti/16" and resolved.sources["model"] == "flag"
+    with pytest.raises(ValueError, match="ViT-S/16 .* contradicts --init"):
+        resolve("finetune", {"init": str(weights), "model": "ViT-S/16", "data": "digits"})
+
+
+def test_dev_fraction_without_a_sweep_is_refused(tmp_path, capsys):
+    run = _fake_run(tmp_path)
+    one_line_error(capsys, ["finetune", "--init", str(run), "--data", "digits", "--dev-fraction", "0.1",
+                            "--print-config"], "--dev-fraction holds out the dev split of a learning-rate sweep")
+    from vitlab.train.resolve import resolve
+
+    swept = resolve("finetune", {"lr_sweep": (0.01, 0.03), "dev_fraction": 0.1}).config
+    assert swept.dev_fraction == 0.1 and swept.lr_sweep == (0.01, 0.03)
+    one_lr = resolve("finetune", {"preset": "pets", "lr": 0.01}).config  # the preset's split, its sweep cleared
+    assert one_lr.lr_sweep == ()
+
+
+def test_a_swapped_cache_file_is_refused_for_its_published_name(tmp_path, monkeypatch, capsys):
+    """A cache entry replaced by another architecture's file (record rewritten to match, so the size check
+    passes) is refused when read: the name promises a ViT-Ti/16, the file holds something else."""
+    from vitlab.hub import catalogue
+    from vitlab.hub.cache import entry_path, write_meta
+    from vitlab.hub.catalogue import Entry
+    from vitlab.weights.jax_npz import write_jax_npz
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("VITLAB_OFFLINE", "1")  # nothing may be downloaded
+    entry = Entry(name="test:ViT-Ti/16", tag="test", model="ViT-Ti/16", format="jax-npz",
+                  url="https://example.invalid/vit_models/ti16.npz", resolution=16, num_classes=3)
+    real_entries, real_tags = catalogue.entries(), catalogue.tags()
+    monkeypatch.setattr(catalogue, "entries", lambda: (*real_entries, entry))
+    monkeypatch.setattr(catalogue, "tags", lambda: {**real_tags, "test": "a test checkpoint"})
+    path = entry_path(entry)
+    path.parent.mkdir(parents=True)
+    write_jax_npz(build_model(TINY.replace(gelu="tanh")), path)  # not a ViT-Ti/16
+    write_meta(path, {"name": entry.name, "model": entry.model, "size": path.stat().st_size, "sha256": None})
+    before = sha256(path)
+    with pytest.raises(WeightsError, match="but test:ViT-Ti/16 is a ViT-Ti/16"):
+        vitlab.load("test:ViT-Ti/16")
+    for argv in (["info", "test:ViT-Ti/16"], ["eval", "--weights", "test:ViT-Ti/16", "--data", "digits"]):
+        one_line_error(capsys, argv, "width 32, not 192", "vitlab download test:ViT-Ti/16")
+    assert sha256(path) == before
+
+
+@pytest.mark.parametrize("value", ["224", "16", 16.0, True, [16], (16, 16, 16), {"h": 16}])
+def test_create_model_refuses_an_image_size_that_is_not_integers(value):
+    with pytest.raises(ValueError, match="image_size must be an integer or two integers"):
+        vitlab.create_model("ViT-Ti/16", image_size=value)
+
+
+def test_create_model_takes_integer_sizes():
+    import numpy as np
+
+    assert vitlab.create_model("ViT-Ti/16", image_size=np.int64(32), depth=1).config.image_size == (32, 32)
+    assert vitlab.create_model("ViT-Ti/16", image_size=[32, 48], depth=1).config.grid_size() == (2, 3)
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".pth", ".bin", ".ckpt"])
+def test_save_refuses_a_name_load_reads_as_a_pickle(tmp_path, suffix):
+    model = build_model(TINY)
+    with pytest.raises(ValueError, match=f"a {suffix} file is read as a PyTorch pickle; name it m.safetensors"):
+        vitlab.save(model, tmp_path / f"m{suffix}")
+    assert list(tmp_path.iterdir()) == []
+    vitlab.save(model, tmp_path / "m.safetensors")  # what load reads back exactly
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in vitlab.load(tmp_path / "m.safetensors")
+               .state_dict().items())
