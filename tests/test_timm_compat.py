@@ -145,6 +145,9 @@ def test_unknown_tags_and_untrained_architectures_are_one_line_errors():
         vitlab.create_model("vit_base_patch16_224.nope")
     with pytest.raises(ValueError, match="timm publishes no weights for vit_base_r26_s32_224"):
         vitlab.create_model("vit_base_r26_s32_224", pretrained=True)
+    # a missing file named after an architecture is still a path, not a tag timm lacks
+    assert catalogue.is_catalogue_name("resnetv2_50x1_bit.goog_in21k")
+    assert not catalogue.is_catalogue_name("resnetv2_50x1_bit.pth")
 
 
 def test_timm_keywords_build_what_timm_builds():

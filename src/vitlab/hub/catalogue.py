@@ -161,7 +161,9 @@ def is_catalogue_name(name: str) -> bool:
     if not isinstance(name, str) or ":" not in name:
         if not isinstance(name, str):
             return False
-        return any(e.name == name for e in entries()) or name.partition(".")[0] in timm_models()
+        arch, _, tag = name.partition(".")  # a timm name only with a tag timm publishes: "x_bit.pth" is a path
+        spec = timm_models().get(arch)
+        return any(e.name == name for e in entries()) or (spec is not None and (not tag or tag in spec["tags"]))
     head = name.split(":", 1)[0]
     return head in ("hf-hub", "augreg") or head in tags()
 
