@@ -78,3 +78,25 @@ def _dist(device: str, local_world: int = 1) -> Dist:
 def test_default_workers_follow_the_cores_available(monkeypatch, cpus, device, local_world, expected):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
     assert default_workers(_dist(device, local_world)) == expected
+
+
+def test_train_resize_reaches_the_training_loader(tmp_path):
+    """--train-resize picks the loader's resampling: the same batch within one grey level, not the same bytes."""
+    from vitlab.data import build_datasets
+    from vitlab.train.setup import make_loaders
+
+    seed = 0
+    for split, n in (("train", 4), ("val", 1)):
+        for c in ("a", "b"):
+            (tmp_path / split / c).mkdir(parents=True)
+            for i in range(n):
+                seed += 1
+                photo_like(60, 45, seed=seed).save(tmp_path / split / c / f"{i}.png")
+    data = build_datasets(str(tmp_path))
+    batches = {}
+    for resize in ("pil", "tensor"):
+        cfg = TrainConfig(data=str(tmp_path), image_size=32, batch_size=8, steps=1, workers=0, train_resize=resize)
+        loader, _, _ = make_loaders(cfg, data, 0, _dist("cpu"))
+        batches[resize] = next(iter(loader))["images"].int()
+    diff = (batches["pil"] - batches["tensor"]).abs()
+    assert batches["pil"].shape == (8, 3, 32, 32) and diff.max() == 1  # resampled apart, by one level at most
