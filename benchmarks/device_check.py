@@ -211,9 +211,10 @@ def run_all(plan: Plan, device: torch.device, out: Path) -> int:
     report = Report(out, plan, device)
     log(f"plan {plan.name} on {device}: budget {plan.budget_s:.0f} s, output {out}")
     report.write()
+    # Correctness first; the compiled speed part, the longest, takes what is left after the loader's share.
     run_section(report, plan, "parity", lambda: device_check_parity.run(plan, device))
-    run_section(report, plan, "speed", lambda: device_check_speed.run(plan, device, report), estimate="speed_eager")
     run_section(report, plan, "runs", lambda: device_check_runs.run(plan, device))
+    run_section(report, plan, "speed", lambda: device_check_speed.run(plan, device, report), estimate="speed_eager")
     consumed = device_check_speed.training_images_per_s(report.data["sections"].get("speed", {}))
     run_section(report, plan, "loader", lambda: device_check_loader.run(plan, device, consumed))
     failed = report.failed_checks()

@@ -33,7 +33,7 @@ def test_dry_run_passes_and_writes_every_section(dry_run):
     done, data, md = dry_run
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert data["plan"]["name"] == "dry-run" and data["environment"]["device"] == "cpu"
-    assert list(data["sections"]) == ["parity", "speed", "runs", "loader"]
+    assert list(data["sections"]) == ["parity", "runs", "speed", "loader"]
     for name, section in data["sections"].items():
         assert section["status"] == "ok", (name, section)
         assert section["seconds"] > 0
