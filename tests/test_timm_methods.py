@@ -115,6 +115,8 @@ def test_features_only_shapes_match_feature_info_and_timm(name, timm_name, kwarg
     loss = sum(m.square().mean() for m in net.train()(torch.randn(2, 3, 64, 64)))
     loss.backward()  # nothing left that the features do not use: DDP needs no find_unused_parameters
     assert all(p.grad is not None for p in net.parameters())
+    net.set_grad_checkpointing()  # forwarded to the backbone, as timm's feature wrappers do
+    assert net.model.grad_checkpointing
 
 
 # --- classifier ------------------------------------------------------------------------------------------------

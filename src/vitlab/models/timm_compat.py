@@ -280,3 +280,6 @@ class FeatureExtractor(nn.Module):
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         return self.model.forward_intermediates(x, indices=self.out_indices, norm=self.norm, intermediates_only=True)
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.model.set_grad_checkpointing(enable)
