@@ -167,3 +167,17 @@ def test_grad_checkpointing_gives_the_same_gradients(name, kwargs):
     assert plain.keys() == ckpt.keys() and len(plain) == len(list(model.parameters()))
     for k in plain:
         assert torch.equal(plain[k], ckpt[k]), k
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(pos_embed="2d"), dict(pos_embed="relative"), dict(classifier="gap")])
+def test_timm_optimizer_factory_decays_what_vitlab_decays(kwargs):
+    """timm's create_optimizer_v2 reads no_weight_decay(): its decayed tensors are vitlab's (kernels only)."""
+    from timm.optim import create_optimizer_v2
+
+    from vitlab.train.optim import param_groups
+
+    model = vitlab.create_model("R+ViT-Ti/16", image_size=32, depth=2, **kwargs)
+    opt = create_optimizer_v2(model, "adamw", lr=1e-3, weight_decay=0.05)
+    theirs = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    ours = {id(p) for g in param_groups(model, 0.05) if g["weight_decay"] > 0 for p in g["params"]}
+    assert theirs == ours and len(ours) > 0

@@ -164,6 +164,13 @@ class ViTTimmMixin(TimmCompatMixin):
         width, stride = self.config.width, self.config.total_stride
         return FeatureInfo(dict(num_chs=width, reduction=stride, module=f"blocks.{i}") for i in range(len(self.blocks)))
 
+    def no_weight_decay(self) -> set[str]:
+        """Embeddings timm's optimizer factory must not decay (it decays every other tensor of 2 or more
+        dimensions): the position embeddings and the class token, so that its groups are vitlab's own
+        (train/optim.py: weight decay on kernels only)."""
+        return {name for name, p in self.named_parameters() if "pos_embed" in name or name == "cls_token"
+                or name.endswith("attn.rel.embed")}
+
     def run_block(self, block: nn.Module, z: torch.Tensor, num_queries: int | None = None) -> torch.Tensor:
         return self.checkpointed(lambda t: block(t, num_queries)[0], z)
 
