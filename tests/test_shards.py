@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from vitlab.cli import main
-from vitlab.data import DataError, load_split
+from vitlab.data import DataError, load_split, shardindex
 from vitlab.data import shards as shards_mod
 from vitlab.data.pack import pack_shards, parse_size
 from vitlab.data.shards import open_shard_set, shard_split
@@ -147,7 +147,7 @@ def test_brace_pattern_and_folder_of_tars_are_indexed_once(packed, tmp_path, mon
     def no_scan(path):
         raise AssertionError(f"{path} scanned again")
 
-    monkeypatch.setattr(shards_mod, "scan_shard", no_scan)  # the cached index serves every later start
+    monkeypatch.setattr(shardindex, "scan_shard", no_scan)  # the cached index serves every later start
     assert len(load_split(pattern, "train")) == len(reference)
 
 

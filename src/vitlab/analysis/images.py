@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..data.untrusted import open_regular
 from ..models.config import ViTConfig
 
 
@@ -72,7 +73,7 @@ def load_images(paths: Sequence[str | Path], config: ViTConfig, image_size: tupl
     batch = []
     for path in paths:
         try:
-            with Image.open(path) as img:
+            with open_regular(path) as f, Image.open(f) as img:  # a FIFO named x.png would block Image.open
                 batch.append(_to_input(img, _mode(config), image_size))
         except FileNotFoundError:
             raise FileNotFoundError(f"image not found: {path}") from None

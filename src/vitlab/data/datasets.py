@@ -37,6 +37,7 @@ def build_datasets(data: str = "digits", val_fraction: float | None = None, stri
     """
     if val_fraction is not None and not 0.0 <= val_fraction < 1.0:
         raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+    check_data_named(data)
     if data in EMBEDDED:
         train, val = embedded_splits(data)
         ds = Datasets(train, val, train.class_names, data)
@@ -54,6 +55,13 @@ def build_datasets(data: str = "digits", val_fraction: float | None = None, stri
         keep, held = ds.train.holdout(val_fraction, seed=0)
         ds.train, ds.val = ds.train.subset(keep, "train"), ds.train.subset(held, f"train[{val_fraction:g}]")
     return ds
+
+
+def check_data_named(data: str) -> None:
+    """An empty --data would read the current directory (Path('') is '.'): refused with what to pass."""
+    if not str(data).strip():
+        raise DataError("--data is empty; pass an image folder, tar shards, a Hugging Face dataset on disk, "
+                        "fractal:C:N or an embedded name (digits, mnist)")
 
 
 def _folder_datasets(root: Path, val_fraction: float | None, strict: bool) -> Datasets:
@@ -117,6 +125,7 @@ def load_split(
     split and `train` the rest, drawn as training's --val-fraction draws them (seed 0)."""
     if split not in ("train", "val", "test"):
         raise DataError(f"unknown split {split!r}; use train or val")
+    check_data_named(data)
     if val_fraction is not None:
         _check_fraction(val_fraction)
         train, held = _held_out(load_split(data, "train", class_names, strict), val_fraction)
@@ -157,6 +166,7 @@ def _held_out(train: ImageSplit, val_fraction: float) -> tuple[ImageSplit, Image
 
 def has_val_split(data: str) -> bool:
     """Whether `data` has a validation split of its own (embedded test split, a folder's val/, val shards)."""
+    check_data_named(data)
     if data in EMBEDDED or is_fractal_source(data):
         return True
     if is_hf_source(data):

@@ -15,6 +15,7 @@ from PIL import Image
 
 from .errors import DataError, describe_paths, log
 from .sources import DECODE_ERRORS, ImageSplit
+from .untrusted import open_regular
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
 _EXT_TEXT = ", ".join(IMAGE_EXTENSIONS)
@@ -27,13 +28,40 @@ def class_folders(split_dir: Path) -> list[str]:
     return names
 
 
-def _header_ok(path: str) -> bool:
+BOMB = "bomb"  # a header whose pixel count is over Pillow's decompression-bomb limit
+
+
+def header_problem(path: str) -> str | None:
+    """None if the image header reads; BOMB for an image over Pillow's decompression-bomb limit; else
+    "unreadable" (not an image, truncated header, or not a regular file: a FIFO would block the open)."""
     try:
-        with Image.open(path) as img:
+        with open_regular(path) as f, Image.open(f) as img:
             img.size  # noqa: B018 - opening parses the header; that is the check
-        return True
+        return None
+    except Image.DecompressionBombError:
+        return BOMB
     except DECODE_ERRORS:
-        return False
+        return "unreadable"
+
+
+def bomb_limit() -> str:
+    """Pillow's refusal threshold in words (it refuses images over twice MAX_IMAGE_PIXELS)."""
+    return f"{2 * Image.MAX_IMAGE_PIXELS:,} pixels" if Image.MAX_IMAGE_PIXELS else "no limit"
+
+
+def report_skipped(bad: list[str], bombs: list[str], where: str, strict: bool) -> None:
+    """The one-line warnings (or, with --strict, the error) for files a scan leaves out."""
+    if bombs and strict:
+        raise DataError(f"{len(bombs)} image(s) in {where} over Pillow's decompression-bomb limit of {bomb_limit()}: "
+                        f"{describe_paths(bombs)} (--strict); remove or shrink them")
+    if bad and strict:
+        raise DataError(f"{len(bad)} unreadable image(s) in {where}: {describe_paths(bad)} (--strict)")
+    if bombs:
+        log.warning("skipping %d image(s) in %s over Pillow's decompression-bomb limit of %s (a decompression bomb, "
+                    "or an image too large to decode safely): %s", len(bombs), where, bomb_limit(),
+                    describe_paths(bombs))
+    if bad:
+        log.warning("skipping %d unreadable image(s) in %s: %s", len(bad), where, describe_paths(bad))
 
 
 def scan_split(split_dir: Path, class_names: list[str], name: str, strict: bool) -> tuple[ImageSplit, list[str]]:
@@ -49,23 +77,27 @@ def scan_split(split_dir: Path, class_names: list[str], name: str, strict: bool)
         paths += files
         labels += [label] * len(files)
     with ThreadPoolExecutor(max_workers=8) as pool:
-        ok = list(pool.map(_header_ok, paths, chunksize=64))
-    bad = [p for p, good in zip(paths, ok, strict=True) if not good]
-    if bad and strict:
-        raise DataError(f"{len(bad)} unreadable image(s) in {split_dir}: {describe_paths(bad)} (--strict)")
-    if bad:
-        log.warning("skipping %d unreadable image(s) in %s: %s", len(bad), split_dir, describe_paths(bad))
-    keep = np.array(ok, dtype=bool)
+        problems = list(pool.map(header_problem, paths, chunksize=64))
+    bombs = [p for p, why in zip(paths, problems, strict=True) if why == BOMB]
+    bad = [p for p, why in zip(paths, problems, strict=True) if why is not None and why != BOMB]
+    report_skipped(bad, bombs, str(split_dir), strict)
+    keep = np.array([why is None for why in problems], dtype=bool)
     label_arr = np.array(labels, dtype=np.int64)[keep]
     for label, cls in enumerate(class_names):
         if not (label_arr == label).any():
             raise DataError(f"class folder {split_dir / cls} has no readable images; all of them failed to open")
-    kept = [p for p, good in zip(paths, ok, strict=True) if good]
-    return ImageSplit(name, label_arr, class_names, paths=kept, strict=strict), bad
+    kept = [p for p, good in zip(paths, keep, strict=True) if good]
+    return ImageSplit(name, label_arr, class_names, paths=kept, strict=strict), bad + bombs
 
 
 def folder_layout(root: Path) -> tuple[Path, Path | None]:
     """(train_dir, val_dir or None) for the two accepted layouts."""
+    if root.exists() and not root.is_dir():
+        raise DataError(compressed_advice(root) if is_compressed_tar(root.name) else
+                        f"{root} is a file, not a data folder; pass root/<class>/*.jpg, root/train|val/<class>/*.jpg, "
+                        "tar shards (.tar), a Hugging Face dataset or an embedded name (digits, mnist)")
+    if not root.is_dir() and is_compressed_tar(root.name):
+        raise DataError(compressed_advice(root))
     if not root.is_dir():
         raise DataError(
             f"data folder {root} does not exist; pass root/<class>/*.jpg, root/train|val/<class>/*.jpg, "
@@ -76,7 +108,40 @@ def folder_layout(root: Path) -> tuple[Path, Path | None]:
         return train, (val if val.is_dir() else None)
     if val.is_dir():
         raise DataError(f"missing split: {root} has val/ but no train/; add {train}/<class>/*.jpg")
+    _check_class_tree(root)
     return root, None
+
+
+COMPRESSED_TARS = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
+
+
+def is_compressed_tar(name: str) -> bool:
+    return name.lower().endswith(COMPRESSED_TARS)
+
+
+def compressed_advice(path: Path) -> str:
+    return (f"{path} is a compressed tar shard; vitlab reads uncompressed .tar shards (it seeks to each image's "
+            "bytes): decompress them (gunzip *.tar.gz) or pack the images with vitlab shards")
+
+
+def _check_class_tree(root: Path) -> None:
+    """A folder without train/ or val/ must hold class folders; an empty folder, loose images or compressed shards
+    each get their own advice instead of the "no val/ folder" that would follow."""
+    entries = sorted(p for p in root.iterdir() if not p.name.startswith("."))
+    if any(p.is_dir() for p in entries):
+        return
+    if not entries:
+        raise DataError(f"data folder {root} is empty; put the images in {root}/<class>/*.jpg (a folder per class) "
+                        f"or {root}/train|val/<class>/*.jpg")
+    compressed = [p for p in entries if is_compressed_tar(p.name)]
+    if compressed:
+        raise DataError(f"{compressed_advice(compressed[0])} ({len(compressed)} such file(s) in {root})")
+    images = [p for p in entries if p.suffix.lower() in IMAGE_EXTENSIONS]
+    if images:
+        raise DataError(f"{root} holds {len(images)} image(s) but no class folders; move them into {root}/<class>/ "
+                        "(a folder per class: the folder names are the labels)")
+    raise DataError(f"{root} holds no class folders nor images (found {describe_paths([p.name for p in entries])}); "
+                    f"expected {root}/<class>/*.jpg or {root}/train|val/<class>/*.jpg")
 
 
 def check_same_classes(known: list[str], split_dir: Path) -> None:

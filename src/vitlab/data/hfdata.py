@@ -15,9 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DataError
+from .errors import DataError, describe_paths, log
 from .hfsource import NEEDS_DATASETS, HFSet, import_datasets, int_column, is_hf_source, open_hf
 from .sources import ImageSplit, relabel_by_name
+from .untrusted import check_label_range, contained, read_regular
+
+PATH_CHECKS = 100_000  # path-only rows checked when a split opens (every row is checked again when read)
 
 IMAGE_NAMES = ("image", "img", "jpg", "png")  # image columns by name when no column has the Image feature
 LABEL_NAMES = ("label", "labels", "cls", "fine_label", "target")
@@ -78,6 +81,7 @@ class HFSplit(ImageSplit):
     source: str = ""  # the --data path, for messages
     split_name: str = ""  # the dataset's own name of the split (validation, test, …)
     rows: np.ndarray | None = None  # (N,) the dataset row of sample i; None: sample i is row i (8 bytes/row less)
+    root: str = ""  # the dataset's folder: an image row holding a path is read only if the path lies inside it
     _chunks: Any = field(default=None, init=False, repr=False, compare=False)  # per process, rebuilt after pickling
 
     def __getstate__(self) -> dict:
@@ -106,7 +110,10 @@ class HFSplit(ImageSplit):
         data, path = (value.get("bytes"), value.get("path")) if isinstance(value, dict) else (
             (None, value) if isinstance(value, str) else (value, None))
         if data is None and path:  # an Image feature may refer to a file instead of holding its bytes
-            return Path(path).read_bytes()
+            inside = contained(path, Path(self.root)) if self.root else None
+            if inside is None:
+                raise OSError(f"{self.describe(i)} refers to {path}, outside the dataset folder {self.root}; not read")
+            return read_regular(inside)  # a FIFO would block the read forever
         if data is None:
             raise OSError(f"{self.describe(i)} has no image")
         return data
@@ -143,6 +150,42 @@ def _check_labels(labels: np.ndarray, num_classes: int, column: str, where: str)
                         "choose the label column with #label=COLUMN or fix the data")
 
 
+def _image_paths(column: Any) -> tuple[int, list[str]]:
+    """(rows holding an image, paths of the first PATH_CHECKS rows that refer to a file instead of holding
+    bytes), from validity bitmaps only: the image bytes are not read (struct fields are zero-copy slices)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    has_image, paths = 0, []
+    for chunk in column.chunks:
+        if pa.types.is_struct(chunk.type) and chunk.type.get_field_index("bytes") >= 0:
+            no_bytes = pc.or_kleene(pc.is_null(chunk), pc.is_null(pc.struct_field(chunk, "bytes")))
+            path = pc.struct_field(chunk, "path") if chunk.type.get_field_index("path") >= 0 else None
+        elif pa.types.is_string(chunk.type) or pa.types.is_large_string(chunk.type):
+            no_bytes, path = pa.array(np.ones(len(chunk), bool)), chunk  # a column of file paths
+        else:
+            no_bytes, path = pc.is_null(chunk), None
+        has_path = (pc.and_(no_bytes, pc.invert(pc.is_null(path))) if path is not None
+                    else pa.array(np.zeros(len(chunk), bool)))
+        has_image += len(chunk) - int(pc.sum(no_bytes).as_py() or 0) + int(pc.sum(has_path).as_py() or 0)
+        rows = np.flatnonzero(has_path.to_numpy(zero_copy_only=False))[: PATH_CHECKS - len(paths)]
+        paths += [path[int(r)].as_py() for r in rows]
+    return has_image, paths
+
+
+def _check_images(dataset: Any, image: str, root: Path, where: str) -> None:
+    """An image column without any image is an error; rows that refer to files outside the dataset folder are
+    reported once (they are never read: HFSplit.read_bytes refuses them, and the loader skips them)."""
+    has_image, paths = _image_paths(dataset.data.column(image))
+    if not has_image and len(dataset):
+        raise DataError(f"{where}: the image column {image!r} holds no image (all {len(dataset)} rows are empty); "
+                        "choose the image column with #image=COLUMN or re-save the dataset with its images")
+    outside = [p for p in paths if contained(p, root) is None]
+    if outside:
+        log.warning("%s: %d image row(s) refer to files outside the dataset folder %s (%s); they are not read "
+                    "and are skipped as unreadable images", where, len(outside), root, describe_paths(outside))
+
+
 def hf_split(hf: HFSet, split: str, class_names: list[str] | None = None, strict: bool = False,
              lenient: bool = False) -> HFSplit:
     """vitlab's `split` (train, val, test) of a Hugging Face source; `class_names` (the training split's or a
@@ -151,11 +194,13 @@ def hf_split(hf: HFSet, split: str, class_names: list[str] | None = None, strict
     where = f"{hf.source}[{name}]"
     image, label = pick_columns(hf.features(name), hf.columns, where, hf.source)
     dataset = hf.open(name)
+    _check_images(dataset, image, hf.root, where)
     labels = int_column(dataset.data.column(label))  # one column read, no pass over the rows
     feature = dataset.features[label]
     recorded = list(feature.names) if isinstance(feature, import_datasets().ClassLabel) else None
     if recorded is None and class_names is None:  # no names: the class indices, over all splits
         top = max((int(hf.label_values(s, label).max(initial=-1)) for s in hf.splits), default=-1)
+        check_label_range(0, top, f"{where}: column {label!r}")  # the class list is sized by it
         recorded_count = top + 1
     else:
         recorded_count = len(recorded) if recorded is not None else len(class_names)
@@ -163,7 +208,7 @@ def hf_split(hf: HFSet, split: str, class_names: list[str] | None = None, strict
     labels = relabel_by_name(labels, recorded, class_names, where)
     names = class_names or recorded or [str(k) for k in range(recorded_count)]
     return HFSplit(split, labels, list(names), strict=strict, dataset=dataset, image_column=image, source=hf.source,
-                   split_name=name)
+                   split_name=name, root=str(hf.root))
 
 
 def hf_train_val(data: str, val_fraction: float | None, strict: bool) -> tuple[HFSplit, HFSplit]:

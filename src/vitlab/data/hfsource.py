@@ -21,6 +21,7 @@ import numpy as np
 
 from .errors import DataError, log
 from .shards import expand_braces
+from .untrusted import contained, parse_json
 
 NEEDS_DATASETS = "reading Hugging Face datasets needs the datasets package: pip install 'vitlab[hf]'"
 CACHE_NAME = "_vitlab_arrow"  # Parquet converted to Arrow, beside the data
@@ -110,8 +111,8 @@ def _split_of(file: Path, root: Path) -> str:
 def _state_split(root: Path) -> str:
     """The split a single saved Dataset was (`_split` of its state.json, 'train[:10%]' -> 'train'), else train."""
     try:
-        name = json.loads((root / "state.json").read_text()).get("_split") or "train"
-    except (OSError, json.JSONDecodeError, AttributeError):
+        name = parse_json((root / "state.json").read_text(), str(root / "state.json")).get("_split") or "train"
+    except (OSError, ValueError, AttributeError):  # ValueError: not JSON, or nested too deeply
         name = "train"
     return re.match(r"[A-Za-z0-9_]*", str(name)).group(0) or "train"
 
@@ -172,8 +173,12 @@ def open_hf(data: str) -> HFSet:
     root = Path(path)
     if root.is_dir() and (root / "dataset_dict.json").is_file():
         try:
-            names = json.loads((root / "dataset_dict.json").read_text())["splits"]
-        except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
+            names = parse_json((root / "dataset_dict.json").read_text(), str(root / "dataset_dict.json"))["splits"]
+            if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+                raise TypeError("'splits' is not a list of split names")
+            if any(contained(n, root) is None for n in names):
+                raise TypeError("a split names a folder outside the dataset")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
             raise DataError(f"{root / 'dataset_dict.json'} is not a DatasetDict's ({err}); re-save it") from None
         return HFSet(path, columns, root, {n: root / n for n in names})
     if root.is_dir() and _is_disk_dataset(root):

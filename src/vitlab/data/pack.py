@@ -10,6 +10,7 @@ a re-run resumes after the last complete shard. Images that do not decode are re
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import logging
@@ -28,10 +29,11 @@ from ..outputs import atomic_write
 from ..progress import progress
 from .datasets import scan_with_classes
 from .errors import DataError, describe_paths, log
-from .folder import class_folders, folder_layout, scan_split
+from .folder import BOMB, bomb_limit, class_folders, folder_layout, header_problem, scan_split
 from .hfdata import hf_split, is_hf_source, open_hf
 from .shards import INFO_NAME
 from .sources import DECODE_ERRORS, ImageSplit, stratified_holdout
+from .untrusted import parse_json, read_regular
 
 PACK_SEED = 0  # the packing order's seed: shards are written in one fixed random order
 PENDING = "_pending"  # sidecars of shards completed since _info.json was last written
@@ -64,13 +66,15 @@ SHARD_FORMATS = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}  # what the shard 
 
 
 def _decodes(data: bytes) -> str | None:
-    """The image format (JPEG, PNG, …) if the bytes decode, else None."""
+    """The image format (JPEG, PNG, …) if the bytes decode, BOMB for a decompression bomb, else None."""
     try:
         with Image.open(io.BytesIO(data)) as img:
             if img.format == "JPEG":
                 img.draft("RGB", (64, 64))  # reduced-size decode still reads every entropy-coded byte
             img.load()
             return img.format or "unknown"
+    except Image.DecompressionBombError:
+        return BOMB
     except DECODE_ERRORS:
         return None
 
@@ -88,20 +92,25 @@ class _Row:
 
 
 def _payload(item: str | _Row) -> tuple[bytes | None, str]:
-    """(encoded bytes, extension) of a file or row; bytes None when they do not decode. Files keep their bytes
-    and extension. Rows keep their bytes, named by their format; a format the shard reader does not take (BMP,
-    TIFF, GIF) is stored as lossless PNG of the RGB image the loader would make of it."""
+    """(encoded bytes, extension) of a file or row; bytes None when they do not decode (extension BOMB for a
+    decompression bomb). Files keep their bytes and extension. Rows keep their bytes, named by their format; a
+    format the shard reader does not take (BMP, TIFF, GIF) is stored as lossless PNG of the RGB image the loader
+    would make of it."""
     if isinstance(item, str):
-        data = Path(item).read_bytes()
+        try:
+            data = read_regular(item)  # not a FIFO: it would block forever
+        except OSError:
+            return None, ""
+        kind = _decodes(data)
         ext = Path(item).suffix.lower().lstrip(".")
-        return (data if _decodes(data) else None), "jpg" if ext == "jpeg" else ext  # WebDataset readers' key
+        return (data if kind not in (None, BOMB) else None), BOMB if kind == BOMB else "jpg" if ext == "jpeg" else ext
     try:
         data = item.split.read_bytes(item.index)
-    except OSError:  # a row without an image
+    except OSError:  # a row without an image, or one that refers to a file outside the dataset
         return None, ""
     kind = _decodes(data)
-    if kind is None or kind in SHARD_FORMATS:
-        return (data if kind else None), SHARD_FORMATS.get(kind, "")
+    if kind in (None, BOMB) or kind in SHARD_FORMATS:
+        return (data if kind not in (None, BOMB) else None), BOMB if kind == BOMB else SHARD_FORMATS.get(kind, "")
     buf = io.BytesIO()
     with Image.open(io.BytesIO(data)) as img:
         img.convert("RGB").save(buf, format="PNG")
@@ -137,7 +146,7 @@ def _source_splits(src: Path, val_fraction: float | None) -> tuple[list[str], di
 
 
 def _quiet_scan(record: logging.LogRecord) -> bool:
-    return not record.getMessage().startswith("skipping")
+    return not record.getMessage().startswith("skipping")  # pack_shards reports them, with what fails to decode
 
 
 def _scan(names: list[str], train_dir: Path, val_dir: Path | None, val_fraction: float | None) -> tuple:
@@ -151,7 +160,7 @@ def _scan(names: list[str], train_dir: Path, val_dir: Path | None, val_fraction:
         val, bad_val = scan_with_classes(val_dir, names, "val", strict=False)
         splits["val"] = (val.paths, val.labels)
         bad += bad_val
-    return names, splits, bad
+    return names, splits, [f"{p} (decompression bomb)" if header_problem(p) == BOMB else p for p in bad]
 
 
 def _shuffled(paths: list[str], labels: np.ndarray) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -169,7 +178,13 @@ def _read_info(out: Path, settings: dict) -> dict:
     path = out / INFO_NAME
     if not path.is_file():
         return {"format": "vitlab-shards", "version": 1, **settings, "splits": {}, "index": {}}
-    info = json.loads(path.read_text())
+    try:
+        info = parse_json(path.read_text(), str(path))
+        if not isinstance(info, dict) or not isinstance(info.get("splits"), dict):
+            raise TypeError("not a mapping with 'splits'")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError) as err:
+        raise DataError(f"{path} is not the info file of vitlab shards ({str(err).splitlines()[0]}); pack into an "
+                        "empty folder or remove it") from None
     if {k: info.get(k) for k in settings} != settings:
         raise DataError(f"{out} holds shards packed with other settings ({info.get('source')}, "
                         f"{info.get('shard_size')} bytes); pack into an empty folder")
@@ -220,7 +235,7 @@ def _pack_split(recorder: _Recorder, name: str, paths: list[str], labels: np.nda
         data, ext = _payload(paths[i])
         bar.update(1)
         if data is None:
-            bad.append(str(paths[i]))
+            bad.append(f"{paths[i]} (decompression bomb)" if ext == BOMB else str(paths[i]))
             continue
         members.append((f"{name}_{ids[i]:0{width}d}.{ext}", data, int(labels[i])))
         used += len(data) + 3 * tarfile.BLOCKSIZE  # two headers and the padding, roughly
@@ -274,9 +289,9 @@ def _adopt_pending(out: Path, info: dict, split_names: list[str]) -> None:
         while True:
             filename = f"{name}-{len(split['filenames']):06d}.tar"
             try:
-                record = json.loads((out / PENDING / f"{filename}.json").read_text())
+                record = parse_json((out / PENDING / f"{filename}.json").read_text(), filename)
                 complete = (out / filename).stat().st_size == record["entry"]["bytes"]
-            except (OSError, json.JSONDecodeError, KeyError, TypeError):
+            except (OSError, ValueError, KeyError, TypeError):  # ValueError: not JSON, or too deep
                 complete = False
             if not complete:
                 break
@@ -288,10 +303,26 @@ def pack_shards(src: str | Path, out: str | Path, shard_size: int = 10**9,
                 val_fraction: float | None = None) -> PackResult:
     """Pack the image folder `src` (root/<class>/ or root/train|val/<class>/) or the Hugging Face dataset `src`
     (a save_to_disk folder or Parquet, `#image=…,label=…` choosing columns) into shards in `out`."""
+    if not str(src).strip() or not str(out).strip():
+        raise DataError(f"{'SRC' if not str(src).strip() else 'OUT'} is empty; name the image folder or Hugging Face "
+                        "dataset to pack and the folder the shards go to")
     src, out = Path(src), Path(out)
     if val_fraction is not None and not 0.0 < val_fraction < 1.0:
         raise DataError(f"--val-fraction must be in (0, 1), got {val_fraction}")
     names, splits, bad = _source_splits(src, val_fraction)
+    try:
+        return _pack(src, out, names, splits, bad, shard_size, val_fraction)
+    except OSError as err:  # full disk, read-only or vanished target: every shard written so far is complete
+        raise DataError(f"cannot write the shards to {out}: {err.strerror or err} ({_errno_name(err)}); free space "
+                        "or choose another OUT, then re-run to resume after the last complete shard") from None
+
+
+def _errno_name(err: OSError) -> str:
+    return errno.errorcode.get(err.errno, type(err).__name__) if err.errno else type(err).__name__
+
+
+def _pack(src: Path, out: Path, names: list[str], splits: dict, bad: list[str], shard_size: int,
+          val_fraction: float | None) -> PackResult:
     splits = {k: _shuffled(paths, labels) for k, (paths, labels) in splits.items()}  # (paths, labels, ids)
     out.mkdir(parents=True, exist_ok=True)
     settings = {"source": str(src.resolve()), "shard_size": shard_size, "val_fraction": val_fraction,
@@ -307,7 +338,9 @@ def pack_shards(src: str | Path, out: str | Path, shard_size: int = 10**9,
     recorder.save()
     shutil.rmtree(out / PENDING, ignore_errors=True)  # everything is in _info.json now
     if bad:
-        log.warning("skipped %d undecodable image(s), not packed: %s", len(bad), describe_paths(bad))
+        bombs = sum(p.endswith("(decompression bomb)") for p in bad)
+        over = f" ({bombs} over Pillow's decompression-bomb limit of {bomb_limit()})" if bombs else ""
+        log.warning("skipped %d undecodable image(s)%s, not packed: %s", len(bad), over, describe_paths(bad))
     return PackResult(out, {k: v["num_samples"] for k, v in info["splits"].items()},
                       {k: len(v["filenames"]) for k, v in info["splits"].items()}, written, bad)
 

@@ -13,22 +13,23 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
-import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import yaml
 
-from ..outputs import atomic_write
+from . import shardindex
 from .errors import DataError
+from .folder import compressed_advice, is_compressed_tar
+from .shardindex import INDEX_NAME
 from .sources import ImageSplit, relabel_by_name
+from .untrusted import MAX_PATTERN_FILES, check_label_range, contained, parse_json, parse_yaml
 
 INFO_NAME = "_info.json"
 INFO_NAMES = (INFO_NAME, "_info.yaml", "_info.yml")  # timm's wds datasets ship either; vitlab writes JSON
-INDEX_NAME = "_vitlab_index.json"
-IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp")
 _BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}")
 
 
@@ -95,16 +96,27 @@ class ShardSplit(ImageSplit):
 
 
 def expand_braces(pattern: str) -> list[str]:
-    """`a-{000..002}.tar` -> a-000.tar, a-001.tar, a-002.tar (zero padding kept; several ranges multiply)."""
+    """`a-{000..002}.tar` -> a-000.tar, a-001.tar, a-002.tar (zero padding kept; several ranges multiply). A
+    pattern naming more than MAX_PATTERN_FILES files is refused before any name is made."""
+    count = 1
+    for m in _BRACE.finditer(pattern):
+        lo, hi = int(m.group(1)), int(m.group(2))
+        if hi < lo:
+            raise DataError(f"empty brace range {m.group(0)} in {pattern}; write {{low..high}}")
+        count *= hi - lo + 1
+        if count > MAX_PATTERN_FILES:
+            raise DataError(f"the brace pattern {pattern} names more than vitlab's limit of {MAX_PATTERN_FILES:,} "
+                            "files; check the range or pass the folder instead")
+    return _expand(pattern)
+
+
+def _expand(pattern: str) -> list[str]:
     m = _BRACE.search(pattern)
     if m is None:
         return [pattern]
-    lo, hi = int(m.group(1)), int(m.group(2))
-    if hi < lo:
-        raise DataError(f"empty brace range {m.group(0)} in {pattern}; write {{low..high}}")
-    width = len(m.group(1))
+    lo, hi, width = int(m.group(1)), int(m.group(2)), len(m.group(1))
     head, tail = pattern[: m.start()], pattern[m.end():]
-    return [p for k in range(lo, hi + 1) for p in expand_braces(f"{head}{k:0{width}d}{tail}")]
+    return [p for k in range(lo, hi + 1) for p in _expand(f"{head}{k:0{width}d}{tail}")]
 
 
 def is_shard_source(data: str) -> bool:
@@ -117,82 +129,6 @@ def is_shard_source(data: str) -> bool:
     if info_file(root) is not None:
         return True
     return not (root / "train").is_dir() and any(root.glob("*.tar"))
-
-
-# ---- the index: per shard, its samples' keys, image offsets/sizes and labels --------------------------------
-
-
-def _label_of(member_name: str, payload: bytes, where: str) -> int:
-    try:
-        if member_name.endswith(".cls"):
-            return int(payload.decode().strip())
-        record = json.loads(payload)
-        return int(record["label"] if "label" in record else record["cls"])
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        raise DataError(f"{where}: label {payload[:40]!r} is not a class index; write the index as text") from None
-
-
-def scan_shard(path: Path) -> dict:
-    """Index one shard from its tar headers (images are not read, labels are a few bytes). DataError naming the
-    shard and sample for a truncated tar or a sample without an image or a label."""
-    samples: dict[str, dict] = {}
-    size = path.stat().st_size
-    last = "(start)"
-    try:
-        with tarfile.open(path, "r:") as tar:
-            for member in tar:
-                if not member.isfile():
-                    continue
-                base = member.name.rsplit("/", 1)[-1]
-                key = member.name[: len(member.name) - len(base)] + base.split(".", 1)[0]
-                ext = base.split(".", 1)[1].lower() if "." in base else ""
-                last = key
-                entry = samples.setdefault(key, {})
-                if member.offset_data + member.size > size:
-                    raise DataError(f"truncated shard {path}: sample {key} runs past the end of the file; "
-                                    "re-copy or re-pack the shard")
-                if ext in IMAGE_SUFFIXES:
-                    entry["image"] = (member.offset_data, member.size)
-                elif ext in ("cls", "json") and "label" not in entry:
-                    entry["label"] = _label_of(base, tar.extractfile(member).read(), f"{path} sample {key}")
-    except (tarfile.TarError, EOFError) as err:
-        raise DataError(f"truncated or corrupt shard {path} after sample {last}: {err}; re-copy or re-pack "
-                        "the shard") from None
-    keys, offsets, sizes, labels = [], [], [], []
-    for key, entry in samples.items():
-        if "image" not in entry:
-            raise DataError(f"{path} sample {key} has no image (.{'/.'.join(IMAGE_SUFFIXES)}); re-pack the shard")
-        if "label" not in entry:
-            raise DataError(f"{path} sample {key} has no label (.cls or .json); re-pack the shard with labels")
-        keys.append(key)
-        offsets.append(entry["image"][0])
-        sizes.append(entry["image"][1])
-        labels.append(entry["label"])
-    return {"bytes": size, "keys": keys, "offsets": offsets, "sizes": sizes, "labels": labels}
-
-
-def _cached_index(folder: Path, names: list[str]) -> dict[str, dict]:
-    """Index entries of `names` (files in `folder`), built once per shard and cached in _vitlab_index.json; an
-    entry is rebuilt when its shard's size changed."""
-    cache_path = folder / INDEX_NAME
-    cache: dict[str, dict] = {}
-    if cache_path.is_file():
-        try:
-            cache = json.loads(cache_path.read_text()).get("shards", {})
-        except (OSError, json.JSONDecodeError, AttributeError):
-            cache = {}
-    changed = False
-    for name in names:
-        path = folder / name
-        if not path.is_file():
-            raise DataError(f"missing shard {path}; fix the pattern or the info file")
-        if name not in cache or cache[name].get("bytes") != path.stat().st_size:
-            cache[name] = scan_shard(path)
-            changed = True
-    if changed:
-        text = json.dumps({"format": "vitlab-shard-index", "version": 1, "shards": cache})
-        atomic_write(cache_path, lambda tmp: Path(tmp).write_text(text))
-    return {name: cache[name] for name in names}
 
 
 # ---- shard sets: which shards make which split --------------------------------------------------------------
@@ -217,29 +153,70 @@ def info_file(root: Path) -> Path | None:
     return next((root / n for n in INFO_NAMES if (root / n).is_file()), None)
 
 
-def _from_info(root: Path) -> ShardSet:
+def _read_info(path: Path) -> dict:
+    """An info file parsed within bounds (nesting, YAML aliases) and checked to be a mapping with `splits`."""
     try:
-        path = info_file(root)
         text = path.read_text()
-        info = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        raw_splits = info["splits"]
-    except (OSError, json.JSONDecodeError, yaml.YAMLError, KeyError, TypeError) as err:
+        info = parse_json(text, str(path)) if path.suffix == ".json" else parse_yaml(text, str(path))
+        if not isinstance(info, dict) or not isinstance(info["splits"], dict):
+            raise TypeError("not a mapping with a 'splits' mapping")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError, KeyError, TypeError) as err:
         raise DataError(f"{path} is not a shard info file ({str(err).splitlines()[0]}); re-run vitlab shards "
                         "or fix the file") from None
+    return info
+
+
+def _listed_shards(root: Path, path: Path, name: str, split: object) -> list[str]:
+    """The shard file names one split of an info file lists, each a plain name inside `root`."""
+    files = (split.get("filenames") or split.get("shards") or []) if isinstance(split, dict) else None
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        raise DataError(f"{path}: split {name!r} does not list shard file names; re-run vitlab shards or fix it")
+    for f in files:
+        if contained(f, root) is None:
+            raise DataError(f"{path} names a shard outside its folder ({f}); a shard set's files stay in {root}")
+    return files
+
+
+def _check_listed_once(path: Path, names: list[str]) -> None:
+    seen: dict[str, int] = {}
+    for n in names:
+        seen[n] = seen.get(n, 0) + 1
+    twice = {n: k for n, k in seen.items() if k > 1}
+    if twice:
+        first = next(iter(twice))
+        raise DataError(f"{path} lists shard {first} {twice[first]} times ({len(twice)} shard(s) listed more than "
+                        "once): its samples would count several times; list each shard once")
+
+
+def _class_names(path: Path, info: dict) -> list[str] | None:
+    names = info.get("class_names") or info.get("label_names")
+    if names is None:
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or len(set(names)) < len(names):
+        raise DataError(f"{path}: class_names is not a list of distinct names; re-run vitlab shards or fix it")
+    check_label_range(0, len(names) - 1, f"{path}: class_names")
+    return names
+
+
+def _from_info(root: Path) -> ShardSet:
+    path = info_file(root)
+    info = _read_info(path)
+    raw_splits = info["splits"]
     splits: dict[str, list[Path]] = {}
     for name, split in raw_splits.items():
-        files = split.get("filenames") or split.get("shards") or []
-        splits[{"validation": "val", "test": "val"}.get(name, name)] = [root / f for f in files]
-    index = info.get("index")
+        splits[{"validation": "val", "test": "val"}.get(name, name)] = [
+            root / f for f in _listed_shards(root, path, name, split)]
     names = [p.name for paths in splits.values() for p in paths]
-    entries = index if index is not None and all(n in index for n in names) else _cached_index(root, names)
+    _check_listed_once(path, [os.path.normpath(p) for paths in splits.values() for p in paths])
+    index = info.get("index")
+    entries = (index if isinstance(index, dict) and all(n in index for n in names)
+               else shardindex.cached_index(root, names))
     for split in raw_splits.values():  # timm's info records shard lengths: they must agree with the data
         for f, n in zip(split.get("filenames") or [], split.get("shard_lengths") or [], strict=False):
             if len(entries[f]["keys"]) != n:
                 raise DataError(f"{root / f} holds {len(entries[f]['keys'])} samples, {path.name} says {n}; "
                                 "the shard is incomplete: re-copy it")
-    names_info = info.get("class_names") or info.get("label_names")
-    return ShardSet(splits, {root / n: entries[n] for n in names}, names_info)
+    return ShardSet(splits, {root / n: entries[n] for n in names}, _class_names(path, info))
 
 
 def open_shard_set(data: str) -> ShardSet:
@@ -250,6 +227,9 @@ def open_shard_set(data: str) -> ShardSet:
         files = sorted(root.glob("*.tar"))
     else:
         files = [Path(p) for p in expand_braces(data)]
+    compressed = [f for f in files if is_compressed_tar(f.name)]
+    if compressed:
+        raise DataError(compressed_advice(compressed[0]))
     if not files:
         raise DataError(f"no .tar shards in {data}; pass a folder of shards or a pattern like train-{{000..009}}.tar")
     splits: dict[str, list[Path]] = {}
@@ -266,14 +246,14 @@ def open_shard_set(data: str) -> ShardSet:
             entries.update({folder / n: info["index"][n] for n in names})
             class_names = class_names or info.get("class_names")
         else:
-            entries.update({folder / n: e for n, e in _cached_index(folder, names).items()})
+            entries.update({folder / n: e for n, e in shardindex.cached_index(folder, names).items()})
     return ShardSet(splits, entries, class_names)
 
 
 def _vitlab_info(folder: Path) -> dict | None:
     try:
-        info = json.loads((folder / INFO_NAME).read_text())
-    except (OSError, json.JSONDecodeError):
+        info = parse_json((folder / INFO_NAME).read_text(), str(folder / INFO_NAME))
+    except (OSError, UnicodeDecodeError, ValueError):  # JSONDecodeError and too deep (DataError) are ValueErrors
         return None
     return info if isinstance(info, dict) and isinstance(info.get("index"), dict) else None
 
@@ -288,6 +268,39 @@ def _check_sizes(paths: list[Path], entries: dict[Path, dict]) -> None:
                             "re-copy or re-pack it")
 
 
+@dataclass
+class _Arrays:
+    """One shard's index entry as checked arrays."""
+
+    keys: np.ndarray
+    offsets: np.ndarray
+    sizes: np.ndarray
+    labels: np.ndarray
+
+
+def _entry_arrays(path: Path, entry: dict) -> _Arrays:
+    """The entry's lists as arrays, refused in one line unless they have one value per sample and every image
+    lies inside the shard: an index is read from the data folder, and a crafted size would be allocated."""
+    try:
+        arrays = _Arrays(np.asarray(entry["keys"], dtype=str), np.asarray(entry["offsets"], dtype=np.int64),
+                         np.asarray(entry["sizes"], dtype=np.int64), np.asarray(entry["labels"], dtype=np.int64))
+        total = int(entry["bytes"])
+    except (KeyError, TypeError, ValueError, OverflowError):
+        raise DataError(f"the index of {path} is not a shard index (keys, offsets, sizes, labels); delete "
+                        f"{path.parent / INDEX_NAME} or re-run vitlab shards") from None
+    n = len(arrays.keys)
+    ok = all(a.ndim == 1 and len(a) == n for a in (arrays.offsets, arrays.sizes, arrays.labels))
+    if not ok or (n and (arrays.offsets.min() < 0 or arrays.sizes.min() < 0
+                         or (arrays.offsets + arrays.sizes).max() > total)):
+        raise DataError(f"the index of {path} does not fit the shard (samples outside its {total} bytes or lists of "
+                        "different lengths); re-run vitlab shards or delete the index to rebuild it")
+    if n:
+        low, high = int(arrays.labels.argmin()), int(arrays.labels.argmax())
+        check_label_range(int(arrays.labels[low]), 0, f"{path} sample {arrays.keys[low]}")
+        check_label_range(0, int(arrays.labels[high]), f"{path} sample {arrays.keys[high]}")
+    return arrays
+
+
 def shard_split(shard_set: ShardSet, split: str, class_names: list[str] | None = None,
                 strict: bool = False) -> ShardSplit:
     """The named split as a ShardSplit; `class_names` (the training split's or a model's) label it."""
@@ -296,25 +309,28 @@ def shard_split(shard_set: ShardSet, split: str, class_names: list[str] | None =
                         "hold out part of train with --val-fraction 0.1")
     paths = shard_set.splits[split]
     _check_sizes(paths, shard_set.entries)
-    entries = [shard_set.entries[p] for p in paths]
-    labels = np.array([v for e in entries for v in e["labels"]], dtype=np.int64)
+    arrays = [_entry_arrays(p, shard_set.entries[p]) for p in paths]
+    labels = np.concatenate([np.zeros(0, np.int64)] + [a.labels for a in arrays])
+    keys = np.concatenate([np.zeros(0, str)] + [a.keys for a in arrays])
+    shard_of = np.concatenate([np.zeros(0, np.int32)] + [np.full(len(a.keys), k, np.int32)
+                                                         for k, a in enumerate(arrays)])
     labels = relabel_by_name(labels, shard_set.class_names, class_names, "the shards")
     names = class_names or shard_set.class_names
-    if names is None:
-        top = max((max(e["labels"], default=-1) for e in shard_set.entries.values()), default=-1)
-        names = [str(k) for k in range(top + 1)]  # no names recorded: the class indices, over all splits
-    if len(labels) and (labels.min() < 0 or labels.max() >= len(names)):
-        raise DataError(f"shard labels reach {int(labels.max())} but there are {len(names)} classes; "
-                        "check the shards' .cls files")
+    if names is None:  # no names recorded: the class indices, over all splits (each checked against MAX_CLASSES)
+        top = max((int(_entry_arrays(p, e).labels.max(initial=-1)) for p, e in shard_set.entries.items()), default=-1)
+        names = [str(k) for k in range(top + 1)]
+    if len(labels) and labels.max() >= len(names):
+        k = int(labels.argmax())
+        raise DataError(f"{paths[shard_of[k]]} sample {keys[k]} has label {int(labels[k])} but there are "
+                        f"{len(names)} classes (0..{len(names) - 1}); check the shards' .cls files")
     return ShardSplit(
-        split, labels, list(names), strict=strict, shards=[str(p) for p in paths],
-        shard_of=np.concatenate([np.zeros(0, np.int32)] + [np.full(len(e["keys"]), k, np.int32)
-                                                           for k, e in enumerate(entries)]),
-        offsets=np.array([v for e in entries for v in e["offsets"]], dtype=np.int64),
-        sizes=np.array([v for e in entries for v in e["sizes"]], dtype=np.int64),
-        keys=np.array([k for e in entries for k in e["keys"]], dtype=str),
+        split, labels, list(names), strict=strict, shards=[str(p) for p in paths], shard_of=shard_of,
+        offsets=np.concatenate([np.zeros(0, np.int64)] + [a.offsets for a in arrays]),
+        sizes=np.concatenate([np.zeros(0, np.int64)] + [a.sizes for a in arrays]), keys=keys,
     )
 
 
-__all__ = ["ShardSet", "ShardSplit", "expand_braces", "is_shard_source", "open_shard_set", "scan_shard",
-           "shard_split"]
+scan_shard = shardindex.scan_shard
+
+__all__ = ["INDEX_NAME", "ShardSet", "ShardSplit", "expand_braces", "is_shard_source", "open_shard_set",
+           "scan_shard", "shard_split"]

@@ -7,6 +7,7 @@ uses Pillow's draft mode when the file is much larger than needed: the decoder t
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ import numpy as np
 from PIL import Image
 
 from .errors import DataError
+from .untrusted import open_regular
 
 # Errors Pillow raises for files it cannot decode: truncated (OSError), not an image (UnidentifiedImageError,
 # an OSError), broken PNG chunks (SyntaxError), bad headers (ValueError), absurd sizes (DecompressionBombError).
@@ -25,7 +27,16 @@ def decode_rgb(source: Any, min_size: int | None = None) -> Image.Image:
     (DCT-scaled) down to no less than `min_size`. An image that decodes as RGB is returned as decoded:
     `convert("RGB")` would copy it, and for photographs that copy (a fresh mmap-ed buffer each time under
     glibc) cost as much as the decoding (7.9 vs 4.3 ms per 1024x768 image in benchmarks/decode.py).
-    Raises one of DECODE_ERRORS for unreadable data; the file is closed either way."""
+    Raises one of DECODE_ERRORS for unreadable data (OSError for a path that is not a regular file: a FIFO
+    named x.png would block Image.open forever); the file is closed either way."""
+    if isinstance(source, (str, os.PathLike)):
+        with open_regular(source) as f:
+            return _decode(f, min_size, owned=True)
+    return _decode(source, min_size, owned=False)
+
+
+def _decode(source: Any, min_size: int | None, owned: bool) -> Image.Image:
+    """`owned`: `source` is a file the caller closes, so a decoded image may be returned while it is open."""
     img = Image.open(source)
     try:
         if min_size and img.format == "JPEG" and min(img.size) >= 2 * min_size:
@@ -34,7 +45,7 @@ def decode_rgb(source: Any, min_size: int | None = None) -> Image.Image:
     except BaseException:
         img.close()
         raise
-    if img.mode == "RGB" and getattr(img, "fp", None) is None:  # loaded and its file already closed
+    if img.mode == "RGB" and (owned or getattr(img, "fp", None) is None):  # loaded: the file is no longer read
         return img
     with img:
         return img.convert("RGB")

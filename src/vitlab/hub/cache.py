@@ -28,10 +28,29 @@ META_SUFFIX = ".vitlab.json"
 _TRUE = ("1", "true", "yes", "on")
 
 
+class CacheDirError(ValueError):
+    """The cache folder cannot be a folder (VITLAB_CACHE names a file): one line, exit code 2 on the CLI."""
+
+
 def cache_dir() -> Path:
-    """$VITLAB_CACHE, else the platform cache directory (XDG on Linux, ~/Library/Caches on macOS)."""
+    """$VITLAB_CACHE, else the platform cache directory (XDG on Linux, ~/Library/Caches on macOS). CacheDirError
+    when that path, or a folder above it, is an existing file: nothing could be cached there."""
     if os.environ.get("VITLAB_CACHE"):
-        return Path(os.environ["VITLAB_CACHE"]).expanduser()
+        return _usable(Path(os.environ["VITLAB_CACHE"]).expanduser(), "VITLAB_CACHE")
+    return _usable(_platform_cache_dir(), "the cache folder")
+
+
+def _usable(path: Path, what: str) -> Path:
+    for folder in (path, *path.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise CacheDirError(f"{what} {path} cannot be a folder: {folder} is a file; point VITLAB_CACHE at a "
+                                    "folder (or unset it)")
+            break
+    return path
+
+
+def _platform_cache_dir() -> Path:
     if sys.platform == "darwin":
         return Path.home() / "Library" / "Caches" / "vitlab"
     if sys.platform == "win32" and os.environ.get("LOCALAPPDATA"):
