@@ -116,7 +116,7 @@ def packed(tmp_path_factory):
 
 def test_shard_batches_hold_the_source_images_the_order_names(packed):
     """Two workers, each loading its part: every training image equals the source file the stream order names
-    (found by the sample key, which keeps the file's place in the folder's order)."""
+    (found by the sample key, the file's <class>/<name>)."""
     src, out = packed
     shards, folder = build_datasets(str(out)).train, build_datasets(str(src)).train
     blocks = shards.storage_blocks()
@@ -126,8 +126,11 @@ def test_shard_batches_hold_the_source_images_the_order_names(packed):
     sampler = StepSampler(len(shards), 12, 3, 0, 6, order=order, parts=2)
     loader = PartsLoader(make_loader(TransformedSplit(shards, transform), sampler, 2, torch.device("cpu")), 2)
     keys = list(StepSampler(len(shards), 12, 3, 0, 6, order=order))
+    from pathlib import Path
+
+    by_key = {f"{Path(p).parent.name}/{Path(p).stem}": j for j, p in enumerate(folder.paths)}
     for batch, step_keys in zip(loader, keys, strict=True):
-        files = [int(shards.keys[i].split("_")[1]) for i, _ in step_keys]
+        files = [by_key[shards.keys[i]] for i, _ in step_keys]
         expected = np.stack([transform(folder.load(j, transform.min_source_size), None) for j in files])
         np.testing.assert_array_equal(batch["images"].permute(0, 2, 3, 1).numpy(), expected)
         assert batch["labels"].tolist() == [int(folder.labels[j]) for j in files]

@@ -2,7 +2,8 @@
 WebDataset reader) streams.
 
 Each sample is `key.<ext>` holding the original encoded bytes, unchanged, and `key.cls` holding the class
-index as text. Shards are filled in a fixed random order of the samples (so each shard holds a mix of classes) up to a
+index as text; the key is the source file's `<class>/<name>` (`sample_keys`). Shards are filled in a fixed
+random order of the samples (so each shard holds a mix of classes) up to a
 byte budget, each written under a temporary name and renamed, and `_info.json` is rewritten after every shard: it
 lists only complete shards with their sample counts and every image's byte offset, so reading needs no scan and
 a re-run resumes after the last complete shard. Images that do not decode are reported and never packed.
@@ -164,11 +165,11 @@ def _scan(names: list[str], train_dir: Path, val_dir: Path | None, val_fraction:
 
 
 def _shuffled(paths: list[str], labels: np.ndarray) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """(paths, labels, source ids) in a seeded random order; a sample's key keeps its id (its position in the
-    folder reader's order), so a packed sample is traced back to its file. A folder lists class after class;
-    packed that way, every shard would hold one or two classes and a streamed batch (a few shards at a time)
-    would see a handful of classes. WebDataset writers shuffle before writing for the same reason. The order
-    is fixed, so a re-run resumes."""
+    """(paths, labels, source ids) in a seeded random order; a sample's key is its file's name (for rows: its
+    id, its position in the source's order), so a packed sample is traced back to its file. A folder lists class
+    after class; packed that way, every shard would hold one or two classes and a streamed batch (a few shards
+    at a time) would see a handful of classes. WebDataset writers shuffle before writing for the same reason.
+    The order is fixed, so a re-run resumes."""
     perm = np.random.RandomState(PACK_SEED).permutation(len(paths))
     return [paths[i] for i in perm], np.asarray(labels)[perm], perm
 
@@ -222,6 +223,29 @@ def _write_shard(path: Path, members: list[tuple[str, bytes, int]]) -> dict:
     return entry
 
 
+_KEY_UNSAFE = re.compile(r"[.\\\s]")  # a key ends at its first dot (WebDataset); no separators or spaces inside
+_MAX_KEY = 90  # USTAR names: 100 bytes, with room for the extension
+
+
+def sample_keys(items: list, ids: np.ndarray, split: str) -> list[str]:
+    """The WebDataset key of each sample: a file keeps its name, `<class folder>/<file name>` without the
+    extension (dots, spaces and backslashes as `_`), so that a packed sample is traced back to its file by eye;
+    a name taken twice, too long for a tar header, or a Hugging Face row gets `<split>_<source id>`."""
+    width = len(str(len(items)))
+    keys, taken = [], set()
+    for item, source_id in zip(items, ids, strict=True):
+        key = None
+        if isinstance(item, str):
+            path = Path(item)
+            key = f"{_KEY_UNSAFE.sub('_', path.parent.name)}/{_KEY_UNSAFE.sub('_', path.stem)}"
+            if key in taken or len(key.encode()) > _MAX_KEY:
+                key = None
+        key = key or f"{split}_{int(source_id):0{width}d}"
+        taken.add(key)
+        keys.append(key)
+    return keys
+
+
 def _pack_split(recorder: _Recorder, name: str, paths: list[str], labels: np.ndarray, ids: np.ndarray,
                 shard_size: int, bar, bad: list[str]) -> int:
     """Pack one split after its complete shards; returns the number of shards written."""
@@ -230,14 +254,14 @@ def _pack_split(recorder: _Recorder, name: str, paths: list[str], labels: np.nda
     start = sum(split["consumed"])  # source images covered by complete shards (the packing order is fixed)
     bar.update(start)
     written, members, used = 0, [], 0
-    width = len(str(len(paths)))
+    keys = sample_keys(paths, ids, name)  # for all of the split: a resumed run names its samples alike
     for i in range(start, len(paths)):
         data, ext = _payload(paths[i])
         bar.update(1)
         if data is None:
             bad.append(f"{paths[i]} (decompression bomb)" if ext == BOMB else str(paths[i]))
             continue
-        members.append((f"{name}_{ids[i]:0{width}d}.{ext}", data, int(labels[i])))
+        members.append((f"{keys[i]}.{ext}", data, int(labels[i])))
         used += len(data) + 3 * tarfile.BLOCKSIZE  # two headers and the padding, roughly
         if used >= shard_size:
             recorder.add(name, members, i + 1 - start)
