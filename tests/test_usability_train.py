@@ -153,7 +153,7 @@ def test_train_on_a_folder_takes_resolution_model_and_schedule_from_it(tmp_path)
                     verb="train").config
     assert (small.model, small.image_size, small.flip, small.train_crop) == ("ViT-Ti/4", 24, False,
                                                                               "inception-subpixel")
-    # flags win, and what depends on them follows: 32 px takes 4×4 patches, 100 steps a 10-step warm-up
+    # flags win, and what depends on them follows: 32 px takes 4×4 patches; 100 steps keep the demo's 10% warm-up
     given = resolve(None, {"data": photos, "image_size": 32, "steps": 100, "out": str(tmp_path / "g")},
                     verb="train").config
     assert (given.model, given.image_size, given.steps, given.warmup) == ("ViT-Ti/4", 32, 100, 10)

@@ -104,8 +104,8 @@ def follow_data(layers: Any, recipe: str, data: Any) -> Any:
     todo = [k for k in fields if not layers.given_after(k, recipe)]
     if rule == "scratch" and "model" not in todo:  # a model the user chose keeps its own arguments
         todo = [k for k in todo if k != "model_args"]
-    if "steps" not in todo:  # given steps: the warm-up follows them (resolve's warm-up rule), not this rule
-        todo = [k for k in todo if k not in ("warmup", "eval_every") or rule == "scratch"]
+    if "steps" not in todo:  # given steps: warm-up and evaluations follow them as for the recipe (resolve's rules)
+        todo = [k for k in todo if k not in ("warmup", "eval_every")]
     if not todo:
         return data
     from ..data import DataError, build_datasets
