@@ -10,7 +10,9 @@ import vitlab
 from vitlab.weights.timm import timm_model_args, timm_model_name, to_timm_state_dict
 from vitlab.weights.timm_bit import to_timm_bit_state_dict
 
-timm = pytest.importorskip("timm")
+pytest.importorskip("timm")
+import timm  # noqa: E402
+import timm.data  # noqa: E402
 
 
 def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -117,6 +119,7 @@ def test_features_only_shapes_match_feature_info_and_timm(name, timm_name, kwarg
     assert all(p.grad is not None for p in net.parameters())
     net.set_grad_checkpointing()  # forwarded to the backbone, as timm's feature wrappers do
     assert net.model.grad_checkpointing
+    assert timm.data.resolve_data_config(model=net)["input_size"] == (3, 64, 64)
 
 
 # --- classifier ------------------------------------------------------------------------------------------------

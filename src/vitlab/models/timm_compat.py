@@ -290,3 +290,11 @@ class FeatureExtractor(nn.Module):
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.model.set_grad_checkpointing(enable)
+
+    @property
+    def pretrained_cfg(self) -> dict[str, Any]:  # timm.data.resolve_data_config(model=backbone) works too
+        return self.model.pretrained_cfg
+
+    @property
+    def default_cfg(self) -> dict[str, Any]:
+        return self.model.pretrained_cfg
