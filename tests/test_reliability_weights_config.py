@@ -503,11 +503,9 @@ def test_save_refuses_a_name_load_reads_as_a_pickle(tmp_path, suffix):
                .state_dict().items())
 
 
-# --- Known and left to train/checkpoint.py (the run's checkpoints): strict xfails that pass once it is fixed ---
+# --- The run's checkpoints (train/checkpoint.py) ---
 
 
-@pytest.mark.xfail(strict=True, reason="train/checkpoint.py verify_checkpoint calls .get on the manifest: a JSON "
-                                       "list raises AttributeError instead of reporting a damaged checkpoint")
 def test_a_checkpoint_manifest_that_is_a_list_is_one_line(tmp_path, capsys):
     from vitlab.train.checkpoint import write_checkpoint
 
@@ -519,8 +517,6 @@ def test_a_checkpoint_manifest_that_is_a_list_is_one_line(tmp_path, capsys):
     assert tree(tmp_path) == before
 
 
-@pytest.mark.xfail(strict=True, reason="train/checkpoint.py write_checkpoint calls torch.save directly: on a full "
-                                       "disk its RuntimeError ('unexpected pos') escapes run()'s OSError handler")
 def test_the_first_checkpoint_on_a_full_disk_is_one_line(tmp_path, capsys, small_mount):
     target = small_mount(size="96k")  # config, metrics and best.safetensors fit; the checkpoint's state.pt does not
     one_line_error(capsys, ["train", "--out", str(target / "run"), *SMALL_RUN, "--steps", "2"],

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..models.config import ModelConfig
+from ..outputs import storage_error
 from .runlog import log
 
 CHECKPOINTS = "checkpoints"
@@ -86,7 +87,7 @@ def write_checkpoint(
     try:
         tmp.mkdir(parents=True)
         save_weights(tmp / "model.safetensors", weights, config, class_names, meta)
-        torch.save(state, tmp / "state.pt")
+        _save_state(state, tmp / "state.pt")
         manifest = {"step": step, "files": {}}
         for name in _FILES:
             _fsync(tmp / name)
@@ -103,13 +104,28 @@ def write_checkpoint(
     return final
 
 
+def _save_state(state: dict[str, Any], path: Path) -> None:
+    """torch.save, with a full disk reported as the OSError it is (torch wraps it in "unexpected pos …")."""
+    try:
+        torch.save(state, path)
+    except RuntimeError as err:
+        problem = storage_error(err, path, written=path)
+        if problem is None:
+            raise
+        raise problem from None
+
+
 def verify_checkpoint(path: Path) -> str | None:
     """None if the checkpoint is complete and intact, else what is wrong with it."""
     try:
         manifest = json.loads((path / "manifest.json").read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError, RecursionError):
         return "manifest.json missing or unreadable"
-    for name, expect in manifest.get("files", {}).items():
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(e, dict) and isinstance(e.get("size"), int)
+                                              and isinstance(e.get("sha256"), str) for e in files.values()):
+        return "manifest.json is not a vitlab checkpoint manifest (damaged)"
+    for name, expect in files.items():
         f = path / name
         if not f.is_file():
             return f"{name} is missing"
