@@ -108,9 +108,9 @@ def _why(err: OSError) -> str:
 def _register_predict(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="top-5 classes of images", description="Classify images with weights.")
     p.add_argument("--weights", required=True, help="weights file, checkpoint directory or run directory")
-    p.add_argument("images", nargs="+", help="image files")
-    p.add_argument("--top-k", type=positive_int, default=5,
-                   help="classes shown per image (default 5; at most the model's class count)")
+    p.add_argument("images", nargs="+", help="image files or folders (every image under a folder, sorted)")
+    p.add_argument("--top-k", type=positive_int,
+                   help="classes shown per image (default 5, or all of a model with fewer classes)")
     p.add_argument("--device", type=device_name, default="auto",
                    help="cpu, cuda or cuda:N (default auto: CUDA when available)")
     p.add_argument("--json", action="store_true",

@@ -74,4 +74,6 @@ def load(name_or_path: str | Path, pretrained: str | bool | None = None, **kwarg
         k = model.config.num_classes
         if info.get("classes") == "imagenet1k" and k == 1000 and not getattr(model, "class_names", None):
             model.class_names = [name for _, name in imagenet_classes()]
+    if not getattr(model, "class_names", None):  # weights without names: the class indices as text, so that
+        model.class_names = [str(i) for i in range(model.config.num_classes)]  # model.class_names[i] always works
     return model

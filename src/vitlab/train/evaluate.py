@@ -156,12 +156,35 @@ def evaluate_weights(
     return result
 
 
+def expand_images(paths: list[str | Path]) -> list[str]:
+    """Image files as given, each folder replaced by the images under it (sorted, any depth)."""
+    from ..data.folder import IMAGE_EXTENSIONS
+
+    images: list[str] = []
+    for path in map(Path, paths):
+        if not path.is_dir():
+            images.append(str(path))
+            continue
+        found = sorted(str(p) for p in path.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+        if not found:
+            raise DataError(f"{path} is a folder without images ({', '.join(IMAGE_EXTENSIONS)}); pass image files "
+                            "or a folder that holds some")
+        images += found
+    return images
+
+
 @torch.no_grad()
-def predict(weights: str | Path, images: list[str], top_k: int = 5, device: str = "auto") -> list[dict[str, Any]]:
-    """`vitlab predict`: for each image, the top-k classes with softmax probabilities."""
+def predict(weights: str | Path, images: list[str], top_k: int | None = None, device: str = "auto"
+            ) -> list[dict[str, Any]]:
+    """`vitlab predict`: for each image (a folder: every image under it), the top-k classes with softmax
+    probabilities. `top_k` None: 5, or all classes of a model with fewer; a given `top_k` above the class count
+    shows all of them, with a warning."""
     dev = pick_device(device)
     model, names = load_for_inference(weights, dev)
-    if top_k > len(names):
+    images = expand_images(images)
+    if top_k is None:
+        top_k = min(5, len(names))
+    elif top_k > len(names):
         logging.getLogger("vitlab").warning("top-k %d is more than the model's %d classes: showing all %d",
                                             top_k, len(names), len(names))
     transform = EvalTransform(model.config.image_size, model_eval_resize(model))
