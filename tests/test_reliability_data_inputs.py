@@ -206,11 +206,18 @@ def test_shard_info_naming_a_file_outside_its_folder_is_refused(tmp_path, capsys
 
 
 def test_dataset_dict_naming_a_split_outside_its_folder_is_refused(tmp_path, capsys):
-    (tmp_path / "elsewhere").mkdir()
+    from datasets import ClassLabel, Dataset, Features
+    from datasets import Image as ImageFeature
+
+    rows = {"image": [{"bytes": png(k), "path": None} for k in range(4)], "label": [0, 1, 0, 1]}
+    features = Features({"image": ImageFeature(), "label": ClassLabel(names=["a", "b"])})
+    Dataset.from_dict(rows, features=features).save_to_disk(tmp_path / "elsewhere")  # a readable dataset outside
     (tmp_path / "hf").mkdir()
-    (tmp_path / "hf" / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "../elsewhere"]}))
-    assert main(train_args(str(tmp_path / "hf"), tmp_path)) == 2
+    (tmp_path / "hf" / "train").symlink_to(tmp_path / "elsewhere")  # the split folder leads out
+    (tmp_path / "hf" / "dataset_dict.json").write_text(json.dumps({"splits": ["train"]}))
+    assert main(train_args(str(tmp_path / "hf"), tmp_path, "--val-fraction", "0.5")) == 2
     assert "a split names a folder outside the dataset" in error_line(capsys, "train")
+    assert not (tmp_path / "run" / "model.safetensors").exists()
 
 
 # ---- bounds: sizes from data files are checked before anything is allocated -------------------------------------
