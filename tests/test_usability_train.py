@@ -231,3 +231,22 @@ def test_predict_takes_a_folder_and_warns_about_top_k_only_when_given(tmp_path, 
     assert main(["predict", "--weights", str(three_class_weights), str(tmp_path / "empty")]) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path / 'empty'} is a folder without images" in err and err.count("\n") == 1
+
+
+def test_long_confusion_titles_wrap_inside_the_figure(tmp_path):
+    import torch
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from vitlab.eval.metrics import confusion_figure, plot_confusion_matrix
+
+    title = "Confusion matrix of " + "/very/long/run/directory/name" * 6 + " on a dataset with a long name"
+    names = ["a class whose name goes on and on and on", "b", "c"]
+    fig = confusion_figure(torch.eye(3, dtype=torch.long), names, title)
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[0]
+    box, frame = ax.title.get_window_extent(), fig.bbox
+    assert "\n" in ax.title.get_text() and frame.x0 <= box.x0 and box.x1 <= frame.x1  # wrapped, not cut off
+    assert "".join(ax.title.get_text().split()) == "".join(title.split())  # every character kept
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    assert ticks[0] == "a class whose name goes…" and ticks[1:] == ["b", "c"]
+    assert plot_confusion_matrix(torch.eye(3, dtype=torch.long), names, tmp_path / "c.png", title).stat().st_size

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def topk_correct(logits: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...] = (1, 5)) -> list[torch.Tensor]:
@@ -76,9 +80,23 @@ def plot_confusion_matrix(
 ) -> Path:
     """A PNG of the row-normalised matrix (each true class's row sums to 100%); counts are written in the cells
     when there are few classes. Written atomically: a failed write leaves no partial file (OSError is raised)."""
-    from matplotlib.figure import Figure  # the object API: no pyplot global state, no display backend
-
     from ..outputs import atomic_write
+
+    fig = confusion_figure(confusion, class_names, title)
+    path = Path(path)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    return path
+
+
+_TICK_CHARS = 24  # longer class names are shortened with "…" on the axes
+
+
+def confusion_figure(confusion: torch.Tensor, class_names: list[str], title: str = "Confusion matrix") -> Figure:
+    """The matplotlib Figure of `plot_confusion_matrix`. The title wraps to the figure's width (a weights path or
+    a dataset name can be long) and long class names are shortened on the axes, so nothing is cut off."""
+    import textwrap
+
+    from matplotlib.figure import Figure  # the object API: no pyplot global state, no display backend
 
     cm = confusion.cpu().double()
     k = cm.shape[0]
@@ -88,8 +106,9 @@ def plot_confusion_matrix(
     ax = fig.subplots()
     ax.imshow(norm.numpy(), cmap="Blues", vmin=0, vmax=1)
     if k <= 50:  # beyond that, tick labels and numbers are unreadable
-        ax.set_xticks(range(k), class_names, rotation=90)
-        ax.set_yticks(range(k), class_names)
+        names = [n if len(n) <= _TICK_CHARS else n[: _TICK_CHARS - 1] + "…" for n in map(str, class_names)]
+        ax.set_xticks(range(k), names, rotation=90)
+        ax.set_yticks(range(k), names)
     if k <= 20:
         for i in range(k):
             for j in range(k):
@@ -97,7 +116,7 @@ def plot_confusion_matrix(
                 ax.text(j, i, int(cm[i, j]), ha="center", va="center", color=color, fontsize=8)
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
-    ax.set_title(title)
-    path = Path(path)
-    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
-    return path
+    # ~7 characters of the 12-point title per inch of figure, less the margins
+    width = max(20, int(7 * size) - 6)
+    ax.set_title("\n".join(textwrap.wrap(title, width, break_on_hyphens=False)) or title)
+    return fig
