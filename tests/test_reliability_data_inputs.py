@@ -258,6 +258,21 @@ def _crafted_index(root: Path) -> str:
     return str(root)
 
 
+@pytest.mark.parametrize("entry,says", [
+    (["not", "a", "mapping"], "is not a shard index"),
+    ({"bytes": 3072, "keys": ["s0", "s1"], "offsets": [512], "sizes": [10, 10], "labels": [0, 1]}, "does not fit"),
+    ({"bytes": 3072, "keys": ["s0"], "offsets": [-512], "sizes": [10], "labels": [0]}, "does not fit"),
+    ({"bytes": 3072, "keys": ["s0"], "offsets": [512], "sizes": [10], "labels": ["zero"]}, "is not a shard index"),
+])
+def test_a_crafted_shard_index_is_one_line(tmp_path, capsys, entry, says):
+    tar = write_tar(tmp_path / "wds" / "train-000000.tar", samples(2))
+    info = {"splits": {"train": {"filenames": [tar.name], "shard_lengths": [2]}}, "index": {tar.name: entry}}
+    (tmp_path / "wds" / "_info.json").write_text(json.dumps(info))
+    assert main(train_args(str(tmp_path / "wds"), tmp_path, "--val-fraction", "0.5")) == 2
+    line = error_line(capsys, "train")
+    assert says in line and "train-000000.tar" in line
+
+
 BOUNDS = {  # case -> (build the data in a folder, what the one line says)
     "cls-1e9": (lambda r: str(write_tar(r / "train-0.tar", samples(4, lambda k: 10**9 if k == 3 else 0)).parent),
                 "beyond vitlab's limit of 1,000,000 classes"),

@@ -213,8 +213,9 @@ def _from_info(root: Path) -> ShardSet:
                else shardindex.cached_index(root, names))
     for split in raw_splits.values():  # timm's info records shard lengths: they must agree with the data
         for f, n in zip(split.get("filenames") or [], split.get("shard_lengths") or [], strict=False):
-            if len(entries[f]["keys"]) != n:
-                raise DataError(f"{root / f} holds {len(entries[f]['keys'])} samples, {path.name} says {n}; "
+            held = len(_entry_arrays(root / f, entries[f]).keys)
+            if held != n:
+                raise DataError(f"{root / f} holds {held} samples, {path.name} says {n}; "
                                 "the shard is incomplete: re-copy it")
     return ShardSet(splits, {root / n: entries[n] for n in names}, _class_names(path, info))
 
@@ -282,6 +283,8 @@ def _entry_arrays(path: Path, entry: dict) -> _Arrays:
     """The entry's lists as arrays, refused in one line unless they have one value per sample and every image
     lies inside the shard: an index is read from the data folder, and a crafted size would be allocated."""
     try:
+        if not isinstance(entry, dict):
+            raise TypeError("not a mapping")
         arrays = _Arrays(np.asarray(entry["keys"], dtype=str), np.asarray(entry["offsets"], dtype=np.int64),
                          np.asarray(entry["sizes"], dtype=np.int64), np.asarray(entry["labels"], dtype=np.int64))
         total = int(entry["bytes"])
@@ -308,8 +311,8 @@ def shard_split(shard_set: ShardSet, split: str, class_names: list[str] | None =
         raise DataError(f"missing split: the shards have no {split} split (found {', '.join(shard_set.splits)}); "
                         "hold out part of train with --val-fraction 0.1")
     paths = shard_set.splits[split]
+    arrays = [_entry_arrays(p, shard_set.entries[p]) for p in paths]  # before any value of an entry is used
     _check_sizes(paths, shard_set.entries)
-    arrays = [_entry_arrays(p, shard_set.entries[p]) for p in paths]
     labels = np.concatenate([np.zeros(0, np.int64)] + [a.labels for a in arrays])
     keys = np.concatenate([np.zeros(0, str)] + [a.keys for a in arrays])
     shard_of = np.concatenate([np.zeros(0, np.int32)] + [np.full(len(a.keys), k, np.int32)
