@@ -86,7 +86,7 @@ FLAGS = [
     Flag("train", "--head-bias-init", "-10", ("nan", "inf")),
     *[Flag("train", f, "8") for f in ("--depth", "--width", "--heads", "--mlp-dim")],
     Flag("train", "--device", "cpu", DEVICES),
-    Flag("finetune", "--dev-fraction", "0.02", (*NONSENSE, "1")),
+    Flag("finetune", "--dev-fraction", "0.02", (*NONSENSE, "1"), extra=("--lr-sweep", "0.01,0.03")),
 ]
 
 

@@ -124,7 +124,26 @@ def _declared(tmp_path: Path, case: str) -> Path:
         return crafted(tmp_path, {**TINY_BIT.to_dict(), "layers": [1] * 10**6})
     if case == "HF config.json num_hidden_layers 10^6":
         return hf_folder(tmp_path, lambda c: json.dumps({**c, "num_hidden_layers": 10**6}))
+    if case == "npz member declaring 400 GB":  # numpy allocates the declared shape before it reads
+        return npz_bomb(tmp_path)
     raise AssertionError(case)
+
+
+def npz_bomb(tmp_path: Path) -> Path:
+    """A 700-byte .npz whose two .npy headers each declare 10^11 float32 values over 64 bytes of data."""
+    import io
+    import zipfile
+
+    from numpy.lib import format as npy
+
+    member = io.BytesIO()
+    npy.write_array_header_1_0(member, {"descr": "<f4", "fortran_order": False, "shape": (10**11,)})
+    member.write(bytes(64))
+    path = tmp_path / "bomb.npz"
+    with zipfile.ZipFile(path, "w") as archive:
+        for name in ("Transformer/encoder_norm/scale.npy", "embedding/kernel.npy"):
+            archive.writestr(name, member.getvalue())
+    return path
 
 
 @pytest.mark.parametrize("case, says", [
@@ -133,6 +152,7 @@ def _declared(tmp_path: Path, case: str) -> Path:
     ("hybrid stem of 10^6 units", "1000000 ResNet units in 1 stages: beyond vitlab's limit"),
     ("BiT of 10^6 stages", "1000000 ResNet units in 1000000 stages: beyond vitlab's limit"),
     ("HF config.json num_hidden_layers 10^6", "config.json: declares depth 1000000: beyond vitlab's limit"),
+    ("npz member declaring 400 GB", "declares shape (100000000000,) (400,000,000,000 bytes) but holds 192 bytes"),
 ])
 def test_declared_sizes_are_bounded_before_anything_is_built(tmp_path, case, says):
     path = _declared(tmp_path, case)

@@ -6,8 +6,10 @@ needs, checked against a file in the file's own naming; writing an export folder
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import re
+import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -136,14 +138,40 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+def check_npz_members(path: str | Path) -> None:
+    """WeightsError for an .npz member whose .npy header declares more data than the member holds: numpy
+    allocates the declared shape before reading, so a 700-byte file could ask for hundreds of gigabytes."""
+    from numpy.lib import format as npy
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                with archive.open(info) as member:
+                    version = npy.read_magic(member)
+                    read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+                    shape, _, dtype = read(member, max_header_size=10_000)
+                declared = math.prod(shape) * dtype.itemsize
+                if declared > info.file_size:
+                    raise WeightsError(path, f"member {info.filename[:80]} declares shape {shape[:8]} ({declared:,} "
+                                       f"bytes) but holds {info.file_size:,} bytes",
+                                       "the file is truncated, corrupt or crafted; re-download it")
+    except WeightsError:
+        raise
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError):  # np.load reports these itself, precisely
+        return
+
+
 def expected_shapes(config: ModelConfig, path: str | Path | None = None, tensors: int | None = None
                     ) -> dict[str, torch.Size]:
     """Every tensor the architecture needs, with its shape, without allocating or initialising weights. For a
-    config read from a file, `path` and the file's tensor count bound the declared depth before anything is built."""
+    config read from a file, `path` and the file's tensor count bound the declared depth before anything is built
+    (validate.check_declared_size)."""
     if path is not None:
         from .validate import check_declared_size
 
-        check_declared_size(path, config, tensors if tensors is not None else 0)
+        check_declared_size(path, config, tensors)
     with torch.device("meta"):
         model = build_model(config)
     return {k: v.shape for k, v in model.state_dict().items()}

@@ -181,6 +181,9 @@ def read_npz_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
     if not magic.startswith(b"PK"):
         raise WeightsError(path, "not an .npz archive (no zip header)",
                            "official ViT and BiT weights are .npz files; use vitlab.load for other formats")
+    from .files import check_npz_members
+
+    check_npz_members(path)  # declared array sizes against the archive's, before numpy allocates them
     try:
         npz = np.load(path, allow_pickle=False)
         with npz:  # decompressing a multi-GB release takes a while: a bar per tensor on a terminal

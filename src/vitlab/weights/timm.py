@@ -137,8 +137,10 @@ def read_timm(path: str | Path, arch: str | None = None) -> Checkpoint:
     opts = complete_from_tensors(opts, tensors, file)
     pcfg = hub.get("pretrained_cfg") or {}
     config = config_from_timm_options(opts, path / "config.json" if hub else file, pcfg.get("mean"), pcfg.get("std"))
-    declared_in = path / "config.json" if hub else file
-    expected = {timm_key(k, config): shape for k, shape in expected_shapes(config, declared_in, len(tensors)).items()}
+    # A timm name fixes a listed architecture (its tensor check names it); model_args or inference from the
+    # tensors are the file's own declarations, bounded by its tensor count.
+    declared_in, count = (path / "config.json" if hub else file), None if name and not args else len(tensors)
+    expected = {timm_key(k, config): shape for k, shape in expected_shapes(config, declared_in, count).items()}
     arch_text = f"{name or 'the inferred ' + (config.name or 'ViT')} at {config.image_size[0]}x{config.image_size[1]}"
     check_against(file, expected, tensors, arch_text)
     state = {vitlab_key(k): v for k, v in tensors.items()}

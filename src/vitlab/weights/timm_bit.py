@@ -79,7 +79,8 @@ def read_timm_bit(
     pcfg = hub.get("pretrained_cfg") or {}
     config = _config(opts, pcfg, named_by if hub else file)
     expected = {_rename(k, _TO_TIMM): (*s, 1, 1) if k == "head.weight" else s
-                for k, s in expected_shapes(config, named_by if hub else file, len(tensors)).items()}  # fmt: skip
+                for k, s in expected_shapes(config, named_by if hub else file,
+                                            None if name and not args else len(tensors)).items()}  # fmt: skip
     size = f"{config.image_size[0]}x{config.image_size[1]}"
     check_against(file, expected, tensors, f"{name or 'the inferred ' + (config.name or 'BiT')} at {size}")
     state = {_rename(k, _TO_VITLAB): v.flatten(1) if k == "head.fc.weight" else v for k, v in tensors.items()}

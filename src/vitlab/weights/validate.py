@@ -18,9 +18,11 @@ MAX_BLOCKS = 1024
 _TENSORS_PER_BLOCK = {"vit": 8, "unit": 3}
 
 
-def check_declared_size(path: str | Path, config: object, tensors: int) -> None:
+def check_declared_size(path: str | Path, config: object, tensors: int | None) -> None:
     """WeightsError, before any model is built, when the architecture a file's metadata declares has more blocks
-    than vitlab's limit or than the file's `tensors` could hold (a 6 KB file declaring depth 10^6)."""
+    than vitlab's limit or than the file's `tensors` could hold (a 6 KB file declaring depth 10^6). `tensors`
+    None: the caller named the architecture (arch=), so only the limit applies and the tensor check that follows
+    names the architecture."""
     depth = int(getattr(config, "depth", 0) or 0)
     resnet = getattr(config, "resnet", None)
     units = list(getattr(resnet, "layers", ()) if resnet is not None else getattr(config, "layers", ()) or ())
@@ -31,7 +33,7 @@ def check_declared_size(path: str | Path, config: object, tensors: int) -> None:
         raise WeightsError(path, f"declares {what}: beyond vitlab's limit of {MAX_BLOCKS:,} blocks",
                            "the file's metadata is corrupt or crafted; re-export it")
     needed = _TENSORS_PER_BLOCK["vit"] * depth + _TENSORS_PER_BLOCK["unit"] * sum(units)
-    if needed > tensors:
+    if tensors is not None and needed > tensors:
         raise WeightsError(path, f"declares {what} (at least {needed:,} tensors) but holds {tensors:,} tensors",
                            "the file's metadata does not match its weights; re-export it")
 
