@@ -619,6 +619,16 @@ def bomb_png(width: int = 30_000, height: int = 30_000) -> bytes:
         chunk(b"IEND", b"")
 
 
+def test_a_decompression_bomb_inside_a_shard_is_called_one(tmp_path, capsys, caplog):
+    """Shards are decoded only by the loader: its warning names the bomb too."""
+    write_tar(tmp_path / "wds" / "train-0.tar", samples(7) + [("s7.png", bomb_png()), ("s7.cls", b"1")])
+    write_tar(tmp_path / "wds" / "val-0.tar", samples(2))
+    with caplog.at_level(logging.WARNING, logger="vitlab"):
+        assert main(train_args(str(tmp_path / "wds"), tmp_path)) == 0
+    warned = [r.getMessage() for r in caplog.records if "train-0.tar:s7" in r.getMessage()]
+    assert warned and all("a decompression bomb: over Pillow's limit of 178,956,970 pixels" in w for w in warned)
+
+
 @pytest.mark.parametrize("verb", ["train", "shards", "train --strict"])
 def test_a_decompression_bomb_is_called_one(tmp_path, capsys, caplog, verb):
     src, _ = make_source(tmp_path / "src", per_class=3, val_per_class=1, corrupt=False)

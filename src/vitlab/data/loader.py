@@ -27,9 +27,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from .errors import DataError, describe_paths, log
+from .folder import bomb_limit
 from .sources import DECODE_ERRORS, ImageSplit
 from .transforms import EvalTransform, as_size
 
@@ -64,17 +66,23 @@ class TransformedSplit(Dataset):
             i = (index + k) % n
             try:
                 return self.split.load(i, self.transform.min_source_size), i
-            except DECODE_ERRORS:
-                bad.append(self.split.describe(i))
+            except DECODE_ERRORS as err:
+                bad.append(self._unreadable(i, err))
         raise OSError(f"{_SUBSTITUTE_TRIES} consecutive unreadable images from {self.split.describe(index)}")
 
     def _load_or_skip(self, index: int, bad: list[str]) -> Any:
         """The image at `index`, or None (reported in `bad`) if it cannot be decoded."""
         try:
             return self.split.load(index, self.transform.min_source_size)
-        except DECODE_ERRORS:
-            bad.append(self.split.describe(index))
+        except DECODE_ERRORS as err:
+            bad.append(self._unreadable(index, err))
             return None
+
+    def _unreadable(self, index: int, err: BaseException) -> str:
+        """How an unreadable image is named in warnings: a decompression bomb says so (it is not broken data)."""
+        if isinstance(err, Image.DecompressionBombError):
+            return f"{self.split.describe(index)} (a decompression bomb: over Pillow's limit of {bomb_limit()})"
+        return self.split.describe(index)
 
     def __getitems__(self, keys: list[Key]) -> dict[str, Any]:
         start = time.perf_counter()
