@@ -250,3 +250,34 @@ def test_long_confusion_titles_wrap_inside_the_figure(tmp_path):
     ticks = [t.get_text() for t in ax.get_xticklabels()]
     assert ticks[0] == "a class whose name goes…" and ticks[1:] == ["b", "c"]
     assert plot_confusion_matrix(torch.eye(3, dtype=torch.long), names, tmp_path / "c.png", title).stat().st_size
+
+
+def test_timm_card_snippet_with_pretrained_cfg_overlay_runs_and_needs_num_classes(tmp_path, monkeypatch):
+    import re
+
+    import torch
+
+    import vitlab
+    from vitlab.weights.timm import write_timm
+
+    timm = pytest.importorskip("timm")
+    model = vitlab.create_model("ViT-Ti/16", num_classes=3, image_size=32).eval()
+    folder = tmp_path / "export"
+    write_timm(model, folder)
+    card = (folder / "README.md").read_text()
+    assert "`pretrained_cfg_overlay` needs `num_classes` (3 here)" in card
+    snippet = re.findall(r"```python\n(.*?)```", card, re.S)[-1]
+    assert "num_classes=3" in snippet
+    monkeypatch.chdir(tmp_path)  # the card names the folder as it is, beside the reader
+    scope: dict = {}
+    exec(snippet, scope)  # the card's own code, as a user would paste it  # noqa: S102
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(scope["model"](x), model(x), rtol=1e-5, atol=1e-5)
+    without, scope = snippet.replace(", num_classes=3", ""), {}
+    exec(without, scope)  # what the card warns about: it loads, with the file's head left out  # noqa: S102
+    with torch.no_grad():
+        assert not torch.allclose(scope["model"].head.weight, model.head.weight)
+        torch.testing.assert_close(scope["model"].forward_features(x), model.forward_features(x), rtol=1e-5,
+                                   atol=1e-5)  # the trunk loaded, the classifier did not
+    assert timm.__version__

@@ -100,9 +100,19 @@ def _loading(model: nn.Module, fmt: str, name: str) -> list[str]:
              'x = vitlab.transforms(model)("image.jpg")  # float (3, H, W)',
              "probs = model(x[None]).softmax(-1)[0]", "```"]  # fmt: skip
     if fmt == "timm":
+        k = model.config.num_classes
         lines += ["", "timm:", "", "```python", "import timm", "",
                   f'model = timm.create_model("local-dir:{name}", pretrained=True).eval()',
                   "transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))",
+                  "```", "",
+                  "By architecture name, with these weights as the pretrained file: `pretrained_cfg_overlay` needs "
+                  f"`num_classes` ({k} here). Without it timm takes the name's default (1000 classes) for the file's "
+                  "and, seeing the model's differ, silently leaves the file's head out: a random classifier.", "",
+                  "```python", "import json", "", "import timm", "",
+                  f'cfg = json.load(open("{name}/config.json"))',
+                  'model = timm.create_model(cfg["architecture"], pretrained=True, **cfg.get("model_args", {}),',
+                  f'                          pretrained_cfg_overlay=dict(file="{name}/model.safetensors", '
+                  f"num_classes={k})).eval()",
                   "```"]  # fmt: skip
     elif fmt == "hf":
         auto = "AutoModelForImageClassification" if model.config.num_classes else "AutoModel"
