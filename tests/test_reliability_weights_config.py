@@ -89,6 +89,25 @@ def hf_folder(tmp_path: Path, edit) -> Path:
     return folder
 
 
+def timm_folder(tmp_path: Path, edit, name: str = "config.json") -> Path:
+    """A timm hub folder of TINY whose file `name` is replaced by `edit(its JSON)`."""
+    from vitlab.weights.timm import write_timm
+
+    folder = tmp_path / "timm"
+    write_timm(build_model(TINY), folder)
+    target = folder / name
+    target.write_text(edit(json.loads(target.read_text()) if target.exists() else {}))
+    return folder
+
+
+def sharded_folder(tmp_path: Path, index: str) -> Path:
+    """A timm folder whose weights are one shard behind `model.safetensors.index.json` holding `index`."""
+    folder = timm_folder(tmp_path, json.dumps)
+    (folder / "model.safetensors").rename(folder / "part-1.safetensors")
+    (folder / "model.safetensors.index.json").write_text(index)
+    return folder
+
+
 DEEP_JSON = "[" * 100_000 + "]" * 100_000
 
 
@@ -245,6 +264,14 @@ def _fake_run(tmp_path: Path) -> Path:
     ("vitlab image_size", lambda t: ["info", str(crafted(t, {**TINY.to_dict(), "image_size": {"h": 16}}))],
      "image_size must be an integer or two integers"),
     ("HF config.json", lambda t: ["info", str(hf_folder(t, lambda c: "[1, 2]"))], "holds a JSON list"),
+    ("HF preprocessor_config.json", lambda t: ["info", str(_hf_preprocessor_list(t))], "holds a JSON list"),
+    ("timm config.json", lambda t: ["info", str(timm_folder(t, lambda c: "[1]"))], "holds a JSON list"),
+    ("timm pretrained_cfg", lambda t: ["info", str(timm_folder(t, lambda c: json.dumps({**c, "pretrained_cfg": [1]})))],
+     "'pretrained_cfg' is a JSON list, not an object"),
+    ("timm model_args", lambda t: ["info", str(timm_folder(t, lambda c: json.dumps({**c, "model_args": [1]})))],
+     "'model_args' is a JSON list, not an object"),
+    ("shard index", lambda t: ["info", str(sharded_folder(t, "[1]"))], "holds a JSON list"),
+    ("shard index weight_map", lambda t: ["info", str(sharded_folder(t, '{"weight_map": [1]}'))], "no 'weight_map'"),
     ("run config.json behind --init", lambda t: ["finetune", "--init", str(_listed_run(t)), "--data", "digits",
                                                  "--print-config"], "holds a JSON list"),
     ("run config.json as --config", lambda t: ["train", "--config", str(_listed_run(t) / "config.json"),
@@ -255,6 +282,12 @@ def test_a_list_where_an_object_belongs_is_one_line(tmp_path, capsys, case, argv
     before = tree(tmp_path)
     one_line_error(capsys, argv, says)
     assert tree(tmp_path) == before
+
+
+def _hf_preprocessor_list(tmp_path: Path) -> Path:
+    folder = hf_folder(tmp_path, json.dumps)
+    (folder / "preprocessor_config.json").write_text("[1]")
+    return folder
 
 
 def _listed_run(tmp_path: Path) -> Path:

@@ -155,6 +155,10 @@ def _hub_config(path: Path) -> dict[str, Any]:
                "label_names": cfg.get("label_names", cfg.get("labels")), "pretrained_cfg": cfg}  # fmt: skip
     if not isinstance(cfg.get("architecture"), str):
         raise WeightsError(path, "no 'architecture' (not a timm config.json)", "pass the folder save_for_hf wrote")
+    for key in ("pretrained_cfg", "model_args"):  # read with .get further on
+        if cfg.get(key) is not None and not isinstance(cfg[key], dict):
+            raise WeightsError(path, f"'{key}' is a JSON {type(cfg[key]).__name__}, not an object",
+                               "the config is corrupt")
     return cfg
 
 
