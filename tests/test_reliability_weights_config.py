@@ -475,9 +475,13 @@ def test_finetune_model_contradicting_init_is_refused(tmp_path, capsys):
     one_line_error(capsys, ["finetune", "--init", str(run), "--model", "ViT-B/16", "--data", "digits",
                             "--print-config"], "--model ViT-B/16 (flag) contradicts --init", "width 32, not 768")
     one_line_error(capsys, ["finetune", "--init", str(run), "--depth", "2", "--data", "digits", "--print-config"],
-                   "--depth (flag) shape a model built from scratch")
-    own = "ViT/8 (depth 1, width 32, 2 heads, MLP 64)"  # the weights' own label: no contradiction
-    assert main(["finetune", "--init", str(run), "--model", own, "--data", "digits", "--print-config"]) == 0
+                   "--depth 2 (flag) contradicts --init", "(depth 1, not 2)")
+    one_line_error(capsys, ["finetune", "--init", str(run), "--model", "ViT-Ti/8", "--width", "32", "--data",
+                            "digits", "--print-config"], "--model ViT-Ti/8 (flag) and --width 32 (flag) contradict")
+    own = "ViT/8 (depth 1, width 32, 2 heads, MLP 64)"  # the weights' own label, or flags that repeat them: the same
+    for same in (["--model", own], ["--depth", "1"], ["--model", "ViT-Ti/8", "--depth", "1", "--width", "32",
+                                                     "--heads", "2", "--mlp-dim", "64"]):
+        assert main(["finetune", "--init", str(run), *same, "--data", "digits", "--print-config"]) == 0, same
     assert tree(run) == before
 
 

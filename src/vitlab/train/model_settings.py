@@ -47,22 +47,24 @@ def check_model_args(model: str, model_args: Mapping[str, Any]) -> None:
 
 def check_against_init(values: Mapping[str, Any], sources: Mapping[str, str], checkpoint: Any) -> None:
     """ValueError when `model` or `model_args`, set by a layer after the initial weights, describe a network
-    other than the weights' (which is what fine-tuning builds)."""
+    other than the weights' (which is what fine-tuning builds); naming the same network is fine."""
     config = checkpoint.config
     own = config.name or describe_architecture(config)
-    init = values.get("init")
-    if values["model_args"] and not sources["model_args"].startswith("weights "):
-        raise ValueError(f"{_named(list(values['model_args']))} ({sources['model_args']}) shape a model built from "
-                         f"scratch; fine-tuning keeps the architecture of --init {init} ({own}): leave them out")
-    model = values["model"]
-    if model == own or sources["model"].startswith("weights "):
+    model, model_args = values["model"], dict(values["model_args"])
+    model_given = not sources["model"].startswith("weights ")
+    args_given = bool(model_args) and not sources["model_args"].startswith("weights ")
+    if not (model_given or args_given) or (model == own and not model_args):
         return
-    try:
-        named = model_config(model)
-    except ValueError:
+    try:  # the weights' own label ("ViT/4 (depth 4, …)") is no variant name: the flags then change the weights'
+        named = model_config(model, **model_args) if model != own else config.replace(**model_args)
+    except (TypeError, ValueError):
         named = None
     differences = architecture_differences(named, config) if named is not None else ["not a listed variant"]
-    if differences:
-        raise ValueError(f"--model {model} ({sources['model']}) contradicts --init {init}: its weights are {own} "
-                         f"({'; '.join(differences[:3])}); fine-tuning keeps the weights' architecture, so leave "
-                         "--model out")
+    if not differences:
+        return
+    said = ([f"--model {model} ({sources['model']})"] if model_given else []) + (
+        [", ".join(f"{FLAGS.get(k, k)} {v}" for k, v in sorted(model_args.items())) + f" ({sources['model_args']})"]
+        if args_given else [])
+    raise ValueError(f"{' and '.join(said)} contradict{'s' if len(said) == 1 else ''} --init {values.get('init')}: "
+                     f"its weights are {own} ({'; '.join(differences[:3])}); fine-tuning keeps the weights' "
+                     "architecture, so leave them out")
