@@ -281,3 +281,32 @@ def test_timm_card_snippet_with_pretrained_cfg_overlay_runs_and_needs_num_classe
         torch.testing.assert_close(scope["model"].forward_features(x), model.forward_features(x), rtol=1e-5,
                                    atol=1e-5)  # the trunk loaded, the classifier did not
     assert timm.__version__
+
+
+def test_hugging_face_hub_without_dns_reads_the_cache_at_once(tmp_path, monkeypatch):
+    """huggingface_hub retries an unresolvable host 5 times (~25 s) before its cache; one lookup decides it."""
+    import socket
+
+    import vitlab
+    from vitlab.weights.errors import WeightsError
+
+    pytest.importorskip("transformers")
+    pytest.importorskip("huggingface_hub")
+    from test_hub_hf import hf_cache as make_cache
+
+    make_cache.__wrapped__(tmp_path, monkeypatch)  # the cached tiny-owner/tiny-vit repository
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    lookups = []
+
+    def no_dns(host, *args, **kwargs):
+        lookups.append(host)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    assert vitlab.load("hf-hub:tiny-owner/tiny-vit").class_names == ["cat", "dog", "bird"]  # from the cache
+    with pytest.raises(WeightsError) as err:
+        vitlab.load("hf-hub:google/vit-base-patch16-224")
+    assert str(err.value) == ("hf-hub:google/vit-base-patch16-224: config.json not in the Hugging Face cache and "
+                              "huggingface.co does not resolve (offline?); run `vitlab download "
+                              "hf-hub:google/vit-base-patch16-224` where the network is reachable")
+    assert set(lookups) == {"huggingface.co"} and len(lookups) <= 4  # no retries: one lookup per load

@@ -8,6 +8,8 @@ else pytorch_model.bin); vitlab.load reads that folder as an HF transformers or 
 from __future__ import annotations
 
 import os
+import socket
+import urllib.parse
 from pathlib import Path
 
 from ..weights.errors import WeightsError
@@ -18,6 +20,21 @@ WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 OPTIONAL = ("preprocessor_config.json",)
 
 
+def _unresolved_endpoint() -> str | None:
+    """The hub's host name when it does not resolve (no network, no DNS), else None. huggingface_hub would retry
+    such a request 5 times (about 25 s) before falling back to its cache; one lookup decides it at once."""
+    host = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname
+    if not host:
+        return None
+    try:
+        socket.getaddrinfo(host, 443)
+    except socket.gaierror:
+        return host
+    except OSError:  # any other failure: let huggingface_hub try and report it
+        return None
+    return None
+
+
 def fetch_repo(entry: Entry, force: bool = False) -> Path:
     """The local snapshot folder of `entry.repo` with config.json and its weights."""
     try:
@@ -25,7 +42,8 @@ def fetch_repo(entry: Entry, force: bool = False) -> Path:
         from huggingface_hub.utils import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
     except ImportError:
         raise WeightsError(entry.name, "huggingface_hub is not installed", "pip install 'vitlab[hub]'") from None
-    local_only = offline() is not None
+    no_dns = None if offline() else _unresolved_endpoint()  # no network: the cache only, at once
+    local_only = offline() is not None or no_dns is not None
     # huggingface_hub reads HF_HUB_CACHE when it is imported; read it again so a later setting is honoured
     cache_dir = os.environ.get("HF_HUB_CACHE") or None
 
@@ -36,8 +54,9 @@ def fetch_repo(entry: Entry, force: bool = False) -> Path:
 
     def missing(files: str, not_cached: bool) -> WeightsError:
         if local_only:
-            return WeightsError(entry.name, f"{files} not in the Hugging Face cache and {offline()}=1 forbids "
-                                "downloading", f"run `vitlab download {entry.name}` where the network is reachable")
+            why = f"{offline()}=1 forbids downloading" if offline() else f"{no_dns} does not resolve (offline?)"
+            return WeightsError(entry.name, f"{files} not in the Hugging Face cache and {why}",
+                                f"run `vitlab download {entry.name}` where the network is reachable")
         if not_cached:  # online, but the hub could not be reached
             return WeightsError(entry.name, f"{files} not in the Hugging Face cache and the hub is unreachable",
                                 "check the network (or HF_ENDPOINT)")
