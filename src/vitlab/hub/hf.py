@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import urllib.parse
+import urllib.request
 from pathlib import Path
 
 from ..weights.errors import WeightsError
@@ -24,7 +25,7 @@ def _unresolved_endpoint() -> str | None:
     """The hub's host name when it does not resolve (no network, no DNS), else None. huggingface_hub would retry
     such a request 5 times (about 25 s) before falling back to its cache; one lookup decides it at once."""
     host = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname
-    if not host:
+    if not host or urllib.request.getproxies().get("https"):  # behind a proxy, the proxy resolves the hub
         return None
     try:
         socket.getaddrinfo(host, 443)
