@@ -296,6 +296,8 @@ def test_hugging_face_hub_without_dns_reads_the_cache_at_once(tmp_path, monkeypa
 
     make_cache.__wrapped__(tmp_path, monkeypatch)  # the cached tiny-owner/tiny-vit repository
     monkeypatch.delenv("HF_HUB_OFFLINE")
+    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)  # no proxy: the hub's own name must resolve
     lookups = []
 
     def no_dns(host, *args, **kwargs):
