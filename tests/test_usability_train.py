@@ -147,7 +147,7 @@ def test_train_on_a_folder_takes_resolution_model_and_schedule_from_it(tmp_path)
     assert (c.batch_size, c.steps, c.warmup, c.eval_every) == (4, round(1000 * 128 / 1438 * 40 / 4), 89, 222)
     assert (c.train_crop, c.crop_scale, c.flip) == ("inception", (0.05, 1.0), True)
     assert r.sources["image_size"].startswith("data rule on 40 training images")
-    text = "\n".join(settings_lines(r))
+    text = " ".join(" ".join(settings_lines(r)).split())  # the banner's lines, unwrapped
     assert "note: demo on" in text and "224 px (images 150×200 >= 96×96" in text
     small = resolve(None, {"data": _folder(tmp_path / "icons", (20, 20), 10), "out": str(tmp_path / "s")},
                     verb="train").config
