@@ -536,6 +536,22 @@ def test_a_swapped_cache_file_is_refused_for_its_published_name(tmp_path, monkey
     assert sha256(path) == before
 
 
+def test_a_hub_repository_of_another_architecture_is_refused_for_its_published_name(tmp_path, monkeypatch):
+    """A Hugging Face repository entry (its files live in huggingface_hub's cache, without vitlab's record) is
+    checked against its name's architecture by vitlab.load too."""
+    import vitlab.hub
+    from vitlab.hub import catalogue
+    from vitlab.hub.catalogue import Entry
+
+    entry = Entry(name="hf-hub:test/tiny", tag="hf-hub", model="ViT-Ti/16", format="hf", repo="test/tiny")
+    real_entries = catalogue.entries()
+    monkeypatch.setattr(catalogue, "entries", lambda: (*real_entries, entry))
+    folder = hf_folder(tmp_path, json.dumps)  # TINY, not a ViT-Ti/16
+    monkeypatch.setattr(vitlab.hub, "fetch", lambda e, **kw: folder if e.name == entry.name else None)
+    with pytest.raises(WeightsError, match=r"holds ViT/8 .*width 32, not 192.*but hf-hub:test/tiny is a ViT-Ti/16"):
+        vitlab.load("hf-hub:test/tiny")
+
+
 @pytest.mark.parametrize("value", ["224", "16", 16.0, True, [16], (16, 16, 16), {"h": 16}])
 def test_create_model_refuses_an_image_size_that_is_not_integers(value):
     with pytest.raises(ValueError, match="image_size must be an integer or two integers"):
