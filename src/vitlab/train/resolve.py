@@ -95,8 +95,8 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
         layers.apply({"out": f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S')}"}, "default (recipe and time)")
     _model_rules(layers, name, auto, checkpoint)
     data = _data_rules(layers, name, auto, data)
-    _warmup_rule(layers, name)
     data = follow_data(layers, name, data)  # a recipe written for other data: steps, size from it
+    _warmup_rule(layers, name)
     if checkpoint is not None:
         _note_resolution_change(layers, checkpoint)
     config = validate(TrainConfig(**layers.values))
