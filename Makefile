@@ -25,6 +25,7 @@ test-slow: setup
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 bench: setup
 	$(BIN)/vitlab bench --model ViT-S/16 --batch-size 32 --compare timm
