@@ -17,8 +17,9 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(BIN)/vitlab train --out runs/demo --resume auto
 
+# One pytest worker per core (pytest-xdist); a test file stays on one worker, so its module fixtures run once.
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --dist loadfile
 
 test-slow: setup
 	$(BIN)/python -m pytest -m slow
