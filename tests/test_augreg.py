@@ -9,7 +9,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -260,16 +259,10 @@ def test_augreg_run_resumes_bit_for_bit_after_kill_9(tmp_path, monkeypatch):
     config = json.loads((tmp_path / "ref" / "config.json").read_text())
     assert config["randaug_ops"] == 2 and config["randaug_magnitude"] == 20 and config["mixup"] == 0.8
     assert config["model_config"]["drop_path_rate"] == 0.1
-    proc = subprocess.Popen(_cli(tmp_path / "run"), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    target = tmp_path / "run" / "checkpoints" / "step_00000020"
-    deadline = time.monotonic() + 120
-    while not target.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert proc.poll() is None, f"the run ended before it could be killed: {proc.communicate()}"
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL and not (tmp_path / "run" / "model.safetensors").exists()
+    from test_train_resume import signal_at_checkpoint
+
+    killed = signal_at_checkpoint(_cli(tmp_path / "run"), _env(), tmp_path / "run", signal.SIGKILL, after_step=20)
+    assert killed.returncode == -signal.SIGKILL and not (tmp_path / "run" / "model.safetensors").exists()
     resumed = subprocess.run(_cli(tmp_path / "run", "--resume"), env=_env(), capture_output=True, text=True,
                              timeout=300)
     assert resumed.returncode == 0, resumed.stderr

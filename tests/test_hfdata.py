@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 
 import datasets
@@ -342,7 +341,7 @@ def test_kill_then_resume_on_hf_equals_uninterrupted_run(source, tmp_path, monke
     import torch
     from datasets import load_from_disk
 
-    from test_train_resume import _cli, _env, same_weights
+    from test_train_resume import _cli, _env, _start_and_signal, same_weights
     from vitlab.cli import build_parser
     from vitlab.cli.train import build_config
     from vitlab.data.stream import StreamOrder, training_order
@@ -361,15 +360,8 @@ def test_kill_then_resume_on_hf_equals_uninterrupted_run(source, tmp_path, monke
         run(build_config(build_parser().parse_args(_cli(tmp_path / "ref", *extra)[3:])))
     finally:
         torch.set_num_threads(threads)
-    proc = subprocess.Popen(_cli(tmp_path / "run", *extra), env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    target, deadline = tmp_path / "run" / "checkpoints" / "step_00000040", time.monotonic() + 120
-    while not target.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert proc.poll() is None, f"the run ended before it could be killed: {proc.communicate()}"
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=120)
-    assert proc.returncode == -signal.SIGKILL and not (tmp_path / "run" / "model.safetensors").exists()
+    killed = _start_and_signal(tmp_path / "run", signal.SIGKILL, after_step=40, extra=extra)
+    assert killed.returncode == -signal.SIGKILL and not (tmp_path / "run" / "model.safetensors").exists()
     resumed = subprocess.run(_cli(tmp_path / "run", "--resume", *extra), env=_env(), capture_output=True, text=True,
                              timeout=300)
     assert resumed.returncode == 0, resumed.stderr

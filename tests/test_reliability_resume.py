@@ -125,21 +125,14 @@ def test_resume_on_a_folder_without_a_run_is_refused(tmp_path, capsys):
     assert [r["step"] for r in rows(typo, "train")] == [1, 2, 3]
 
 
-def _kill_cli_with_workers(out: Path, workers: int) -> subprocess.Popen:
+def _kill_cli_with_workers(out: Path, workers: int) -> subprocess.CompletedProcess:
     """Start a CLI run whose train loader has `workers` processes and kill -9 it once a checkpoint exists."""
+    from test_train_resume import signal_at_checkpoint
+
     cmd = [sys.executable, "-m", "vitlab", "train", "--out", str(out), *TINY_FLAGS, "--steps", "60",
            "--save-every", "5"]
     cmd[cmd.index("--workers") + 1] = str(workers)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not (out / "checkpoints" / "step_00000010").exists() and proc.poll() is None:
-        assert time.monotonic() < deadline, "no checkpoint within 120 s"
-        time.sleep(0.02)
-    assert proc.poll() is None, proc.communicate()
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    return proc
+    return signal_at_checkpoint(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, out, signal.SIGKILL, after_step=10)
 
 
 def test_kill_then_immediate_resume_is_not_refused_by_orphaned_loader_workers(tmp_path):

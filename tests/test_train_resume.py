@@ -76,7 +76,13 @@ def _env() -> dict[str, str]:
 
 def _start_and_signal(out: Path, sig: int, after_step: int, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """Start a CLI run and send `sig` once the checkpoint of `after_step` exists."""
-    proc = subprocess.Popen(_cli(out, *extra), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return signal_at_checkpoint(_cli(out, *extra), _env(), out, sig, after_step)
+
+
+def signal_at_checkpoint(cmd: list[str], env: dict[str, str], out: Path, sig: int,
+                         after_step: int) -> subprocess.CompletedProcess:
+    """Run `cmd` (a training into `out`) and send `sig` once the checkpoint of `after_step` exists."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     target = out / "checkpoints" / f"step_{after_step:08d}"
     deadline = time.monotonic() + 120
     while not target.exists() and proc.poll() is None and time.monotonic() < deadline:
