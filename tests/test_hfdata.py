@@ -334,7 +334,9 @@ def test_preempted_run_on_hf_resumes_bit_exactly(source, tmp_path, sigterm_durin
     assert resumed.status == "completed" and same_weights(reference.weights, resumed.weights)
 
 
-# two CLI processes: ~20 s, in the default suite like the kill tests on digits and shards
+# two CLI processes, 35-40 s on 2 busy cores: slow (the kill -9 path is in the default suite on digits and shards,
+# and an HF run's exact resume by test_preempted_run_on_hf_resumes_bit_exactly)
+@pytest.mark.slow
 def test_kill_then_resume_on_hf_equals_uninterrupted_run(source, tmp_path, monkeypatch):
     """kill -9 once a checkpoint exists, then --resume: the metrics and weights of the uninterrupted run, bit for
     bit (two loader workers, which receive the split pickled or forked)."""
