@@ -164,7 +164,7 @@ def test_finetune_and_predict_take_a_catalogue_name(published, server, tmp_path,
 def test_published_eval_resize_is_what_eval_and_transforms_use(tmp_path):
     """A catalogue checkpoint evaluates with its publisher's resize (the catalogue's), a vitlab run's with its
     own, anything else with the official whole-image resize."""
-    from vitlab.weights.load import model_eval_resize
+    from vitlab.models.timm_compat import eval_resize_of as model_eval_resize
 
     model = vitlab.create_model("ViT-Ti/16", image_size=32, depth=1)
     assert model_eval_resize(model) == "official"

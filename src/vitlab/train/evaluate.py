@@ -17,8 +17,8 @@ from ..data.errors import DataError
 from ..data.loader import UnreadableImages
 from ..data.sources import DECODE_ERRORS, ImageSplit
 from ..eval.metrics import ClassificationMeter, plot_confusion_matrix, require_finite
+from ..models.timm_compat import eval_resize_of
 from ..progress import progress as progress_bar
-from ..weights.load import model_eval_resize
 from .checkpoint import CHECKPOINTS
 from .distributed import all_reduce, pick_device
 
@@ -143,7 +143,7 @@ def evaluate_weights(
         )
     if has_names and list(data_split.class_names) != names:
         raise DataError(f"class names of {data} differ from the weights' ({', '.join(names[:5])}, …)")
-    resize = eval_resize or model_eval_resize(model)
+    resize = eval_resize or eval_resize_of(model)
     transform = EvalTransform(model.config.image_size, resize)
     loader = make_loader(TransformedSplit(data_split, transform), ShardSampler(len(data_split), batch_size),
                          workers, dev)
@@ -187,7 +187,7 @@ def predict(weights: str | Path, images: list[str], top_k: int | None = None, de
     elif top_k > len(names):
         logging.getLogger("vitlab").warning("top-k %d is more than the model's %d classes: showing all %d",
                                             top_k, len(names), len(names))
-    transform = EvalTransform(model.config.image_size, model_eval_resize(model))
+    transform = EvalTransform(model.config.image_size, eval_resize_of(model))
     split = ImageSplit("predict", torch.zeros(len(images), dtype=torch.long).numpy(), names, paths=list(images))
     results = []
     for i, path in enumerate(progress_bar(images, desc="predict", unit="img")):

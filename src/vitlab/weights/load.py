@@ -19,6 +19,7 @@ from torch import nn
 from ..models.config import BiTConfig, ModelConfig, ViTConfig
 from ..models.posembed import resample_1d, resample_pos_embed, resample_relative_table
 from ..models.registry import build_model
+from ..models.timm_compat import eval_resize_of
 from .checkpoint import Checkpoint
 from .errors import WeightsError
 
@@ -255,17 +256,10 @@ def preprocessing(model_or_weights: nn.Module | str | Path) -> tuple[ModelConfig
         if not isinstance(config, (ViTConfig, BiTConfig)):
             raise ValueError(f"{type(model_or_weights).__name__} is not a vitlab model (it has no vitlab config); "
                              "pass a vitlab model or a weights path")  # fmt: skip
-        return config, model_eval_resize(model_or_weights)
+        return config, eval_resize_of(model_or_weights)
     from ..hub import published_info, resolve
 
     entry, path = resolve(model_or_weights)
     ck = read_checkpoint(weights_path(path))
     published = (published_info(entry, path) or {}).get("eval_resize")
     return ck.config, ck.meta.get("eval_resize") or published or "official"
-
-
-def model_eval_resize(model: nn.Module) -> str:
-    """How a loaded model is evaluated: the resize its vitlab run recorded, else its publisher's (catalogue), else
-    "official" (the whole image resized, as the official code evaluates)."""
-    published = (getattr(model, "hub_entry", None) or {}).get("eval_resize")
-    return getattr(model, "eval_resize", None) or published or "official"
