@@ -76,8 +76,8 @@ def run_analyze(args: argparse.Namespace) -> int:
         raise UserError("--discard-ratio must be in [0, 1)")
     if args.components < 1:
         raise UserError("--components must be at least 1")
-    from ..train.distributed import pick_device
-    from ..train.evaluate import resolve_weights
+    from ..device import pick_device
+    from ..eval.inference import resolve_weights
 
     model = vitlab.load(resolve_weights(args.weights)).to(pick_device(args.device))
     if not isinstance(model, VisionTransformer):
