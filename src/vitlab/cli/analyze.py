@@ -56,7 +56,7 @@ def _inputs(args: argparse.Namespace, cfg, size: tuple[int, int], class_names):
 
     if args.images:
         return image_file_inputs(args.images, cfg, size, class_names or ())
-    from ..data.hfdata import is_hf_source
+    from ..data.hf_split import is_hf_source
 
     if Path(args.data).is_file() and not is_hf_source(args.data):  # --data photo.jpg: the image itself
         return image_file_inputs([args.data], cfg, size, class_names or ())
