@@ -9,8 +9,8 @@ import os
 import sys
 
 # Each module defines `register(subparsers)`; its parsers set `func` to a callable taking the parsed args.
-VERB_MODULES = ["models", "weights", "train", "evaluate", "recipes", "fewshot", "analyze", "download", "shards",
-                "experiment"]
+VERB_MODULES = ["models", "bench", "weights", "train", "evaluate", "recipes", "fewshot", "analyze", "download",
+                "shards", "experiment"]
 
 
 class UserError(Exception):

@@ -1,14 +1,12 @@
-"""`vitlab models` (the named variants with their size and cost) and `vitlab bench` (throughput)."""
+"""`vitlab models`: the named variants with their size and cost (`--pretrained`: the published checkpoints)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
-from .types import device_name, float_range, image_size, new_file, non_negative_int, positive_int
+from .types import image_size
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,44 +21,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dataset", help="with --pretrained: pre-training or fine-tuning data (i21k, i1k)")
     p.add_argument("--resolution", type=image_size, help="with --pretrained: only this input size")
     p.set_defaults(func=run_models)
-
-    p = sub.add_parser("bench", help="measure inference and training throughput, or a data loader's",
-                       description="Images/s for inference and training (forward + backward + AdamW step), "
-                                   "GFLOP/s from the analytic multiply-add count and its share of this "
-                                   "machine's measured GEMM peak; --compare timm measures timm's equivalent "
-                                   "model interleaved in the same process on the same input. With --data SRC: "
-                                   "the training loader's images/s (total and per worker), time to the first "
-                                   "batch (opening the source included) and decode failures; --compare timm "
-                                   "times timm's loader on the same source, repeats alternating.")
-    p.add_argument("--model", default="ViT-S/16", help="a name from `vitlab models` (default ViT-S/16)")
-    p.add_argument("--batch-size", type=positive_int, default=32, help="images per step (default 32)")
-    p.add_argument("--image-size", type=image_size, default=224, help="input size in pixels (default 224)")
-    p.add_argument("--threads", type=positive_int, help="intra-op CPU threads (default: torch's current setting)")
-    p.add_argument("--repeats", type=positive_int, default=3,
-                   help="timed repeats per implementation and mode (default 3)")
-    p.add_argument("--warmup", type=non_negative_int, default=2,
-                   help="untimed steps before timing, compilation happens here (default 2)")
-    p.add_argument("--min-time", type=float_range(0.0, 3600.0), default=1.0,
-                   help="seconds each timed repeat lasts at least (default 1)")
-    p.add_argument("--compare", choices=["timm"], help="also measure this library's equivalent model")
-    p.add_argument("--compile", action="store_true", help="wrap every model with torch.compile")
-    p.add_argument("--device", type=device_name, default="cpu",
-                   help="cpu or cuda[:N], cuda runs under bf16 autocast (default cpu)")
-    p.add_argument("--mode", choices=["infer", "train", "both"], default="both",
-                   help="what to time: inference, training steps or both (default both)")
-    p.add_argument("--no-malloc-tuning", action="store_true",
-                   help="keep glibc's default of mapping large tensors afresh (page faults on every step)")
-    p.add_argument("--json", metavar="OUT", type=new_file, help="also write the full result as JSON to this file")
-    d = p.add_argument_group("data loading (--data)")
-    d.add_argument("--data", metavar="SRC", help="time the training loader on this source instead of a model: an "
-                                                 "image folder, WebDataset shards or any other --data of vitlab train")
-    d.add_argument("--workers", type=non_negative_int,
-                   help="loader worker processes (default: as vitlab train, one fewer than the CPUs, at most 8)")
-    d.add_argument("--images", type=positive_int, default=2048,
-                   help="images per repeat, rounded up to whole batches (default 2048)")
-    d.add_argument("--val-fraction", type=float_range(0.0, 1.0, low_open=True, high_open=True),
-                   help="for a source without a validation split: hold out this share, as vitlab train does")
-    p.set_defaults(func=run_bench)
 
 
 def model_rows(image_size: int = 224) -> list[dict[str, Any]]:
@@ -104,65 +64,3 @@ def run_models(args: argparse.Namespace) -> int:
     print("GMACs: multiply-adds per image, the unit the paper calls FLOPs (1 MAC = 2 FLOPs); "
           "'-': the size is not a multiple of the model's patch size.")
     return 0
-
-
-def run_bench(args: argparse.Namespace) -> int:
-    if args.data is not None:
-        return run_data_bench(args)
-    from ..bench import BenchSettings, run_benchmark
-
-    modes = ("infer", "train") if args.mode == "both" else (args.mode,)
-    settings = BenchSettings(
-        model=args.model, batch_size=args.batch_size, image_size=args.image_size, threads=args.threads,
-        repeats=args.repeats, warmup=args.warmup, min_time=args.min_time, modes=modes, compare=args.compare,
-        compile=args.compile, device=args.device, tune_malloc=not args.no_malloc_tuning,
-    )
-    from ..progress import progress, quiet
-
-    # A bar over the timed repeats on a terminal; each repeat's img/s as a line on stderr unless -q.
-    bar = progress(total=len(modes) * args.repeats * (2 if args.compare else 1), desc="bench", unit="repeat")
-
-    def report(line: str) -> None:
-        if not quiet():
-            bar.write(line, file=sys.stderr)
-        bar.update()
-
-    try:
-        result = run_benchmark(settings, progress=report)
-    finally:
-        bar.close()
-    return _report(result, args.json)
-
-
-def _report(result: Any, json_path: str | None) -> int:
-    """The table on stdout and, with --json, the result as JSON (atomic: never a half-written file)."""
-    from ..outputs import atomic_write
-
-    print(result.table())
-    if json_path:
-        text = json.dumps(result.to_dict(), indent=2)
-        atomic_write(Path(json_path), lambda tmp: Path(tmp).write_text(text))
-    return 0
-
-
-def run_data_bench(args: argparse.Namespace) -> int:
-    from ..bench.data import DataBenchSettings, run_data_benchmark
-    from ..progress import progress, quiet
-
-    settings = DataBenchSettings(
-        data=args.data, workers=args.workers, images=args.images, image_size=args.image_size,
-        batch_size=args.batch_size, repeats=args.repeats, compare=args.compare, val_fraction=args.val_fraction,
-    )
-    # A bar over the images served on a terminal; each repeat's img/s as a line on stderr unless -q.
-    served = -(-args.images // args.batch_size) * args.batch_size
-    bar = progress(total=served * args.repeats * (2 if args.compare else 1), desc="bench --data", unit="img")
-
-    def report(line: str) -> None:
-        if not quiet():
-            bar.write(line, file=sys.stderr)
-
-    try:
-        result = run_data_benchmark(settings, on_repeat=report, on_batch=bar.update)
-    finally:
-        bar.close()
-    return _report(result, args.json)
