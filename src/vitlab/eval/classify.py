@@ -18,6 +18,7 @@ from ..data.sources import ImageSplit
 from ..device import all_reduce, autocast, pick_device
 from ..models.timm_compat import eval_resize_of
 from ..progress import progress as progress_bar
+from ..rundir import run_dir_of
 from .inference import load_for_inference
 from .metrics import ClassificationMeter, plot_confusion_matrix, require_finite
 
@@ -67,18 +68,6 @@ class EvalResult:
     eval_resize: str = "official"  # the pre-processing used (data.transforms.EVAL_RESIZES)
 
 
-def run_directory(weights: str | Path) -> Path | None:
-    """The training run a weights argument belongs to: the run directory itself, a checkpoint directory in it
-    (run/checkpoints/step_N) or a file directly in it (run/best.safetensors); None for anything else."""
-    path = Path(weights)
-    if path.is_file():
-        path = path.parent
-    if path.parent.name == "checkpoints" and (path / "manifest.json").exists():
-        path = path.parent.parent
-    is_run = path.is_dir() and ((path / "metrics.jsonl").exists() or (path / "checkpoints").is_dir())
-    return path if is_run else None
-
-
 def confusion_destination(weights: str | Path, confusion: str | Path | None, out: str | Path | None) -> Path | None:
     """Where `vitlab eval` writes its confusion-matrix figure: --confusion PATH if given, else DIR/confusion.png
     for --out DIR, else confusion.png in the run directory the weights come from; None (no figure) otherwise:
@@ -87,7 +76,7 @@ def confusion_destination(weights: str | Path, confusion: str | Path | None, out
         return Path(confusion)
     if out:
         return Path(out) / "confusion.png"
-    run = run_directory(weights)
+    run = run_dir_of(weights)
     return run / "confusion.png" if run is not None else None
 
 

@@ -85,7 +85,7 @@ def check_types(values: Mapping[str, Any], where: str) -> None:
         raise ValueError(f"{where}: {key} must be {_describe(hint)}, got {value!r} ({_kind(value)}){hint_text}")
 
 
-def check_model_args(model_args: Any, where: str) -> None:
+def check_model_args_type(model_args: Any, where: str) -> None:
     """model_args: a mapping of model config field names to values (the model decides which names it has)."""
     if not isinstance(model_args, Mapping) or not all(isinstance(k, str) for k in model_args):
         raise ValueError(f"{where}: model_args must be a mapping of model settings (e.g. {{depth: 4}}), got "

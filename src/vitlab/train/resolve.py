@@ -23,8 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..data import build_datasets
+from ..eval.inference import resolve_weights
+from ..models.config import ViTConfig
+from ..models.registry import describe_architecture, model_config
+from ..rundir import CONFIG, run_dir_of
+from ..weights.load import read_checkpoint
 from .config import RECIPES, TrainConfig, config_from_json, validate
+from .configfile import check_model_args_type, check_types, parse_settings
 from .data_rules import follow_data
+from .model_settings import check_against_init, check_model_args
 from .presets import BIT_DATA_FIELDS, FINETUNE_PRESETS, finetune_dropout, hyperrule_from_data
 from .recipes import MODEL_ROWS
 
@@ -41,13 +49,27 @@ DEFAULT_RECIPE = {"train": "demo", "finetune": "finetune"}
 
 
 @dataclass(frozen=True)
+class InitWeights:
+    """`--init` located once (a published name: its cached file; a run: its newest intact checkpoint, whose
+    manifest is checked) and read once: the settings, the model and every run of a sweep start from this."""
+
+    path: Path  # the local weights file
+    checkpoint: Any  # its weights.checkpoint.Checkpoint
+
+
+def read_init(init: str | Path) -> InitWeights:
+    path = resolve_weights(init)
+    return InitWeights(path, read_checkpoint(path))
+
+
+@dataclass(frozen=True)
 class Resolved:
     config: TrainConfig
     sources: dict[str, str]  # field -> where its value came from ("recipe finetune", "flag", "weights …", …)
     notes: tuple[str, ...] = ()  # decisions worth a line of their own (a rule applied, a resolution change)
     resumed_changes: dict[str, list[Any]] = field(default_factory=dict)  # field -> [stored, now] on resume
     data: Any = None  # the Datasets, when a setting needed them (the loop reuses them)
-    init: Any = None  # the initial weights' Checkpoint, read once
+    init: InitWeights | None = None  # --init, located and read once (the model is built from this read)
 
     def record(self) -> dict[str, Any]:
         """What config.json stores besides the values: their sources and the notes."""
@@ -83,7 +105,8 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
     layers.apply(recipe_values, f"recipe {name}")
     layers.apply({"recipe": name}, "flag" if recipe else f"recipe {name}")
     init = flags.get("init", file_values.get("init", layers.values.get("init")))
-    checkpoint = _init_layer(layers, init) if init else None
+    init_weights = _init_layer(layers, init) if init else None
+    checkpoint = init_weights.checkpoint if init_weights else None
     preset = flags.get("preset", file_values.get("preset"))
     if preset is not None:
         _preset_layer(layers, preset)
@@ -100,7 +123,7 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
     if checkpoint is not None:
         _note_resolution_change(layers, checkpoint)
     config = validate(TrainConfig(**layers.values))
-    return Resolved(config, dict(layers.sources), tuple(layers.notes), data=data, init=checkpoint)
+    return Resolved(config, dict(layers.sources), tuple(layers.notes), data=data, init=init_weights)
 
 
 class _Layers:
@@ -139,8 +162,6 @@ def _check_known(values: Mapping[str, Any], what: str, extra: frozenset[str] = f
 
 def _read_config_file(path: str) -> dict[str, Any]:
     """A run's config.json, or a JSON/YAML file of TrainConfig fields (`vitlab train --config`)."""
-    from .configfile import check_model_args, check_types, parse_settings
-
     values = parse_settings(path)  # bounded: size, nesting, no YAML aliases
     if not isinstance(values, dict):
         raise ValueError(f"--config {path}: expected a mapping of settings, got {type(values).__name__}")
@@ -148,51 +169,43 @@ def _read_config_file(path: str) -> dict[str, Any]:
     values = {k: v for k, v in values.items() if k not in RUN_RECORD_KEYS and k not in ("resume", "auto")}
     check_types(values, f"--config {path}")
     if "model_args" in values:
-        check_model_args(values["model_args"], f"--config {path}")
+        check_model_args_type(values["model_args"], f"--config {path}")
     return values
 
 
-def _init_layer(layers: _Layers, init: str) -> Any:
+def _init_layer(layers: _Layers, init: str) -> InitWeights:
     """What fine-tuning takes from its initial weights: their resolution, architecture name and, for weights a
     vitlab run wrote, that run's pre-processing."""
-    from ..eval.inference import resolve_weights
-    from ..models.registry import describe_architecture
-    from ..weights.load import read_checkpoint
-
-    path = resolve_weights(init)
-    checkpoint = read_checkpoint(path)
+    init_weights = read_init(init)
+    checkpoint = init_weights.checkpoint
     config, source = checkpoint.config, f"weights {init}"
     values: dict[str, Any] = {"model": config.name or describe_architecture(config), "model_args": {}}
     h, w = config.image_size
     if h == w:
         values["image_size"] = h
-    values.update(_recorded_preprocessing(path, checkpoint.meta))
+    values.update(_recorded_preprocessing(init_weights.path, checkpoint.meta))
     layers.apply(values, source)
-    return checkpoint
+    return init_weights
 
 
 def _recorded_preprocessing(weights: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
-    """The pre-processing the run that wrote `weights` used: its config.json (the run directory holds the file
-    directly, or two levels up from a checkpoint), else the evaluation resize recorded in the weights."""
-    for run_dir in (weights.parent, weights.parent.parent.parent):
-        recorded = run_dir / "config.json"
-        if (run_dir / "metrics.jsonl").exists() and recorded.exists():
-            try:
-                stored = config_from_json(recorded)
-            except (OSError, ValueError, TypeError) as err:  # TypeError: a list where a value belongs
-                raise ValueError(f"--init {weights}: cannot read the settings of the run that wrote it "
-                                 f"({str(err).splitlines()[0]})") from None
-            values = {k: getattr(stored, k) for k in PREPROCESSING}
-            from .configfile import check_types
-
-            check_types(values, f"--init {weights}: {recorded}")
-            return values
-    return {"eval_resize": meta["eval_resize"]} if meta.get("eval_resize") else {}
+    """The pre-processing the run that wrote `weights` used: its config.json (the weights are the run's own or
+    one of its checkpoints'), else the evaluation resize recorded in the weights."""
+    run_dir = run_dir_of(weights)
+    recorded = run_dir / CONFIG if run_dir is not None else None
+    if recorded is None or not recorded.exists():
+        return {"eval_resize": meta["eval_resize"]} if meta.get("eval_resize") else {}
+    try:
+        stored = config_from_json(recorded)
+    except (OSError, ValueError, TypeError) as err:  # TypeError: a list where a value belongs
+        raise ValueError(f"--init {weights}: cannot read the settings of the run that wrote it "
+                         f"({str(err).splitlines()[0]})") from None
+    values = {k: getattr(stored, k) for k in PREPROCESSING}
+    check_types(values, f"--init {weights}: {recorded}")
+    return values
 
 
 def _note_resolution_change(layers: _Layers, checkpoint: Any) -> None:
-    from ..models.config import ViTConfig
-
     native, size = checkpoint.config.image_size, layers.values["image_size"]
     if native != (size, size):
         how = ("the position embedding is resampled (bilinear, corners aligned, paper Section 3.2)"
@@ -221,8 +234,6 @@ def _file_layer(layers: _Layers, values: Mapping[str, Any], source: str) -> None
 def _check_model(layers: _Layers, checkpoint: Any) -> None:
     """The model settings against the model (model_args it has) or the initial weights (the same network), and
     --dev-fraction against the sweep it splits for: refused here, so that --print-config refuses them too."""
-    from .model_settings import check_against_init, check_model_args
-
     if checkpoint is not None:
         check_against_init(layers.values, layers.sources, checkpoint)
     else:
@@ -262,15 +273,10 @@ def _model_rules(layers: _Layers, recipe: str, auto: tuple[str, ...], checkpoint
 
 
 def _is_vit(values: Mapping[str, Any], checkpoint: Any) -> bool:
-    from ..models.config import ViTConfig
-
     return isinstance(checkpoint.config, ViTConfig) if checkpoint is not None else _width(values) is not None
 
 
 def _width(values: Mapping[str, Any]) -> int | None:
-    from ..models.config import ViTConfig
-    from ..models.registry import model_config
-
     config = model_config(values["model"], **values.get("model_args", {}))
     return config.width if isinstance(config, ViTConfig) else None  # a BiT has no representation layer
 
@@ -282,8 +288,6 @@ def _data_rules(layers: _Layers, recipe: str, auto: tuple[str, ...], data: Any) 
     todo = tuple(k for k in auto if k in BIT_DATA_FIELDS and k not in by_model and not layers.given_after(k, recipe))
     if not todo:
         return data
-    from ..data import build_datasets
-
     v = layers.values
     data = data or build_datasets(v["data"], v["val_fraction"], v["strict"])
     chosen, message = hyperrule_from_data(data, todo, v)

@@ -21,8 +21,11 @@ from ..data.stream import training_order
 from ..models.config import ViTConfig
 from ..models.registry import build_model as build_from_config
 from ..models.registry import describe_architecture, model_config
+from ..outputs import atomic_write
+from ..weights.load import model_from_checkpoint
 from .config import TrainConfig
 from .distributed import Dist
+from .resolve import InitWeights, read_init
 
 
 def check_classes(cfg: TrainConfig, data: Datasets) -> None:
@@ -74,21 +77,19 @@ def _representation(cfg: TrainConfig, config: Any) -> dict[str, Any]:
     return {"representation_size": cfg.representation_size or None}
 
 
-def build_model(cfg: TrainConfig, class_names: list[str], with_head: bool = True, init: Any = None) -> nn.Module:
+def build_model(cfg: TrainConfig, class_names: list[str], with_head: bool = True,
+                init: InitWeights | None = None) -> nn.Module:
     """From scratch (`--model`) or, for fine-tuning, from `--init` weights in any format `vitlab.load` reads
-    (or a run directory; `init` is its Checkpoint when already read): position embedding resampled to the run's
-    image size and, as the paper prescribes, the whole head replaced by a zero-initialised one for the new
-    classes. Without a head for self-supervision."""
+    (or a run directory; `init`: the resolution step's read of them, else they are read here): position
+    embedding resampled to the run's image size and, as the paper prescribes, the whole head replaced by a
+    zero-initialised one for the new classes. Without a head for self-supervision."""
     k = len(class_names) if with_head else 0
     if cfg.init:
         if cfg.representation_size or cfg.head_bias_init:
             raise ValueError("--representation-size and --head-bias-init shape a model trained from scratch; "
                              "fine-tuning replaces the head with a zero one (paper Section 3.2): leave them unset")
-        from ..eval.inference import resolve_weights
-        from ..weights.load import model_from_checkpoint, read_checkpoint
-
-        path = resolve_weights(cfg.init)
-        model = model_from_checkpoint(init or read_checkpoint(path), path, image_size=cfg.image_size)
+        init = init or read_init(cfg.init)
+        model = model_from_checkpoint(init.checkpoint, init.path, image_size=cfg.image_size)
         model.reset_classifier(k)
         model = _with_config(model, model.config.replace(**_setting_changes(cfg, model.config)))
     else:
@@ -149,8 +150,6 @@ def write_run_config(path: Path, cfg: TrainConfig, record: dict[str, Any], model
                      d: Dist) -> None:
     """config.json: the resolved values, where each came from, and what the run was built from (atomic: a
     resume must never find it torn)."""
-    from ..outputs import atomic_write
-
     text = json.dumps({
         **cfg.to_dict(), **record,
         "model_config": model.config.to_dict(),
