@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import errno
 import math
-import signal
-import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -18,46 +16,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from ..data import build_datasets, normalize
 from ..data.errors import DataError, describe_paths
 from ..device import all_reduce, autocast
-from ..models.registry import build_model as build_from_config
-from ..rundir import latest_valid_checkpoint
+from ..eval.fewshot_data import fewshot_weights
 from .banner import ConsoleLog, banner_lines
-from .checkpoint import (
-    prune_checkpoints,
-    read_checkpoint,
-    save_weights,
-    weights_meta,
-    write_checkpoint,
-)
+from .checkpointer import Checkpointer, find_resume_point
 from .config import TrainConfig
-from .distributed import Dist, all_gather_objects, barrier, grad_sync, setup, teardown, wrap_model
+from .distributed import Dist, barrier, grad_sync, setup, teardown, wrap_model
 from .mixup import draw_mixup
 from .objective import objective_for
-from .optim import Ema, build_optimizer, build_scheduler, replan_schedule
+from .optim import Ema, build_optimizer, build_scheduler
+from .preemption import StopDuringEvaluation, StopSignals
 from .resolve import Resolved
 from .runlock import prepare_run_dir
 from .runlog import RunLog, StepWindow, log, plot_curves, to_float
-from .setup import (
-    build_model,
-    check_classes,
-    make_loaders,
-    rng_state,
-    set_rng_state,
-    write_run_config,
-)
-
-_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
-
+from .setup import build_model, check_classes, make_loaders, write_run_config
 
 # A write into the run directory failed for a reason the user can fix: full disk or quota, file too large,
 # read-only file system or permissions.
@@ -66,26 +41,6 @@ OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EAC
 
 class OutputError(ValueError):
     """The run could not write its outputs; the checkpoints written before stay valid."""
-
-
-class _StoppableBatches:
-    """A loader's batches until `stop()` says so. It keeps the loader's `dataset`: the evaluation reads the
-    split's --strict and the files already reported from it (a bare generator hid both, so --strict never
-    failed an evaluation during training and every evaluation warned again)."""
-
-    def __init__(self, loader: Any, stop: Any):
-        self.loader, self.stop = loader, stop
-        self.dataset = getattr(loader, "dataset", None)
-
-    def __iter__(self) -> Any:
-        for batch in self.loader:
-            if self.stop():
-                raise _StopDuringEvaluation
-            yield batch
-
-
-class _StopDuringEvaluation(Exception):
-    """A stop was requested while evaluating: the evaluation is abandoned, the finished step is saved."""
 
 
 class TrainingDiverged(RuntimeError):
@@ -118,7 +73,7 @@ def run(config: TrainConfig | Resolved) -> RunResult:
         except OSError as err:
             if err.errno not in OUTPUT_ERRNOS:
                 raise
-            last = trainer.last_checkpoint or "none yet"
+            last = trainer.checkpoints.last or "none yet"
             raise OutputError(f"cannot write {err.filename or trainer.run_dir} ({err.strerror}) at step "
                               f"{trainer.step}; the last good checkpoint is {last}: free space or fix permissions, "
                               "then continue with --resume") from None
@@ -145,27 +100,35 @@ class Trainer:
         cfg, d = self.cfg, self.d
         self.data = resolved.data or build_datasets(cfg.data, cfg.val_fraction, cfg.strict)
         check_classes(cfg, self.data)
-        self.step, self.best, self.last_checkpoint, self.metrics = 0, None, None, {}
+        self.step, self.best, self.metrics = 0, None, {}
         self.window = StepWindow()  # the steps since the last logged line; its loss sum is in checkpoints
         torch.manual_seed(cfg.seed)
         self.objective = objective_for(cfg)
-        state = self._resume_model() if cfg.resume else None
-        if state is None:
+        resume = (find_resume_point(self.run_dir, self.objective, self.data.class_names, self.data.source, d.is_main)
+                  if cfg.resume else None)
+        if resume is None:
             model = build_model(cfg, self.data.class_names, self.objective.has_head, resolved.init)
             self.model = self.objective.wrap(model)
+        else:
+            self.model = resume.model
         self.model_config = self.model.config  # of the saved ViT (the encoder, for self-supervision)
         # self.model stays the model (sharded in place under FSDP); train_module is what the step calls (DDP)
         self.train_module = wrap_model(self.model, d, cfg.compile, cfg.fsdp)
         self.optimizer = build_optimizer(self.model, cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self.ema = Ema(self.model, cfg.ema) if cfg.ema else None
-        if state is not None:
-            self._restore(state)
+        self.checkpoints = Checkpointer(cfg, d, self.objective, self.model, self.optimizer, self.scheduler, self.ema,
+                                        self.data.class_names, resume.path if resume else None)
+        if resume is not None:
+            self.checkpoints.restore(resume.state)
+            self.step, self.best = int(resume.state["step"]), resume.state.get("best")
+            logged = resume.state.get("log_window") or {}  # a checkpoint between two logged lines: their mean
+            self.window.steps, self.window.loss = int(logged.get("steps", 0)), float(logged.get("loss", 0.0))
         else:
             torch.manual_seed(cfg.seed + 1 + 1_000_003 * d.rank)  # dropout: its own stream per process
         self.train_loader, self.val_loader, self.workers = make_loaders(cfg, self.data, self.step, d)
         self.bad_images: list[str] = list(self.data.skipped)
-        self._stop_requested: str | bool = False  # the signal's name once one arrived
+        self.stops = StopSignals(d)
         if d.is_main:
             lines = banner_lines(resolved, self.saved_model(), self.data, d.device, d.world, self.workers,
                                  torch.get_num_threads(), self.step)
@@ -177,84 +140,36 @@ class Trainer:
         if resolved.resumed_changes:
             self.log.record({"step": self.step, "split": "resume", "changed": resolved.resumed_changes})
 
-    def class_names_saved(self) -> list[str] | None:
-        """The class names the saved weights carry: none for an encoder without a head (self-supervision)."""
-        return self.data.class_names if self.model_config.num_classes else None
-
     def saved_model(self) -> Any:
         """The saved model (the encoder for self-supervision): what the banner and config.json describe."""
         return getattr(self.model, "encoder", self.model)
 
-    # --- setup helpers ---------------------------------------------------------------------------------
-    def _resume_model(self) -> dict[str, Any] | None:
-        """The model of the newest intact checkpoint (its own architecture: --init is not read again) and the
-        training state saved with it; None if the run has no checkpoint yet."""
-        ckpt = latest_valid_checkpoint(self.run_dir)
-        if ckpt is None:
-            if self.d.is_main:
-                log.info("no checkpoint in %s: starting from step 0", self.run_dir)
-            return None
-        weights, state = read_checkpoint(ckpt)
-        if list(state["class_names"]) != self.data.class_names:
-            raise DataError(
-                f"the classes of {self.data.source} differ from those of checkpoint {ckpt} "
-                f"({describe_paths(list(state['class_names']), 5)}); resume on the same data"
-            )
-        self.model = self.objective.wrap(build_from_config(weights.config))
-        self.model.load_state_dict(self.objective.merge_state(weights.state_dict, state.get("objective", {})))
-        self.model.class_names = list(self.data.class_names)
-        self.model.train()
-        self.last_checkpoint = ckpt
-        if self.d.is_main:
-            log.info("resuming from %s (step %d)", ckpt, state["step"])
-        return state
-
-    def _restore(self, state: dict[str, Any]) -> None:
-        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=_FULL)
-        self.scheduler.load_state_dict(state["scheduler"])
-        planned_for = replan_schedule(self.scheduler, self.cfg.steps)  # --resume --steps N: extend, never lr 0
-        if planned_for is not None and self.d.is_main:
-            log.info("learning-rate schedule re-planned from %d to %d steps: step %d takes lr %.3g", planned_for,
-                     self.cfg.steps, int(state["step"]) + 1, self.scheduler.get_last_lr()[0])
-        if self.ema is not None and state.get("ema") is not None:
-            with self.ema.applied(self.model):
-                set_model_state_dict(self.model, state["ema"], options=_FULL)
-                self.ema.capture(self.model)
-        self.step, self.best = int(state["step"]), state.get("best")
-        logged = state.get("log_window") or {}  # a checkpoint between two logged lines: their mean spans both
-        self.window.steps, self.window.loss = int(logged.get("steps", 0)), float(logged.get("loss", 0.0))
-        rngs = state["rng"]
-        if self.d.rank < len(rngs):
-            set_rng_state(rngs[self.d.rank])
-        else:  # resumed on more processes than saved: the extra ones start a fresh stream
-            torch.manual_seed(self.cfg.seed + 1 + 1_000_003 * self.d.rank)
-
     # --- the loop --------------------------------------------------------------------------------------
     def fit(self) -> RunResult:
         cfg, start_time = self.cfg, time.perf_counter()
-        previous = self._catch_stop_signals()
         window = self.window
         totals = StepWindow()
         status = "completed"
-        try:
-            batches = iter(self.train_loader)
-            while self.step < cfg.steps:
-                if self._preemption_agreed():
-                    status = "preempted"
-                    break
-                stats = self._train_step(batches)
-                self.step += 1
-                window.add(stats)
-                totals.add(stats)
-                self._after_step(window)
-        except _StopDuringEvaluation:  # the step is complete: its checkpoint is what resume needs
-            self.log.message(f"{self._stop_requested}: evaluation aborted; saving a checkpoint at step {self.step} "
-                             "and stopping")
-            self.save_checkpoint()
-            status = "preempted"
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+        with self.stops:  # SIGTERM and Ctrl-C stop the loop after the step (preemption.py)
+            try:
+                batches = iter(self.train_loader)
+                while self.step < cfg.steps:
+                    if self.stops.agreed():
+                        self.log.message(f"{self.stops.requested or 'SIGTERM'}: saving a checkpoint at step "
+                                         f"{self.step} and stopping")
+                        self.save_checkpoint()
+                        status = "preempted"
+                        break
+                    stats = self._train_step(batches)
+                    self.step += 1
+                    window.add(stats)
+                    totals.add(stats)
+                    self._after_step(window)
+            except StopDuringEvaluation:  # the step is complete: its checkpoint is what resume needs
+                self.log.message(f"{self.stops.requested}: evaluation aborted; saving a checkpoint at step "
+                                 f"{self.step} and stopping")
+                self.save_checkpoint()
+                status = "preempted"
         return self._finish(status, totals, time.perf_counter() - start_time)
 
     def _train_step(self, batches: Any) -> dict[str, float]:
@@ -295,7 +210,8 @@ class Trainer:
                 "seconds": seconds, "wait": wait, "load": load, "local_images": images}
 
     def _diverged(self, value: float) -> None:
-        last = f"the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint else "no checkpoint"
+        last = self.checkpoints.last
+        last = f"the last good checkpoint is {last}" if last else "no checkpoint"
         raise TrainingDiverged(
             f"loss is {value} at step {self.step + 1}; stopped without saving it ({last}). "
             "Lower --lr, lengthen --warmup or check the data"
@@ -334,13 +250,13 @@ class Trainer:
     def _evaluate(self, record: bool = True) -> dict[str, float]:
         t0 = time.perf_counter()
         with self.ema.applied(self.model) if self.ema is not None else nullcontext():
-            self.metrics = self.objective.evaluate(self.model, self._stoppable(self.val_loader), self.d.device,
+            self.metrics = self.objective.evaluate(self.model, self.stops.stoppable(self.val_loader), self.d.device,
                                                    self.data.num_classes, self.cfg)
             score = self.objective.score(self.metrics)
             improved = self.best is None or score > self.best.get("score", self.best["top1"])
             if improved:
                 self.best = {"top1": self.metrics["top1"], "score": score, "step": self.step}
-                self._save_evaluated_weights(self.run_dir / "best.safetensors")
+                self.checkpoints.save_weights(self.run_dir / "best.safetensors")
         if record:
             self.log.record({"step": self.step, "split": "val", **self.metrics, "ema": self.ema is not None,
                              "seconds": time.perf_counter() - t0})
@@ -351,8 +267,6 @@ class Trainer:
         """The paper's progress signal during pre-training: 5-shot linear accuracy (3 seeds) of the frozen
         representation, few-shot sets from the train split, accuracy on the validation split. Rank 0 only."""
         if self.d.is_main:
-            from ..eval.fewshot_data import fewshot_weights
-
             encoder = getattr(self.model, "encoder", self.model)  # self-supervision: the ViT inside
             with self.ema.applied(self.model) if self.ema is not None else nullcontext():
                 accuracy = fewshot_weights(encoder, self.cfg.data, shots=(5,), seeds=3,
@@ -361,70 +275,9 @@ class Trainer:
             self.log.message(f"step {self.step}: 5-shot linear accuracy {100 * accuracy:.2f}% on {self.cfg.data}")
         barrier()
 
-    def _save_evaluated_weights(self, path: Path) -> None:
-        """The weights as currently loaded in the model (EMA inside `ema.applied`), gathered from shards."""
-        weights, _ = self.objective.split_state(get_model_state_dict(self.model, options=_FULL))
-        if self.d.is_main:
-            save_weights(path, weights, self.model_config, self.class_names_saved(), weights_meta(self.cfg))
-        barrier()
-
     def save_checkpoint(self) -> Path:
-        weights, extras = self.objective.split_state(get_model_state_dict(self.model, options=_FULL))
-        optimizer = get_optimizer_state_dict(self.model, self.optimizer, options=_FULL)
-        ema = None
-        if self.ema is not None:
-            with self.ema.applied(self.model):
-                ema = get_model_state_dict(self.model, options=_FULL)
-        rngs = all_gather_objects(rng_state())
-        path = self.run_dir / "checkpoints" / f"step_{self.step:08d}"
-        if self.d.is_main:
-            state = {
-                "step": self.step,  # also the data position: the loader restarts at this step's global batch
-                "samples_seen": self.step * self.cfg.batch_size, "optimizer": optimizer,
-                "scheduler": self.scheduler.state_dict(), "ema": ema, "rng": rngs, "best": self.best,
-                "class_names": self.data.class_names, "world_size": self.d.world,
-                "objective": extras,  # self-supervision: mask token and prediction head, not in the weights file
-                "log_window": {"steps": self.window.steps, "loss": self.window.loss},  # the logged loss resumes
-            }
-            path = write_checkpoint(self.run_dir, self.step, weights, self.model_config, self.class_names_saved(),
-                                    state, weights_meta(self.cfg))
-            prune_checkpoints(self.run_dir, self.cfg.keep_last)
-        barrier()
-        self.last_checkpoint = path
-        return path
-
-    def _catch_stop_signals(self) -> dict[int, Any]:
-        """SIGTERM (preemption) and Ctrl-C ask the loop to stop after the current step, or at once during an
-        evaluation, and to save what resume needs; a second Ctrl-C aborts without saving. Returns the previous
-        handlers."""
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-
-        def request_stop(signum: int, frame: Any) -> None:
-            name = signal.Signals(signum).name
-            if signum == signal.SIGINT and self._stop_requested:
-                raise KeyboardInterrupt
-            self._stop_requested = self._stop_requested or name
-            log.warning("%s: stopping after this step with a checkpoint (Ctrl-C again: stop without saving)", name)
-
-        return {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
-
-    def _stoppable(self, loader: Any) -> _StoppableBatches:
-        """The evaluation batches, ending the evaluation when a stop is requested (one process: a job's
-        processes would have to agree first, so they finish the evaluation and stop after the step)."""
-        return _StoppableBatches(loader, lambda: bool(self._stop_requested) and self.d.world == 1)
-
-    def _preemption_agreed(self) -> bool:
-        """Every process stops at the same step, even if only some of them received the signal."""
-        flag = torch.tensor([1.0 if self._stop_requested else 0.0])
-        if self.d.world > 1:
-            flag = all_reduce(flag.to(self.d.device), "max").cpu()
-        if flag.item() > 0:
-            self.log.message(f"{self._stop_requested or 'SIGTERM'}: saving a checkpoint at step {self.step} and "
-                             "stopping")
-            self.save_checkpoint()
-            return True
-        return False
+        logged = {"steps": self.window.steps, "loss": self.window.loss}  # the logged loss resumes
+        return self.checkpoints.save(self.step, {"best": self.best, "log_window": logged})
 
     def _finish(self, status: str, totals: StepWindow, seconds: float) -> RunResult:
         weights = None
@@ -433,7 +286,7 @@ class Trainer:
                 self._evaluate(record=False)
             weights = self.run_dir / "model.safetensors"
             with self.ema.applied(self.model) if self.ema is not None else nullcontext():
-                self._save_evaluated_weights(weights)
+                self.checkpoints.save_weights(weights)
             if self.d.is_main:
                 plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png")
         summary = totals.summary(self.workers, self.d.world) if totals.steps else {}
