@@ -13,7 +13,8 @@ from PIL import Image
 import vitlab
 from vitlab.cli import main
 from vitlab.data import load_split, normalize
-from vitlab.train.config import RECIPES, config_from_json
+from vitlab.train.config import config_from_json
+from vitlab.train.recipes import RECIPES
 from vitlab.weights.load import preprocessing
 
 TINY = ["--model", "ViT-Ti/4", "--depth", "1", "--width", "32", "--heads", "2", "--mlp-dim", "64",

@@ -43,7 +43,7 @@ class CostModel:
         return {self.names[k]: t for k, t in self.measured.items()}
 
     def step_time(self, spec: RunSpec) -> StepTime:
-        from ..train.config import RECIPES
+        from ..train.recipes import RECIPES
 
         s = {**spec.settings, "objective": spec.settings.get("objective", RECIPES[spec.recipe].get("objective"))}
         key = repr((spec.recipe, s.get("model"), sorted((s.get("model_args") or {}).items()), s.get("image_size"),

@@ -70,7 +70,7 @@ def write_report(out: str | Path, path: str | Path) -> Path:
 def shared_setup() -> str:
     """What every experiment shares: the scale, the recipes and the three model families with their size and
     cost by vitlab's counters (known before any run)."""
-    from ..train.config import RECIPES
+    from ..train.recipes import RECIPES
     from .common import model_table
 
     f = FULL

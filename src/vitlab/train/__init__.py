@@ -1,7 +1,8 @@
 """Training and fine-tuning: `run(config) -> RunResult`, recipes as data, checkpoints that resume exactly."""
 
-from .config import RECIPES, TrainConfig, config_from_json
+from .config import TrainConfig, config_from_json
 from .loop import RunResult, TrainingDiverged, run
+from .recipes import RECIPES
 from .resolve import Resolved, resolve, resolve_config
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""Training configuration: one flat dataclass, and the paper's recipes as plain dicts of values over it.
+"""Training configuration: one flat dataclass, every value checked against its range (the recipes, plain dicts of
+values over it, are vitlab.train.recipes).
 
 How a run's values are decided from defaults, recipe, initial weights, preset, config file and flags is
 vitlab.train.resolve; the resolved config is what the run directory records (config.json) and what `--resume`
@@ -15,7 +16,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..data.transforms import EVAL_RESIZES, TRAIN_CROPS, TRAIN_RESIZES
-from .recipes_augreg import AUGREG_RECIPES, DEIT_RECIPE
 
 
 @dataclass(frozen=True)
@@ -95,77 +95,6 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-# Paper Tables 3 and 4, Appendix B.1. Values are the paper's; `pretrain` runs ~90 epochs of ImageNet-21k.
-RECIPES: dict[str, dict[str, Any]] = {
-    # Pre-training, paper Table 3 (sources: vitlab.train.recipes.RECIPE_SOURCES, `vitlab recipes`). Upstream
-    # ImageNet-21k and JFT training as the released models: sigmoid loss, head bias −10, a `pre_logits` layer
-    # as wide as the model (`auto`), linear decay to 1e-5. Steps: epochs × images / 4096 (recipes.EPOCHS).
-    "pretrain": dict(
-        model="ViT-B/16", image_size=224, optimizer="adam", lr=1e-3, weight_decay=0.03, betas=(0.9, 0.999),
-        warmup=10_000, decay="linear", linear_end=1e-5, grad_clip=1.0, dropout=0.1, loss="sigmoid",
-        head_bias_init=-10.0, batch_size=4096, steps=307_617, crop_scale=(0.05, 1.0), flip=True,
-        eval_every=10_000, log_every=50, auto=("representation_size",),
-        train_crop="inception", eval_resize="official",
-    ),
-    "pretrain-i1k": dict(
-        model="ViT-B/16", image_size=224, optimizer="adam", lr=3e-3, weight_decay=0.3, betas=(0.9, 0.999),
-        warmup=10_000, decay="cosine", grad_clip=1.0, dropout=0.1, loss="softmax", batch_size=4096,
-        steps=93_835, crop_scale=(0.05, 1.0), flip=True, eval_every=10_000, log_every=50,
-        train_crop="inception", eval_resize="official", auto=("representation_size",),
-    ),
-    "pretrain-jft": dict(
-        model="ViT-B/16", image_size=224, optimizer="adam", lr=8e-4, weight_decay=0.1, betas=(0.9, 0.999),
-        warmup=10_000, decay="linear", linear_end=1e-5, grad_clip=1.0, dropout=0.0, loss="sigmoid",
-        head_bias_init=-10.0, batch_size=4096, steps=517_822, crop_scale=(0.05, 1.0), flip=True,
-        eval_every=10_000, log_every=50, train_crop="inception", eval_resize="official",
-        auto=("lr", "steps", "representation_size"),  # Table 3's row for --model (recipes.MODEL_ROWS)
-    ),
-    "finetune": dict(
-        model="ViT-B/16", image_size=384, optimizer="sgd", lr=0.03, momentum=0.9, weight_decay=0.0,
-        warmup=500, decay="cosine", grad_clip=1.0, dropout=None, loss="softmax", batch_size=512, steps=10_000,
-        crop_scale=(0.05, 1.0), flip=True, eval_every=1000, log_every=50,
-        train_crop="inception", eval_resize="official",
-        auto=("dropout",),  # the official model config's dropout (0.1 for L/16, H/14, R50+B/16)
-    ),
-    # BiT-HyperRule (Kolesnikov et al. 2020, Section 3.3; big_transfer bit_pytorch/train.py, bit_hyperrule.py):
-    # SGD 0.9, lr 0.003, batch 512, no weight decay or clipping, step decay; steps, warm-up, decay points, MixUp
-    # and resolution follow from the training set (`auto`, vitlab.train.presets.hyperrule); the whole image
-    # resized to 160 (448), a random 128 (384) crop, flip; evaluation resizes the whole image to the crop size.
-    "bit-hyperrule": dict(
-        model="BiT-R50x1", image_size=384, optimizer="sgd", lr=0.003, momentum=0.9, weight_decay=0.0,
-        warmup=500, decay="step", lr_drops=(0.3, 0.6, 0.9), grad_clip=0.0, dropout=None, loss="softmax",
-        batch_size=512, steps=10_000, mixup=0.1, flip=True, eval_every=1000, log_every=50,
-        train_crop="resize-random-crop", eval_resize="official",
-        auto=("steps", "warmup", "lr_drops", "mixup", "image_size", "dropout"),
-    ),
-    # Appendix B.1.2: ViT-B/16, 1M steps at batch 4096, Adam lr 2e-4, 10k warm-up, cosine decay.
-    "mpp": dict(
-        model="ViT-B/16", image_size=224, objective="mpp", mpp_target="mean-color", optimizer="adam", lr=2e-4,
-        weight_decay=0.0, betas=(0.9, 0.999), warmup=10_000, decay="cosine", grad_clip=1.0, dropout=0.0,
-        batch_size=4096, steps=1_000_000, crop_scale=(0.05, 1.0), flip=True, eval_every=10_000, log_every=50,
-        train_crop="inception", eval_resize="official",
-    ),
-    # The pretrain recipe scaled to a laptop: a 4-layer, 128-wide ViT with 4×4 patches on the 8×8 digits
-    # upsampled to 16×16 (16 tokens + class token), cosine decay, 1000 steps of 128 (~90 epochs): 97.8-98.6%
-    # test top-1 over seeds 0-2 in about 2 minutes on 2 CPU cores. lr 2e-3: with the official (truncated)
-    # patch-embedding initialisation, lr 1e-3 gave 96.9-97.5%. Digits are not mirror-symmetric (no flip), and
-    # an inception crop of 5% of an 8×8 image is a blur, so crops keep at least half of the area; boxes are
-    # sub-pixel (integer boxes on 8×8 pixels are too coarse). On square digits the official eval resize is the
-    # short-side resize the demo used before the choice existed.
-    "demo": dict(
-        data="digits", model="ViT-Ti/4", model_args={"depth": 4, "width": 128, "num_heads": 4, "mlp_dim": 256},
-        image_size=16, optimizer="adam", lr=2e-3, weight_decay=0.05, betas=(0.9, 0.999), warmup=100,
-        decay="cosine", grad_clip=1.0, dropout=0.0, loss="softmax", label_smoothing=0.1, batch_size=128,
-        steps=1000, crop_scale=(0.5, 1.0), flip=False, eval_every=250, log_every=50,
-        train_crop="inception-subpixel", eval_resize="official",
-    ),
-    # AugReg's seven pre-training augmentation levels and DeiT's ImageNet-1k recipe (values and sources:
-    # vitlab.train.recipes_augreg).
-    **AUGREG_RECIPES,
-    "deit": DEIT_RECIPE,
-}
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:

@@ -29,12 +29,12 @@ from ..models.config import ViTConfig
 from ..models.registry import describe_architecture, model_config
 from ..rundir import CONFIG, run_dir_of
 from ..weights.load import read_checkpoint
-from .config import RECIPES, TrainConfig, config_from_json, validate
+from .config import TrainConfig, config_from_json, validate
 from .configfile import check_model_args_type, check_types, parse_settings
 from .data_rules import follow_data
 from .model_settings import check_against_init, check_model_args
 from .presets import BIT_DATA_FIELDS, FINETUNE_PRESETS, finetune_dropout, hyperrule_from_data
-from .recipes import MODEL_ROWS
+from .recipes import MODEL_ROWS, RECIPES
 
 # Settings a resumed run may change: they decide how long the run goes on and what it reports, not what it
 # computes. Everything else must equal the stored run.
