@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..data import EMBEDDED, DataError, load_split
+from ..data.sources import DECODE_ERRORS
 from ..data.untrusted import open_regular
 from ..models.config import ViTConfig
 
@@ -112,9 +114,6 @@ def dataset_inputs(data: str, config: ViTConfig, image_size: tuple[int, int], co
     """Held-out images of any dataset the trainer accepts: an embedded set (its test split) or an image folder
     (root/val/<class>/, a plain root/<class>/ tree, or root/train/<class>/ when there is no val/), one per
     class in turn, labelled with their file and class."""
-    from ..data import EMBEDDED, DataError, load_split
-    from ..data.sources import DECODE_ERRORS
-
     try:
         split = load_split(data, "val")
         which = "test-split images of the embedded set" if data in EMBEDDED else "validation images of"
@@ -140,8 +139,6 @@ def embedded_images(
 ) -> torch.Tensor:
     """(N, C, H, W) normalised images from the held-out split of an embedded dataset (`vitlab.data`, bundled
     with installed packages, no download), one per class in turn (0, 1, 2, …) so the figures show variety."""
-    from ..data.embedded import EMBEDDED
-
     if dataset not in EMBEDDED:
         raise ValueError(f"unknown embedded dataset {dataset!r}; choose from {', '.join(EMBEDDED)}")
     return dataset_inputs(dataset, config, image_size, count).x

@@ -29,7 +29,14 @@ from typing import Any
 
 import torch
 
-from .result import verdict
+from ..data import build_datasets
+from ..data.shards import ShardSplit
+from ..train.config import TrainConfig
+from ..train.distributed import Dist
+from ..train.setup import default_workers, make_loaders
+from .data_timm import timm_reader
+from .machine import environment
+from .result import BenchSettings, verdict
 
 
 @dataclass
@@ -187,10 +194,6 @@ def _drain(open_batches: Batches, steps: int, warm: int, count: Callable[[Any], 
 
 
 def _vitlab_batches(s: DataBenchSettings, workers: int, steps: int) -> Iterator[Any]:
-    from ..data import build_datasets
-    from ..train.config import TrainConfig
-    from ..train.setup import make_loaders
-
     data = build_datasets(s.data, s.val_fraction)
     cfg = TrainConfig(data=s.data, workers=workers, image_size=s.image_size, batch_size=s.batch_size, steps=steps,
                       seed=s.seed, val_fraction=s.val_fraction)
@@ -199,8 +202,6 @@ def _vitlab_batches(s: DataBenchSettings, workers: int, steps: int) -> Iterator[
 
 
 def _one_cpu_process() -> Any:
-    from ..train.distributed import Dist
-
     return Dist(rank=0, world=1, local_rank=0, local_world=1, device=torch.device("cpu"), owns_group=False)
 
 
@@ -213,16 +214,11 @@ def _timm_count(batch: Any) -> tuple[int, None]:
 
 
 def resolve_workers(workers: int | None) -> int:
-    from ..train.setup import default_workers
-
     return default_workers(_one_cpu_process()) if workers is None else workers
 
 
 def describe_source(s: DataBenchSettings) -> dict[str, Any]:
     """Open the source once, untimed: its kind and size (and a bad source fails here, in one line)."""
-    from ..data import build_datasets
-    from ..data.shards import ShardSplit
-
     train = build_datasets(s.data, s.val_fraction).train
     if isinstance(train, ShardSplit):
         kind = "shards"
@@ -242,10 +238,6 @@ def describe_source(s: DataBenchSettings) -> dict[str, Any]:
 def run_data_benchmark(s: DataBenchSettings, on_repeat: Callable[[str], None] | None = None,
                        on_batch: Callable[[int], None] | None = None) -> DataBenchResult:
     """Measure vitlab's training loader (and timm's) on `s.data`; see the module docstring for the protocol."""
-    from .data_timm import timm_reader
-    from .machine import environment
-    from .result import BenchSettings
-
     _check(s)
     workers = resolve_workers(s.workers)
     steps = math.ceil(s.images / s.batch_size)

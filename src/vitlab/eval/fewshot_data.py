@@ -19,6 +19,7 @@ from ..data.datasets import evaluation_splits
 from ..data.errors import DataError
 from ..data.loader import UnreadableImages
 from ..data.transforms import FEWSHOT_RESIZE, as_size
+from ..outputs import atomic_write
 from ..progress import progress as progress_bar
 from .fewshot_lsr import DEFAULT_L2, FewshotResult, fewshot_on_features, representations
 
@@ -86,7 +87,5 @@ def fewshot_weights(
 
 
 def write_json(result: FewshotResult, path: str | Path, extra: dict | None = None) -> None:
-    from ..weights.io import atomic_write
-
     text = json.dumps({**(extra or {}), **result.to_dict()}, indent=2)
     atomic_write(path, lambda tmp: Path(tmp).write_text(text))

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..outputs import atomic_write
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -80,8 +82,6 @@ def plot_confusion_matrix(
 ) -> Path:
     """A PNG of the row-normalised matrix (each true class's row sums to 100%); counts are written in the cells
     when there are few classes. Written atomically: a failed write leaves no partial file (OSError is raised)."""
-    from ..outputs import atomic_write
-
     fig = confusion_figure(confusion, class_names, title)
     path = Path(path)
     atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from ..flops import count_macs
 from .resolve import Resolved
 from .runlog import FILE_ONLY
 
@@ -39,8 +40,6 @@ def settings_lines(resolved: Resolved) -> list[str]:
 
 def banner_lines(resolved: Resolved, model: Any, data: Any, device: Any, world: int, workers: int,
                  threads: int, start_step: int) -> list[str]:
-    from ..flops import count_macs
-
     cfg = resolved.config
     config = model.config
     params = sum(p.numel() for p in model.parameters())

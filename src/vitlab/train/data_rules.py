@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..data import DataError, build_datasets
 from .presets import LARGE_DATASET, SMALL_DATASET, SMALL_IMAGES, typical_image_size
 
 DEMO_DATA = "digits"
@@ -108,8 +109,6 @@ def follow_data(layers: Any, recipe: str, data: Any) -> Any:
         todo = [k for k in todo if k not in ("warmup", "eval_every")]
     if not todo:
         return data
-    from ..data import DataError, build_datasets
-
     try:
         data = data or build_datasets(v["data"], v["val_fraction"], v["strict"])
     except DataError:  # unusable as it is (no val/ split, …): whoever needs the data says why, in its own words

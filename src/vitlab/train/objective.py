@@ -17,6 +17,8 @@ from ..data.loader import UnreadableImages
 from ..device import all_reduce, autocast
 from ..eval.classify import evaluate, per_image_loss
 from ..eval.metrics import ClassificationMeter
+from ..selfsup import MaskedPatchPredictor, MPPConfig
+from ..selfsup.mpp import validation_summary
 from .config import TrainConfig
 from .mixup import MixUp
 from .optim import classification_loss
@@ -68,8 +70,6 @@ class MaskedPatches(Classification):
         self.target = target
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        from ..selfsup import MaskedPatchPredictor, MPPConfig
-
         return MaskedPatchPredictor(model, MPPConfig(target=self.target))
 
     def loss(self, module: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
@@ -110,8 +110,6 @@ class MaskedPatches(Classification):
         return -metrics["loss"] if self.target == "pixels" else metrics["top1"]
 
     def summary(self, metrics: dict[str, float]) -> str:
-        from ..selfsup.mpp import validation_summary
-
         return validation_summary(metrics, self.target)
 
     def split_state(self, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:

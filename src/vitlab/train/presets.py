@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..data.sources import DECODE_ERRORS
+
 if TYPE_CHECKING:
     from ..data import Datasets
     from ..data.sources import ImageSplit
@@ -99,8 +101,6 @@ def typical_image_size(split: ImageSplit, probe: int = 64) -> tuple[int, int]:
     if split.arrays is not None:
         return int(split.arrays.shape[1]), int(split.arrays.shape[2])
     from PIL import Image
-
-    from ..data.sources import DECODE_ERRORS
 
     n, m = len(split), min(probe, len(split))
     sizes = []

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..outputs import atomic_write
 from ..progress import bars_enabled
 
 log = logging.getLogger("vitlab.train")
@@ -105,8 +106,6 @@ def truncate_metrics(path: Path, last_step: int) -> None:
             log.warning("%s: dropped a torn last line (the run was killed while writing it)", path)
     kept = [line for step, line in records if step <= last_step]
     text = "".join(line + "\n" for line in kept)
-    from ..outputs import atomic_write
-
     atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 

@@ -24,7 +24,10 @@ from typing import Any
 from ..data import EMBEDDED
 from ..data.datasets import has_val_split
 from ..data.errors import DataError
+from ..eval.classify import evaluate_weights
+from ..outputs import atomic_write
 from .config import TrainConfig
+from .loop import run
 from .resolve import Resolved
 
 log = logging.getLogger("vitlab.train")
@@ -90,9 +93,6 @@ def choose(rows: list[SweepRow]) -> SweepRow:
 
 def _fine_tune(resolved: Resolved) -> tuple[float, float]:
     """(final dev top-1, test top-1 of the final weights) of one run through the training loop."""
-    from ..eval.classify import evaluate_weights
-    from .loop import run
-
     cfg = resolved.config
     result = run(resolved)
     if result.status != "completed":
@@ -139,8 +139,6 @@ def run_sweep(settings: TrainConfig | Resolved) -> SweepResult:
 
 
 def write_sweep(result: SweepResult) -> None:
-    from ..weights.io import atomic_write
-
     record = {
         "protocol": "paper Appendix B.1.1: learning rate chosen on a dev split held out from train",
         "dev_fraction": result.dev_fraction,
@@ -162,8 +160,6 @@ def plot_sweep(result: SweepResult, path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from ..weights.io import atomic_write
 
     lrs = [r.lr for r in result.rows]
     fig, ax = plt.subplots(figsize=(6, 4))
