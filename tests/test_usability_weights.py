@@ -28,7 +28,8 @@ from vitlab.models import create_model
 from vitlab.rundir import step_dir
 from vitlab.train.checkpoint import save_weights, write_checkpoint
 from vitlab.weights.convert import convert
-from vitlab.weights.load import preprocessing, weights_path
+from vitlab.weights.load import preprocessing
+from vitlab.weights.locate import weights_path
 
 try:  # the references for items 6 and 13; the run-directory and transform tests need neither
     import timm

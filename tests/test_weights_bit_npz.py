@@ -17,7 +17,7 @@ from vitlab.cli import main
 from vitlab.errors import WeightsError
 from vitlab.models import BiT, BiTConfig, VisionTransformer, ViTConfig
 from vitlab.weights.bit_npz import bit_name, read_bit_npz, write_bit_npz
-from vitlab.weights.convert import convert
+from vitlab.weights.convert import convert, write
 from vitlab.weights.jax_npz import read_jax_npz, write_jax_npz
 from vitlab.weights.load import detect_format
 
@@ -160,7 +160,7 @@ def test_convert_npz_to_npz_and_routes_through_jax_npz(tmp_path: Path) -> None:
     src = save(tmp_path / "src.npz", arrays)
     assert detect_format(src) == "bit-npz"
     assert convert(src, tmp_path / "copy.npz") == "bit-npz"  # .npz of a BiT: big_transfer's layout
-    write_jax_npz(vitlab.load(src), tmp_path / "routed.npz", numbering="linen")  # numbering does not apply
+    write(vitlab.load(src), tmp_path / "routed.npz", "jax-npz", numbering="linen")  # numbering does not apply
     for name in ("copy.npz", "routed.npz"):
         with np.load(tmp_path / name) as out:
             assert sorted(out.files) == sorted(arrays) and all(np.array_equal(out[k], v) for k, v in arrays.items())

@@ -61,7 +61,7 @@ def test_class_names_travel_and_head_reset_drops_them(tmp_path):
 
 
 def test_save_is_atomic_when_writing_fails(tmp_path, monkeypatch):
-    import vitlab.weights.io as io
+    import vitlab.weights.vitlab_format as io
 
     def broken(tensors, filename, metadata=None):
         open(filename, "wb").write(b"partial")

@@ -1,7 +1,11 @@
 """vitlab: Vision Transformers exact to the paper (Dosovitskiy et al., ICLR 2021)."""
 
+from .data.transforms import model_transform
 from .factory import create_model
 from .models import BiTConfig, ResNetConfig, ViTConfig, list_models
+from .weights.load import load as load_weights
+from .weights.load import preprocessing
+from .weights.vitlab_format import save as save_weights
 
 __version__ = "0.1.0"
 
@@ -10,18 +14,14 @@ def load(path, image_size=None, num_classes=None, pretrained=None, **kwargs):
     """Load any supported weights file or folder (see `vitlab.weights.load`), or a published checkpoint by name,
     downloaded once into the cache (see `vitlab.hub`): `load("ViT-B/16", pretrained="augreg-i21k")`,
     `load("augreg-i21k:ViT-B/16")`, `load("hf-hub:google/vit-base-patch16-224")`."""
-    from .hub import load as _load
-
-    return _load(path, pretrained=pretrained, image_size=image_size, num_classes=num_classes, **kwargs)
+    return load_weights(path, image_size=image_size, num_classes=num_classes, pretrained=pretrained, **kwargs)
 
 
 def save(model, path) -> None:
     """Write vitlab safetensors with the config in the metadata; `load(save(m))` is exact (class names and the
     evaluation resize a loaded model carries are kept)."""
-    from .weights.io import save as _save
-
     resize = getattr(model, "eval_resize", None)
-    _save(model, path, meta={"eval_resize": resize} if resize else None)
+    save_weights(model, path, meta={"eval_resize": resize} if resize else None)
 
 
 def transforms(model_or_weights, train=False, seed=0, **train_options):
@@ -35,9 +35,6 @@ def transforms(model_or_weights, train=False, seed=0, **train_options):
         x = vitlab.transforms(model)("digit.png")
         probs = model(x[None]).softmax(-1)[0]
     """
-    from .data.transforms import model_transform
-    from .weights.load import preprocessing
-
     config, eval_resize = preprocessing(model_or_weights)
     return model_transform(config.image_size, config.mean, config.std, eval_resize, train, seed, **train_options)
 

@@ -4,7 +4,7 @@ drop_rate, drop_path_rate, global_pool, class_token), fresh or `pretrained`, who
 
 timm names build the vitlab model of that architecture at the name's resolution, with the class count of the tag
 (timm's default tag when the name has none), as timm.create_model(name, pretrained=False) does; pretrained=True
-loads `hf-hub:timm/ARCH.TAG` (vitlab.hub). The table of names and tags is the catalogue's (hub/catalogue.json).
+loads `hf-hub:timm/ARCH.TAG` (vitlab.weights.load). The table of names and tags is the catalogue's (hub/catalogue.json).
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from .hub.catalogue import timm_name
 from .models.config import BiTConfig, ModelConfig
 from .models.registry import build_model, model_config
 from .models.timm_compat import FeatureExtractor
+from .weights.load import load
 
 # timm keyword -> vitlab config field (global_pool and class_token choose `classifier`, mlp_ratio `mlp_dim`)
 TIMM_KEYWORDS = {"img_size": "image_size", "drop_rate": "dropout", "attn_drop_rate": "attn_dropout",
@@ -78,8 +80,6 @@ def _classifier(pool: str | None, class_token: bool | None) -> str:
 
 def model_config_for(name: str, overrides: dict[str, Any]) -> ModelConfig:
     """The config of a vitlab or timm name with vitlab-field overrides; ValueError naming a bad keyword."""
-    from .hub.catalogue import timm_name
-
     timm = timm_name(name)
     base = name
     if timm is not None:
@@ -126,10 +126,8 @@ def _unknown_keyword(name: str, overrides: dict[str, Any], err: TypeError) -> st
 
 
 def _load_pretrained(name: str, pretrained: bool | str, overrides: dict[str, Any]) -> nn.Module:
-    """Published weights by name (vitlab.hub); image_size / num_classes resize or re-head them, regularisation
+    """Published weights by name (vitlab.weights.load); image_size / num_classes resize or re-head them, regularisation
     settings (dropout, drop_path_rate) apply as given; anything that would change the weights is refused."""
-    from .hub import load
-
     overrides = dict(overrides)
     image_size, num_classes = overrides.pop("image_size", None), overrides.pop("num_classes", None)
     regularisation = {k: overrides.pop(k) for k in REGULARISATION if k in overrides}
@@ -142,8 +140,6 @@ def _load_pretrained(name: str, pretrained: bool | str, overrides: dict[str, Any
 
 
 def _is_timm(name: str) -> bool:
-    from .hub.catalogue import timm_name
-
     return timm_name(name) is not None
 
 

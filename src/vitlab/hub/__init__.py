@@ -1,4 +1,5 @@
-"""Published checkpoints by name: the catalogue (catalogue.json), the cache, downloads.
+"""Published checkpoints by name: the catalogue (catalogue.json), the cache, downloads. A name becomes a local
+file here; reading it into a model is vitlab.weights' job (hub knows no models).
 
     vitlab.load("ViT-B/16", pretrained="augreg-i21k")         # the AugReg ImageNet-21k ViT-B/16
     vitlab.load("augreg-i21k-ft-i1k:ViT-B/16")                # the same name written as one string
@@ -21,7 +22,7 @@ from .catalogue import Entry, default_tags, entries, find, is_catalogue_name, se
 from .fetch import fetch
 
 __all__ = ["Entry", "cache_dir", "default_tags", "entries", "entry_path", "fetch", "find", "imagenet_classes",
-           "is_catalogue_name", "load", "offline", "resolve", "resolve_path", "select", "tags"]
+           "is_catalogue_name", "offline", "published_info", "resolve", "select", "tags"]
 
 
 def resolve(name_or_path: str | Path, pretrained: str | bool | None = None, progress: bool = True,
@@ -34,11 +35,6 @@ def resolve(name_or_path: str | Path, pretrained: str | bool | None = None, prog
             return None, path
     entry = find(str(name_or_path), pretrained)
     return entry, fetch(entry, progress=progress)
-
-
-def resolve_path(name_or_path: str | Path) -> Path:
-    """A weights path for a path or a catalogue name (what `--init`, `--weights` accept)."""
-    return resolve(name_or_path)[1]
 
 
 @functools.cache
@@ -55,26 +51,3 @@ def published_info(entry: Entry | None, path: Path) -> dict[str, Any] | None:
         return {"name": entry.name, "classes": entry.classes, "eval_resize": entry.eval_resize,
                 "mean": entry.mean, "std": entry.std, "top1": entry.top1, "licence": entry.licence}
     return read_meta(path) if path.is_file() else None
-
-
-def load(name_or_path: str | Path, pretrained: str | bool | None = None, **kwargs: Any) -> Any:
-    """`vitlab.load` for paths and catalogue names alike. A published checkpoint gets `model.hub_entry` (its
-    catalogue record) and, for ImageNet-1k classifiers, `model.class_names`."""
-    from ..weights.load import load as load_file
-
-    entry, path = resolve(name_or_path, pretrained)
-    model = load_file(path, **kwargs)
-    if entry is not None and entry.model and entry.repo is not None:  # files in the cache are checked on read
-        from ..weights.checkpoint import Checkpoint
-        from ..weights.load import check_published
-
-        check_published(Checkpoint(model.config, {}, source=entry.format), path, entry.model, entry.name)
-    info = published_info(entry, path)
-    if info:
-        model.hub_entry = info
-        k = model.config.num_classes
-        if info.get("classes") == "imagenet1k" and k == 1000 and not getattr(model, "class_names", None):
-            model.class_names = [name for _, name in imagenet_classes()]
-    if not getattr(model, "class_names", None):  # weights without names: the class indices as text, so that
-        model.class_names = [str(i) for i in range(model.config.num_classes)]  # model.class_names[i] always works
-    return model

@@ -24,7 +24,7 @@ import torch
 from ..models.config import ModelConfig
 from ..outputs import storage_error
 from ..rundir import CHECKPOINTS, MANIFEST, STATE, WEIGHTS, list_checkpoints, sha256_file, step_dir
-from ..weights.io import read_vitlab, save
+from ..weights.vitlab_format import read_vitlab, save
 
 _FILES = (WEIGHTS, STATE)
 

@@ -34,7 +34,8 @@ from ..errors import WeightsError
 from ..models.config import BiTConfig
 from ..models.registry import RESNET_DEPTHS, list_models
 from .checkpoint import Checkpoint
-from .files import expected_shapes
+from .tensors import atomic_savez, check_npz_tensor, read_npz_arrays
+from .validate import expected_shapes
 
 __all__ = ["BIG_TRANSFER_WS_EPS", "bit_name", "is_bit_npz", "read_bit_npz", "warn_numerics", "write_bit_npz"]
 
@@ -101,8 +102,6 @@ def is_bit_npz(names: list[str]) -> bool:
 def read_bit_npz(path: str | os.PathLike) -> Checkpoint:
     """A big_transfer BiT `.npz` -> Checkpoint with vitlab's keys; the architecture comes from the file.
     meta: "gn_4d" (GroupNorm parameters stored as (1, 1, 1, C))."""
-    from .jax_npz import check_npz_tensor, read_npz_arrays
-
     arrays = read_npz_arrays(path)
     if not is_bit_npz(list(arrays)):
         hint = " (it is a ViT checkpoint: read it with vitlab.load)" if "embedding/kernel" in arrays else ""
@@ -167,8 +166,6 @@ def write_bit_npz(model: nn.Module, path: str | os.PathLike, gn_4d: bool = False
     """Export a BiT model to big_transfer's layout (readable by bit_pytorch's / bit_jax's loaders and timm's
     `resnetv2_*_bit`). gn_4d stores GroupNorm parameters as (1, 1, 1, C) instead of the released (C,).
     Written to a temporary name and renamed: never left half-written."""
-    from .jax_npz import _atomic_savez
-
     config = getattr(model, "config", None)
     if not isinstance(config, BiTConfig):
         raise ValueError(f"big_transfer's .npz layout holds BiT ResNets, not {type(model).__name__}; "
@@ -180,7 +177,7 @@ def write_bit_npz(model: nn.Module, path: str | os.PathLike, gn_4d: bool = False
             name, kind = _npz_name(key)
             t = _to_npz(t.detach().cpu(), kind, gn_4d)
             arrays[name] = np.ascontiguousarray((t.float() if t.dtype == torch.bfloat16 else t).numpy())
-    _atomic_savez(Path(path), arrays)
+    atomic_savez(Path(path), arrays)
 
 
 def warn_numerics(model: nn.Module, target: str, ws_eps: float, gn_eps: float, stacklevel: int = 3) -> None:

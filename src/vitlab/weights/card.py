@@ -11,7 +11,11 @@ from pathlib import Path
 
 from torch import nn
 
+from ..data.transforms import resize_before_crop
 from ..models.config import BiTConfig, ModelConfig, ViTConfig
+from ..outputs import atomic_write
+from .bit_npz import bit_name
+from .timm_arch import vitlab_name
 
 CARD = "README.md"
 FOLDER_FORMATS = ("timm", "hf")
@@ -39,11 +43,7 @@ _PAPERS = {
 def architecture_words(config: ModelConfig) -> str:
     """"ViT-B/16" for a registry variant; the dimensions for anything else (a custom depth is no ViT-B)."""
     if isinstance(config, BiTConfig):
-        from .bit_npz import bit_name
-
         return bit_name(config) or f"BiT ResNetV2 (units per stage {list(config.layers)}, width ×{config.width_factor})"
-    from .timm_arch import vitlab_name
-
     name = vitlab_name(config)
     if name:
         return name
@@ -75,8 +75,6 @@ def _model_rows(model: nn.Module) -> list[tuple[str, str]]:
 
 def preprocessing_lines(config: ModelConfig, eval_resize: str, fmt: str) -> list[str]:
     h, w = config.image_size
-    from ..data.transforms import resize_before_crop
-
     resize = _RESIZE_WORDS.get(eval_resize, eval_resize).format(h=h, w=w, r=resize_before_crop(max(h, w)))
     lines = [
         "- RGB; " + resize + "; bilinear resampling.",
@@ -152,8 +150,6 @@ def model_card(model: nn.Module, fmt: str, dest: str | Path, source: str | Path 
 
 def write_card(model: nn.Module, fmt: str, dest: str | Path, source: str | Path | None = None) -> Path:
     """`<dest stem>.md` beside a file export (folders get README.md from their writer); written atomically."""
-    from .io import atomic_write
-
     dest = Path(dest)
     card = dest.with_suffix(".md")
     text = model_card(model, fmt, dest, source)

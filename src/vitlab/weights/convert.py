@@ -10,7 +10,16 @@ from torch import nn
 from ..errors import WeightsError
 from ..models.config import BiTConfig, ViTConfig
 from ..progress import progress
-from .load import detect_format, load, read_checkpoint, weights_path
+from .bit_npz import write_bit_npz
+from .card import write_card
+from .hf import write_hf
+from .jax_npz import write_jax_npz
+from .load import detect_format, load, read_checkpoint
+from .locate import locate
+from .tensors import PICKLE_SUFFIXES
+from .timm import write_timm
+from .validate import check_values
+from .vitlab_format import save
 
 TARGETS = ("vitlab", "jax-npz", "bit-npz", "timm", "hf")
 
@@ -33,40 +42,28 @@ def write(
     model: nn.Module, dst: str | Path, fmt: str, source: str | Path | None = None, card: bool | None = None,
     **options: Any,
 ) -> Path | None:
-    """Write `model` as `fmt`. Folder exports (timm hub folders, HF) always hold a model card (README.md);
-    `card=True` also writes `<dst stem>.md` beside a file export. Returns that card's path, if written."""
+    """Write `model` as `fmt`, the one dispatch over the writers ("jax-npz" of a BiT means big_transfer's .npz).
+    Folder exports (timm hub folders, HF) always hold a model card (README.md); `card=True` also writes
+    `<dst stem>.md` beside a file export. Returns that card's path, if written."""
+    is_bit = isinstance(model.config, BiTConfig)
     if fmt == "vitlab":
-        from .io import save
-
         resize = getattr(model, "eval_resize", None)  # how the run evaluated: kept through conversions
         save(model, dst, meta={"eval_resize": resize} if resize else None)
-    elif fmt == "jax-npz":
-        from .jax_npz import write_jax_npz
-
-        write_jax_npz(model, dst, **options)
-    elif fmt == "bit-npz":
-        from .bit_npz import write_bit_npz
-
+    elif fmt == "bit-npz" or (fmt == "jax-npz" and is_bit):  # the official .npz of a BiT: big_transfer's layout
         write_bit_npz(model, dst, gn_4d=options.get("gn_4d", False))
+    elif fmt == "jax-npz":
+        write_jax_npz(model, dst, **options)
     elif fmt == "hf":
-        from .hf import write_hf
-
-        write_hf(model, dst, source)
+        write_hf(model, dst, source)  # the HF format holds ViTs and BiTs (config.json model_type)
     else:
-        from .timm import write_timm
-
         write_timm(model, dst, source)
     if card and not is_folder_export(dst, fmt):
-        from .card import write_card
-
         return write_card(model, fmt, dst, source)
     return None
 
 
 def is_folder_export(dst: str | Path, fmt: str) -> bool:
     """HF exports are folders; timm ones unless the path names a state-dict file."""
-    from .files import PICKLE_SUFFIXES
-
     return fmt == "hf" or (fmt == "timm" and Path(dst).suffix not in (".safetensors", *PICKLE_SUFFIXES))
 
 
@@ -83,35 +80,25 @@ def convert(
     """Read `src` (any format, a run directory too), optionally resize/re-head, write `dst`; returns the format
     written. Folder exports get a model card naming `src`; `card=True` adds one beside a file export."""
     fmt = target_format(dst, to)
-    file = source_file(src)  # the weights file it means, named as the card's source
+    file = locate(src)  # the weights file it means, named as the card's source
     if Path(dst).resolve() in (Path(src).resolve(), file.resolve()):
         raise ValueError("destination is the source; write to a new path")
     with progress(total=2, desc=f"convert {file.name}", unit="phase") as bar:  # read, then write
         model = load(file, image_size=image_size, num_classes=num_classes, arch=arch)
         bar.update(1)
         if fmt == "jax-npz" and isinstance(model.config, BiTConfig):
-            fmt = "bit-npz"  # the official .npz of a BiT is big_transfer's layout
+            fmt = "bit-npz"  # what was written: the official .npz of a BiT is big_transfer's layout
         write(model, dst, fmt, source=file, card=card, **options)
         bar.update(1)
     return fmt
 
 
-def source_file(src: str | Path) -> Path:
-    """The weights a `convert` / `info` argument means: a published checkpoint's name its file in the download
-    cache (vitlab.hub), a run or checkpoint directory its model.safetensors, anything else itself."""
-    from ..hub import resolve_path
-
-    return weights_path(resolve_path(src))
-
-
 def describe(path: str | Path, arch: str | None = None) -> dict[str, Any]:
     """What `vitlab info` prints: the format, the inferred architecture, sizes and class names."""
-    file = source_file(path)
+    file = locate(path)
     fmt = detect_format(file)
     ck = read_checkpoint(file, arch)
     cfg = ck.config
-    from .validate import check_values
-
     check_values(file, ck.state_dict, ck.meta.get("class_names"), cfg.num_classes)  # what loading would refuse
     info: dict[str, Any] = {"path": str(path)}
     if file != Path(path):  # a run or checkpoint directory: say which file it means

@@ -8,20 +8,21 @@ representation layer, vitlab's `pre_logits`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
 from ..errors import WeightsError
 from ..models.config import OFFICIAL_MEAN, OFFICIAL_STD, BiTConfig, ModelConfig, ViTConfig
-from .card import CARD, model_card
+from .card import model_card
 from .checkpoint import Checkpoint
-from .files import check_against, expected_shapes, read_json, read_weights_folder, write_folder_atomically
+from .hf_bit import read_hf_bit, write_hf_bit
+from .hf_folder import PREPROCESSOR, class_names_of, hf_architecture, hf_num_classes, label_maps, write_hf_folder
+from .tensors import read_json, read_weights_folder
 from .timm_arch import vitlab_name
+from .validate import check_against, expected_shapes
 
 __all__ = ["config_from_hf", "hf_config", "read_hf", "to_hf_state_dict", "write_hf"]
 
@@ -34,8 +35,6 @@ HF_DEFAULTS: dict[str, Any] = {
     "hidden_act": "gelu", "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "layer_norm_eps": 1e-12,
     "image_size": 224, "patch_size": 16, "num_channels": 3, "qkv_bias": True, "pooler_act": "tanh",
 }  # fmt: skip
-PREPROCESSOR = "preprocessor_config.json"
-HF_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", PREPROCESSOR, "README.md")
 
 
 def _module_map(depth: int) -> list[tuple[str, str]]:
@@ -101,14 +100,12 @@ def read_hf(path: str | Path) -> Checkpoint:
     cfg_path = folder / "config.json"
     hf = read_json(cfg_path)
     if hf.get("model_type") == "bit":  # BitForImageClassification / BitModel
-        from .hf_bit import read_hf_bit
-
         return read_hf_bit(folder)
     if hf.get("model_type") != "vit":
         raise WeightsError(cfg_path, f"model_type {hf.get('model_type')!r} is not 'vit'",
                            "vitlab reads HF ViTForImageClassification / ViTModel folders")  # fmt: skip
     file, tensors = read_weights_folder(folder, ("model.safetensors", "pytorch_model.bin"))
-    arch = hf_architecture(hf, tensors, cfg_path)
+    arch = hf_architecture(hf, tensors, cfg_path, (CLASSIFIER, BACKBONE), "vit.")
     base = "vit." if arch == CLASSIFIER else ""
     tensors, notes = _drop_unused(tensors, arch, base)
     mean, std = _normalisation(folder / PREPROCESSOR)
@@ -117,7 +114,7 @@ def read_hf(path: str | Path) -> Checkpoint:
     expected = {k: v.shape for k, v in to_hf_state_dict(meta_state, config, base).items()}
     check_against(file, expected, tensors, f"{arch} with this config.json")
     meta: dict[str, Any] = {"hf_architecture": arch}
-    names = _class_names(hf, config.num_classes)
+    names = class_names_of(hf, config.num_classes)
     if names:
         meta["class_names"] = names
     if not (folder / PREPROCESSOR).is_file():
@@ -125,20 +122,6 @@ def read_hf(path: str | Path) -> Checkpoint:
     if notes:
         meta["notes"] = notes
     return Checkpoint(config, from_hf_state_dict(tensors, config, base), source="hf", meta=meta)
-
-
-def hf_architecture(hf: dict[str, Any], tensors: dict[str, torch.Tensor], path: Path,
-                    classes: tuple[str, str] = (CLASSIFIER, BACKBONE), base: str = "vit.") -> str:
-    """The transformers class of a folder, one of (classifier, backbone): its config's `architectures`, else
-    whether the tensors sit under the classifier's `base` prefix."""
-    classifier, backbone = classes
-    archs = hf.get("architectures") or []
-    if archs:
-        if archs[0] not in classes:
-            raise WeightsError(path, f"architecture {archs[0]!r} is not supported",
-                               f"vitlab reads {classifier} and {backbone} weights")  # fmt: skip
-        return archs[0]
-    return classifier if any(k.startswith(base) for k in tensors) else backbone
 
 
 def _drop_unused(tensors: dict[str, torch.Tensor], arch: str, base: str) -> tuple[dict[str, torch.Tensor], list[str]]:
@@ -168,9 +151,7 @@ def config_from_hf(
         if len(patch) != 2 or patch[0] != patch[1]:
             raise WeightsError(path, f"patch_size={patch} is not square", "vitlab uses square patches")
         patch = patch[0]
-    num_classes = 0
-    if arch == CLASSIFIER:
-        num_classes = len(hf["id2label"]) if isinstance(hf.get("id2label"), dict) else int(hf.get("num_labels", 2))
+    num_classes = hf_num_classes(hf, arch, CLASSIFIER)
     try:
         config = ViTConfig(
             image_size=c["image_size"], patch_size=patch, width=c["hidden_size"], depth=c["num_hidden_layers"],
@@ -197,15 +178,6 @@ def _normalisation(path: Path) -> tuple[Any, Any]:
     mean = [mean] * 3 if isinstance(mean, (int, float)) else mean
     std = [std] * 3 if isinstance(std, (int, float)) else std
     return mean, std
-
-
-def _class_names(hf: dict[str, Any], num_classes: int) -> list[str] | None:
-    """id2label's names in index order, unless they are HF's placeholders LABEL_0, LABEL_1, …"""
-    id2label = hf.get("id2label")
-    if not num_classes or not isinstance(id2label, dict):
-        return None
-    names = [str(id2label.get(str(i), f"LABEL_{i}")) for i in range(num_classes)]  # JSON keys are strings
-    return None if names == [f"LABEL_{i}" for i in range(num_classes)] else names
 
 
 # --- writing -------------------------------------------------------------------------------------------------
@@ -243,28 +215,6 @@ def hf_config(config: ViTConfig, class_names: list[str] | None = None) -> dict[s
     return {**out, **label_maps(config.num_classes, class_names)}
 
 
-def label_maps(num_classes: int, class_names: list[str] | None) -> dict[str, Any]:
-    """transformers' id2label / label2id (its own LABEL_i names when the model has none)."""
-    if not num_classes:
-        return {}
-    names = list(class_names or [f"LABEL_{i}" for i in range(num_classes)])
-    return {"id2label": {str(i): n for i, n in enumerate(names)}, "label2id": {n: i for i, n in enumerate(names)}}
-
-
-def write_hf_folder(folder: str | Path, config_json: dict[str, Any], preprocessor: dict[str, Any], card: str,
-                    tensors: dict[str, torch.Tensor]) -> None:
-    """config.json, the image processor's config, the model card and model.safetensors, into a temporary folder
-    renamed into place; an existing folder is replaced only if it holds nothing but an earlier export."""
-
-    def write(tmp: Path) -> None:
-        (tmp / "config.json").write_text(json.dumps(config_json, indent=2) + "\n", encoding="utf-8")
-        (tmp / PREPROCESSOR).write_text(json.dumps(preprocessor, indent=2) + "\n", encoding="utf-8")
-        (tmp / CARD).write_text(card, encoding="utf-8")
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-
-    write_folder_atomically(folder, write, owned=HF_FILES)
-
-
 def write_hf(model: nn.Module, folder: str | Path, source: str | Path | None = None) -> None:
     """A folder `transformers.ViTForImageClassification.from_pretrained` loads (a model without classifier is
     written as a ViTModel: pooler = pre_logits if it has one, else load it with add_pooling_layer=False).
@@ -273,8 +223,6 @@ def write_hf(model: nn.Module, folder: str | Path, source: str | Path | None = N
     written as a BitForImageClassification / BitModel folder."""
     config = model.config
     if isinstance(config, BiTConfig):
-        from .hf_bit import write_hf_bit
-
         return write_hf_bit(model, folder, source)
     check_hf_representable(config, folder)
     base = "vit." if config.num_classes else ""

@@ -22,8 +22,9 @@ from ..models.config import BiTConfig
 from .bit_npz import bit_name, warn_numerics
 from .card import model_card
 from .checkpoint import Checkpoint
-from .files import check_against, expected_shapes, read_json, read_weights_folder
-from .hf import PREPROCESSOR, _class_names, hf_architecture, label_maps, write_hf_folder
+from .hf_folder import PREPROCESSOR, class_names_of, hf_architecture, hf_num_classes, label_maps, write_hf_folder
+from .tensors import read_json, read_weights_folder
+from .validate import check_against, expected_shapes
 
 __all__ = ["HF_GN_EPS", "HF_WS_EPS", "config_from_hf_bit", "hf_bit_config", "read_hf_bit", "write_hf_bit"]
 
@@ -82,7 +83,7 @@ def read_hf_bit(path: str | Path) -> Checkpoint:
     check_against(file, {names[k]: s for k, s in shapes.items()}, tensors,
                   f"{arch} with this config.json")  # fmt: skip
     meta: dict[str, Any] = {"hf_architecture": arch}
-    class_names = _class_names(hf, config.num_classes)
+    class_names = class_names_of(hf, config.num_classes)
     if class_names:
         meta["class_names"] = class_names
     notes = [] if pre_path.is_file() else [f"no {PREPROCESSOR}: assumed mean = std = 0.5 and 224x224"]
@@ -124,9 +125,7 @@ def config_from_hf_bit(hf: dict[str, Any], path: str | Path, arch: str) -> BiTCo
             raise WeightsError(path, f"unsupported setting output_stride={c['output_stride']} (dilated stages)",
                                _FIX_CONFIG)  # fmt: skip
         stride *= 2
-    num_classes = 0
-    if arch == CLASSIFIER:
-        num_classes = len(hf["id2label"]) if isinstance(hf.get("id2label"), dict) else int(hf.get("num_labels", 2))
+    num_classes = hf_num_classes(hf, arch, CLASSIFIER)
     try:
         config = BiTConfig(layers=tuple(depths), width_factor=wf, in_chans=c["num_channels"], num_classes=num_classes,
                            gn_eps=HF_GN_EPS, ws_eps=HF_WS_EPS)  # fmt: skip

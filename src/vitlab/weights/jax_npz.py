@@ -15,8 +15,6 @@ import math
 import os
 import re
 import warnings
-import zipfile
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,12 +22,11 @@ import numpy as np
 import torch
 
 from ..errors import WeightsError
-from ..models.config import BiTConfig, ResNetConfig, ViTConfig
+from ..models.config import ResNetConfig, ViTConfig
 from ..models.registry import list_models, model_config
 from ..models.vit import VisionTransformer
-from ..outputs import atomic_write
-from ..progress import progress
 from .checkpoint import Checkpoint
+from .tensors import atomic_savez, check_npz_tensor, read_npz_arrays
 
 # Module names inside an encoder block. The 2020 releases (pre-Linen Flax) number modules in creation order
 # across all types; Linen numbers each module type separately.
@@ -170,34 +167,6 @@ def _open(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], str]:
     return {k.removeprefix(prefix): v for k, v in arrays.items()}, prefix
 
 
-def read_npz_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Every array of an .npz archive by name; a file that is not one (a lone .npy, a corrupt or truncated zip,
-    members that are not arrays) is a one-line WeightsError. Shared by the ViT and the BiT readers."""
-    with open(path, "rb") as f:  # a missing file stays FileNotFoundError
-        magic = f.read(6)
-    if magic.startswith(b"\x93NUMPY"):
-        raise WeightsError(path, "a single .npy array, not an .npz archive of named tensors",
-                           "pass the official .npz checkpoint")
-    if not magic.startswith(b"PK"):
-        raise WeightsError(path, "not an .npz archive (no zip header)",
-                           "official ViT and BiT weights are .npz files; use vitlab.load for other formats")
-    from .files import check_npz_members
-
-    check_npz_members(path)  # declared array sizes against the archive's, before numpy allocates them
-    try:
-        npz = np.load(path, allow_pickle=False)
-        with npz:  # decompressing a multi-GB release takes a while: a bar per tensor on a terminal
-            arrays = {k: npz[k] for k in progress(npz.files, desc=f"read {Path(path).name}", unit="tensor")}
-    except (zipfile.BadZipFile, EOFError, ValueError, OSError, zlib.error) as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise WeightsError(path, f"truncated or corrupt .npz archive ({reason})", _FIX_CORRUPT) from e
-    not_arrays = sorted(k for k, v in arrays.items() if not isinstance(v, np.ndarray))  # np.load returns bytes
-    if not_arrays:
-        raise WeightsError(path, f"member {not_arrays[0]} is not a numpy array: a zip, but not an .npz checkpoint",
-                           "use vitlab.load for other formats")
-    return arrays
-
-
 def _detect_numbering(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> str:
     pattern = re.compile(r"Transformer/encoderblock_\d+/MultiHeadDotProductAttention_(\d+)/")
     found = {m[1] for k in arrays if (m := pattern.match(k))}
@@ -213,19 +182,6 @@ def _detect_numbering(path: str | os.PathLike, arrays: dict[str, np.ndarray]) ->
                            "file, not the vision_transformer layout", "convert it with big_vision's tools")
     raise WeightsError(path, "missing tensor Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"
                        " (no encoder blocks)", _FIX_CORRUPT)
-
-
-def check_npz_tensor(path: str | os.PathLike, arrays: dict[str, np.ndarray], name: str, shape: tuple[int, ...],
-                     fix: str = _FIX_CORRUPT) -> None:
-    """One array of an .npz checkpoint: present, of `shape`, floating point; a one-line WeightsError otherwise."""
-    if name not in arrays:
-        raise WeightsError(path, f"missing tensor {name}", f"the file is incomplete; {fix}")
-    a = arrays[name]
-    if a.shape != shape:
-        raise WeightsError(path, f"tensor {name} has shape {a.shape}, expected {shape}",
-                           "the file mixes architectures or is corrupt; " + fix)
-    if not np.issubdtype(a.dtype, np.floating):
-        raise WeightsError(path, f"tensor {name} has dtype {a.dtype}, expected floating point", fix)
 
 
 def _dim(path: str | os.PathLike, arrays: dict[str, np.ndarray], name: str, ndim: int, axis: int) -> int:
@@ -342,12 +298,8 @@ def write_jax_npz(model: VisionTransformer, path: str | os.PathLike, numbering: 
 
     numbering: "pre-linen" (the 2020 releases) or "linen"; gn_4d stores GroupNorm params as (1, 1, 1, C) like
     the oldest hybrid files. The file is written to a temporary name and renamed: never left half-written.
-    A BiT model is written in big_transfer's layout instead (`bit_npz.write_bit_npz`; numbering does not apply).
+    A BiT model goes to `bit_npz.write_bit_npz` (`convert.write` chooses it for "jax-npz" of a BiT).
     """
-    if isinstance(getattr(model, "config", None), BiTConfig):
-        from .bit_npz import write_bit_npz
-
-        return write_bit_npz(model, path, gn_4d=gn_4d)
     if numbering not in NUMBERINGS:
         raise ValueError(f"numbering must be one of {sorted(NUMBERINGS)}, not {numbering!r}")
     config = _exportable(model)
@@ -360,7 +312,7 @@ def write_jax_npz(model: VisionTransformer, path: str | os.PathLike, numbering: 
                 if part.dtype == torch.bfloat16:  # numpy has no bfloat16; float32 holds it exactly
                     part = part.float()
                 arrays[name] = np.ascontiguousarray(part.numpy())
-    _atomic_savez(Path(path), arrays)
+    atomic_savez(Path(path), arrays)
 
 
 def _exportable(model: VisionTransformer) -> ViTConfig:
@@ -381,15 +333,3 @@ def _exportable(model: VisionTransformer) -> ViTConfig:
         warnings.warn(f"the model uses {' and '.join(differs)}; the official JAX code will compute slightly "
                       "different outputs from these weights", stacklevel=3)
     return config
-
-
-def _atomic_savez(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """np.savez into a temporary file beside `path`, then rename: readers see the old file or the new one."""
-
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as f:  # a file object keeps np.savez from appending ".npz" to the name
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-
-    atomic_write(path, write)

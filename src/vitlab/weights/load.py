@@ -17,35 +17,23 @@ import torch
 from torch import nn
 
 from ..errors import WeightsError
+from ..hub import imagenet_classes, published_info
+from ..hub.cache import read_meta
 from ..models.config import BiTConfig, ModelConfig, ViTConfig
 from ..models.posembed import resample_1d, resample_pos_embed, resample_relative_table
-from ..models.registry import build_model
+from ..models.registry import architecture_differences, build_model, describe_architecture, model_config
 from ..models.timm_compat import eval_resize_of
-from ..rundir import WEIGHTS, is_checkpoint_dir, is_run_dir, latest_valid_checkpoint, verify_checkpoint
+from .bit_npz import is_bit_npz, read_bit_npz
 from .checkpoint import Checkpoint
+from .hf import read_hf
+from .jax_npz import read_jax_npz
+from .locate import locate_published, weights_path
+from .tensors import read_json
+from .timm import read_timm
+from .validate import check_state_dict, check_values
+from .vitlab_format import is_vitlab_file, read_vitlab
 
 FORMATS = ("vitlab", "jax-npz", "bit-npz", "timm", "hf")
-
-
-def weights_path(path: str | Path) -> Path:
-    """The file or folder holding the weights `path` means. A run directory: its final model.safetensors, else
-    the one of its newest intact checkpoint; a checkpoint directory: its model.safetensors, once its manifest
-    checks; any other path (files, timm/HF folders) as it is."""
-    path = Path(path)
-    if is_checkpoint_dir(path):  # one checkpoint: verified, as resuming from it would be
-        problem = verify_checkpoint(path)
-        if problem is not None:
-            raise WeightsError(path, f"damaged checkpoint ({problem})", "pass the run directory or another checkpoint")
-        return path / WEIGHTS
-    if not is_run_dir(path):
-        return path
-    if (path / WEIGHTS).is_file():  # written when the run completed
-        return path / WEIGHTS
-    ckpt = latest_valid_checkpoint(path)
-    if ckpt is None:
-        raise WeightsError(path, "run directory has no final model.safetensors and no intact checkpoint",
-                           "wait for its first checkpoint, or resume the run")  # fmt: skip
-    return ckpt / WEIGHTS
 
 
 def detect_format(path: str | Path) -> str:
@@ -61,8 +49,6 @@ def detect_format(path: str | Path) -> str:
         return _zip_format(path)
     if path.suffix in (".pth", ".pt", ".bin", ".ckpt"):
         return "timm"
-    from .io import is_vitlab_file
-
     return "vitlab" if is_vitlab_file(path) else "timm"  # a bare safetensors state dict
 
 
@@ -71,8 +57,6 @@ def _folder_format(path: Path) -> str:
     if not cfg_path.exists():
         raise WeightsError(path, "folder has no config.json",
                            "pass a file, a timm or HF folder, or a vitlab run directory")  # fmt: skip
-    from .files import read_json
-
     cfg = read_json(cfg_path)  # an object, or one line saying what it is instead
     if cfg.get("model_type") in ("vit", "bit"):
         return "hf"
@@ -88,8 +72,6 @@ def _zip_format(path: Path) -> str:
     except (zipfile.BadZipFile, OSError):
         raise WeightsError(path, "corrupt or truncated zip archive", "re-download or re-export the file") from None
     if any(n.endswith(".npy") for n in names):
-        from .bit_npz import is_bit_npz
-
         return "bit-npz" if is_bit_npz(names) else "jax-npz"  # big_transfer names everything resnet/…
     if any(n.endswith("data.pkl") for n in names):
         return "timm"  # torch.save's zip format: a state dict, read with weights_only=True
@@ -101,8 +83,6 @@ def read_checkpoint(path: str | Path, arch: str | None = None) -> Checkpoint:
     checkpoint must hold the architecture its catalogue name promises."""
     path = weights_path(path)
     ck = _read_format(path, arch)
-    from ..hub.cache import read_meta
-
     record = read_meta(path) if path.is_file() else None
     if record and isinstance(record.get("model"), str) and record["model"]:
         check_published(ck, path, record["model"], str(record.get("name") or record["model"]))
@@ -112,8 +92,6 @@ def read_checkpoint(path: str | Path, arch: str | None = None) -> Checkpoint:
 def check_published(ck: Checkpoint, path: str | Path, model: str, name: str) -> None:
     """WeightsError when weights read for the published checkpoint `name` are not the architecture `model` it
     promises (a cache entry replaced by another file): a model must never be labelled what it is not."""
-    from ..models.registry import architecture_differences, describe_architecture, model_config
-
     try:
         promised = model_config(model)
     except ValueError:
@@ -127,37 +105,38 @@ def check_published(ck: Checkpoint, path: str | Path, model: str, name: str) -> 
 
 def _read_format(path: Path, arch: str | None) -> Checkpoint:
     fmt = detect_format(path)
-    if fmt == "vitlab":
-        from .io import read_vitlab
-
-        return read_vitlab(path)
-    if fmt == "jax-npz":
-        from .jax_npz import read_jax_npz
-
-        return read_jax_npz(path)
-    if fmt == "bit-npz":
-        from .bit_npz import read_bit_npz
-
-        return read_bit_npz(path)
-    if fmt == "hf":
-        from .hf import read_hf
-
-        return read_hf(path)
-    from .timm import read_timm
-
-    return read_timm(path, arch=arch)
+    if fmt == "timm":
+        return read_timm(path, arch=arch)
+    return {"vitlab": read_vitlab, "jax-npz": read_jax_npz, "bit-npz": read_bit_npz, "hf": read_hf}[fmt](path)
 
 
 def load(
-    path: str | Path,
+    name_or_path: str | Path,
     image_size: int | tuple[int, int] | None = None,
     num_classes: int | None = None,
     arch: str | None = None,
+    pretrained: str | bool | None = None,
 ) -> nn.Module:
-    """A model in eval mode with the file's weights. `image_size` resamples the position embedding,
-    `num_classes` (if different from the file's) attaches a new zero-initialised head. `arch` names the
-    architecture of a bare timm state dict when its shapes alone do not determine it."""
-    return model_from_checkpoint(read_checkpoint(path, arch), path, image_size, num_classes, owned=True)
+    """A model in eval mode with the weights `name_or_path` means (a file, folder, run directory or published name,
+    `weights.locate`). `image_size` resamples the position embedding, `num_classes` (if different from the
+    file's) attaches a new zero-initialised head. `arch` names the architecture of a bare timm state dict when
+    its shapes alone do not determine it; `pretrained` a published tag for a model name ("augreg-i21k", True: the
+    default). A published checkpoint gets `model.hub_entry` (its catalogue record) and, for ImageNet-1k
+    classifiers, `model.class_names`; weights without names get the class indices as text."""
+    entry, path = locate_published(name_or_path, pretrained)
+    ck = read_checkpoint(path, arch)
+    if entry is not None and entry.model and entry.repo is not None:  # files in vitlab's cache are checked on read
+        check_published(ck, path, entry.model, entry.name)
+    model = model_from_checkpoint(ck, path, image_size, num_classes, owned=True)
+    info = published_info(entry, path)
+    if info:
+        model.hub_entry = info
+        if info.get("classes") == "imagenet1k" and model.config.num_classes == 1000 and not getattr(
+                model, "class_names", None):
+            model.class_names = [name for _, name in imagenet_classes()]
+    if not getattr(model, "class_names", None):  # so that model.class_names[i] always works
+        model.class_names = [str(i) for i in range(model.config.num_classes)]
+    return model
 
 
 def model_from_checkpoint(
@@ -179,8 +158,6 @@ def model_from_checkpoint(
         ck.meta.pop("class_names", None)
     with torch.device("meta"):  # no time spent initialising weights the file replaces (2.3 s of ViT-L/16's 4)
         model = build_model(config)
-    from .validate import check_state_dict, check_values
-
     expected = model.state_dict()
     fresh = {k for k in expected if k.startswith("head.") and k not in state}  # the new zero-init head
     check_state_dict(path, {k: v.shape for k, v in expected.items() if k not in fresh}, state)
@@ -250,9 +227,7 @@ def preprocessing(model_or_weights: nn.Module | str | Path) -> tuple[ModelConfig
             raise ValueError(f"{type(model_or_weights).__name__} is not a vitlab model (it has no vitlab config); "
                              "pass a vitlab model or a weights path")  # fmt: skip
         return config, eval_resize_of(model_or_weights)
-    from ..hub import published_info, resolve
-
-    entry, path = resolve(model_or_weights)
-    ck = read_checkpoint(weights_path(path))
+    entry, path = locate_published(model_or_weights)
+    ck = read_checkpoint(path)
     published = (published_info(entry, path) or {}).get("eval_resize")
     return ck.config, ck.meta.get("eval_resize") or published or "official"

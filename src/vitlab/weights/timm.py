@@ -22,17 +22,16 @@ from torch import nn
 from ..errors import WeightsError
 from ..models.config import BiTConfig, ModelConfig, ViTConfig
 from ..models.registry import HYBRIDS, VIT_SIZES
+from ..outputs import atomic_write
+from .card import CARD, model_card
 from .checkpoint import Checkpoint
-from .files import (
+from .tensors import (
     PICKLE_SUFFIXES,
-    check_against,
-    expected_shapes,
     read_json,
     read_tensor_file,
     read_weights_folder,
     write_folder_atomically,
 )
-from .io import atomic_write
 from .timm_arch import (
     GAP_NAMES,
     HYBRID_NAMES,
@@ -47,6 +46,7 @@ from .timm_arch import (
     timm_name_options,
 )
 from .timm_bit import is_timm_bit, read_timm_bit, timm_bit_hub_config, to_timm_bit_state_dict
+from .validate import check_against, expected_shapes
 
 __all__ = ["read_timm", "timm_config", "timm_model_args", "timm_model_name", "to_timm_state_dict", "write_timm"]
 
@@ -313,8 +313,6 @@ def write_timm(model: nn.Module, path: str | Path, source: str | Path | None = N
     elif path.suffix in PICKLE_SUFFIXES:
         atomic_write(path, lambda p: torch.save(tensors, p))
     else:
-
-        from .card import CARD, model_card
 
         card = model_card(model, "timm", path, source)
 

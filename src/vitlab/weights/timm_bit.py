@@ -18,8 +18,8 @@ from torch import nn
 from ..errors import WeightsError
 from ..models.config import OFFICIAL_MEAN, OFFICIAL_STD, BiTConfig
 from ..models.registry import RESNET_DEPTHS
-from .files import check_against, expected_shapes
 from .timm_arch import timm_eval_crop
+from .validate import check_against, expected_shapes
 
 __all__ = ["TIMM_BITS", "is_timm_bit", "read_timm_bit", "timm_bit_hub_config", "to_timm_bit_state_dict"]
 

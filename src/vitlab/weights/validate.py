@@ -1,4 +1,5 @@
-"""The strict check every reader ends with: the file's tensors against the model's, by name and shape."""
+"""The strict check every reader ends with: the file's tensors against the model's, by name and shape; the shapes
+an architecture needs (built on the meta device, after its declared size is bounded); finite values."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 import torch
 
 from ..errors import WeightsError
+from ..models.config import ModelConfig
+from ..models.registry import build_model
 
 # The deepest published model has 66 units (BiT-R200x3: 3 + 24 + 36 + 3) and the widest stage count is four; a
 # file declaring more blocks than this is corrupt or crafted. Building even a meta-device model costs
@@ -79,3 +82,25 @@ def check_values(
     if len(class_names) != num_classes:
         raise WeightsError(path, f"class_names lists {len(class_names)} names for a head of {num_classes} classes",
                            "re-save the model with one name per class")
+
+
+def expected_shapes(config: ModelConfig, path: str | Path | None = None, tensors: int | None = None
+                    ) -> dict[str, torch.Size]:
+    """Every tensor the architecture needs, with its shape, without allocating or initialising weights. For a
+    config read from a file, `path` and the file's tensor count bound the declared depth before anything is built
+    (validate.check_declared_size)."""
+    if path is not None:
+        check_declared_size(path, config, tensors)
+    with torch.device("meta"):
+        model = build_model(config)
+    return {k: v.shape for k, v in model.state_dict().items()}
+
+
+def check_against(
+    path: str | Path, expected: Mapping[str, torch.Size], got: Mapping[str, torch.Tensor], arch: str
+) -> None:
+    """`check_state_dict`, with the architecture the expectation came from added to the message."""
+    try:
+        check_state_dict(path, expected, got)
+    except WeightsError as e:
+        raise WeightsError(e.path, f"{e.problem} (expected by {arch})", e.fix) from None

@@ -1,33 +1,94 @@
-"""The files foreign formats come in: reading safetensors, weights-only torch pickles, sharded folders and JSON
-configs into a flat name -> tensor dict with one-line WeightsErrors naming the file; the shapes an architecture
-needs, checked against a file in the file's own naming; writing an export folder atomically.
+"""The containers tensors come in, and their checks: safetensors (header checked against the file before anything
+is read), weights-only torch pickles and training-checkpoint wrappers, sharded folders with their JSON index, .npz
+archives (the official ViT and BiT formats), JSON configs; writing an .npz or an export folder atomically.
+Every failure is a one-line WeightsError naming the file. The format modules (jax_npz, bit_npz, timm, hf,
+vitlab_format) build on this; it knows no format's names.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import pickle
 import re
+import struct
 import zipfile
-from collections.abc import Callable, Mapping
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from numpy.lib import format as npy
+from safetensors.torch import load_file
 
 from ..errors import WeightsError
-from ..models.config import ModelConfig
-from ..models.registry import build_model
-from ..outputs import atomic_folder
-from .io import read_safetensors
-from .validate import check_state_dict
+from ..outputs import atomic_folder, atomic_write
+from ..progress import progress
 
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 # Training checkpoints nest the weights under one of these (timm: "state_dict", DeiT/MAE: "model").
 WRAPPER_KEYS = ("state_dict", "model", "module", "model_state_dict")
 # DDP and torch.compile prefix every key; neither changes the weights.
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+_MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit; a larger length means garbage, not a header
+_FIX_CORRUPT = "download or export the file again"
+
+
+# --- safetensors and torch pickles ---------------------------------------------------------------------------
+def safetensors_header(path: str | Path) -> dict[str, Any]:
+    """The parsed JSON header; WeightsError if the file is not safetensors or is shorter than its header says."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise WeightsError(path, "file is too short to be safetensors", "re-download or re-export it")
+        (n,) = struct.unpack("<Q", head)
+        if n <= 0 or n > _MAX_HEADER or 8 + n > size:
+            raise WeightsError(path, "not a safetensors file or truncated header", "re-download or re-export it")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):  # crafted nesting: RecursionError
+            raise WeightsError(path, "corrupt safetensors header", "re-download or re-export it") from None
+    _check_header_layout(path, header)
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    if 8 + n + max(ends, default=0) > size:
+        raise WeightsError(
+            path, f"truncated: {size} bytes, header needs {8 + n + max(ends)}", "re-download or re-export the file"
+        )
+    return header
+
+
+def _check_header_layout(path: Path, header: Any) -> None:
+    """The header's shape as the safetensors format defines it (name -> {dtype, shape, data_offsets}, and a
+    string -> string `__metadata__`), so that nothing after this meets a list where an object belongs."""
+    def ints(value: Any, count: int | None = None) -> bool:
+        return (isinstance(value, list) and (count is None or len(value) == count)
+                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value))
+
+    if not isinstance(header, dict):
+        raise WeightsError(path, f"corrupt safetensors header (a JSON {type(header).__name__}, not an object)",
+                           "re-download or re-export it")
+    for key, entry in header.items():
+        if key == "__metadata__":
+            ok = isinstance(entry, dict) and all(isinstance(v, str) for v in entry.values())
+        else:
+            ok = (isinstance(entry, dict) and isinstance(entry.get("dtype"), str) and ints(entry.get("shape"))
+                  and ints(entry.get("data_offsets"), 2))
+        if not ok:
+            raise WeightsError(path, f"corrupt safetensors header (entry {key[:80]!r} is malformed)",
+                               "re-download or re-export it")
+
+
+def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+    safetensors_header(path)  # precise errors first
+    try:
+        return load_file(str(path), device="cpu")
+    except Exception as err:  # the library's own errors are not one-liners
+        raise WeightsError(path, f"cannot read safetensors ({type(err).__name__})", "re-export the file") from None
 
 
 def read_tensor_file(path: str | Path) -> dict[str, torch.Tensor]:
@@ -138,11 +199,48 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def check_npz_members(path: str | Path) -> None:
+def write_folder_atomically(folder: str | Path, write: Callable[[Path], None], owned: tuple[str, ...]) -> None:
+    """Call write(tmp) for a fresh folder beside `folder`, then rename it into place, so a reader never sees a
+    half-written export. An existing `folder` is replaced only if it is empty or holds nothing but files named
+    in `owned` (an earlier export): a mistyped path must not delete someone's data."""
+    folder = Path(folder)
+    if folder.exists():
+        foreign = [p.name for p in folder.iterdir() if p.name not in owned] if folder.is_dir() else [folder.name]
+        if foreign:
+            raise WeightsError(folder, f"exists and holds {foreign[0]!r}", "write to a new or empty folder")
+    atomic_folder(folder, write)
+
+
+# --- .npz archives ------------------------------------------------------------------------------------------
+def read_npz_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Every array of an .npz archive by name; a file that is not one (a lone .npy, a corrupt or truncated zip,
+    members that are not arrays) is a one-line WeightsError. Shared by the ViT and the BiT readers."""
+    with open(path, "rb") as f:  # a missing file stays FileNotFoundError
+        magic = f.read(6)
+    if magic.startswith(b"\x93NUMPY"):
+        raise WeightsError(path, "a single .npy array, not an .npz archive of named tensors",
+                           "pass the official .npz checkpoint")
+    if not magic.startswith(b"PK"):
+        raise WeightsError(path, "not an .npz archive (no zip header)",
+                           "official ViT and BiT weights are .npz files; use vitlab.load for other formats")
+    check_npz_members(path)  # declared array sizes against the archive's, before numpy allocates them
+    try:
+        npz = np.load(path, allow_pickle=False)
+        with npz:  # decompressing a multi-GB release takes a while: a bar per tensor on a terminal
+            arrays = {k: npz[k] for k in progress(npz.files, desc=f"read {Path(path).name}", unit="tensor")}
+    except (zipfile.BadZipFile, EOFError, ValueError, OSError, zlib.error) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise WeightsError(path, f"truncated or corrupt .npz archive ({reason})", _FIX_CORRUPT) from e
+    not_arrays = sorted(k for k, v in arrays.items() if not isinstance(v, np.ndarray))  # np.load returns bytes
+    if not_arrays:
+        raise WeightsError(path, f"member {not_arrays[0]} is not a numpy array: a zip, but not an .npz checkpoint",
+                           "use vitlab.load for other formats")
+    return arrays
+
+
+def check_npz_members(path: str | os.PathLike) -> None:
     """WeightsError for an .npz member whose .npy header declares more data than the member holds: numpy
     allocates the declared shape before reading, so a 700-byte file could ask for hundreds of gigabytes."""
-    from numpy.lib import format as npy
-
     try:
         with zipfile.ZipFile(path) as archive:
             for info in archive.infolist():
@@ -163,37 +261,26 @@ def check_npz_members(path: str | Path) -> None:
         return
 
 
-def expected_shapes(config: ModelConfig, path: str | Path | None = None, tensors: int | None = None
-                    ) -> dict[str, torch.Size]:
-    """Every tensor the architecture needs, with its shape, without allocating or initialising weights. For a
-    config read from a file, `path` and the file's tensor count bound the declared depth before anything is built
-    (validate.check_declared_size)."""
-    if path is not None:
-        from .validate import check_declared_size
-
-        check_declared_size(path, config, tensors)
-    with torch.device("meta"):
-        model = build_model(config)
-    return {k: v.shape for k, v in model.state_dict().items()}
-
-
-def check_against(
-    path: str | Path, expected: Mapping[str, torch.Size], got: Mapping[str, torch.Tensor], arch: str
-) -> None:
-    """`check_state_dict`, with the architecture the expectation came from added to the message."""
-    try:
-        check_state_dict(path, expected, got)
-    except WeightsError as e:
-        raise WeightsError(e.path, f"{e.problem} (expected by {arch})", e.fix) from None
+def check_npz_tensor(path: str | os.PathLike, arrays: dict[str, np.ndarray], name: str, shape: tuple[int, ...],
+                     fix: str = _FIX_CORRUPT) -> None:
+    """One array of an .npz checkpoint: present, of `shape`, floating point; a one-line WeightsError otherwise."""
+    if name not in arrays:
+        raise WeightsError(path, f"missing tensor {name}", f"the file is incomplete; {fix}")
+    a = arrays[name]
+    if a.shape != shape:
+        raise WeightsError(path, f"tensor {name} has shape {a.shape}, expected {shape}",
+                           "the file mixes architectures or is corrupt; " + fix)
+    if not np.issubdtype(a.dtype, np.floating):
+        raise WeightsError(path, f"tensor {name} has dtype {a.dtype}, expected floating point", fix)
 
 
-def write_folder_atomically(folder: str | Path, write: Callable[[Path], None], owned: tuple[str, ...]) -> None:
-    """Call write(tmp) for a fresh folder beside `folder`, then rename it into place, so a reader never sees a
-    half-written export. An existing `folder` is replaced only if it is empty or holds nothing but files named
-    in `owned` (an earlier export): a mistyped path must not delete someone's data."""
-    folder = Path(folder)
-    if folder.exists():
-        foreign = [p.name for p in folder.iterdir() if p.name not in owned] if folder.is_dir() else [folder.name]
-        if foreign:
-            raise WeightsError(folder, f"exists and holds {foreign[0]!r}", "write to a new or empty folder")
-    atomic_folder(folder, write)
+def atomic_savez(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """np.savez into a temporary file beside `path`, then rename: readers see the old file or the new one."""
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:  # a file object keeps np.savez from appending ".npz" to the name
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+
+    atomic_write(path, write)

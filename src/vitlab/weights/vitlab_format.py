@@ -1,0 +1,68 @@
+"""vitlab's own format: safetensors with the model config (and optional class names, evaluation resize) in the
+metadata; `vitlab.save` writes it, `vitlab.load` reads it back exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from ..errors import WeightsError
+from ..models.config import config_from_dict
+from ..outputs import atomic_write
+from .checkpoint import Checkpoint
+from .tensors import PICKLE_SUFFIXES, read_safetensors, safetensors_header
+from .validate import check_state_dict, expected_shapes
+
+FORMAT_TAG = "vitlab"
+
+
+def is_vitlab_file(path: str | Path) -> bool:
+    meta = safetensors_header(path).get("__metadata__") or {}
+    return meta.get("format") == FORMAT_TAG
+
+
+def save(model: torch.nn.Module, path: str | Path, meta: dict[str, Any] | None = None) -> None:
+    """Weights + config (+ meta such as class names) in one safetensors file, written atomically. A name that
+    `load` would read as another format (`m.pt`: a PyTorch pickle) is refused, so that load(save(m)) holds."""
+    if Path(path).suffix in PICKLE_SUFFIXES:  # what detect_format reads as a pickle
+        raise ValueError(f"{path}: vitlab.save writes safetensors, but a {Path(path).suffix} file is read as a PyTorch "
+                         f"pickle; name it {Path(path).with_suffix('.safetensors').name}")
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    metadata = {"format": FORMAT_TAG, "config": model.config.to_json()}
+    class_names = (meta or {}).get("class_names", getattr(model, "class_names", None))
+    extra = {**(meta or {}), **({"class_names": list(class_names)} if class_names else {})}
+    if extra:
+        metadata["meta"] = json.dumps(extra)
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+
+
+def read_vitlab(path: str | Path) -> Checkpoint:
+    header = safetensors_header(path)
+    metadata = header.get("__metadata__") or {}
+    if metadata.get("format") != FORMAT_TAG or "config" not in metadata:
+        raise WeightsError(path, "safetensors file has no vitlab config", "load it as timm weights with arch=NAME")
+    try:
+        config = config_from_dict(json.loads(metadata["config"]))
+    except RecursionError:
+        raise WeightsError(path, "invalid vitlab config in metadata (nested too deeply)", "re-save the model") from None
+    except (ValueError, TypeError) as err:
+        raise WeightsError(path, f"invalid vitlab config in metadata: {err}", "re-save the model") from None
+    _check_header_shapes(path, config, header)
+    try:
+        meta = json.loads(metadata["meta"]) if "meta" in metadata else {}
+    except (json.JSONDecodeError, RecursionError):
+        raise WeightsError(path, "corrupt vitlab metadata ('meta' is not JSON)", "re-save the model") from None
+    if not isinstance(meta, dict):
+        raise WeightsError(path, "corrupt vitlab metadata ('meta' is not an object)", "re-save the model")
+    return Checkpoint(config, read_safetensors(path), source="vitlab", meta=meta)
+
+
+def _check_header_shapes(path: str | Path, config: Any, header: dict[str, Any]) -> None:
+    """The config in the metadata against the tensor shapes in the header, before anything is built or read:
+    a crafted config (image_size 40000 beside a small position embedding) must not make vitlab allocate for it."""
+    declared = {k: torch.empty(v["shape"], device="meta") for k, v in header.items() if k != "__metadata__"}
+    check_state_dict(path, expected_shapes(config, path, len(declared)), declared)
