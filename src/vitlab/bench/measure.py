@@ -6,12 +6,12 @@ import gc
 import math
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..device import autocast as device_autocast
 from ..flops import count_macs
 from ..models.config import BiTConfig, ViTConfig
 from ..models.registry import create_model, model_config
@@ -61,8 +61,7 @@ def build_models(settings: BenchSettings) -> list[tuple[str, str, nn.Module]]:
 
 def make_step(model: nn.Module, mode: str, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
     """One inference pass or one training step (forward, cross-entropy, backward, AdamW) as a closure."""
-    cuda = x.device.type == "cuda"
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else nullcontext()
+    autocast = device_autocast(x.device)  # bf16 on CUDA, as training and evaluation compute
     if mode == "infer":
         model.eval()
 
