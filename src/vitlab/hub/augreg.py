@@ -13,17 +13,14 @@ import difflib
 from functools import cache
 from pathlib import Path
 
-from .catalogue import Entry, entries
+from .entry import Entry, index_entry
+from .fetch import fetch
 
 AUGREG_URL = "https://storage.googleapis.com/vit_models/augreg/"
 # Fine-tuning datasets whose class count vitlab knows (informative: the file's head is what counts).
 ADAPT_CLASSES = {"imagenet2012": 1000, "cifar100": 100, "cifar10": 10, "oxford_iiit_pet": 37, "resisc45": 45,
                  "oxford_flowers102": 102, "sun397": 397}
 PRETRAIN = {"i21k": ("i21k", 21843), "i21k_30": ("i21k", 21843), "i1k": ("i1k", 1000)}
-
-
-def index_entry() -> Entry:
-    return next(e for e in entries() if e.name == "augreg-index")
 
 
 def vitlab_model(paper_name: str) -> str:
@@ -53,8 +50,6 @@ def augreg_entry(filename: str, index: Path | None = None) -> Entry:
     """The entry of one AugReg run; the index is fetched (or read from the cache) to check the name exists."""
     filename = filename.removesuffix(".npz")
     if index is None:
-        from .fetch import fetch
-
         index = fetch(index_entry(), progress=False)
     rows = read_index(index)
     row = rows.get(filename)

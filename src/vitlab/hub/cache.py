@@ -20,7 +20,7 @@ from urllib.parse import unquote, urlsplit
 
 from ..cache import cache_dir
 from ..outputs import atomic_write
-from .catalogue import Entry
+from .entry import Entry
 
 META_SUFFIX = ".vitlab.json"
 _TRUE = ("1", "true", "yes", "on")

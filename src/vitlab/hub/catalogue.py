@@ -10,12 +10,13 @@ because no size was published.
 
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from typing import Any
+
+from .augreg import augreg_entry
+from .entry import Entry, document, index_entry
 
 HF_PREFIX = "hf-hub:"
 # Units of the published sizes; the rounding a stated figure allows is half its last digit's unit.
@@ -25,41 +26,6 @@ DATASET_ALIASES = {
     "i21k": ("i21k", "in21k", "imagenet21k", "imagenet-21k", "i21k_30"),
     "i1k": ("i1k", "in1k", "imagenet", "imagenet1k", "imagenet-1k", "imagenet2012", "ilsvrc2012", "ilsvrc-2012"),
 }
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One published checkpoint: where it is, what architecture reads it, and how its publisher used it."""
-
-    name: str  # TAG:MODEL or hf-hub:owner/name
-    tag: str
-    model: str  # a vitlab.list_models() name
-    format: str  # jax-npz | bit-npz | hf | timm | csv
-    url: str | None = None  # plain HTTPS source (None for hub repositories)
-    repo: str | None = None  # Hugging Face repository id
-    pretrain: str | None = None
-    finetune: str | None = None
-    resolution: int | None = None
-    num_classes: int | None = None
-    representation: bool = False  # carries the pre_logits / pooler layer
-    size: int | None = None  # bytes
-    size_slack: int = 0  # bytes the stated size may be off by (its rounding)
-    size_source: str = "derived"
-    sha256: str | None = None  # only where a checksum is published (none is, today)
-    top1: float | None = None  # ImageNet top-1 (%) as its publisher reports it
-    top1_reference: str | None = None
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
-    eval_resize: str = "official"
-    classes: str | None = None  # "imagenet1k": class names shipped with vitlab
-    licence: str | None = None
-    reference: str | None = None
-    notes: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
-
-    def summary(self) -> dict[str, Any]:
-        data = {k: v for k, v in self.__dict__.items() if k != "extra" and v is not None}
-        return {**data, **self.extra}
 
 
 def parse_size(value: int | str | None) -> tuple[int | None, int]:
@@ -91,29 +57,19 @@ def _entry(group: dict[str, Any], item: dict[str, Any]) -> Entry:
 
 
 @cache
-def _document() -> dict[str, Any]:
-    text = resources.files(__package__).joinpath("catalogue.json").read_text(encoding="utf-8")
-    return json.loads(text)
-
-
-@cache
 def entries() -> tuple[Entry, ...]:
     """Every catalogue entry, in the file's order."""
-    doc = _document()
-    out = [_entry(g, item) for g in doc["groups"] for item in g["entries"]]
-    index = doc["index"]
-    out.append(Entry(name=index["name"], tag="index", model="", format="csv", url=index["url"],
-                     reference=index["reference"], licence="Apache-2.0"))
-    return tuple(out)
+    out = [_entry(g, item) for g in document()["groups"] for item in g["entries"]]
+    return (*out, index_entry())
 
 
 def tags() -> dict[str, str]:
     """Tag -> what it is (from the catalogue)."""
-    return {g["tag"]: g["about"] for g in _document()["groups"]}
+    return {g["tag"]: g["about"] for g in document()["groups"]}
 
 
 def default_tags() -> list[str]:
-    return list(_document()["default_tags"])
+    return list(document()["default_tags"])
 
 
 @dataclass(frozen=True)
@@ -134,7 +90,7 @@ class TimmName:
 
 def timm_models() -> dict[str, dict[str, Any]]:
     """timm architecture -> {"model": vitlab name, "default": tag or None, "tags": {tag: classes}}."""
-    return _document()["timm"]["models"]
+    return document()["timm"]["models"]
 
 
 def timm_name(name: str) -> TimmName | None:
@@ -209,8 +165,6 @@ def _lookup(name: str) -> Entry | None:
             raise ValueError(f"{name!r} is not hf-hub:owner/name")
         return Entry(name=name, tag="hf-hub", model="", format="hf", repo=repo, notes="not in the catalogue")
     if name.startswith("augreg:"):
-        from .augreg import augreg_entry
-
         return augreg_entry(name.split(":", 1)[1])
     return None
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import WeightsError
 from .cache import offline
-from .catalogue import Entry
+from .entry import Entry
 
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 OPTIONAL = ("preprocessor_config.json",)
