@@ -21,6 +21,7 @@ from PIL import Image
 
 import vitlab
 from vitlab.cli import build_parser, main
+from vitlab.eval.prediction import predict
 from vitlab.models import ViTConfig, build_model
 
 NONSENSE = ("0", "-1", "nan", "inf", "1e30")
@@ -176,7 +177,7 @@ def test_top_k_above_the_class_count_is_clamped_with_a_note(env, capsys, caplog)
     with caplog.at_level(logging.WARNING, logger="vitlab"):
         assert run_cli(["predict", "--weights", str(env.weights), "--top-k", "50", str(env.image)]) == 0
     assert "top-k 50 is more than the model's 10 classes: showing all 10" in caplog.text
-    results = vitlab.train.predict(env.weights, [str(env.image)], top_k=50, device="cpu")
+    results = predict(env.weights, [str(env.image)], top_k=50, device="cpu")
     assert len(results[0]["top"]) == 10
 
 
