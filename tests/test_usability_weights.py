@@ -22,13 +22,13 @@ from vitlab.cli import main
 from vitlab.data import EvalTransform, ShardSampler, TransformedSplit, make_loader, normalize
 from vitlab.data.sources import ImageSplit
 from vitlab.errors import WeightsError
-from vitlab.eval.inference import resolve_weights
 from vitlab.eval.prediction import predict
 from vitlab.models import create_model
 from vitlab.rundir import step_dir
 from vitlab.train.checkpoint import save_weights, write_checkpoint
 from vitlab.weights.convert import convert
 from vitlab.weights.load import preprocessing
+from vitlab.weights.locate import locate as resolve_weights
 from vitlab.weights.locate import weights_path
 
 try:  # the references for items 6 and 13; the run-directory and transform tests need neither

@@ -77,9 +77,8 @@ def run_analyze(args: argparse.Namespace) -> int:
     if args.components < 1:
         raise UserError("--components must be at least 1")
     from ..device import pick_device
-    from ..eval.inference import resolve_weights
 
-    model = vitlab.load(resolve_weights(args.weights)).to(pick_device(args.device))
+    model = vitlab.load(args.weights).to(pick_device(args.device))
     if not isinstance(model, VisionTransformer):
         raise UserError(f"{args.weights} holds a {type(model).__name__}; analyze needs a ViT or hybrid (attention)")
     cfg = model.config

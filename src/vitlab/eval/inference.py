@@ -9,16 +9,11 @@ import torch
 from torch import nn
 
 from ..weights.load import load
-from ..weights.locate import locate
-
-
-def resolve_weights(path: str | Path) -> Path:
-    """`vitlab.weights.locate.locate` (kept until train/resolve.py calls that directly)."""
-    return locate(path)
 
 
 def load_for_inference(weights: str | Path, device: torch.device) -> tuple[nn.Module, list[str]]:
-    """(model on device in eval mode, class names: the file's, else the class indices as text)."""
+    """(model on device in eval mode, class names: the file's, else the class indices as text). `weights`: anything
+    `vitlab.load` reads (a file or folder, a run or checkpoint directory, a published name)."""
     model = load(weights).to(device).eval()
     k = model.config.num_classes
     names = list(getattr(model, "class_names", None) or [str(i) for i in range(k)])

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from ..data import build_datasets
-from ..eval.inference import resolve_weights
 from ..models.config import ViTConfig
 from ..models.registry import describe_architecture, model_config
 from ..rundir import CONFIG, run_dir_of
 from ..weights.load import read_checkpoint
+from ..weights.locate import locate
 from .config import TrainConfig, config_from_json, validate
 from .configfile import check_model_args_type, check_types, parse_settings
 from .data_rules import follow_data
@@ -58,7 +58,7 @@ class InitWeights:
 
 
 def read_init(init: str | Path) -> InitWeights:
-    path = resolve_weights(init)
+    path = locate(init)
     return InitWeights(path, read_checkpoint(path))
 
 
