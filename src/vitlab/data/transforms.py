@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..eval_resize import EVAL_RESIZES, FEWSHOT_RESIZE, resize_before_crop
 from .sources import ImageSplit
 
 Size = tuple[int, int]  # (height, width)
@@ -51,8 +52,6 @@ Box = tuple[float, float, float, float]  # (left, top, right, bottom) in source 
 
 TRAIN_CROPS = ("inception", "inception-subpixel", "resize-random-crop")
 TRAIN_RESIZES = ("pil", "tensor")  # what resamples a training crop: PIL, or torch's uint8 kernel
-EVAL_RESIZES = ("official", "big_vision", "resize-short-crop")
-FEWSHOT_RESIZE = "fewshot"  # big_vision common_fewshot; an eval resize may be used for few-shot instead
 TF_MAX_ATTEMPTS = 100  # sample_distorted_bounding_box's default max_attempts
 
 
@@ -60,12 +59,6 @@ def as_size(image_size: int | tuple[int, int] | list[int]) -> Size:
     if isinstance(image_size, int):
         return (image_size, image_size)
     return (int(image_size[0]), int(image_size[1]))
-
-
-def resize_before_crop(size: int) -> int:
-    """The side an image is resized to before a central crop of `size` (big_vision: resize_small(256) then
-    central_crop(224); transfer: 448 then 384). Other sizes keep the ratio 8/7."""
-    return 448 if size == 384 else round(size * 8 / 7)
 
 
 def bit_resize(size: int) -> int:

@@ -11,16 +11,16 @@ from typing import Any
 
 from ..cache import file_lock
 from ..errors import WeightsError
+from . import hf
 from .cache import entry_path, meta_path, offline, problem, read_meta, readable, write_meta
 from .download import HostNotFound, download, sha256_of
 from .entry import Entry
-from .hf import fetch_repo
 
 
 def fetch(entry: Entry, *, force: bool = False, progress: bool = True, retry_delay: float = 1.0) -> Path:
     """The local path of `entry` (a file; a snapshot folder for hub repositories), downloading it if needed."""
     if entry.repo is not None:
-        return fetch_repo(entry, force=force)
+        return hf.fetch_repo(entry, force=force)  # read at call time: tests stand a fake hub in
     path = entry_path(entry)
     why = problem(path)
     if why is None and not force:

@@ -25,6 +25,7 @@ from torch import nn
 
 from .config import BiTConfig
 from .timm_compat import BiTTimmMixin
+from .vit import zero_head
 
 
 def standardize(weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -129,8 +130,6 @@ class BiT(BiTTimmMixin, nn.Module):
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """BiT transfer rule (and the ViT paper's): a new zero-initialised head for the new classes. `global_pool`
         (timm's argument) may only be "avg", the pooling BiT has."""
-        from .vit import zero_head
-
         self.check_global_pool(global_pool)
         self.head = zero_head(self.num_features, num_classes, self.norm.weight)
         self.config = self.config.replace(num_classes=num_classes)

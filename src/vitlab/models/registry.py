@@ -12,7 +12,9 @@ from typing import Any
 
 from torch import nn
 
+from .bit import BiT
 from .config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
+from .vit import VisionTransformer
 
 # size: (depth L, width D, mlp_dim, heads)
 VIT_SIZES: dict[str, tuple[int, int, int, int]] = {
@@ -115,9 +117,6 @@ def architecture_differences(expected: ModelConfig, got: ModelConfig) -> list[st
 
 
 def build_model(config: ModelConfig) -> nn.Module:
-    from .bit import BiT
-    from .vit import VisionTransformer
-
     return VisionTransformer(config) if isinstance(config, ViTConfig) else BiT(config)
 
 

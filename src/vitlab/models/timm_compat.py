@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..eval_resize import FEWSHOT_RESIZE, resize_before_crop
+
 # How closely timm's transforms reproduce each vitlab evaluation resize (the cfg's "vitlab_eval_resize_in_timm").
 TIMM_EXACTNESS = {
     "official": "exact",
@@ -35,15 +37,13 @@ TIMM_EXACTNESS = {
 
 def timm_eval_crop(image_size: tuple[int, int], eval_resize: str) -> dict[str, Any]:
     """timm's pretrained_cfg fields (interpolation, crop_pct, crop_mode, as timm.data.transforms_factory reads
-    them) that describe vitlab's evaluation pre-processing `eval_resize` (data/transforms.py) at `image_size`.
+    them) that describe vitlab's evaluation pre-processing `eval_resize` (vitlab/eval_resize.py) at `image_size`.
     timm resizes to floor(S / crop_pct), then crops S: "squash" ignores the aspect ratio, "center" keeps it."""
     side = max(image_size)
     if eval_resize == "official":  # the whole image to S×S, aspect ignored (vit_jax input_pipeline)
         return {"interpolation": "bilinear", "crop_pct": 1.0, "crop_mode": "squash"}
     if eval_resize == "resize-short-crop":
         return {"interpolation": "bilinear", "crop_pct": 1.0, "crop_mode": "center"}
-    from ..data.transforms import FEWSHOT_RESIZE, resize_before_crop  # the one definition of the 8/7 rule
-
     if eval_resize not in ("big_vision", FEWSHOT_RESIZE):
         raise ValueError(f"unknown eval resize {eval_resize!r}")
     resized = resize_before_crop(side)

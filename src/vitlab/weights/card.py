@@ -11,7 +11,7 @@ from pathlib import Path
 
 from torch import nn
 
-from ..data.transforms import resize_before_crop
+from ..eval_resize import resize_before_crop
 from ..models.config import BiTConfig, ModelConfig, ViTConfig
 from ..outputs import atomic_write
 from .bit_npz import bit_name
