@@ -101,7 +101,7 @@ def _save_state(state: dict[str, Any], path: Path) -> None:
         raise problem from None
 
 
-def read_checkpoint(path: Path) -> tuple[Any, dict[str, Any]]:
+def read_training_checkpoint(path: Path) -> tuple[Any, dict[str, Any]]:
     """(weights: a `vitlab.weights.checkpoint.Checkpoint` with config and state dict, training state)."""
     weights = read_vitlab(path / WEIGHTS)
     state = torch.load(path / STATE, map_location="cpu", weights_only=True)

@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.state_dict import (
 from ..data.errors import DataError, describe_paths
 from ..models.registry import build_model as build_from_config
 from ..rundir import latest_valid_checkpoint, step_dir
-from .checkpoint import prune_checkpoints, read_checkpoint, save_weights, weights_meta, write_checkpoint
+from .checkpoint import prune_checkpoints, read_training_checkpoint, save_weights, weights_meta, write_checkpoint
 from .config import TrainConfig
 from .distributed import Dist, all_gather_objects, barrier
 from .optim import Ema, replan_schedule
@@ -49,7 +49,7 @@ def find_resume_point(run_dir: Path, objective: Any, class_names: list[str], sou
         if is_main:
             log.info("no checkpoint in %s: starting from step 0", run_dir)
         return None
-    weights, state = read_checkpoint(ckpt)
+    weights, state = read_training_checkpoint(ckpt)
     if list(state["class_names"]) != class_names:
         raise DataError(
             f"the classes of {source} differ from those of checkpoint {ckpt} "

@@ -27,7 +27,7 @@ from ..data import build_datasets
 from ..models.config import ViTConfig
 from ..models.registry import describe_architecture, model_config
 from ..rundir import CONFIG, run_dir_of
-from ..weights.load import read_checkpoint
+from ..weights.load import read_weights
 from ..weights.locate import locate
 from .config import TrainConfig, config_from_json, validate
 from .configfile import check_model_args_type, check_types, parse_settings
@@ -59,7 +59,7 @@ class InitWeights:
 
 def read_init(init: str | Path) -> InitWeights:
     path = locate(init)
-    return InitWeights(path, read_checkpoint(path))
+    return InitWeights(path, read_weights(path))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from .bit_npz import write_bit_npz
 from .card import write_card
 from .hf import write_hf
 from .jax_npz import write_jax_npz
-from .load import detect_format, load, read_checkpoint
+from .load import detect_format, load, read_weights
 from .locate import locate
 from .tensors import PICKLE_SUFFIXES
 from .timm import write_timm
@@ -97,7 +97,7 @@ def describe(path: str | Path, arch: str | None = None) -> dict[str, Any]:
     """What `vitlab info` prints: the format, the inferred architecture, sizes and class names."""
     file = locate(path)
     fmt = detect_format(file)
-    ck = read_checkpoint(file, arch)
+    ck = read_weights(file, arch)
     cfg = ck.config
     check_values(file, ck.state_dict, ck.meta.get("class_names"), cfg.num_classes)  # what loading would refuse
     info: dict[str, Any] = {"path": str(path)}

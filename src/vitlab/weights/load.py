@@ -78,7 +78,7 @@ def _zip_format(path: Path) -> str:
     raise WeightsError(path, "zip archive holds neither .npy arrays nor a torch state dict", "pass an official .npz")
 
 
-def read_checkpoint(path: str | Path, arch: str | None = None) -> Checkpoint:
+def read_weights(path: str | Path, arch: str | None = None) -> Checkpoint:
     """The file's config and tensors in vitlab's names. A file the download cache recorded as a published
     checkpoint must hold the architecture its catalogue name promises."""
     path = weights_path(path)
@@ -124,7 +124,7 @@ def load(
     default). A published checkpoint gets `model.hub_entry` (its catalogue record) and, for ImageNet-1k
     classifiers, `model.class_names`; weights without names get the class indices as text."""
     entry, path = locate_published(name_or_path, pretrained)
-    ck = read_checkpoint(path, arch)
+    ck = read_weights(path, arch)
     if entry is not None and entry.model and entry.repo is not None:  # files in vitlab's cache are checked on read
         check_published(ck, path, entry.model, entry.name)
     model = model_from_checkpoint(ck, path, image_size, num_classes, owned=True)
@@ -228,6 +228,6 @@ def preprocessing(model_or_weights: nn.Module | str | Path) -> tuple[ModelConfig
                              "pass a vitlab model or a weights path")  # fmt: skip
         return config, eval_resize_of(model_or_weights)
     entry, path = locate_published(model_or_weights)
-    ck = read_checkpoint(path)
+    ck = read_weights(path)
     published = (published_info(entry, path) or {}).get("eval_resize")
     return ck.config, ck.meta.get("eval_resize") or published or "official"
