@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .driver import Experiment, read_results, run_experiment
 
-_MODULES = ["data_scaling", "compute", "pos_embed", "token_vs_gap", "attention_distance", "mpp"]
+_MODULES = ["pilot", "data_scaling", "compute", "pos_embed", "token_vs_gap", "attention_distance", "mpp"]
 
 
 def experiments() -> dict[str, Experiment]:
@@ -20,6 +20,7 @@ def experiments() -> dict[str, Experiment]:
     return {e.name: e for e in found}
 
 
-NAMES = ("data-scaling", "compute", "pos-embed", "token-vs-gap", "attention-distance", "mpp")
+NAMES = ("data-scaling", "compute", "pos-embed", "token-vs-gap", "attention-distance", "mpp")  # `all` runs these
+PILOT = "pilot"  # run before them: it chooses their pre-training source
 
-__all__ = ["NAMES", "Experiment", "experiments", "read_results", "run_experiment"]
+__all__ = ["NAMES", "PILOT", "Experiment", "experiments", "read_results", "run_experiment"]

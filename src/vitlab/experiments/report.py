@@ -14,8 +14,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from . import NAMES
+from . import NAMES, PILOT
 from .common import FULL
+from .design import describe
 from .driver import RESULTS, describe_setup, read_results
 
 FIGURES = "reproduction"
@@ -32,6 +33,13 @@ iterated function systems, Kataoka et al. 2020), since ImageNet-21k and JFT-300M
 the embedded digits (8×8, 1,797 images) and MNIST (5,000-image subset). Seeds are fixed and listed; ± is one standard
 deviation over seeds. The setup was fixed before the runs and not tuned afterwards to agree with the paper.
 
+Each experiment states its design (question, primary metric, decision rule, preconditions with thresholds) as data
+in its module, committed before its full run. A verdict is *holds*, *does not hold*, or *inconclusive* when a
+precondition failed: pre-training that did not learn its task (a), or did not help transfer (b), a learning rate
+chosen at the edge of its grid (c), or an effect within the seed spread (d). The pilot (section 0) chose the
+pre-training source by (a) and (b) alone. The previous design (fractals with the ImageNet recipe, 500 steps) and its
+verdicts, withdrawn by issue 21's review, are in this file's history (commit b8ca11c).
+
 This file is written by `vitlab experiment NAME` (and `vitlab experiment report`) from the results; text between
 `<!-- notes:NAME -->` markers is kept when it is rewritten.
 """
@@ -44,14 +52,14 @@ def write_report(out: str | Path, path: str | Path) -> Path:
 
     out, path, table = Path(out), Path(path), experiments()
     previous = path.read_text(encoding="utf-8") if path.is_file() else ""
-    found = {name: _full_results(out, name) for name in NAMES}
+    found = {name: _full_results(out, name, table[name]) for name in (PILOT, *NAMES)}
     if previous and not any(found.values()):
         raise ValueError(f"no full results under {out} (runs/ is not committed: run `vitlab experiment NAME` "
                          f"first); {path} left unchanged")
     sections, rows = [], []
-    for number, name in enumerate(NAMES, 1):
+    for number, name in enumerate((PILOT, *NAMES)):
         full = found[name]
-        kept = None if full else _measured_section(previous, number, name)
+        kept = None if full else _measured_section(previous, number, name, table[name])
         if kept is not None:  # measured on another machine or in another folder: its text stays as it was
             sections.append(kept[0])
             rows.append(kept[1])
@@ -59,7 +67,7 @@ def write_report(out: str | Path, path: str | Path) -> Path:
         figures = _copy_figures(full, out / name, path.parent) if full else []
         sections.append(section(number, name, full, figures, _notes(previous, name)))
         rows.append(_summary_row(name, full, table[name].paper))
-    summary = ["## Summary", "", "| experiment | paper | the paper's ordering (by the rule in its section) | wall "
+    summary = ["## Summary", "", "| experiment | paper | measured: verdict (by the rule in its section) | wall "
                "time of its runs |", "|---|---|---|---|", *rows, "", "A run shared by two experiments (compute re-uses "
                "data-scaling's size-M runs, for example) counts in both times; it was trained once.", ""]
     text = "\n".join([INTRO, *summary, shared_setup(), *sections]).rstrip() + "\n"
@@ -103,6 +111,8 @@ def section(number: int, name: str, results: dict[str, Any] | None, figures: lis
 
     exp = experiments()[name]
     lines = [f"## {number}. {name}: {exp.title} (paper {exp.paper})", "", f"**The paper's finding.** {exp.finding}", ""]
+    if exp.design is not None:
+        lines += [f"<!-- design:{name} v{exp.design.version} -->", describe(exp.design), ""]
     if results is None:
         setup = describe_setup(exp, FULL, exp.seeds)
         lines += [f"**Setup.** {setup} Seeds {', '.join(str(s) for s in exp.seeds)}.", "",
@@ -128,8 +138,17 @@ def _measured(r: dict[str, Any], figures: list[tuple[str, str]]) -> list[str]:
     for file, caption in figures:
         lines += [f"![{caption}]({file})", "", f"*{caption}*", ""]
     lines += ["**Measured.**", "", *(f"- {m}" for m in r["measured"]), ""]
-    lines += [f"**Verdict (measured).** At this scale the paper's ordering {verdict} by the rule: {check['rule']}.",
-              "", *(f"- {d}" for d in check["details"]), ""]
+    if "verdict" in r:
+        v = r["verdict"]
+        lines += ["*Preconditions*", "", "| precondition | runs | measured | holds |", "|---|---|---|---|",
+                  *(f"| ({c['key']}) {c['name']} | {c['what']} | {c['value']} | "
+                    f"{'yes' if c['holds'] else 'no' if c['holds'] is False else 'not measured'} |"
+                    for c in v["preconditions"]), "",
+                  f"**Verdict: {v['state']}.** {v['result']}" + (f" {v['trivial']}" if v["trivial"] else ""), ""]
+    else:
+        lines += [f"**Verdict (measured).** At this scale the paper's ordering {verdict} by the rule: "
+                  f"{check['rule']}.", ""]
+    lines += [*(f"- {d}" for d in check["details"]), ""]
     return lines
 
 
@@ -144,7 +163,10 @@ def _choices(choices: dict[str, Any]) -> str:
 def _summary_row(name: str, r: dict[str, Any] | None, paper: str) -> str:
     if r is None:
         return f"| {name} | {paper} | pending: no full run yet | |"
-    state = "holds" if r["check"]["holds"] else "does not hold"
+    if "verdict" in r:
+        state = f"{r['verdict']['result']}: {r['verdict']['state']}"
+    else:
+        state = "holds" if r["check"]["holds"] else "does not hold"
     return f"| {name} | {r['paper']} | {state} | {_minutes(_cost(r))} |"
 
 
@@ -170,18 +192,26 @@ def _copy_figures(results: dict[str, Any], folder: Path, report_dir: Path) -> li
     return copied
 
 
-def _full_results(out: Path, name: str) -> dict[str, Any] | None:
+def _full_results(out: Path, name: str, experiment: Any) -> dict[str, Any] | None:
+    """The full results of the experiment's current design (none for a result of another design version)."""
     results = read_results(out / name / RESULTS)
-    return results if results and results.get("mode") == "full" else None
+    if not results or results.get("mode") != "full":
+        return None
+    version = (results.get("design") or {}).get("version")
+    return results if version == (experiment.design.version if experiment.design else None) else None
 
 
-def _measured_section(previous: str, number: int, name: str) -> tuple[str, str] | None:
-    """(section, summary row) of an experiment the report being replaced already measured; None if it has no such
-    section (or only the pending one)."""
+def _measured_section(previous: str, number: int, name: str, experiment: Any) -> tuple[str, str] | None:
+    """(section, summary row) of an experiment the report being replaced already measured with the current design;
+    None if it has no such section (or only the pending one, or one of another design)."""
     found = re.search(rf"^## {number}\. {re.escape(name)}: .*?<!-- /notes:{re.escape(name)} -->\n", previous,
                       re.S | re.M)
     row = re.search(rf"^\| {re.escape(name)} \|.*$", previous, re.M)
     if found is None or row is None or "**Verdict: pending.**" in found.group(0):
+        return None
+    version = experiment.design.version if experiment.design else None
+    marker = re.search(rf"<!-- design:{re.escape(name)} v(\d+) -->", found.group(0))
+    if (int(marker.group(1)) if marker else None) != version:
         return None
     return found.group(0), row.group(0)
 
