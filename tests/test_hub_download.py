@@ -15,10 +15,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
+from vitlab.errors import WeightsError
 from vitlab.hub import cache as hub_cache
 from vitlab.hub.catalogue import Entry
 from vitlab.hub.fetch import fetch
-from vitlab.weights.errors import WeightsError
 
 
 class FileServer:

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import vitlab
-from vitlab.weights.errors import WeightsError
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("huggingface_hub")

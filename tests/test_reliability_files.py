@@ -12,9 +12,9 @@ from safetensors.torch import save_file
 
 import vitlab
 import vitlab.cli
+from vitlab.errors import WeightsError
 from vitlab.models import ViTConfig, build_model
 from vitlab.outputs import atomic_write
-from vitlab.weights.errors import WeightsError
 from vitlab.weights.files import read_weights_folder
 
 TINY = ViTConfig(image_size=16, patch_size=8, width=16, depth=1, mlp_dim=32, num_heads=2, num_classes=3)

@@ -23,8 +23,8 @@ from safetensors.torch import save_file
 
 import vitlab
 from vitlab.cli import main
+from vitlab.errors import WeightsError
 from vitlab.models import BiTConfig, ViTConfig, build_model
-from vitlab.weights.errors import WeightsError
 
 TINY = ViTConfig(image_size=16, patch_size=8, width=32, depth=1, mlp_dim=64, num_heads=2, num_classes=3)
 TINY_BIT = BiTConfig(layers=(1,), width_factor=1, image_size=16, num_classes=3)

@@ -83,10 +83,10 @@ def test_tensorboard_only_with_tb(tmp_path, monkeypatch, capsys):
 def test_a_host_that_does_not_resolve_fails_at_once_with_the_offline_line(tmp_path, monkeypatch):
     import socket
 
+    from vitlab.errors import WeightsError
     from vitlab.hub import download as hub_download
     from vitlab.hub.catalogue import Entry
     from vitlab.hub.fetch import fetch
-    from vitlab.weights.errors import WeightsError
 
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("VITLAB_OFFLINE", raising=False)
@@ -288,7 +288,7 @@ def test_hugging_face_hub_without_dns_reads_the_cache_at_once(tmp_path, monkeypa
     import socket
 
     import vitlab
-    from vitlab.weights.errors import WeightsError
+    from vitlab.errors import WeightsError
 
     pytest.importorskip("transformers")
     pytest.importorskip("huggingface_hub")

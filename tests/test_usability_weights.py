@@ -21,11 +21,11 @@ import vitlab
 from vitlab.cli import main
 from vitlab.data import EvalTransform, ShardSampler, TransformedSplit, make_loader, normalize
 from vitlab.data.sources import ImageSplit
+from vitlab.errors import WeightsError
 from vitlab.models import create_model
 from vitlab.train.checkpoint import save_weights, step_dir, write_checkpoint
 from vitlab.train.evaluate import predict, resolve_weights
 from vitlab.weights.convert import convert
-from vitlab.weights.errors import WeightsError
 from vitlab.weights.load import preprocessing, weights_path
 
 try:  # the references for items 6 and 13; the run-directory and transform tests need neither

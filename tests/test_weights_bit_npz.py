@@ -14,10 +14,10 @@ import torch
 
 import vitlab
 from vitlab.cli import main
+from vitlab.errors import WeightsError
 from vitlab.models import BiT, BiTConfig, VisionTransformer, ViTConfig
 from vitlab.weights.bit_npz import bit_name, read_bit_npz, write_bit_npz
 from vitlab.weights.convert import convert
-from vitlab.weights.errors import WeightsError
 from vitlab.weights.jax_npz import read_jax_npz, write_jax_npz
 from vitlab.weights.load import detect_format
 

@@ -18,9 +18,9 @@ from torch import nn
 
 import vitlab
 from vitlab.cli import main
+from vitlab.errors import WeightsError
 from vitlab.models import BiT, BiTConfig
 from vitlab.weights.bit_npz import write_bit_npz
-from vitlab.weights.errors import WeightsError
 from vitlab.weights.hf import write_hf
 
 transformers = pytest.importorskip("transformers")

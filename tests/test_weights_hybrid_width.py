@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 import vitlab
+from vitlab.errors import WeightsError
 from vitlab.models import ResNetConfig, VisionTransformer, ViTConfig
 from vitlab.models.resnet import StdConv2d
-from vitlab.weights.errors import WeightsError
 from vitlab.weights.jax_npz import write_jax_npz
 
 

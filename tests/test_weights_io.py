@@ -11,8 +11,8 @@ from safetensors.torch import load_file, save_file
 
 import vitlab
 from vitlab.cli import main
+from vitlab.errors import WeightsError
 from vitlab.models import ViTConfig, build_model
-from vitlab.weights.errors import WeightsError
 from vitlab.weights.load import detect_format
 
 TINY = dict(image_size=32, patch_size=8, width=48, depth=2, mlp_dim=96, num_heads=4, num_classes=5)

@@ -14,9 +14,9 @@ import pytest
 import torch
 from torch import nn
 
+from vitlab.errors import WeightsError
 from vitlab.models import ResNetConfig, VisionTransformer, ViTConfig, model_config
 from vitlab.models.resnet import StdConv2d
-from vitlab.weights.errors import WeightsError
 from vitlab.weights.jax_npz import read_jax_npz, write_jax_npz
 
 torch.set_num_threads(1)

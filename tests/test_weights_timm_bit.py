@@ -14,8 +14,8 @@ from torch import nn
 
 import vitlab
 from vitlab.cli import main
+from vitlab.errors import WeightsError
 from vitlab.models import BiTConfig, build_model
-from vitlab.weights.errors import WeightsError
 from vitlab.weights.timm import read_timm, write_timm
 from vitlab.weights.timm_bit import to_timm_bit_state_dict
 

@@ -35,8 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from ..errors import WeightsError
     from ..progress import set_verbosity
-    from ..weights.errors import WeightsError
 
     set_verbosity(args.verbosity)
 

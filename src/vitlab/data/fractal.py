@@ -37,6 +37,9 @@ from typing import Any
 
 import numpy as np
 
+from ..cache import cache_dir, file_lock
+from ..outputs import atomic_write
+from ..progress import progress
 from .errors import DataError, log
 from .sources import ImageSplit
 
@@ -296,8 +299,6 @@ def render_split(spec: FractalSpec, split: str, systems: list[np.ndarray],
 
 def cache_path(spec: FractalSpec) -> Path:
     """Where a spec's splits are kept: the vitlab cache ($VITLAB_CACHE, else the platform's) / fractal /."""
-    from ..hub.cache import cache_dir
-
     name = f"v{GENERATOR_VERSION}-{RENDER_SIZE}px-seed{spec.seed}-c{spec.categories}-n{spec.per_class}.npz"
     return cache_dir() / "fractal" / name
 
@@ -314,9 +315,6 @@ def fractal_splits(data: str) -> tuple[ImageSplit, ImageSplit]:
 
 @lru_cache(maxsize=2)  # rendering or even loading a large spec takes a while; the arrays are never modified
 def _splits(spec: FractalSpec) -> tuple[ImageSplit, ImageSplit]:
-    from ..hub.cache import file_lock
-    from ..outputs import atomic_write
-
     path = cache_path(spec)
     arrays = _load(path, spec)
     if arrays is None:
@@ -332,8 +330,6 @@ def _splits(spec: FractalSpec) -> tuple[ImageSplit, ImageSplit]:
 
 
 def _render_all(spec: FractalSpec) -> dict[str, np.ndarray]:
-    from ..progress import progress
-
     systems, tried = draw_categories(spec.seed, spec.categories)
     log.info("%s: %d categories from %d random IFS (%.0f%% pass the filling-rate filter)", spec.name,
              spec.categories, tried, 100 * spec.categories / tried)

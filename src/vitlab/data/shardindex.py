@@ -18,6 +18,7 @@ import tarfile
 from collections import Counter
 from pathlib import Path
 
+from ..cache import cache_dir
 from ..outputs import atomic_write
 from .errors import DataError, describe_paths, log
 from .untrusted import MAX_LABEL_BYTES, check_label_range, not_regular, parse_json
@@ -113,8 +114,6 @@ def scan_shard(path: Path) -> dict:
 
 def fallback_index_path(folder: Path) -> Path:
     """Where the index of a folder that cannot be written goes: the vitlab cache, named by the folder's path."""
-    from ..hub.cache import cache_dir
-
     digest = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:20]
     return cache_dir() / "shard-index" / f"{digest}.json"
 

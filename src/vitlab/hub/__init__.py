@@ -15,7 +15,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .cache import cache_dir, entry_path, offline, read_meta
+from ..cache import cache_dir
+from .cache import entry_path, offline, read_meta
 from .catalogue import Entry, default_tags, entries, find, is_catalogue_name, select, tags
 from .fetch import fetch
 

@@ -1,6 +1,6 @@
 """Where downloaded checkpoints live and how a cache entry is known to be whole.
 
-Layout: `$VITLAB_CACHE` (else `$XDG_CACHE_HOME/vitlab`, else `~/.cache/vitlab`) / host / URL path, e.g.
+Layout: the vitlab cache folder (`vitlab.cache.cache_dir`) / host / URL path, e.g.
 `~/.cache/vitlab/storage.googleapis.com/vit_models/augreg/B_16-….npz`, with beside each file
 - `<file>.vitlab.json`: what was downloaded (catalogue name, URL, size, sha256, pre-processing), written before
   the file is renamed into place, so a file without it is an interrupted download, never a cache entry;
@@ -11,51 +11,19 @@ Hugging Face repositories stay in huggingface_hub's own cache.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import sys
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from ..cache import cache_dir
 from ..outputs import atomic_write
 from .catalogue import Entry
 
 META_SUFFIX = ".vitlab.json"
 _TRUE = ("1", "true", "yes", "on")
-
-
-class CacheDirError(ValueError):
-    """The cache folder cannot be a folder (VITLAB_CACHE names a file): one line, exit code 2 on the CLI."""
-
-
-def cache_dir() -> Path:
-    """$VITLAB_CACHE, else the platform cache directory (XDG on Linux, ~/Library/Caches on macOS). CacheDirError
-    when that path, or a folder above it, is an existing file: nothing could be cached there."""
-    if os.environ.get("VITLAB_CACHE"):
-        return _usable(Path(os.environ["VITLAB_CACHE"]).expanduser(), "VITLAB_CACHE")
-    return _usable(_platform_cache_dir(), "the cache folder")
-
-
-def _usable(path: Path, what: str) -> Path:
-    for folder in (path, *path.parents):
-        if folder.exists():
-            if not folder.is_dir():
-                raise CacheDirError(f"{what} {path} cannot be a folder: {folder} is a file; point VITLAB_CACHE at a "
-                                    "folder (or unset it)")
-            break
-    return path
-
-
-def _platform_cache_dir() -> Path:
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Caches" / "vitlab"
-    if sys.platform == "win32" and os.environ.get("LOCALAPPDATA"):
-        return Path(os.environ["LOCALAPPDATA"]) / "vitlab" / "cache"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "vitlab"
 
 
 def offline() -> str | None:
@@ -118,26 +86,3 @@ def readable(path: Path, deep: bool) -> str | None:
     except (zipfile.BadZipFile, OSError, EOFError) as err:
         return f"unreadable zip archive ({err})"
     return f"corrupt member {bad} (CRC-32 mismatch)" if bad else None
-
-
-@contextlib.contextmanager
-def file_lock(path: Path, on_wait: Any = None) -> Iterator[None]:
-    """An exclusive lock on `<path>.lock` held for the block (fcntl.flock: released when the process dies)."""
-    lock = path.with_name(path.name + ".lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # Windows: no flock; concurrent downloads then each write their own .part
-        yield
-        return
-    with open(lock, "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if on_wait:
-                on_wait()
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)

@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ..weights.errors import WeightsError
+from ..errors import WeightsError
 from .cache import readable
 
 CHUNK = 1 << 20

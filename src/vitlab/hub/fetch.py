@@ -9,10 +9,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..weights.errors import WeightsError
-from .cache import entry_path, file_lock, meta_path, offline, problem, write_meta
+from ..cache import file_lock
+from ..errors import WeightsError
+from .cache import entry_path, meta_path, offline, problem, read_meta, readable, write_meta
 from .catalogue import Entry
-from .download import HostNotFound, download
+from .download import HostNotFound, download, sha256_of
 
 
 def fetch(entry: Entry, *, force: bool = False, progress: bool = True, retry_delay: float = 1.0) -> Path:
@@ -81,9 +82,6 @@ def _meta(entry: Entry, record: dict[str, Any]) -> dict[str, Any]:
 
 def verify_cached(entry: Entry) -> str | None:
     """A full check of a cached file against its record (sha256 and zip CRCs); None when it is whole."""
-    from .cache import read_meta, readable
-    from .download import sha256_of
-
     if entry.repo is not None:
         return None  # huggingface_hub checks its own files (etag / sha256 of LFS objects)
     path = entry_path(entry)

@@ -13,7 +13,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from ..weights.errors import WeightsError
+from ..errors import WeightsError
 from .cache import offline
 from .catalogue import Entry
 

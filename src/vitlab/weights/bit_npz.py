@@ -30,10 +30,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..errors import WeightsError
 from ..models.config import BiTConfig
 from ..models.registry import RESNET_DEPTHS, list_models
 from .checkpoint import Checkpoint
-from .errors import WeightsError
 from .files import expected_shapes
 
 __all__ = ["BIG_TRANSFER_WS_EPS", "bit_name", "is_bit_npz", "read_bit_npz", "warn_numerics", "write_bit_npz"]

@@ -7,9 +7,9 @@ from typing import Any
 
 from torch import nn
 
+from ..errors import WeightsError
 from ..models.config import BiTConfig, ViTConfig
 from ..progress import progress
-from .errors import WeightsError
 from .load import detect_format, load, read_checkpoint, weights_path
 
 TARGETS = ("vitlab", "jax-npz", "bit-npz", "timm", "hf")

@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
+from ..errors import WeightsError
 from ..models.config import ModelConfig
 from ..models.registry import build_model
 from ..outputs import atomic_folder
-from .errors import WeightsError
 from .io import read_safetensors
 from .validate import check_state_dict
 

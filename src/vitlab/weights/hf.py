@@ -16,10 +16,10 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from ..errors import WeightsError
 from ..models.config import OFFICIAL_MEAN, OFFICIAL_STD, BiTConfig, ModelConfig, ViTConfig
 from .card import CARD, model_card
 from .checkpoint import Checkpoint
-from .errors import WeightsError
 from .files import check_against, expected_shapes, read_json, read_weights_folder, write_folder_atomically
 from .timm_arch import vitlab_name
 

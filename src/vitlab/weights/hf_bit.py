@@ -17,11 +17,11 @@ from typing import Any
 
 from torch import nn
 
+from ..errors import WeightsError
 from ..models.config import BiTConfig
 from .bit_npz import bit_name, warn_numerics
 from .card import model_card
 from .checkpoint import Checkpoint
-from .errors import WeightsError
 from .files import check_against, expected_shapes, read_json, read_weights_folder
 from .hf import PREPROCESSOR, _class_names, hf_architecture, label_maps, write_hf_folder
 

@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..errors import WeightsError
 from ..models.config import config_from_dict
 from ..outputs import atomic_write
 from .checkpoint import Checkpoint
-from .errors import WeightsError
 
 FORMAT_TAG = "vitlab"
 _MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit; a larger length means garbage, not a header

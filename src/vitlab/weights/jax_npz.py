@@ -23,13 +23,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import WeightsError
 from ..models.config import BiTConfig, ResNetConfig, ViTConfig
 from ..models.registry import list_models, model_config
 from ..models.vit import VisionTransformer
 from ..outputs import atomic_write
 from ..progress import progress
 from .checkpoint import Checkpoint
-from .errors import WeightsError
 
 # Module names inside an encoder block. The 2020 releases (pre-Linen Flax) number modules in creation order
 # across all types; Linen numbers each module type separately.

@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..errors import WeightsError
 from ..models.config import BiTConfig, ModelConfig, ViTConfig
 from ..models.posembed import resample_1d, resample_pos_embed, resample_relative_table
 from ..models.registry import build_model
 from ..models.timm_compat import eval_resize_of
 from .checkpoint import Checkpoint
-from .errors import WeightsError
 
 FORMATS = ("vitlab", "jax-npz", "bit-npz", "timm", "hf")
 # What marks a folder as a vitlab run (or one checkpoint of it): timm and HF folders also hold a

@@ -19,10 +19,10 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from ..errors import WeightsError
 from ..models.config import BiTConfig, ModelConfig, ViTConfig
 from ..models.registry import HYBRIDS, VIT_SIZES
 from .checkpoint import Checkpoint
-from .errors import WeightsError
 from .files import (
     PICKLE_SUFFIXES,
     check_against,

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import WeightsError
 from ..models.config import OFFICIAL_MEAN, OFFICIAL_STD, BiTConfig
 from ..models.registry import RESNET_DEPTHS
-from .errors import WeightsError
 from .files import check_against, expected_shapes
 from .timm_arch import timm_eval_crop
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import WeightsError
+from ..errors import WeightsError
 
 # The deepest published model has 66 units (BiT-R200x3: 3 + 24 + 36 + 3) and the widest stage count is four; a
 # file declaring more blocks than this is corrupt or crafted. Building even a meta-device model costs

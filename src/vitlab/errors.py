@@ -1,4 +1,7 @@
-"""The one error type for weights that cannot be read: a single line naming the file, the tensor and the fix."""
+"""The one error type for weights that cannot be read: a single line naming the file, the tensor and the fix.
+
+It sits at the bottom of the package because every layer raises or reports it: the format readers, the download
+cache (a corrupt or offline download), the run-directory reader and the command line."""
 
 from __future__ import annotations
 
