@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import vitlab
+from vitlab.errors import WeightsError
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("huggingface_hub")
