@@ -14,6 +14,19 @@ from .fractal import fractal_splits, is_fractal_source
 from .hfdata import HFSplit, hf_split, hf_train_val, is_hf_source, open_hf
 from .shards import is_shard_source, open_shard_set, shard_split
 from .sources import ImageSplit
+from .strokes import is_strokes_source, strokes_splits
+
+# Sources drawn by a formula (KIND:C:N[:SEED]): each gives its (train, val) pair, rendered or from the cache.
+_DRAWN = ((is_fractal_source, fractal_splits), (is_strokes_source, strokes_splits))
+
+
+def is_drawn_source(data: str) -> bool:
+    return any(is_kind(data) for is_kind, _ in _DRAWN)
+
+
+def drawn_splits(data: str) -> tuple[ImageSplit, ImageSplit]:
+    """(train, val) of a drawn source (`is_drawn_source`)."""
+    return next(splits for is_kind, splits in _DRAWN if is_kind(data))(data)
 
 
 @dataclass
@@ -41,8 +54,8 @@ def build_datasets(data: str = "digits", val_fraction: float | None = None, stri
     if data in EMBEDDED:
         train, val = embedded_splits(data)
         ds = Datasets(train, val, train.class_names, data)
-    elif is_fractal_source(data):  # fractal:C:N[:SEED], rendered (Kataoka et al. 2020)
-        train, val = fractal_splits(data)
+    elif is_drawn_source(data):  # fractal:C:N[:SEED] (Kataoka et al. 2020), strokes:C:N[:SEED]
+        train, val = drawn_splits(data)
         ds = Datasets(train, val, train.class_names, data)
     elif is_hf_source(data):  # before shards: a brace pattern of .parquet files is not a tar pattern
         train, val = hf_train_val(data, val_fraction, strict)
@@ -61,7 +74,7 @@ def check_data_named(data: str) -> None:
     """An empty --data would read the current directory (Path('') is '.'): refused with what to pass."""
     if not str(data).strip():
         raise DataError("--data is empty; pass an image folder, tar shards, a Hugging Face dataset on disk, "
-                        "fractal:C:N or an embedded name (digits, mnist)")
+                        "fractal:C:N, strokes:C:N or an embedded name (digits, mnist)")
 
 
 def _folder_datasets(root: Path, val_fraction: float | None, strict: bool) -> Datasets:
@@ -133,8 +146,8 @@ def load_split(
     if data in EMBEDDED:
         train, test = embedded_splits(data)
         return train if split == "train" else test
-    if is_fractal_source(data):
-        train, val = fractal_splits(data)
+    if is_drawn_source(data):
+        train, val = drawn_splits(data)
         return train if split == "train" else val
     if is_hf_source(data):
         return hf_split(open_hf(data), split, class_names, strict, lenient=True)
@@ -167,7 +180,7 @@ def _held_out(train: ImageSplit, val_fraction: float) -> tuple[ImageSplit, Image
 def has_val_split(data: str) -> bool:
     """Whether `data` has a validation split of its own (embedded test split, a folder's val/, val shards)."""
     check_data_named(data)
-    if data in EMBEDDED or is_fractal_source(data):
+    if data in EMBEDDED or is_drawn_source(data):
         return True
     if is_hf_source(data):
         return open_hf(data).has_val
@@ -204,7 +217,7 @@ def evaluation_splits(
         train = load_split(data, "train", class_names, strict)
         test = load_split(data, "val", class_names, strict)
         source = f"the {data} test split" if data in EMBEDDED else f"{Path(data) / 'val'}"
-        if is_fractal_source(data):
+        if is_drawn_source(data):
             source = f"the {data} val split"
         if isinstance(test, HFSplit):
             source = f"the {test.split_name} split of {test.source}"
