@@ -28,6 +28,8 @@ Decision rules:
 - The source: among those where (a) and (b) hold for both families, the one that costs least (rendering its set
   plus pre-training both models, wall seconds measured here). If none meets both, none is chosen: the pilot
   reports which precondition failed by how much, and the full experiments wait for a new candidate or budget.
+- A candidate that becomes available after this design was committed (glyphs from fonts) is run with the same
+  design and rules and recorded in `DESIGN.changes`; the choice is then made again by the same rule.
 - The recipe is justified by `ABLATION`, a small ablation on the ViT-M (the family the issue's probes found
   sensitive to it) on every source at `ABLATION_STEPS` steps: the paper's i1k crops and regularisation against
   object-keeping crops and light regularisation, one factor at a time. The rule: the setting with the best upstream
@@ -222,9 +224,8 @@ def analyze(ctx: Context, runs: dict[Any, Record], out: Path) -> dict[str, Any]:
                                                 [{"mean": 100 * p[1], "std": 0.0} for p in
                                                  runs[("pre", r["source"], r["family"])].result["train"]["val_curve"]])
               for r in rows}
-    figure = plots.line_panels(out / "pilot_upstream.png", [("upstream validation top-1", curves)],
-                               "pre-training step", title=f"Pilot: upstream validation top-1 ({scale.categories} "
-                               f"classes); precondition (a) threshold {A_TOP1:g} %", log_x=False)
+    figure = plots.line_panels(out / "pilot_upstream.png", [(f"upstream val top-1, {scale.categories} classes",
+                                                              curves)], "pre-training step", log_x=False)
     columns = ["source", "family", "upstream top-1 (a)", "(a)", "fine-tuned MNIST", "from scratch (half / full)",
                "margin (b)", "(b)"] + [f"few-shot {k} vs untrained" for k in rows[0]["fewshot_margins"]]
     table = [[r["source"], r["family"], f"{r['upstream_top1']:.1f} % (best {r['upstream_best']:.1f})", r["a"],
@@ -239,7 +240,7 @@ def analyze(ctx: Context, runs: dict[Any, Record], out: Path) -> dict[str, Any]:
                     "columns": ["source", "setting", "upstream top-1", f"{scale.shots[0]}-shot encoder"],
                     "rows": ablation_rows}],
         "figures": [{"file": figure.name, "caption": "Upstream validation top-1 during pre-training, per source "
-                     "and family (one seed)."}],
+                     f"and family (one seed); precondition (a) asks for {A_TOP1:g} % at the end."}],
         "measured": [f"{r['source']} {r['family']}: upstream {r['upstream_top1']:.1f} % ((a) {r['a']}); fine-tuned "
                      f"{r['finetuned']:.1f} % vs {r['scratch']:.1f} % from scratch ({r['finetune_margin']:+.1f}, "
                      f"(b) {r['b']})" for r in rows],
