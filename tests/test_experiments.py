@@ -9,10 +9,12 @@ import pytest
 
 from vitlab.cli import main
 from vitlab.experiments import NAMES, experiments, run_experiment
-from vitlab.experiments.common import FULL, MODELS, QUICK, model_table, pretrain
-from vitlab.experiments.driver import Experiment
 from vitlab.experiments.estimate import CostModel, StepTime
+from vitlab.experiments.experiment import Experiment
+from vitlab.experiments.families import MODELS, model_table
+from vitlab.experiments.plans import pretrain
 from vitlab.experiments.runner import Context, Runner
+from vitlab.experiments.scale import FULL, QUICK
 from vitlab.experiments.spec import RunSpec
 
 TINY = {"model": "ViT-Ti/4", "model_args": {"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64},
@@ -210,7 +212,7 @@ def test_untrained_reference_keeps_the_initial_weights(tmp_path, family):
     the check can fail."""
     from safetensors.torch import load_file
 
-    from vitlab.experiments.common import untrained
+    from vitlab.experiments.plans import untrained
     from vitlab.experiments.runner import train_spec
 
     spec = untrained(QUICK, family, "S", seed=1)

@@ -7,7 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .common import pretrain, tuned_pretrain_lr
+import numpy as np
+
+from . import plots
+from .plans import pretrain, tuned_pretrain_lr
 from .runner import Context
 
 NAME = "attention-distance"
@@ -33,8 +36,6 @@ def plan(ctx: Context) -> dict[str, Any]:
 
 
 def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
-    from . import plots
-
     scale = ctx.scale
     models = {
         f"pre-trained on {scale.largest}": [planned["fractal"][s].evaluation(f"attention/{scale.largest}")
@@ -68,8 +69,6 @@ def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
 
 
 def _summary(evals: list[dict]) -> dict[str, Any]:
-    import numpy as np
-
     d = np.asarray([e["distance_px"] for e in evals])  # (seeds, L, H)
     return {"layer_mean": [float(v) for v in d.mean(axis=(0, 2))], "first_layer_max": float(d[:, 0].max(axis=1).mean()),
             "uniform": float(evals[0]["uniform_px"])}

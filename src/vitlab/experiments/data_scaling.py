@@ -7,21 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from . import plots
-from .common import (
-    FAMILIES,
-    TUNING_SEED,
-    finetune,
-    metric_names,
-    model_table,
-    pretrain,
-    show,
-    stat,
-    transfer,
-    transfer_evals,
-    tuned_finetune_lr,
-    tuned_pretrain_lr,
-    untrained,
-)
+from .families import FAMILIES, model_table
+from .measures import metric_names, show, stat, transfer
+from .plans import TUNING_SEED, finetune, pretrain, transfer_evals, tuned_finetune_lr, tuned_pretrain_lr, untrained
 from .runner import Context
 
 NAME = "data-scaling"

@@ -72,7 +72,7 @@ class CostModel:
 
 def short_name(settings: dict[str, Any]) -> str:
     """'ViT-M (batch 64)', 'ViT-M gap (batch 64)': the family and size of the experiments' model table."""
-    from .common import MODELS
+    from .families import MODELS
 
     args = dict(settings.get("model_args") or {})
     name = settings.get("model", "?")

@@ -6,18 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .common import (
-    TUNING_SEED,
-    fewshot,
-    finetune,
-    pretrain,
-    show,
-    stat,
-    top1,
-    transfer_evals,
-    tuned_finetune_lr,
-    tuned_pretrain_lr,
-)
+from . import plots
+from .measures import fewshot, show, stat, top1
+from .plans import TUNING_SEED, finetune, pretrain, transfer_evals, tuned_finetune_lr, tuned_pretrain_lr
 from .runner import Context
 
 NAME = "mpp"
@@ -57,8 +48,6 @@ def plan(ctx: Context) -> dict[str, Any]:
 
 
 def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
-    from . import plots
-
     scale, seeds = ctx.scale, ctx.seeds
     tuned = {m: stat([top1(planned["runs"][(m, s)][1]) for s in seeds]) for m in METHODS}
     shots = {f"{k}-shot {d}": {m: stat([fewshot(planned["runs"][(m, s)][0], d, k) for s in seeds])

@@ -42,9 +42,11 @@ from pathlib import Path
 from typing import Any
 
 from . import plots
-from .common import DIGITS_PREPROCESSING, PRETRAIN_SMALL, Scale, model_settings, source_preprocessing
 from .design import Design
+from .families import model_settings
+from .recipes import DIGITS_PREPROCESSING, PRETRAIN_SMALL, source_preprocessing
 from .runner import Context, Record
+from .scale import Scale
 from .spec import RunSpec
 
 NAME = "pilot"

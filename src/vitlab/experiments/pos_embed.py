@@ -7,18 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from . import plots
-from .common import (
-    TUNING_SEED,
-    finetune,
-    metric_names,
-    pretrain,
-    show,
-    stat,
-    transfer,
-    transfer_evals,
-    tuned_finetune_lr,
-    tuned_pretrain_lr,
-)
+from .measures import metric_names, show, stat, transfer
+from .plans import TUNING_SEED, finetune, pretrain, transfer_evals, tuned_finetune_lr, tuned_pretrain_lr
 from .runner import Context
 
 NAME = "pos-embed"

@@ -14,10 +14,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from . import NAMES, PILOT
-from .common import FULL
+from ..outputs import atomic_write
+from ..train.config import RECIPES
+from . import NAMES, PILOT, experiments
 from .design import describe
-from .driver import RESULTS, describe_setup, read_results
+from .experiment import RESULTS, describe_setup, read_results
+from .families import model_table
+from .scale import FULL
 
 FIGURES = "reproduction"
 NOT_RUN = ("**Verdict: pending.** No full run yet; `{command}` produces the numbers, the figure and the measured "
@@ -47,9 +50,6 @@ This file is written by `vitlab experiment NAME` (and `vitlab experiment report`
 
 def write_report(out: str | Path, path: str | Path) -> Path:
     """Rewrite the report at `path` from the results under `out` (the --out of the experiments)."""
-    from ..outputs import atomic_write
-    from . import experiments
-
     out, path, table = Path(out), Path(path), experiments()
     previous = path.read_text(encoding="utf-8") if path.is_file() else ""
     found = {name: _full_results(out, name, table[name]) for name in (PILOT, *NAMES)}
@@ -78,9 +78,6 @@ def write_report(out: str | Path, path: str | Path) -> Path:
 def shared_setup() -> str:
     """What every experiment shares: the scale, the recipes and the three model families with their size and
     cost by vitlab's counters (known before any run)."""
-    from ..train.config import RECIPES
-    from .common import model_table
-
     f = FULL
     warmup = RECIPES["pretrain-i1k"]["warmup"] / RECIPES["pretrain-i1k"]["steps"]
     rows = [f"| {r['family']} | {r['size']} | {r['architecture']} | {r['params']:,} | {r['macs'] / 1e6:.1f} M |"
@@ -107,8 +104,6 @@ def shared_setup() -> str:
 def section(number: int, name: str, results: dict[str, Any] | None, figures: list[tuple[str, str]],
             notes: str) -> str:
     """One experiment's section: the finding and, when a full run exists, what it measured."""
-    from . import experiments
-
     exp = experiments()[name]
     lines = [f"## {number}. {name}: {exp.title} (paper {exp.paper})", "", f"**The paper's finding.** {exp.finding}", ""]
     if exp.design is not None:

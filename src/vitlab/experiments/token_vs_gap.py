@@ -6,16 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .common import (
-    TUNING_SEED,
-    fewshot,
-    pretrain,
-    show,
-    stat,
-    top1,
-    transfer_evals,
-    tuned_pretrain_lr,
-)
+from . import plots
+from .measures import fewshot, show, stat, top1
+from .plans import TUNING_SEED, pretrain, transfer_evals, tuned_pretrain_lr
 from .runner import Context
 
 NAME = "token-vs-gap"
@@ -50,8 +43,6 @@ def plan(ctx: Context) -> dict[str, Any]:
 
 
 def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
-    from . import plots
-
     scale, seeds, names = ctx.scale, ctx.seeds, planned["settings"]
     curves = {}
     for name in names:

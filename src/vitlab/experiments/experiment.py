@@ -11,10 +11,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .common import FULL, QUICK, Scale
+import torch
+
+from .. import __version__
+from ..outputs import atomic_write
 from .design import Design
 from .parallel import run_parallel
 from .runner import Context, Progress, Runner, format_seconds
+from .scale import FULL, QUICK, Scale
 
 RESULTS = "results.json"
 
@@ -23,7 +27,6 @@ RESULTS = "results.json"
 class Experiment:
     """A paper finding as data: the runs its `plan` asks for, and `analyze` turning their records into tables,
     figures and the measured comparison."""
-
     name: str
     title: str
     paper: str  # where in the paper
@@ -156,16 +159,12 @@ def _run_entry(record: Any, out: Path) -> dict[str, Any]:
 
 
 def _versions() -> dict[str, str]:
-    import torch
 
-    from .. import __version__
 
     return {"vitlab": __version__, "torch": torch.__version__, "python": sys.version.split()[0]}
 
 
 def write_results(path: Path, results: dict[str, Any]) -> None:
-    from ..outputs import atomic_write
-
     text = json.dumps(results, indent=1)
     atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
