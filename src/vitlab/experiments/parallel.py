@@ -21,6 +21,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .runner import Context, Runner, Todo
 from .spec import RunSpec
 
@@ -37,9 +39,11 @@ def ready(ctx: Context, runner: Runner) -> list[Todo]:
 def _start_worker(threads: int) -> None:
     # before the trainer looks: it picks its own thread count unless OMP_NUM_THREADS says one (train/setup.py)
     os.environ["OMP_NUM_THREADS"] = str(threads)
-    import torch
-
     torch.set_num_threads(threads)
+    # A spawned process spawns its own children too, so the trainer's loader processes would each import torch
+    # again and receive the whole dataset pickled (a rendered 64 px fractal set is ~0.9 GB); forked, as in the
+    # sequential pass, they share it.
+    multiprocessing.set_start_method("fork", force=True)
 
 
 def _execute(root: str, scale: Any, spec: RunSpec, evals: list[str]) -> tuple[str, float]:
