@@ -1,6 +1,9 @@
 """Images/s of the drawn pre-training sources on one thread, in one run so the figures compare: `strokes:`
-(data/strokes.py) and `fractal:` (data/fractal.py, its splits as `--data` renders them: 64 px, filters and
-redraws included), each rendering about 2,000 images of a fresh 20-class spec in memory (no cache is read).
+(data/strokes.py), `fonts:` (data/fontglyphs.py; every glyph drawn from nothing in each run, as a first render
+does: `fonts` as 20 classes of 100 images, `fonts-2x1000` as 2 classes of 1,000, where each of a class's 84
+(font, stroke) glyphs serves ~12 images, as in the large specs pre-training uses) and `fractal:`
+(data/fractal.py, its splits as `--data` renders them: 64 px, filters and redraws included), each rendering about
+2,000 images in memory (no cache is read), 20 classes unless said.
 
     .venv/bin/python benchmarks/generators.py [--images 2000] [--repeats 3]
 
@@ -33,7 +36,20 @@ def fractal(images: int) -> tuple[Callable[[], object], int]:
     return lambda: F.render_split(spec, "train", systems), F.RENDER_SIZE
 
 
-GENERATORS = {"strokes": strokes, "fractal": fractal}
+def fonts(images: int, classes: int = 20) -> tuple[Callable[[], object], int]:
+    from vitlab.data import fontglyphs as G
+
+    spec = G.parse_spec(f"fonts:{classes}:{images // classes}")
+
+    def render() -> object:
+        G.glyph.cache_clear()
+        return G.render_split(spec, "train")
+
+    render()  # the fonts are read once per process
+    return render, G.RENDER_SIZE
+
+
+GENERATORS = {"strokes": strokes, "fonts": fonts, "fonts-2x1000": lambda n: fonts(n, classes=2), "fractal": fractal}
 
 
 def main() -> None:
@@ -50,7 +66,7 @@ def main() -> None:
             start = time.perf_counter()
             render()
             best = min(best, time.perf_counter() - start)
-        print(f"{name:8s} {size} px: {args.images / best:8,.0f} images/s ({args.images:,} images in {best:.2f} s, "
+        print(f"{name:12s} {size} px: {args.images / best:8,.0f} images/s ({args.images:,} images in {best:.2f} s, "
               f"best of {args.repeats}, one thread)")
 
 

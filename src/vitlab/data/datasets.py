@@ -10,6 +10,7 @@ import numpy as np
 from .embedded import EMBEDDED, embedded_splits
 from .errors import DataError
 from .folder import check_same_classes, class_folders, folder_layout, scan_split
+from .fontglyphs import fonts_splits, is_fonts_source
 from .fractal import fractal_splits, is_fractal_source
 from .hfdata import HFSplit, hf_split, hf_train_val, is_hf_source, open_hf
 from .shards import is_shard_source, open_shard_set, shard_split
@@ -17,7 +18,7 @@ from .sources import ImageSplit
 from .strokes import is_strokes_source, strokes_splits
 
 # Sources drawn by a formula (KIND:C:N[:SEED]): each gives its (train, val) pair, rendered or from the cache.
-_DRAWN = ((is_fractal_source, fractal_splits), (is_strokes_source, strokes_splits))
+_DRAWN = ((is_fractal_source, fractal_splits), (is_strokes_source, strokes_splits), (is_fonts_source, fonts_splits))
 
 
 def is_drawn_source(data: str) -> bool:
@@ -54,7 +55,7 @@ def build_datasets(data: str = "digits", val_fraction: float | None = None, stri
     if data in EMBEDDED:
         train, val = embedded_splits(data)
         ds = Datasets(train, val, train.class_names, data)
-    elif is_drawn_source(data):  # fractal:C:N[:SEED] (Kataoka et al. 2020), strokes:C:N[:SEED]
+    elif is_drawn_source(data):  # fractal:C:N[:SEED] (Kataoka et al. 2020), strokes:C:N[:SEED], fonts:C:N[:SEED]
         train, val = drawn_splits(data)
         ds = Datasets(train, val, train.class_names, data)
     elif is_hf_source(data):  # before shards: a brace pattern of .parquet files is not a tar pattern
@@ -74,7 +75,7 @@ def check_data_named(data: str) -> None:
     """An empty --data would read the current directory (Path('') is '.'): refused with what to pass."""
     if not str(data).strip():
         raise DataError("--data is empty; pass an image folder, tar shards, a Hugging Face dataset on disk, "
-                        "fractal:C:N, strokes:C:N or an embedded name (digits, mnist)")
+                        "fractal:C:N, strokes:C:N, fonts:C:N or an embedded name (digits, mnist)")
 
 
 def _folder_datasets(root: Path, val_fraction: float | None, strict: bool) -> Datasets:

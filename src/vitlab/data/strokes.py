@@ -106,6 +106,7 @@ def jitter(glyph: Glyph, width: float, uniform: np.ndarray, noise: np.ndarray) -
     """n instances of a class from their draws: uniform (n, 7) in [0, 1), noise (n, strokes * 8) standard normal.
     Each instance's control points get noise of POINT_NOISE, then one affine map about the centre: (n, strokes,
     4, 2) control points and (n,) pen widths."""
+    lerp = synthetic.lerp
     angle, scale = lerp(uniform[:, 0], -ROTATION, ROTATION), lerp(uniform[:, 1], *SCALE)
     aspect, shear = np.exp(lerp(uniform[:, 2], -ASPECT, ASPECT)), lerp(uniform[:, 3], -SHEAR, SHEAR)
     cos, sin = np.cos(angle), np.sin(angle)
@@ -117,11 +118,6 @@ def jitter(glyph: Glyph, width: float, uniform: np.ndarray, noise: np.ndarray) -
     points = np.stack(glyph)[None] + POINT_NOISE * noise.reshape(len(noise), len(glyph), 4, 2)  # (n, S, 4, 2)
     moved = np.einsum("nij,nskj->nski", affine, points - 0.5) + 0.5 + shift[:, None, None]
     return moved, width * lerp(uniform[:, 6], *WIDTH_JITTER)
-
-
-def lerp(u: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    """Uniform draws u in [0, 1) mapped onto [lo, hi)."""
-    return lo + (hi - lo) * u
 
 
 def draw_classes(seed: int, count: int) -> list[tuple[Glyph, float]]:

@@ -98,6 +98,11 @@ def split_generator(source: int, seed: int, c: int, split: str, stream: int = 0)
     return np.random.default_rng([source, _INSTANCE, seed, c, SPLITS[split], stream])
 
 
+def lerp(u: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """Uniform draws u in [0, 1) mapped onto [lo, hi)."""
+    return lo + (hi - lo) * u
+
+
 def class_names(kind: str, classes: int) -> list[str]:
     width = max(4, len(str(classes - 1)))
     return [f"{kind}_{c:0{width}d}" for c in range(classes)]
@@ -106,9 +111,9 @@ def class_names(kind: str, classes: int) -> list[str]:
 # ---- the cache of rendered splits ------------------------------------------------------------------------------
 
 
-def cache_path(spec: SyntheticSpec, version: int, size: int) -> Path:
+def cache_path(spec: SyntheticSpec, version: int | str, size: int) -> Path:
     """Where a spec's rendered splits are kept: <vitlab cache>/<kind>/, named by everything that decides the
-    pixels (the generator's version, its render size, the seed, C and N)."""
+    pixels (the generator's version and whatever else it depends on, its render size, the seed, C and N)."""
     name = f"v{version}-{size}px-seed{spec.seed}-c{spec.classes}-n{spec.per_class}.npz"
     return cache_dir() / spec.prefix[:-1] / name
 
@@ -158,4 +163,4 @@ def _load(path: Path, spec: SyntheticSpec, image_shape: tuple[int, ...]) -> dict
 
 
 __all__ = ["SPLITS", "SyntheticSpec", "cache_path", "cached_splits", "class_generator", "class_names", "is_source",
-           "memory_limit", "parse_spec", "split_generator"]
+           "lerp", "memory_limit", "parse_spec", "split_generator"]
