@@ -174,6 +174,24 @@ def test_curve_points_follow_the_bezier_curve():
     assert np.allclose(xy[len(xy) // 2], [12, 12], atol=0.3)  # B(1/2) = (p0 + 3 p1 + 3 p2 + p3) / 8
 
 
+def test_jitter_applies_the_affine_map_it_draws():
+    """Without point noise an instance is rotation @ shear @ scale about the centre, then the shift, built here
+    from the drawn values matrix by matrix; the pen width is the class's times the drawn factor."""
+    glyph, width = S.draw_classes(2, 1)[0]
+    uniform = np.random.default_rng(1).random((5, 7))
+    moved, widths = S.jitter(glyph, width, uniform, np.zeros((5, 8 * len(glyph))))
+    lerp = lambda u, lo, hi: lo + (hi - lo) * u  # noqa: E731
+    for row, points, w in zip(uniform, moved, widths, strict=True):
+        angle, scale = lerp(row[0], -S.ROTATION, S.ROTATION), lerp(row[1], *S.SCALE)
+        aspect, shear = np.exp(lerp(row[2], -S.ASPECT, S.ASPECT)), lerp(row[3], -S.SHEAR, S.SHEAR)
+        rotation = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+        matrix = rotation @ np.array([[1, shear], [0, 1]]) @ np.diag([scale * aspect, scale / aspect])
+        shift = lerp(row[4:6], -S.SHIFT, S.SHIFT)
+        for stroke, out in zip(glyph, points, strict=True):
+            np.testing.assert_allclose(out, (stroke - 0.5) @ matrix.T + 0.5 + shift, atol=1e-12)
+        assert np.isclose(w, width * lerp(row[6], *S.WIDTH_JITTER))
+
+
 def test_glyphs_stay_in_the_frame():
     """A class's control points fill BOX; an instance's jitter moves them by at most a few px."""
     for glyph, width in S.draw_classes(3, 20):
