@@ -25,8 +25,9 @@ strokes; a 2 px pen at 32 px is MNIST's stroke-to-frame ratio (about 2.5 px at 2
 times the memory (strokes:64:2048 is 144k images: 148 MB at 32 px, 590 MB at 64 px) for detail a 32 px model
 does not see.
 
-Speed (`benchmarks/generators.py`: 2,000 images, one thread, best of 3): 4,300 images/s at 32 px against 150
-for fractal.py's 64 px splits in the same run (28x), on a 2-core machine under a load of 6. strokes:64:1820
+Speed (`benchmarks/generators.py`: 2,000 images, one thread, best of 3, on a 2-core machine shared with other
+runs): 8,300 images/s at 32 px against 200 for fractal.py's 64 px splits in the same run (42x); 4,300 against
+150 in a run under a heavier load. strokes:64:1820
 (128k images) took 31 s to render and write there; every torchrun rank and every `vitlab eval` would render it
 again, so rendered splits are cached (compressed .npz: 25 MB for those 128k images, 1.7 s to load) under
 <vitlab cache>/strokes/, keyed by everything that decides the pixels (GENERATOR_VERSION, RENDER_SIZE, seed, C,
