@@ -22,6 +22,7 @@ from .spec import RunSpec
 RUN_OVERHEAD_S = 2.5  # building datasets, writing config/metrics/checkpoints/curves.png: measured on 2 vCPUs
 RENDER_S_PER_IMAGE = 0.0035  # fractal rendering at 64 px, measured on 2 vCPUs (vitlab.data.fractal)
 STROKES_S_PER_IMAGE = 0.00025  # stroke glyphs at 32 px (vitlab.data.strokes; benchmarks/generators.py)
+FONTS_S_PER_IMAGE = 0.0005  # font glyphs at 32 px (vitlab.data.fontglyphs; benchmarks/generators.py)
 TIMED_STEPS = 2
 
 
@@ -130,15 +131,17 @@ def _classes(data: str) -> int:
 
 
 def _drawn(data: str) -> tuple[int, int, int] | None:
-    """(classes, training images, validation images) of a drawn source (fractal:, strokes:), None otherwise."""
-    from ..data import fractal, strokes
+    """(classes, training images, validation images) of a drawn source (fractal:, strokes:, fonts:), None
+    otherwise."""
+    from ..data import fontglyphs, fractal, strokes, synthetic
 
     if fractal.is_fractal_source(data):
         spec = fractal.parse_spec(data)
         return spec.categories, spec.categories * spec.count("train"), spec.categories * spec.count("val")
-    if strokes.is_strokes_source(data):
-        spec = strokes.parse_spec(data)
-        return spec.classes, spec.classes * spec.count("train"), spec.classes * spec.count("val")
+    for kind in (strokes, fontglyphs):
+        if synthetic.is_source(data, kind.PREFIX):
+            spec = kind.parse_spec(data)
+            return spec.classes, spec.classes * spec.count("train"), spec.classes * spec.count("val")
     return None
 
 
@@ -174,13 +177,15 @@ def val_images(data: str, val_fraction: float | None) -> int:
 
 
 def render_seconds(data: str) -> float:
-    """Drawing a fractal or stroke set that is not in the cache yet (once: later runs load it)."""
-    from ..data import fractal, strokes
+    """Drawing a fractal, stroke or font set that is not in the cache yet (once: later runs load it)."""
+    from ..data import fontglyphs, fractal, strokes
 
     if fractal.is_fractal_source(data) and not fractal.cache_path(fractal.parse_spec(data)).is_file():
         per_image = RENDER_S_PER_IMAGE
     elif strokes.is_strokes_source(data) and not strokes.cache_path(strokes.parse_spec(data)).is_file():
         per_image = STROKES_S_PER_IMAGE
+    elif fontglyphs.is_fonts_source(data) and not fontglyphs.cache_path(fontglyphs.parse_spec(data)).is_file():
+        per_image = FONTS_S_PER_IMAGE
     else:
         return 0.0
     return (split_size(data, "train") + split_size(data, "val")) * per_image

@@ -60,7 +60,7 @@ SETUP = ("ViT-M and BiT-M pre-trained for {steps:,} steps of {batch_size} on eac
          "untrained; one seed.")
 SEEDS = (0,)
 
-SOURCES = ("fractal", "strokes")
+SOURCES = ("fractal", "strokes", "fonts")
 PILOT_FAMILIES = ("ViT", "BiT")
 A_TOP1 = 50.0  # % upstream validation top-1 at the end of pre-training, 64 classes
 A_FALL = 2.0  # points the final top-1 may sit below the best of its curve
@@ -100,6 +100,9 @@ DESIGN = Design(
              "points gained from half to all of its schedule); few-shot margins over the untrained model reported, "
              "not decisive",
     },
+    changes=("fonts: added as a candidate at 12:05, after the design commit and before any pilot result had been "
+             "read (only the untrained ViT's run had finished), as the design allows for a candidate that becomes "
+             "available later; same design and rules.",),
 )
 EVALS = ("fewshot", "fewshot-encoder")
 
