@@ -39,7 +39,7 @@ def main() -> None:
     from vitlab.data.datasets import evaluation_splits
     from vitlab.data.transforms import FEWSHOT_RESIZE
     from vitlab.eval.fewshot_data import features_of
-    from vitlab.train.evaluate import load_for_inference
+    from vitlab.eval.inference import load_for_inference
 
     # by label (the part after the key), so a family's runs sit together
     dirs = sorted({Path(d) for pattern in args.runs for d in glob.glob(pattern)}, key=lambda d: d.name.split("-", 1)[1])

@@ -8,7 +8,7 @@ timm's loader on the same shards. Run it on a quiet machine; it prints markdown 
    size histogram.
 2. `vitlab shards` packs them twice, into about 100 and about 2000 training shards (490 and 24.5 images per
    shard; for another --count the shard counts scale with it, so that the shards keep those sizes).
-3. With `vitlab.data.hfdata` and `datasets` installed: a Hugging Face copy (DatasetDict, Image and ClassLabel
+3. With `vitlab.data.hf_split` and `datasets` installed: a Hugging Face copy (DatasetDict, Image and ClassLabel
    features, the original JPEG bytes embedded) written with `save_to_disk`.
 4. Every source is read once (page cache warm: the figures are decoding and loading, not the disk).
 5. Per source (folder, 100 shards, 2000 shards, HF), `vitlab bench --data SRC --workers 1`, one repeat per call,
@@ -66,10 +66,10 @@ def pack(root: Path, shards: int) -> Path:
 
 
 def make_hf(root: Path) -> Path | None:
-    """A save_to_disk DatasetDict (train, validation) with the JPEG bytes embedded; None without vitlab.data.hfdata
+    """A save_to_disk DatasetDict (train, validation) with the JPEG bytes embedded; None without vitlab.data.hf_split
     or datasets."""
-    if importlib.util.find_spec("vitlab.data.hfdata") is None or importlib.util.find_spec("datasets") is None:
-        log("no vitlab.data.hfdata or no datasets package: the Hugging Face row is left out")
+    if importlib.util.find_spec("vitlab.data.hf_split") is None or importlib.util.find_spec("datasets") is None:
+        log("no vitlab.data.hf_split or no datasets package: the Hugging Face row is left out")
         return None
     import datasets as hf
 

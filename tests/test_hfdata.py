@@ -28,7 +28,7 @@ from test_shards import CLASSES, TINY, _losses, make_source
 from vitlab.cli import main
 from vitlab.data import DataError, build_datasets, load_split
 from vitlab.data.datasets import evaluation_splits, has_val_split
-from vitlab.data.hfdata import NEEDS_DATASETS, HFSplit, is_hf_source, open_hf
+from vitlab.data.hf_split import NEEDS_DATASETS, HFSplit, is_hf_source, open_hf
 
 datasets.disable_progress_bars()  # the tests' own writing; vitlab's reading hides them off a terminal itself
 FEATURES = Features({"image": Image(), "label": ClassLabel(names=list(CLASSES))})

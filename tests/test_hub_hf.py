@@ -46,7 +46,7 @@ def test_hub_id_loads_from_the_hf_cache_offline(hf_cache):
 
 
 def test_hub_id_as_pretrained_tag_and_as_a_weights_path(hf_cache):
-    from vitlab.train.evaluate import resolve_weights
+    from vitlab.eval.inference import resolve_weights
 
     folder = resolve_weights("hf-hub:tiny-owner/tiny-vit")
     assert folder.name == COMMIT and (folder / "model.safetensors").is_file()

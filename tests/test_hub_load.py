@@ -74,7 +74,7 @@ def test_load_by_model_and_tag_downloads_once_and_matches_the_source(published, 
 
 
 def test_names_work_where_weights_paths_do(published, source, server, monkeypatch):
-    from vitlab.train.evaluate import load_for_inference, resolve_weights
+    from vitlab.eval.inference import load_for_inference, resolve_weights
 
     path = resolve_weights("test-ft:ViT-Ti/16")  # what --init and --weights go through
     assert path.read_bytes() == source[1]

@@ -26,10 +26,10 @@ from vitlab.data import EvalTransform, ShardSampler, TransformedSplit, build_dat
 from vitlab.data.datasets import evaluation_splits
 from vitlab.data.errors import DataError
 from vitlab.errors import WeightsError
+from vitlab.eval.classify import evaluate
 from vitlab.eval.fewshot_data import features_of
 from vitlab.eval.metrics import require_finite
 from vitlab.models import ViTConfig, build_model
-from vitlab.train.evaluate import evaluate
 
 CLASSES = ("a", "b", "c")
 TINY = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, mlp_dim=32, num_heads=2, num_classes=3)

@@ -11,8 +11,8 @@ from PIL import Image
 
 import vitlab
 from vitlab.data import DataError
+from vitlab.rundir import list_checkpoints, verify_checkpoint
 from vitlab.train import RECIPES, TrainingDiverged, resolve_config, run
-from vitlab.train.checkpoint import list_checkpoints, verify_checkpoint
 from vitlab.train.optim import Ema, Schedule, classification_loss, param_groups
 
 TINY = {"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64}

@@ -22,9 +22,11 @@ from vitlab.cli import main
 from vitlab.data import EvalTransform, ShardSampler, TransformedSplit, make_loader, normalize
 from vitlab.data.sources import ImageSplit
 from vitlab.errors import WeightsError
+from vitlab.eval.inference import resolve_weights
+from vitlab.eval.prediction import predict
 from vitlab.models import create_model
-from vitlab.train.checkpoint import save_weights, step_dir, write_checkpoint
-from vitlab.train.evaluate import predict, resolve_weights
+from vitlab.rundir import step_dir
+from vitlab.train.checkpoint import save_weights, write_checkpoint
 from vitlab.weights.convert import convert
 from vitlab.weights.load import preprocessing, weights_path
 

@@ -56,7 +56,7 @@ def _inputs(args: argparse.Namespace, cfg, size: tuple[int, int], class_names):
 
     if args.images:
         return image_file_inputs(args.images, cfg, size, class_names or ())
-    from ..data.hfdata import is_hf_source
+    from ..data.hf_split import is_hf_source
 
     if Path(args.data).is_file() and not is_hf_source(args.data):  # --data photo.jpg: the image itself
         return image_file_inputs([args.data], cfg, size, class_names or ())
@@ -76,8 +76,8 @@ def run_analyze(args: argparse.Namespace) -> int:
         raise UserError("--discard-ratio must be in [0, 1)")
     if args.components < 1:
         raise UserError("--components must be at least 1")
-    from ..train.distributed import pick_device
-    from ..train.evaluate import resolve_weights
+    from ..device import pick_device
+    from ..eval.inference import resolve_weights
 
     model = vitlab.load(resolve_weights(args.weights)).to(pick_device(args.device))
     if not isinstance(model, VisionTransformer):

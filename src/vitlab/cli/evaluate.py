@@ -49,9 +49,8 @@ EVAL_RECORD_KEYS = frozenset({"top1", "top5", "loss", "count", "eval_resize", "w
 
 def _eval(args: argparse.Namespace) -> int:
     """Metrics first, files after: a destination that cannot be written costs the figure, never the numbers."""
+    from ..eval.classify import confusion_destination, evaluate_weights
     from ..outputs import check_replaceable
-    from ..train import evaluate_weights
-    from ..train.evaluate import confusion_destination
 
     if args.out:  # before any work: a metrics.json or figure of the user's is never replaced
         check_replaceable(args.out, "metrics.json", "vitlab eval", () if args.confusion else ("confusion.png",),
@@ -79,8 +78,8 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _write_outputs(args: argparse.Namespace, r, record: dict, png) -> list[str]:
     """Write metrics.json (--out) and the figure; returns one line per file that could not be written."""
+    from ..eval.classify import write_confusion
     from ..outputs import WRITTEN_BY, atomic_write
-    from ..train.evaluate import write_confusion
 
     failures = []
     if args.out:
@@ -119,7 +118,7 @@ def _register_predict(sub: argparse._SubParsersAction) -> None:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from ..train import predict
+    from ..eval.prediction import predict
 
     results = predict(args.weights, args.images, args.top_k, args.device)
     if args.json:

@@ -68,10 +68,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from ..device import pick_device
     from ..eval.fewshot_data import fewshot_weights, write_json
+    from ..eval.inference import load_for_inference
     from ..models import build_model
-    from ..train.distributed import pick_device
-    from ..train.evaluate import load_for_inference
 
     device = pick_device(args.device)
     model, _ = load_for_inference(args.weights, device)

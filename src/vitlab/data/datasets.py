@@ -12,7 +12,7 @@ from .errors import DataError
 from .folder import check_same_classes, class_folders, folder_layout, scan_split
 from .fontglyphs import fonts_splits, is_fonts_source
 from .fractal import fractal_splits, is_fractal_source
-from .hfdata import HFSplit, hf_split, hf_train_val, is_hf_source, open_hf
+from .hf_split import HFSplit, hf_split, hf_train_val, is_hf_source, open_hf
 from .shards import is_shard_source, open_shard_set, shard_split
 from .sources import ImageSplit
 from .strokes import is_strokes_source, strokes_splits

@@ -31,7 +31,7 @@ from ..progress import progress
 from .datasets import scan_with_classes
 from .errors import DataError, describe_paths, log
 from .folder import BOMB, bomb_limit, class_folders, folder_layout, header_problem, scan_split
-from .hfdata import hf_split, is_hf_source, open_hf
+from .hf_split import hf_split, is_hf_source, open_hf
 from .shards import INFO_NAME
 from .sources import DECODE_ERRORS, ImageSplit, stratified_holdout
 from .untrusted import parse_json, read_regular

@@ -1,5 +1,9 @@
-"""Evaluation: classification metrics and the paper's few-shot linear evaluation."""
+"""Evaluation of trained weights: classification metrics (`vitlab eval`), prediction (`vitlab predict`) and the
+paper's few-shot linear evaluation (`vitlab fewshot`). Reads models, never the trainer."""
 
+from .classify import EvalResult, evaluate_weights
 from .fewshot_lsr import FewshotResult, fewshot, fewshot_from_features, fewshot_on_features
+from .prediction import predict
 
-__all__ = ["FewshotResult", "fewshot", "fewshot_from_features", "fewshot_on_features"]
+__all__ = ["EvalResult", "FewshotResult", "evaluate_weights", "fewshot", "fewshot_from_features",
+           "fewshot_on_features", "predict"]

@@ -88,7 +88,7 @@ def short_name(settings: dict[str, Any]) -> str:
 def _measure(spec: RunSpec, workers: int | None) -> StepTime:
     """A few optimiser steps of the model, loss, clipping and optimiser the run will build (the resolution step
     and the trainer's own builders), on random images; and one forward pass of the representation."""
-    from ..train.distributed import pick_device
+    from ..device import pick_device
     from ..train.objective import objective_for
     from ..train.optim import build_optimizer
     from ..train.resolve import resolve

@@ -33,8 +33,8 @@ def evaluate(name: str, run_dir: Path, scale: Any) -> Any:
 
 
 def _load(weights: Path) -> torch.nn.Module:
-    from ..train.distributed import pick_device
-    from ..train.evaluate import load_for_inference
+    from ..device import pick_device
+    from ..eval.inference import load_for_inference
 
     return load_for_inference(weights, pick_device("auto"))[0]
 

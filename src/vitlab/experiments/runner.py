@@ -181,7 +181,7 @@ def keep_curve_weights(run_dir: Path) -> None:
     """The weights of every kept checkpoint copied to <run>/curve/step_N.safetensors, for a transfer curve
     computed when an experiment asks for it (without the optimiser state, a third of a checkpoint's size). Copied,
     not moved: until result.json is written the checkpoints must stay intact for a resume."""
-    from ..train.checkpoint import list_checkpoints
+    from ..rundir import list_checkpoints
 
     folder = run_dir / CURVE
     folder.mkdir(exist_ok=True)

@@ -1,4 +1,5 @@
-"""Checkpoints: a directory per step, written atomically and verified before use.
+"""Checkpoints, write side: a directory per step (the layout and its verification are vitlab.rundir's), written
+atomically; reading one back for resuming.
 
     run/checkpoints/step_00001500/
         model.safetensors   vitlab weights (config + class names inside): `vitlab.load` reads it
@@ -12,7 +13,6 @@ resuming falls back to the previous checkpoint.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -23,10 +23,10 @@ import torch
 
 from ..models.config import ModelConfig
 from ..outputs import storage_error
-from .runlog import log
+from ..rundir import CHECKPOINTS, MANIFEST, STATE, WEIGHTS, list_checkpoints, sha256_file, step_dir
+from ..weights.io import read_vitlab, save
 
-CHECKPOINTS = "checkpoints"
-_FILES = ("model.safetensors", "state.pt")
+_FILES = (WEIGHTS, STATE)
 
 
 class WeightsHolder:
@@ -45,8 +45,6 @@ def save_weights(
     meta: dict[str, Any] | None = None,
 ) -> None:
     """vitlab safetensors (atomic): loadable by `vitlab.load`, class names (and `meta`) in the metadata."""
-    from ..weights.io import save
-
     save(WeightsHolder(state, config, class_names), path, meta=meta)
 
 
@@ -56,24 +54,12 @@ def weights_meta(cfg: Any) -> dict[str, Any]:
     return {"eval_resize": cfg.eval_resize}
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def step_dir(run_dir: Path, step: int) -> Path:
-    return run_dir / CHECKPOINTS / f"step_{step:08d}"
 
 
 def write_checkpoint(
@@ -86,14 +72,14 @@ def write_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir(parents=True)
-        save_weights(tmp / "model.safetensors", weights, config, class_names, meta)
-        _save_state(state, tmp / "state.pt")
+        save_weights(tmp / WEIGHTS, weights, config, class_names, meta)
+        _save_state(state, tmp / STATE)
         manifest = {"step": step, "files": {}}
         for name in _FILES:
             _fsync(tmp / name)
-            manifest["files"][name] = {"size": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-        _fsync(tmp / "manifest.json")
+            manifest["files"][name] = {"size": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        _fsync(tmp / MANIFEST)
         if final.exists():  # the same step saved again (e.g. preempted right after a periodic save)
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -115,52 +101,10 @@ def _save_state(state: dict[str, Any], path: Path) -> None:
         raise problem from None
 
 
-def verify_checkpoint(path: Path) -> str | None:
-    """None if the checkpoint is complete and intact, else what is wrong with it."""
-    try:
-        manifest = json.loads((path / "manifest.json").read_text())
-    except (OSError, ValueError, RecursionError):
-        return "manifest.json missing or unreadable"
-    files = manifest.get("files") if isinstance(manifest, dict) else None
-    if not isinstance(files, dict) or not all(isinstance(e, dict) and isinstance(e.get("size"), int)
-                                              and isinstance(e.get("sha256"), str) for e in files.values()):
-        return "manifest.json is not a vitlab checkpoint manifest (damaged)"
-    for name, expect in files.items():
-        f = path / name
-        if not f.is_file():
-            return f"{name} is missing"
-        if f.stat().st_size != expect["size"]:
-            return f"{name} has {f.stat().st_size} bytes, expected {expect['size']} (truncated?)"
-        if _sha256(f) != expect["sha256"]:
-            return f"{name} does not match its checksum (corrupt)"
-    return None
-
-
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Step checkpoints, newest first."""
-    root = run_dir / CHECKPOINTS
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_")]
-    return sorted(found, key=lambda p: int(p.name.split("_")[1]), reverse=True)
-
-
-def latest_valid_checkpoint(run_dir: Path) -> Path | None:
-    """The newest checkpoint that passes verification; damaged newer ones are reported and skipped."""
-    for path in list_checkpoints(run_dir):
-        problem = verify_checkpoint(path)
-        if problem is None:
-            return path
-        log.warning("checkpoint %s is damaged (%s); falling back to the previous one", path, problem)
-    return None
-
-
 def read_checkpoint(path: Path) -> tuple[Any, dict[str, Any]]:
     """(weights: a `vitlab.weights.checkpoint.Checkpoint` with config and state dict, training state)."""
-    from ..weights.io import read_vitlab
-
-    weights = read_vitlab(path / "model.safetensors")
-    state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+    weights = read_vitlab(path / WEIGHTS)
+    state = torch.load(path / STATE, map_location="cpu", weights_only=True)
     return weights, state
 
 

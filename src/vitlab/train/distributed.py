@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..device import pick_device
+
 
 @dataclass
 class Dist:
@@ -25,26 +27,6 @@ class Dist:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-
-def pick_device(name: str, local_rank: int = 0) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, not {name!r}") from None
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, not {name!r}")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError("--device cuda but no CUDA device is available; use --device cpu")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"no {device}: torch sees {torch.cuda.device_count()} CUDA device(s); use cuda:0")
-        if device.index is None:
-            device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    return device
 
 
 def setup(device_name: str = "auto") -> Dist:
@@ -105,13 +87,6 @@ class _ResyncOnExit(AbstractContextManager):
 
     def __exit__(self, *exc: object) -> None:
         self.model.set_requires_gradient_sync(True)
-
-
-def all_reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
-    """In place over all processes; a no-op in a single process."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
-    return t
 
 
 def all_gather_objects(obj: object) -> list[object]:

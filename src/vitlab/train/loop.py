@@ -28,10 +28,11 @@ from torch.distributed.checkpoint.state_dict import (
 
 from ..data import build_datasets, normalize
 from ..data.errors import DataError, describe_paths
+from ..device import all_reduce, autocast
 from ..models.registry import build_model as build_from_config
+from ..rundir import latest_valid_checkpoint
 from .banner import ConsoleLog, banner_lines
 from .checkpoint import (
-    latest_valid_checkpoint,
     prune_checkpoints,
     read_checkpoint,
     save_weights,
@@ -39,13 +40,12 @@ from .checkpoint import (
     write_checkpoint,
 )
 from .config import TrainConfig
-from .distributed import Dist, all_gather_objects, all_reduce, barrier, grad_sync, setup, teardown, wrap_model
-from .evaluate import autocast
+from .distributed import Dist, all_gather_objects, barrier, grad_sync, setup, teardown, wrap_model
 from .mixup import draw_mixup
 from .objective import objective_for
 from .optim import Ema, build_optimizer, build_scheduler, replan_schedule
 from .resolve import Resolved
-from .rundir import prepare_run_dir
+from .runlock import prepare_run_dir
 from .runlog import RunLog, StepWindow, log, plot_curves, to_float
 from .setup import (
     build_model,

@@ -14,10 +14,10 @@ from torch import nn
 
 from ..data import normalize
 from ..data.loader import UnreadableImages
+from ..device import all_reduce, autocast
+from ..eval.classify import evaluate, per_image_loss
 from ..eval.metrics import ClassificationMeter
 from .config import TrainConfig
-from .distributed import all_reduce
-from .evaluate import autocast, evaluate, per_image_loss
 from .mixup import MixUp
 from .optim import classification_loss
 

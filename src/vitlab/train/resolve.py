@@ -155,9 +155,9 @@ def _read_config_file(path: str) -> dict[str, Any]:
 def _init_layer(layers: _Layers, init: str) -> Any:
     """What fine-tuning takes from its initial weights: their resolution, architecture name and, for weights a
     vitlab run wrote, that run's pre-processing."""
+    from ..eval.inference import resolve_weights
     from ..models.registry import describe_architecture
     from ..weights.load import read_checkpoint
-    from .evaluate import resolve_weights
 
     path = resolve_weights(init)
     checkpoint = read_checkpoint(path)

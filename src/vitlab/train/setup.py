@@ -84,8 +84,8 @@ def build_model(cfg: TrainConfig, class_names: list[str], with_head: bool = True
         if cfg.representation_size or cfg.head_bias_init:
             raise ValueError("--representation-size and --head-bias-init shape a model trained from scratch; "
                              "fine-tuning replaces the head with a zero one (paper Section 3.2): leave them unset")
+        from ..eval.inference import resolve_weights
         from ..weights.load import model_from_checkpoint, read_checkpoint
-        from .evaluate import resolve_weights
 
         path = resolve_weights(cfg.init)
         model = model_from_checkpoint(init or read_checkpoint(path), path, image_size=cfg.image_size)

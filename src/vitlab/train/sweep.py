@@ -90,7 +90,7 @@ def choose(rows: list[SweepRow]) -> SweepRow:
 
 def _fine_tune(resolved: Resolved) -> tuple[float, float]:
     """(final dev top-1, test top-1 of the final weights) of one run through the training loop."""
-    from .evaluate import evaluate_weights
+    from ..eval.classify import evaluate_weights
     from .loop import run
 
     cfg = resolved.config

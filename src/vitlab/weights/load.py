@@ -21,13 +21,10 @@ from ..models.config import BiTConfig, ModelConfig, ViTConfig
 from ..models.posembed import resample_1d, resample_pos_embed, resample_relative_table
 from ..models.registry import build_model
 from ..models.timm_compat import eval_resize_of
+from ..rundir import WEIGHTS, is_checkpoint_dir, is_run_dir, latest_valid_checkpoint, verify_checkpoint
 from .checkpoint import Checkpoint
 
 FORMATS = ("vitlab", "jax-npz", "bit-npz", "timm", "hf")
-# What marks a folder as a vitlab run (or one checkpoint of it): timm and HF folders also hold a
-# model.safetensors beside their config.json, but never these.
-RUN_MARKERS = ("checkpoints", "metrics.jsonl", "manifest.json")
-RUN_WEIGHTS = "model.safetensors"
 
 
 def weights_path(path: str | Path) -> Path:
@@ -35,24 +32,20 @@ def weights_path(path: str | Path) -> Path:
     the one of its newest intact checkpoint; a checkpoint directory: its model.safetensors, once its manifest
     checks; any other path (files, timm/HF folders) as it is."""
     path = Path(path)
-    if not (path.is_dir() and any((path / m).exists() for m in RUN_MARKERS)):
-        return path
-    if (path / "manifest.json").is_file():  # one checkpoint: verified, as resuming from it would be
-        from ..train.checkpoint import verify_checkpoint
-
+    if is_checkpoint_dir(path):  # one checkpoint: verified, as resuming from it would be
         problem = verify_checkpoint(path)
         if problem is not None:
             raise WeightsError(path, f"damaged checkpoint ({problem})", "pass the run directory or another checkpoint")
-        return path / RUN_WEIGHTS
-    if (path / RUN_WEIGHTS).is_file():  # written when the run completed
-        return path / RUN_WEIGHTS
-    from ..train.checkpoint import latest_valid_checkpoint
-
-    ckpt = latest_valid_checkpoint(path) if (path / "checkpoints").is_dir() else None
+        return path / WEIGHTS
+    if not is_run_dir(path):
+        return path
+    if (path / WEIGHTS).is_file():  # written when the run completed
+        return path / WEIGHTS
+    ckpt = latest_valid_checkpoint(path)
     if ckpt is None:
         raise WeightsError(path, "run directory has no final model.safetensors and no intact checkpoint",
                            "wait for its first checkpoint, or resume the run")  # fmt: skip
-    return ckpt / RUN_WEIGHTS
+    return ckpt / WEIGHTS
 
 
 def detect_format(path: str | Path) -> str:

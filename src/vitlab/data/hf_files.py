@@ -1,4 +1,4 @@
-"""Where a Hugging Face dataset on disk keeps its splits, and opening them as memory-mapped Arrow.
+"""The files of a Hugging Face dataset on disk: where it keeps its splits, opened as memory-mapped Arrow.
 
 Accepted: a `save_to_disk` folder (one Dataset, or a DatasetDict with a folder per split), a `.parquet` file, a
 folder of Parquet files (the Hub's `data/train-00000-of-00003.parquet`, `train-*.parquet` or
@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..progress import bars_enabled
 from .errors import DataError, log
 from .shards import expand_braces
 from .untrusted import contained, parse_json
@@ -42,8 +43,6 @@ def import_datasets() -> Any:
 @contextmanager
 def _bars(hf: Any):
     """The `datasets` progress bars follow vitlab's: shown on a terminal only, never under -q."""
-    from ..progress import bars_enabled
-
     hide = not bars_enabled() and not hf.are_progress_bars_disabled()
     if hide:
         hf.disable_progress_bars()

@@ -1,9 +1,8 @@
-"""Evaluation and prediction with trained weights: the library side of `vitlab eval` and `vitlab predict`."""
+"""Classification evaluation: loss, top-1 and top-5 over a loader (the trainer's validation) and of saved weights
+on a dataset split with its confusion matrix (the library side of `vitlab eval`)."""
 
 from __future__ import annotations
 
-import logging
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,17 +14,12 @@ from torch import nn
 from ..data import EvalTransform, ShardSampler, TransformedSplit, load_split, make_loader, normalize
 from ..data.errors import DataError
 from ..data.loader import UnreadableImages
-from ..data.sources import DECODE_ERRORS, ImageSplit
-from ..eval.metrics import ClassificationMeter, plot_confusion_matrix, require_finite
+from ..data.sources import ImageSplit
+from ..device import all_reduce, autocast, pick_device
 from ..models.timm_compat import eval_resize_of
 from ..progress import progress as progress_bar
-from .checkpoint import CHECKPOINTS
-from .distributed import all_reduce, pick_device
-
-
-def autocast(device: torch.device) -> AbstractContextManager:
-    """bf16 autocast on CUDA; float32 everywhere else (CPU bf16 is slower than float32 on most CPUs)."""
-    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+from .inference import load_for_inference
+from .metrics import ClassificationMeter, plot_confusion_matrix, require_finite
 
 
 def per_image_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str = "softmax") -> torch.Tensor:
@@ -64,26 +58,6 @@ def evaluate(
     return meter
 
 
-def resolve_weights(path: str | Path) -> Path:
-    """A weights file or folder as `vitlab.load` takes it: a published checkpoint's name (`augreg-i21k:ViT-B/16`,
-    `hf-hub:owner/name`) means its file in the download cache (vitlab.hub); a run or checkpoint directory its
-    model.safetensors (`vitlab.weights.load.weights_path`, the rule every reader shares)."""
-    from ..hub import resolve_path
-    from ..weights.load import weights_path
-
-    return weights_path(resolve_path(path))
-
-
-def load_for_inference(weights: str | Path, device: torch.device) -> tuple[nn.Module, list[str]]:
-    """(model on device in eval mode, class names: the file's, else the class indices as text)."""
-    from .. import load
-
-    model = load(resolve_weights(weights)).to(device).eval()
-    k = model.config.num_classes
-    names = list(getattr(model, "class_names", None) or [str(i) for i in range(k)])
-    return model, names
-
-
 @dataclass
 class EvalResult:
     metrics: dict[str, float]  # loss, top1, top5 (fractions in [0, 1]), count
@@ -99,9 +73,9 @@ def run_directory(weights: str | Path) -> Path | None:
     path = Path(weights)
     if path.is_file():
         path = path.parent
-    if path.parent.name == CHECKPOINTS and (path / "manifest.json").exists():
+    if path.parent.name == "checkpoints" and (path / "manifest.json").exists():
         path = path.parent.parent
-    is_run = path.is_dir() and ((path / "metrics.jsonl").exists() or (path / CHECKPOINTS).is_dir())
+    is_run = path.is_dir() and ((path / "metrics.jsonl").exists() or (path / "checkpoints").is_dir())
     return path if is_run else None
 
 
@@ -154,57 +128,3 @@ def evaluate_weights(
     if confusion_png:
         write_confusion(result, confusion_png)
     return result
-
-
-def expand_images(paths: list[str | Path]) -> list[str]:
-    """Image files as given, each folder replaced by the images under it (sorted, any depth)."""
-    from ..data.folder import IMAGE_EXTENSIONS
-
-    images: list[str] = []
-    for path in map(Path, paths):
-        if not path.is_dir():
-            images.append(str(path))
-            continue
-        found = sorted(str(p) for p in path.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
-        if not found:
-            raise DataError(f"{path} is a folder without images ({', '.join(IMAGE_EXTENSIONS)}); pass image files "
-                            "or a folder that holds some")
-        images += found
-    return images
-
-
-@torch.no_grad()
-def predict(weights: str | Path, images: list[str], top_k: int | None = None, device: str = "auto"
-            ) -> list[dict[str, Any]]:
-    """`vitlab predict`: for each image (a folder: every image under it), the top-k classes with softmax
-    probabilities. `top_k` None: 5, or all classes of a model with fewer; a given `top_k` above the class count
-    shows all of them, with a warning."""
-    dev = pick_device(device)
-    model, names = load_for_inference(weights, dev)
-    images = expand_images(images)
-    if top_k is None:
-        top_k = min(5, len(names))
-    elif top_k > len(names):
-        logging.getLogger("vitlab").warning("top-k %d is more than the model's %d classes: showing all %d",
-                                            top_k, len(names), len(names))
-    transform = EvalTransform(model.config.image_size, eval_resize_of(model))
-    split = ImageSplit("predict", torch.zeros(len(images), dtype=torch.long).numpy(), names, paths=list(images))
-    results = []
-    for i, path in enumerate(progress_bar(images, desc="predict", unit="img")):
-        try:
-            arr = transform(split.load(i, transform.min_source_size))
-        except (FileNotFoundError, *DECODE_ERRORS) as err:
-            raise DataError(f"cannot read image {path}: {type(err).__name__}: {err}") from None
-        x = torch.tensor(arr).permute(2, 0, 1)[None].to(dev)  # (1, 3, H, W) uint8
-        with autocast(dev):
-            logits = model(normalize(x, model.config.mean, model.config.std))
-        probs = logits.float().softmax(-1)[0]
-        if not torch.isfinite(probs).all():
-            raise ValueError(f"the model's output for {path} is not finite (NaN or inf); check the weights")
-        top = probs.topk(min(top_k, probs.numel()))
-        results.append({
-            "image": str(path),
-            "top": [{"class": names[j], "index": int(j), "probability": float(p)}
-                    for p, j in zip(top.values.tolist(), top.indices.tolist(), strict=True)],
-        })
-    return results

@@ -1,4 +1,5 @@
-"""The run directory: what may be written into, by whom, and checked before step 1.
+"""The run directory, write side: what may be written into, by whom, and checked before step 1 (its layout, and
+what marks a folder as a run, are vitlab.rundir's).
 
 - `--out` must be new, empty, or a vitlab run (continued only with --resume): an export folder or any other
   non-empty folder is never written into.
@@ -17,6 +18,8 @@ import fcntl
 import os
 from pathlib import Path
 
+from ..rundir import CHECKPOINTS, holds_run
+
 LOCK = ".vitlab.lock"
 OWN_FILES = {LOCK, "console.log"}  # what a run that failed before its first record leaves behind
 _HELD: set[int] = set()  # descriptors of the run locks this process holds
@@ -33,13 +36,6 @@ def _drop_inherited_locks() -> None:
 
 
 os.register_at_fork(after_in_child=_drop_inherited_locks)
-
-
-def holds_run(out: Path) -> bool:
-    """Whether `out` already holds a vitlab run (config.json recorded, metrics or checkpoints written)."""
-    checkpoints = out / "checkpoints"
-    return (out / "metrics.jsonl").exists() or (out / "config.json").exists() or (
-        checkpoints.is_dir() and any(checkpoints.iterdir()))
 
 
 def check_out(out: Path, resume: bool) -> None:
@@ -109,8 +105,8 @@ def prepare_run_dir(out: Path, resume: bool, is_main: bool) -> RunLock | None:
     probe_writable(out)
     lock = RunLock(out)
     try:
-        if (out / "checkpoints").is_dir():  # a resumed run's (created later with the folder's permissions)
-            probe_writable(out / "checkpoints")
+        if (out / CHECKPOINTS).is_dir():  # a resumed run's (created later with the folder's permissions)
+            probe_writable(out / CHECKPOINTS)
     except BaseException:
         lock.release()
         raise

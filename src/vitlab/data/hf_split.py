@@ -1,8 +1,8 @@
-"""Hugging Face datasets on disk as a data source (where the splits are: `hfsource`): rows read by random access
-from the memory-mapped Arrow files, so the samplers work as for image files. Images are read as the stored
-encoded bytes and decoded here exactly as for image files and shards; labels come from one column read. The
-image column is the `Image` feature, the label column the `ClassLabel` feature (its names are the class
-names); `--data '/data/cifar100#image=img,label=fine_label'` chooses them by name.
+"""A split of a Hugging Face dataset on disk as an ImageSplit (where the splits are: `hf_files`): rows read by random
+access from the memory-mapped Arrow files, so the samplers work as for image files. Images are read as the stored
+encoded bytes and decoded here exactly as for image files and shards; labels come from one column read. The image
+column is the `Image` feature, the label column the `ClassLabel` feature (its names are the class names); `--data
+'/data/cifar100#image=img,label=fine_label'` chooses them by name.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .errors import DataError, describe_paths, log
-from .hfsource import NEEDS_DATASETS, HFSet, import_datasets, int_column, is_hf_source, open_hf
+from .hf_files import NEEDS_DATASETS, HFSet, import_datasets, int_column, is_hf_source, open_hf
 from .sources import ImageSplit, relabel_by_name
 from .untrusted import check_label_range, contained, read_regular
 

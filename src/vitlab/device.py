@@ -1,0 +1,43 @@
+"""Devices and the collective every evaluation needs: which device to run on, its precision, and a sum over the
+processes of a job (a no-op in one process). torch only, so that every layer may use it."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+
+import torch
+import torch.distributed as dist
+
+
+def pick_device(name: str, local_rank: int = 0) -> torch.device:
+    """`--device` (auto, cpu, cuda, cuda:N) as a torch.device; ValueError naming the choices otherwise.
+    auto is CUDA when available; a bare "cuda" means this process's local rank's GPU (torchrun)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, not {name!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, not {name!r}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda but no CUDA device is available; use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"no {device}: torch sees {torch.cuda.device_count()} CUDA device(s); use cuda:0")
+        if device.index is None:
+            device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    return device
+
+
+def autocast(device: torch.device) -> AbstractContextManager:
+    """bf16 autocast on CUDA; float32 everywhere else (CPU bf16 is slower than float32 on most CPUs)."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+
+
+def all_reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """In place over all processes; a no-op in a single process."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return t
