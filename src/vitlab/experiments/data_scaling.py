@@ -35,7 +35,7 @@ def plan(ctx: Context) -> dict[str, Any]:
     for f in FAMILIES:
         for n in scale.per_class:
             for seed in ctx.seeds:
-                pre = pretrain(scale, f, "M", scale.fractal(n), lr[f], seed)
+                pre = pretrain(scale, f, "M", scale.dataset(n), lr[f], seed)
                 record = ctx.run(pre, transfer_evals(scale))
                 runs[(f, n, seed)] = (record, {d: ctx.run(finetune(scale, pre, ft_lr[d][f], seed, data=d))
                                                for d in scale.finetune_data})

@@ -11,15 +11,17 @@ training set, once per family (Appendix B.1.1).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .families import model_settings
-from .recipes import DIGITS_PREPROCESSING
+from .recipes import DIGITS_PREPROCESSING, PRETRAIN_SMALL, source_preprocessing
 from .runner import Context
 from .scale import Scale
 from .spec import RunSpec
 
 TUNING_SEED = 0  # learning rates are chosen on seed-0 runs whatever --seeds says, so every choice is shared
+GRID_EXTENSIONS = 2  # precondition (c): a grid whose best value is at an edge grows by one step, at most this often
 
 
 def pretrain(scale: Scale, family: str, size: str, data: str, lr: float, seed: int, *, mpp: bool = False,
@@ -28,10 +30,11 @@ def pretrain(scale: Scale, family: str, size: str, data: str, lr: float, seed: i
     the transfer curve."""
     settings = {
         **model_settings(family, size, **model_overrides), "data": data, "image_size": scale.image_size,
-        "batch_size": scale.batch_size, "steps": scale.steps, "lr": lr, "seed": seed, "eval_every": 0,
-        "log_every": max(1, scale.steps // 10), "save_every": max(1, scale.steps // scale.curve_points),
-        "keep_last": scale.curve_points, "workers": scale.workers,
-        **(DIGITS_PREPROCESSING if data == "digits" else {}),
+        "batch_size": scale.batch_size, "steps": scale.steps, "lr": lr, "seed": seed,
+        "eval_every": scale.eval_every, "log_every": max(1, scale.steps // 10),
+        "save_every": max(1, scale.steps // scale.curve_points), "keep_last": scale.curve_points,
+        "workers": scale.workers, **PRETRAIN_SMALL,
+        **(DIGITS_PREPROCESSING if data == "digits" else source_preprocessing(data)),
     }
     kind = "mpp" if mpp else "pre"
     label = f"{kind}-{family}{tag}-{size}-{data}-s{seed}"
@@ -44,7 +47,7 @@ def untrained(scale: Scale, family: str, size: str, seed: int) -> RunSpec:
     weights do not move). The reference a pre-trained representation must beat to have learnt anything that
     transfers: a random network's features are far from useless to a linear classifier on digits."""
     settings = {**pretrain(scale, family, size, scale.largest, 0.0, seed).settings, "steps": 1, "save_every": 0,
-                "keep_last": 1}
+                "keep_last": 1, "eval_every": 0}
     return RunSpec(f"init-{family}-{size}-s{seed}", "pretrain-i1k", settings)
 
 
@@ -73,13 +76,32 @@ def transfer_evals(scale: Scale) -> list[str]:
     return [f"fewshot/{d}" for d in scale.fewshot_data]
 
 
+def tuned_lr(ctx: Context, name: str, grid: tuple[float, ...], spec_of: Callable[[float], RunSpec]) -> float:
+    """The learning rate of `grid` whose run has the best final validation top-1; a best value at an edge of the
+    grid extends it by one step of its ratio on that side and chooses again, at most GRID_EXTENSIONS times (the
+    rule precondition (c) is checked against). The grid searched is recorded in `ctx.grids[name]`."""
+    grid = sorted(grid)
+    best = grid[0]
+    for attempt in range(GRID_EXTENSIONS + 1):
+        candidates = {lr: spec_of(lr) for lr in grid}
+        best = ctx.best(candidates)
+        if len(grid) < 2 or any(ctx.run(spec).pending for spec in candidates.values()):
+            break  # the dry pass, before the candidates ran: nothing to extend yet
+        if attempt == GRID_EXTENSIONS or best not in (grid[0], grid[-1]):
+            break
+        ratio = grid[1] / grid[0]
+        grid = [grid[0] / ratio, *grid] if best == grid[0] else [*grid, grid[-1] * ratio]
+    ctx.grids[name] = (best, list(grid))
+    return best
+
+
 def tuned_pretrain_lr(ctx: Context, family: str, size: str = "M", *, mpp: bool = False, tag: str = "",
                       **model_overrides: Any) -> float:
     """The pre-training lr with the best final top-1 (MPP: colour top-1) on the largest set's validation split,
     from seed-0 runs that are themselves the seed-0 runs of the chosen lr."""
-    candidates = {lr: pretrain(ctx.scale, family, size, ctx.scale.largest, lr, TUNING_SEED, mpp=mpp, tag=tag,
-                               **model_overrides) for lr in ctx.scale.lrs}
-    return ctx.best(candidates)
+    return tuned_lr(ctx, f"pretrain {family}{tag}-{size}", ctx.scale.lrs,
+                    lambda lr: pretrain(ctx.scale, family, size, ctx.scale.largest, lr, TUNING_SEED, mpp=mpp, tag=tag,
+                                        **model_overrides))
 
 
 def tuned_finetune_lr(ctx: Context, parent: RunSpec | None, scratch: tuple[str, str] | None = None,
@@ -87,6 +109,6 @@ def tuned_finetune_lr(ctx: Context, parent: RunSpec | None, scratch: tuple[str, 
     """The fine-tuning lr with the best top-1 on `data`'s dev split, from `parent`'s weights (or scratch)."""
     if parent is not None:
         ctx.run(parent, transfer_evals(ctx.scale))
-    candidates = {lr: finetune(ctx.scale, parent, lr, TUNING_SEED, dev=True, scratch=scratch, data=data)
-                  for lr in ctx.scale.finetune_lrs}
-    return ctx.best(candidates)
+    name = f"finetune {data} " + (f"scratch {scratch[0]}-{scratch[1]}" if scratch else parent.label)
+    return tuned_lr(ctx, name, ctx.scale.finetune_lrs,
+                    lambda lr: finetune(ctx.scale, parent, lr, TUNING_SEED, dev=True, scratch=scratch, data=data))

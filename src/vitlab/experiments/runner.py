@@ -209,6 +209,7 @@ class Context:
         self.todo: dict[str, Todo] = {}  # dry pass: what each run still needs
         self.rendered: set[str] = set()
         self.guessing = False  # dry pass: a choice was guessed, so what is noted after it may change
+        self.grids: dict[str, tuple[float, list[float]]] = {}  # choice name -> (chosen value, grid searched)
         self.records: dict[str, Record] = {}
         self.specs: dict[str, RunSpec] = {}  # every spec asked for, by key: a fine-tuning run's model is its init's
 

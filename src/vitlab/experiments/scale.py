@@ -10,7 +10,7 @@ from typing import Any
 @dataclass(frozen=True)
 class Scale:
     name: str  # full or quick
-    categories: int  # fractal categories of every pre-training set
+    categories: int  # classes of every pre-training set
     per_class: tuple[int, ...]  # the data-scaling sizes: training images per category
     steps: int  # pre-training steps (every size: more data is more variety, not more compute)
     batch_size: int
@@ -27,13 +27,16 @@ class Scale:
     workers: int | None  # loader processes (None: the trainer's default)
     image_size: int = 32
     dev_fraction: float = 0.1
+    source: str = "fractal"  # the pre-training source's kind (`fractal:`, `strokes:`): the pilot chooses it
+    eval_every: int = 0  # upstream validation during pre-training (its curve: precondition (a)); 0: at the end
 
-    def fractal(self, per_class: int) -> str:
-        return f"fractal:{self.categories}:{per_class}"
+    def dataset(self, per_class: int) -> str:
+        """The pre-training set with `per_class` training images per class: 'strokes:64:1024'."""
+        return f"{self.source}:{self.categories}:{per_class}"
 
     @property
     def largest(self) -> str:
-        return self.fractal(max(self.per_class))
+        return self.dataset(max(self.per_class))
 
     def images(self, per_class: int) -> int:
         return self.categories * per_class
