@@ -66,7 +66,7 @@ class CostModel:
         kind, data = parse(name)
         t = self.step_time(spec)
         images = {"fewshot": total_images(data), "fewshot-encoder": total_images(data),
-                  "curve": curve_points * total_images(data),
+                  "curve": curve_points * total_images(data), "upstream": split_size(data, "val"),
                   "attention": 128}[kind]
         return images * t.forward_s_per_image * (3 if kind == "attention" else 1) + 0.5
 

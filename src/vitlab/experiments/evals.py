@@ -6,6 +6,8 @@
   pre-training fits to its own classes: at small scale it can cost transfer what the encoder learnt);
 - `attention/<data>`: mean attention distance per layer and head (paper Appendix D.7, Fig. 7 right) on held-out
   images of <data>, with the distance uniform attention would give;
+- `upstream/<data>`: top-1 of the model's own classifier on <data>'s validation split (data-scaling scores every
+  nested pre-training set's model on the largest set's held-out images: the classes are the same);
 - `curve/<data>`: 5-shot accuracy of the weights at each checkpoint the run kept (paper Fig. 9).
 """
 
@@ -68,6 +70,15 @@ def attention(run_dir: Path, data: str, scale: Any) -> dict[str, Any]:
             "uniform_px": round(float(uniform[0]), 4), "images": len(inputs.x), "source": inputs.source}
 
 
+def upstream(run_dir: Path, data: str, scale: Any) -> dict[str, Any]:
+    """{"top1", "top5", "loss", "count"} of the run's final weights on `data`'s validation split, as `vitlab eval`
+    computes them."""
+    from ..eval.classify import evaluate_weights
+
+    metrics = evaluate_weights(run_dir / "model.safetensors", data, "val", workers=0, progress=False).metrics
+    return {k: round(float(v), 6) for k, v in metrics.items()}
+
+
 def curve(run_dir: Path, data: str, scale: Any) -> dict[str, Any]:
     """[[step, 5-shot mean accuracy]] of the weights kept at the run's checkpoints (runner.keep_curve_weights)."""
     from ..eval.fewshot_data import fewshot_weights
@@ -83,4 +94,5 @@ def curve(run_dir: Path, data: str, scale: Any) -> dict[str, Any]:
     return {"shots": CURVE_SHOTS, "points": points}
 
 
-EVALS = {"fewshot": fewshot, "fewshot-encoder": fewshot_encoder, "attention": attention, "curve": curve}
+EVALS = {"fewshot": fewshot, "fewshot-encoder": fewshot_encoder, "attention": attention, "upstream": upstream,
+         "curve": curve}
