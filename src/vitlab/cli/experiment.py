@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from .types import non_negative_int
+from .types import non_negative_int, positive_int
 
 DEFAULT_OUT = "runs/experiments"
 QUICK_OUT = "runs/experiments-quick"
@@ -15,7 +15,7 @@ DEFAULT_REPORT = "REPRODUCTION.md"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..experiments import NAMES
+    from ..experiments import NAMES, PILOT
 
     p = sub.add_parser(
         "experiment", help="reproduce one of the paper's findings at small scale (results.json, figures)",
@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "between experiments; a finished run is never redone and an interrupted one resumes, so "
                     "running the same command again continues where it stopped. Writes OUT/NAME/results.json "
                     "and figures, and (full runs) rewrites REPRODUCTION.md.")
-    p.add_argument("name", metavar="NAME", help=f"{', '.join(NAMES)}, all, or report")
+    p.add_argument("name", metavar="NAME", help=f"{PILOT} (the pre-training source), {', '.join(NAMES)}, all, or "
+                   "report")
     p.add_argument("--quick", action="store_true",
                    help="the pipeline in seconds (tiny sets, a few steps, one seed): checks that it runs, not "
                         "what it finds")
@@ -35,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--estimate", action="store_true",
                    help="measure step times, print what is left to run and how long it will take, run nothing "
                         "(all: each experiment after the ones before it)")
+    p.add_argument("--jobs", type=positive_int, metavar="N",
+                   help="runs trained side by side, each on its share of the cores (default: one per core; small "
+                        "models use a core better alone than two threads do)")
     p.add_argument("--report", metavar="PATH",
                    help=f"the Markdown report to rewrite from OUT's full results (default {DEFAULT_REPORT} for "
                         "full runs, none for --quick)")
@@ -42,12 +46,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..experiments import NAMES, experiments
+    from ..experiments import NAMES, PILOT, experiments
     from . import UserError
 
     names = list(NAMES) if args.name == "all" else [] if args.name == "report" else [args.name]
-    if any(n not in NAMES for n in names):
-        raise UserError(f"unknown experiment {args.name!r}; choose one of {', '.join(NAMES)}, all or report")
+    if any(n not in (*NAMES, PILOT) for n in names):
+        raise UserError(f"unknown experiment {args.name!r}; choose one of {PILOT}, {', '.join(NAMES)}, all or "
+                        "report")
     if args.seeds and len(set(args.seeds)) != len(args.seeds):
         raise UserError(f"--seeds lists a seed twice ({' '.join(map(str, args.seeds))}); give each seed once")
     if args.verbosity > 0:  # every sub-run's training log on the console, as `vitlab train` prints it
@@ -70,11 +75,12 @@ def run(args: argparse.Namespace) -> int:
 def _run_one(experiment, out: Path, args: argparse.Namespace, assumed: dict | None) -> bool:
     """One experiment; False if a run was stopped (SIGTERM, Ctrl-C) and the experiment with it."""
     from ..experiments import run_experiment
+    from ..experiments.parallel import cpu_count
     from ..experiments.runner import Interrupted
 
     try:
         results = run_experiment(experiment, out, args.quick, tuple(args.seeds) if args.seeds else None,
-                                 args.estimate, assumed=assumed)
+                                 args.estimate, assumed=assumed, jobs=args.jobs or cpu_count())
     except Interrupted as err:
         print(f"vitlab experiment: interrupted ({err}); run the same command again to continue", file=sys.stderr)
         return False

@@ -35,7 +35,7 @@ def split_features(
 
 def features_of(
     model: nn.Module, images: ImageSplit, batch_size: int = 256, workers: int = 0, resize: str = FEWSHOT_RESIZE,
-    progress: bool = False,
+    progress: bool = False, representation: str = "pre_logits",
 ) -> tuple[np.ndarray, np.ndarray]:
     """`split_features` of a split already loaded. Undecodable images are left out (one warning line naming
     them); a representation with NaN or inf values is an error, since every accuracy computed from it would be
@@ -52,7 +52,7 @@ def features_of(
             x = normalize(batch["images"][valid].to(device), model.config.mean, model.config.std)
             yield x, batch["labels"][valid]
 
-    feats, labels = representations(model, batches())
+    feats, labels = representations(model, batches(), representation)
     unreadable.report()
     if not len(labels):
         raise DataError(f"no readable image in the {images.name} split of {len(images)}; check the data")
@@ -74,13 +74,14 @@ def fewshot_weights(
     resize: str = FEWSHOT_RESIZE,
     progress: bool = False,
     val_fraction: float | None = None,
+    representation: str = "pre_logits",
 ) -> FewshotResult:
     """Few-shot draws from the train split, accuracy on a test split that shares no image with it (see
     `vitlab.data.evaluation_splits`: embedded sets' test split, a folder's val/, else a stratified held-out
     share of train, `val_fraction` or 20%). `progress`: a bar while features are computed (on a terminal)."""
     splits = evaluation_splits(data, val_fraction)
-    train = features_of(model, splits.train, batch_size, workers, resize, progress)
-    test = features_of(model, splits.test, batch_size, workers, resize, progress)
+    train = features_of(model, splits.train, batch_size, workers, resize, progress, representation)
+    test = features_of(model, splits.test, batch_size, workers, resize, progress, representation)
     result = fewshot_on_features(train, test, shots, seeds, l2_reg, l2_sweep)
     result.splits = {**splits.record(), "train_images": len(train[1]), "test_images": len(test[1])}  # as read
     return result

@@ -105,17 +105,33 @@ def fewshot_indices(labels: np.ndarray, shots: int, seed: int) -> np.ndarray:
 
 
 # --- on a model ---------------------------------------------------------------------------------------------
+REPRESENTATIONS = ("pre_logits", "encoder")
+
+
 @torch.no_grad()
-def representations(model: torch.nn.Module, batches: Iterable) -> tuple[np.ndarray, np.ndarray]:
-    """The frozen representation `forward_head(..., pre_logits=True)` (float64) and labels of (images, labels)
-    batches, images already normalised and on the model's device; the model's train/eval mode is restored."""
+def representations(model: torch.nn.Module, batches: Iterable,
+                    representation: str = "pre_logits") -> tuple[np.ndarray, np.ndarray]:
+    """The frozen representation (float64) and labels of (images, labels) batches, images already normalised and
+    on the model's device; the model's train/eval mode is restored. `pre_logits`: `forward_head(...,
+    pre_logits=True)`, the paper's protocol (after the tanh representation layer of a model pre-trained with one);
+    `encoder`: the pooled encoder output before that layer (the same for a model without one)."""
+    if representation not in REPRESENTATIONS:
+        raise ValueError(f"unknown representation {representation!r}; use one of {', '.join(REPRESENTATIONS)}")
+    layer = getattr(model, "pre_logits", None)
+    skip = representation == "encoder" and layer is not None
     was_training = model.training
     model.eval()
     feats, labels = [], []
-    for images, targets in batches:
-        feats.append(model.forward_head(model.forward_features(images), pre_logits=True).float().cpu())
-        labels.append(torch.as_tensor(targets))
-    model.train(was_training)
+    try:
+        if skip:  # forward_head skips a missing representation layer: its pooling stays the model's own
+            model.pre_logits = None
+        for images, targets in batches:
+            feats.append(model.forward_head(model.forward_features(images), pre_logits=True).float().cpu())
+            labels.append(torch.as_tensor(targets))
+    finally:
+        if skip:
+            model.pre_logits = layer
+        model.train(was_training)
     return torch.cat(feats).double().numpy(), torch.cat(labels).numpy()
 
 

@@ -7,19 +7,19 @@ run cache keyed by what each run computes; `report` writes REPRODUCTION.md from 
 
 from __future__ import annotations
 
-from .driver import Experiment, read_results, run_experiment
+from . import attention_distance, compute, data_scaling, mpp, pilot, pos_embed, token_vs_gap
+from .experiment import Experiment, read_results, run_experiment
 
-_MODULES = ["data_scaling", "compute", "pos_embed", "token_vs_gap", "attention_distance", "mpp"]
+_MODULES = (pilot, data_scaling, compute, pos_embed, token_vs_gap, attention_distance, mpp)
 
 
 def experiments() -> dict[str, Experiment]:
-    """Every experiment by name, in the issue's order."""
-    import importlib
-
-    found = [Experiment.from_module(importlib.import_module(f"{__name__}.{m}")) for m in _MODULES]
+    """Every experiment by name, the pilot first, then in the issue's order."""
+    found = [Experiment.from_module(m) for m in _MODULES]
     return {e.name: e for e in found}
 
 
-NAMES = ("data-scaling", "compute", "pos-embed", "token-vs-gap", "attention-distance", "mpp")
+NAMES = ("data-scaling", "compute", "pos-embed", "token-vs-gap", "attention-distance", "mpp")  # `all` runs these
+PILOT = "pilot"  # run before them: it chooses their pre-training source
 
-__all__ = ["NAMES", "Experiment", "experiments", "read_results", "run_experiment"]
+__all__ = ["NAMES", "PILOT", "Experiment", "experiments", "read_results", "run_experiment"]

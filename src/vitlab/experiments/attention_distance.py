@@ -7,7 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .common import pretrain, tuned_pretrain_lr
+import numpy as np
+
+from . import plots
+from .design import Check, Design, Verdict
+from .measures import grid_checks, stat, top1
+from .plans import pretrain, tuned_pretrain_lr
+from .preconditions import LEARNS_TOP1, learns
 from .runner import Context
 
 NAME = "attention-distance"
@@ -15,10 +21,29 @@ TITLE = "Mean attention distance"
 PAPER = "Section 4.5, Fig. 7 (right), Appendix D.7, Fig. 11"
 FINDING = ("Some heads attend to most of the image already in the lowest layers, others attend locally; the "
            "attention distance increases with network depth.")
-SETUP = ("The data-scaling ViT (size M: 6 layers, 2 heads, 8×8 patches of 4 px) pre-trained on the largest fractal "
+SETUP = ("The data-scaling ViT (size M: 6 layers, 2 heads, 8×8 patches of 4 px) pre-trained on the largest {source} "
          "set, and the same ViT trained on digits alone with the same recipe, steps and learning rate; distances "
          "in input pixels between patch centres weighted by attention, over {attention_images} held-out images "
          "of each model's own training data (fractal validation images, digits test images).")
+
+
+LOCAL, FAR = 0.5, 0.8  # fractions of the uniform-attention distance: a local head, one attending to most of it
+TRIVIAL = 0.1  # every head within this fraction of uniform: attention no more local than averaging
+
+DESIGN = Design(
+    version=2,
+    question=("After pre-training that learnt its task, are some heads of the first layer local while others in "
+              "it attend to most of the image, and does the mean attention distance grow with depth (paper Fig. 7 "
+              "right, Fig. 11)?"),
+    primary=("mean attention distance per layer and head of the pre-trained ViT on held-out images of its own "
+             "pre-training set, against the distance uniform attention gives"),
+    rule=(f"holds if, for every seed, (i) layer 1 has a head below {LOCAL:g} × the uniform-attention distance and "
+          f"a head above {FAR:g} × it, and (ii) the Spearman correlation of the per-layer mean distance with depth "
+          f"is positive; if every head of every layer is within {100 * TRIVIAL:g} % of uniform, it holds "
+          "trivially at most (attention no more local than averaging)"),
+    preconditions={"a": f"every seed's pre-training upstream top-1 >= {LEARNS_TOP1:g} %",
+                   "c": "the tuned pre-training learning rate inside its grid"},
+)
 
 
 def plan(ctx: Context) -> dict[str, Any]:
@@ -33,8 +58,6 @@ def plan(ctx: Context) -> dict[str, Any]:
 
 
 def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
-    from . import plots
-
     scale = ctx.scale
     models = {
         f"pre-trained on {scale.largest}": [planned["fractal"][s].evaluation(f"attention/{scale.largest}")
@@ -47,6 +70,9 @@ def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
     panels = [(name, [e["distance_px"] for e in models[name]], models[name][0]["uniform_px"]) for name in names[:2]]
     figure = plots.attention_panels(out / "attention_distance.png", panels)
     summaries = {name: _summary(evals) for name, evals in models.items()}
+    learnt = [learns(f"seed {s}", top1(planned["fractal"][s])) for s in ctx.seeds]
+    verdict = judge([e["distance_px"] for e in models[names[0]]], models[names[0]][0]["uniform_px"],
+                    learnt + grid_checks(ctx))
     rows = [[name, *(f"{v:.1f}" for v in s["layer_mean"]), f"{s['first_layer_max']:.1f}", f"{s['uniform']:.1f}"]
             for name, s in summaries.items()]
     depth = len(next(iter(summaries.values()))["layer_mean"])
@@ -61,26 +87,50 @@ def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
                      "against depth; line: mean over heads, band ± one standard deviation over seeds of that "
                      "mean; dashed: uniform attention."}],
         "measured": measured,
-        "check": _check(summaries[names[0]]),
+        "verdict": verdict.to_dict(),
+        "check": {"holds": verdict.finding_holds, "rule": DESIGN.rule, "details": [verdict.result]},
         "choices": {"pretrain_lr": planned["lr"]},
         "data": {name: [e["distance_px"] for e in evals] for name, evals in models.items()},
     }
 
 
 def _summary(evals: list[dict]) -> dict[str, Any]:
-    import numpy as np
-
     d = np.asarray([e["distance_px"] for e in evals])  # (seeds, L, H)
     return {"layer_mean": [float(v) for v in d.mean(axis=(0, 2))], "first_layer_max": float(d[:, 0].max(axis=1).mean()),
             "uniform": float(evals[0]["uniform_px"])}
 
 
-def _check(s: dict[str, Any]) -> dict[str, Any]:
-    grows = s["layer_mean"][-1] > s["layer_mean"][0]
-    far = s["first_layer_max"] >= 0.8 * s["uniform"]
-    return {"holds": grows and far, "rule": "for the fractal-pre-trained ViT, the last layer's mean distance above "
-            "the first layer's, and the farthest head of layer 1 (mean over seeds) at 80 % or more of the uniform-"
-            "attention distance", "details": [
-                f"layer-mean distance, layer 1 → last: {s['layer_mean'][0]:.1f} → {s['layer_mean'][-1]:.1f} px",
-                f"farthest head of layer 1: {s['first_layer_max']:.1f} px = "
-                f"{100 * s['first_layer_max'] / s['uniform']:.0f} % of uniform attention"]}
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation (ties get their mean rank): the Pearson correlation of the ranks."""
+    rx, ry = _ranks(xs), _ranks(ys)
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    denominator = float(np.sqrt((rx**2).sum() * (ry**2).sum()))
+    return float((rx * ry).sum()) / denominator if denominator else 0.0
+
+
+def _ranks(values: list[float]) -> np.ndarray:
+    v = np.asarray(values, dtype=float)
+    order = v.argsort(kind="stable")
+    ranks = np.empty(len(v))
+    ranks[order] = np.arange(len(v), dtype=float)
+    for value in np.unique(v):  # ties: their mean rank
+        ranks[v == value] = ranks[v == value].mean()
+    return ranks
+
+
+def judge(per_seed: list[list[list[float]]], uniform: float, checks: list[Check]) -> Verdict:
+    """The verdict from each seed's (layers, heads) mean attention distances and the uniform-attention distance."""
+    d = np.asarray(per_seed, dtype=float)  # (seeds, L, H)
+    first = d[:, 0, :] / uniform  # layer 1's heads as fractions of uniform
+    mixed = [bool(f.min() < LOCAL and f.max() > FAR) for f in first]
+    rho = [spearman(list(range(d.shape[1])), list(layer_means)) for layer_means in d.mean(axis=2)]
+    grows = [r > 0 for r in rho]
+    near = float(np.abs(d / uniform - 1).max())
+    trivial = (f"every head is within {100 * near:.0f} % of the uniform-attention distance ({uniform:.1f} px): "
+               "attention is no more local than averaging" if near <= TRIVIAL else "")
+    rhos = stat(rho)
+    result = (f"layer 1's heads at {100 * first.min():.0f}-{100 * first.max():.0f} % of uniform attention "
+              f"({sum(mixed)} of {len(mixed)} seeds with a local head below {100 * LOCAL:g} % and a far one above "
+              f"{100 * FAR:g} %); Spearman of layer-mean distance with depth {rhos['mean']:+.2f} (min "
+              f"{min(rho):+.2f}, positive in {sum(grows)} of {len(grows)} seeds)")
+    return Verdict(all(mixed) and all(grows), result, checks, trivial)

@@ -1,5 +1,6 @@
-"""Experiment data-scaling (paper Section 4.2, Figs. 3 and 4): transfer of ViT, BiT and hybrid pre-trained on
-fractal sets of increasing size, each family at its own tuned learning rate."""
+"""Experiment data-scaling (paper Section 4.2, Figs. 3 and 4): ViT, BiT and hybrid pre-trained on nested sets of
+increasing size, each family at its own tuned learning rate; scored upstream on one held-out set (the primary view)
+and downstream on MNIST (few-shot on two representations, fine-tuning against training from scratch)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from . import plots
-from .common import (
-    FAMILIES,
-    TUNING_SEED,
-    finetune,
-    metric_names,
-    model_table,
-    pretrain,
-    show,
-    stat,
-    transfer,
-    transfer_evals,
-    tuned_finetune_lr,
-    tuned_pretrain_lr,
-    untrained,
-)
+from .design import Check, Design, Verdict
+from .families import FAMILIES, model_table
+from .measures import describe_trend, fewshot, grid_checks, nearest_shots, show, stat, top1, trend, upstream
+from .plans import TUNING_SEED, finetune, pretrain, tuned_finetune_lr, tuned_pretrain_lr, untrained
+from .preconditions import HELPS_POINTS, LEARNS_TOP1, SPREAD_FACTOR, beyond_spread, helps, learns
 from .runner import Context
 
 NAME = "data-scaling"
@@ -30,94 +21,164 @@ PAPER = "Section 4.2, Figs. 3 and 4"
 FINDING = ("With little pre-training data the ResNets (BiT) transfer better than ViTs of comparable size and "
            "compute; as the pre-training set grows the ViTs catch up and overtake them (\"large scale training "
            "trumps inductive bias\").")
-SETUP = ("ViT, BiT ResNetV2 and hybrid of matched size (M in the model table) pre-trained on fractal sets of "
-         "{categories} categories × {per_class} images (the same number of steps for every size, so smaller sets "
-         "are seen for more epochs, as in Fig. 4), then evaluated by few-shot linear regression on "
-         "{fewshot_data} and by fine-tuning on each. References without pre-training: the few-shot accuracy of "
-         "each model's initial weights, and each model trained on the target alone with the fine-tuning recipe.")
+SETUP = ("ViT, BiT ResNetV2 and hybrid of matched size (M in the model table) pre-trained on nested {source} sets "
+         "of {categories} categories × {per_class} images (the same number of steps for every size, so smaller "
+         "sets are seen for more epochs, as in Fig. 4), each scored by its own classifier on the largest set's "
+         "validation split (one held-out set for every size), then by few-shot linear regression on the encoder "
+         "output and on `pre_logits`, and by fine-tuning. References without pre-training: each model's initial "
+         "weights (few-shot) and each model trained on the target alone at its own tuned learning rate.")
+SEEDS = (0, 1, 2)
+
+DESIGN = Design(
+    version=2,
+    question=("Does BiT lead the ViT on little pre-training data, and does the ViT − BiT gap shrink (or turn) as "
+              "the pre-training set grows, as in the paper's Figs. 3 and 4?"),
+    primary=("upstream top-1: each pre-trained model's own classifier on the largest set's validation split, the "
+             "same held-out images for every set size (the nested sets share their classes)"),
+    rule=("per seed, the ViT − BiT gap g(n) of the primary metric at each set size and its least-squares slope "
+          "against log2(images); the finding holds (as a trend) if the mean gap at the smallest set is negative "
+          f"(BiT ahead) and the mean slope is positive by more than {SPREAD_FACTOR:g} standard errors over seeds; "
+          "a positive mean gap at the largest set is reported as a crossover. The same rule on MNIST 10-shot "
+          "(encoder output and `pre_logits`) and on fine-tuned MNIST gives the secondary verdicts."),
+    preconditions={
+        "a": f"each family's upstream top-1 at the largest set >= {LEARNS_TOP1:g} %",
+        "b": (f"at the largest set each family beats its no-pre-training reference by >= {HELPS_POINTS:g} points "
+              "on MNIST 10-shot on the encoder output (vs its initial weights) and on fine-tuned MNIST (vs trained "
+              "from scratch)"),
+        "c": "every tuned learning rate (pre-training per family, fine-tuning and from-scratch per family) inside "
+             "its grid after the grid-extension rule",
+        "d": f"the mean slope of the ViT − BiT upstream gap beyond {SPREAD_FACTOR:g} standard errors over seeds",
+    },
+)
+
+
+def targets(scale: Any) -> tuple[str, str, int]:
+    """(few-shot target, fine-tuning target, shots): MNIST and 10 shots at full scale."""
+    return scale.fewshot_data[-1], scale.finetune_data[-1], nearest_shots(scale)
+
+
+def pretraining_evals(scale: Any) -> list[str]:
+    fs, _, _ = targets(scale)
+    return [f"upstream/{scale.largest}", f"fewshot-encoder/{fs}", f"fewshot/{fs}"]
 
 
 def plan(ctx: Context) -> dict[str, Any]:
     scale = ctx.scale
+    _, ft, _ = targets(scale)
     lr = {f: tuned_pretrain_lr(ctx, f) for f in FAMILIES}
-    # a fine-tuning lr per family and target, chosen from the largest set's seed-0 pre-training (Appendix B.1.1)
-    ft_lr = {d: {f: tuned_finetune_lr(ctx, pretrain(scale, f, "M", scale.largest, lr[f], TUNING_SEED), data=d)
-                 for f in FAMILIES} for d in scale.finetune_data}
-    runs = {}
+    # a fine-tuning lr per family, chosen from the largest set's seed-0 pre-training (Appendix B.1.1)
+    ft_lr = {f: tuned_finetune_lr(ctx, pretrain(scale, f, "M", scale.largest, lr[f], TUNING_SEED), data=ft)
+             for f in FAMILIES}
+    scratch_lr = {f: tuned_finetune_lr(ctx, None, scratch=(f, "M"), data=ft) for f in FAMILIES}
+    runs, references = {}, {}
     for f in FAMILIES:
         for n in scale.per_class:
             for seed in ctx.seeds:
-                pre = pretrain(scale, f, "M", scale.fractal(n), lr[f], seed)
-                record = ctx.run(pre, transfer_evals(scale))
-                runs[(f, n, seed)] = (record, {d: ctx.run(finetune(scale, pre, ft_lr[d][f], seed, data=d))
-                                               for d in scale.finetune_data})
-    # references: the same model untrained (few-shot) and trained on the target alone at its own tuned lr
-    scratch_lr = {d: {f: tuned_finetune_lr(ctx, None, scratch=(f, "M"), data=d) for f in FAMILIES}
-                  for d in scale.finetune_data}
+                pre = pretrain(scale, f, "M", scale.dataset(n), lr[f], seed)
+                runs[(f, n, seed)] = (ctx.run(pre, pretraining_evals(scale)),
+                                      ctx.run(finetune(scale, pre, ft_lr[f], seed, data=ft)))
+        for seed in ctx.seeds:  # no pre-training: the untrained model (few-shot), trained on the target alone
+            references[(f, seed)] = (ctx.run(untrained(scale, f, "M", seed), pretraining_evals(scale)[1:]),
+                                     ctx.run(finetune(scale, None, scratch_lr[f], seed, scratch=(f, "M"), data=ft)))
+    return {"lr": lr, "finetune_lr": ft_lr, "scratch_lr": scratch_lr, "runs": runs, "references": references}
+
+
+def metrics(scale: Any) -> list[tuple[str, str]]:
+    """(key, caption): the primary metric first."""
+    fs, ft, k = targets(scale)
+    return [("upstream", f"upstream top-1 (held out, {scale.largest})"), ("encoder", f"{k}-shot {fs}, encoder"),
+            ("pre_logits", f"{k}-shot {fs}, pre_logits"), ("fine-tuned", f"fine-tuned {ft}")]
+
+
+def values_of(scale: Any, pre: Any, tuned: Any, pretrained: bool = True) -> dict[str, float]:
+    """The metrics of one seed: a pre-training run and its fine-tuning (a reference: the untrained model and the
+    one trained from scratch, which have no upstream score)."""
+    fs, _, k = targets(scale)
+    out = {"encoder": fewshot(pre, fs, k, "encoder"), "pre_logits": fewshot(pre, fs, k), "fine-tuned": top1(tuned)}
+    if pretrained:
+        out["upstream"] = upstream(pre, scale.largest)
+    return out
+
+
+def judge(values: dict[tuple[str, int], dict[str, list[float]]], references: dict[str, dict[str, list[float]]],
+          images: list[int], captions: dict[str, str], lr_checks: list[Check]) -> tuple[Verdict, list[str]]:
+    """The verdict from per-seed values: values[(family, images)][metric] and references[family][metric] (lists
+    over the same seeds), `images` ascending. Returns the verdict and the secondary verdict sentences."""
+    largest = images[-1]
+    trends = {key: trend(_per_seed_gaps(values, key, images), images) for key in captions}
+    primary = trends["upstream"]
+    checks = [learns(f"{f} at {largest:,} images", stat(values[(f, largest)]["upstream"])["mean"])
+              for f in FAMILIES if (f, largest) in values]
     for f in FAMILIES:
-        for seed in ctx.seeds:
-            runs[("untrained", f, seed)] = (
-                ctx.run(untrained(scale, f, "M", seed), transfer_evals(scale)),
-                {d: ctx.run(finetune(scale, None, scratch_lr[d][f], seed, scratch=(f, "M"), data=d))
-                 for d in scale.finetune_data})
-    return {"lr": lr, "finetune_lr": ft_lr, "scratch_lr": scratch_lr, "runs": runs}
+        if (f, largest) not in values:
+            continue
+        for key, reference in (("encoder", "its initial weights"), ("fine-tuned", "trained from scratch")):
+            checks.append(helps(f"{f} at {largest:,} images, {captions[key]} (vs {reference})",
+                                stat(values[(f, largest)][key])["mean"], stat(references[f][key])["mean"]))
+    checks += lr_checks
+    zero = {"mean": 0.0, "std": 0.0, "n": primary["slope"]["n"]}
+    checks.append(beyond_spread("slope of the ViT − BiT upstream gap per doubling of the images", primary["slope"],
+                                zero))
+    result = describe_trend("ViT − BiT " + captions["upstream"], primary, images)
+    details = [describe_trend("ViT − BiT " + captions[key], trends[key], images)
+               + (": holds (trend)" if trends[key]["closes"] else ": does not hold") for key in captions
+               if key != "upstream"]
+    return Verdict(primary["closes"], result, checks), details
+
+
+def _per_seed_gaps(values: dict, key: str, images: list[int]) -> list[list[float]]:
+    """ViT − BiT of `key`, one list over the set sizes per seed."""
+    seeds = len(values[("ViT", images[0])][key])
+    return [[values[("ViT", n)][key][s] - values[("BiT", n)][key][s] for n in images] for s in range(seeds)]
 
 
 def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
     scale = ctx.scale
-    metrics = metric_names(scale, scale.finetune_data)
-    cells: dict[tuple[str, int], dict[str, Any]] = {}
-    for f in FAMILIES:
-        for n in scale.per_class:
-            per_seed = [transfer(scale, *planned["runs"][(f, n, s)]) for s in ctx.seeds]
-            cells[(f, n)] = {key: stat([v[key] for v in per_seed]) for key, _ in metrics}
-    for f in FAMILIES:  # no pre-training: few-shot of the untrained model, fine-tuned = trained on the target only
-        per_seed = [transfer(scale, *planned["runs"][("untrained", f, s)]) for s in ctx.seeds]
-        cells[(f, 0)] = {key: stat([v[key] for v in per_seed]) for key, _ in metrics}
-    sizes = [scale.images(n) for n in scale.per_class]
-    panels = [(caption, {f: (sizes, [cells[(f, n)][key] for n in scale.per_class]) for f in FAMILIES})
-              for key, caption in metrics]
-    references = [{f: cells[(f, 0)][key] for f in FAMILIES} for key, _ in metrics]
-    figure = plots.line_panels(out / "data_scaling.png", panels, "pre-training images (fractal)",
-                               title="Transfer against pre-training set size (paper Figs. 3, 4); dashed: no "
-                               "pre-training", references=references)
-    columns = ["pre-training images", "family"] + [caption for _, caption in metrics]
-    rows = [[f"{scale.images(n):,}" if n else "none", f] + [show(cells[(f, n)][key]) for key, _ in metrics]
-            for n in (0, *scale.per_class) for f in FAMILIES]
-    small, large = min(scale.per_class), max(scale.per_class)
-    measured = [f"at {scale.images(n):,} images, {caption}: " + " vs ".join(
-        f"{f} {show(cells[(f, n)][key])}" for f in FAMILIES) for n in (small, large) for key, caption in metrics]
-    measured += [f"without pre-training, {caption}: " + " vs ".join(f"{f} {show(cells[(f, 0)][key])}"
-                                                                     for f in FAMILIES) for key, caption in metrics]
+    names = metrics(scale)
+    captions = dict(names)
+    images = [scale.images(n) for n in scale.per_class]
+    values = {(f, scale.images(n)): _columns([values_of(scale, *planned["runs"][(f, n, s)]) for s in ctx.seeds])
+              for f in FAMILIES for n in scale.per_class}
+    references = {f: _columns([values_of(scale, *planned["references"][(f, s)], pretrained=False)
+                                     for s in ctx.seeds])
+                  for f in FAMILIES}
+    cells = {k: {m: stat(v) for m, v in per.items()} for k, per in values.items()}
+    refs = {f: {m: stat(v) for m, v in per.items()} for f, per in references.items()}
+    verdict, secondary = judge(values, references, images, captions, grid_checks(ctx))
+    panels = [(caption, {f: (images, [cells[(f, n)][key] for n in images]) for f in FAMILIES})
+              for key, caption in names]
+    figure = plots.line_panels(out / "data_scaling.png", panels, f"pre-training images ({scale.source})",
+                               title="Accuracy against pre-training set size (paper Figs. 3, 4); dashed: no "
+                               "pre-training", references=[{}] + [{f: refs[f][key] for f in FAMILIES}
+                                                                  for key, _ in names[1:]])
+    rows = [[f"{n:,}", f] + [show(cells[(f, n)][key]) for key, _ in names] for n in images for f in FAMILIES]
+    rows += [["none", f, "—"] + [show(refs[f][key]) for key, _ in names[1:]] for f in FAMILIES]
+    measured = [f"{caption}: " + "; ".join(f"{f} {show(cells[(f, images[0])][key])} at {images[0]:,} images → "
+                                           f"{show(cells[(f, images[-1])][key])} at {images[-1]:,}" for f in FAMILIES)
+                for key, caption in names]
+    measured += [f"without pre-training, {caption}: " + " vs ".join(f"{f} {show(refs[f][key])}" for f in FAMILIES)
+                 for key, caption in names[1:]]
     return {
-        "tables": [{"title": "Transfer accuracy (mean ± std over seeds)", "columns": columns, "rows": rows},
+        "tables": [{"title": "Upstream and transfer accuracy (mean ± std over seeds)",
+                    "columns": ["pre-training images", "family"] + [c for _, c in names], "rows": rows},
                    _models_table(scale)],
-        "figures": [{"file": figure.name, "caption": "Few-shot and fine-tuned accuracy against the number of "
-                     "pre-training images; mean over seeds, band ± one standard deviation. Dashed lines: the same "
-                     "model without pre-training (few-shot: its initial weights; fine-tuned: trained on the "
-                     "target alone with the fine-tuning recipe at its own tuned learning rate)."}],
+        "figures": [{"file": figure.name, "caption": "Left: upstream top-1 of every pre-trained model on the same "
+                     "held-out images (the largest set's validation split) against the number of pre-training "
+                     "images; then MNIST few-shot (encoder output, pre_logits) and fine-tuned accuracy. Mean over "
+                     "seeds, band ± one standard deviation; dashed: the same model without pre-training."}],
         "measured": measured,
-        "check": _check(scale, cells, metrics, small, large),
-        "choices": {"pretrain_lr": planned["lr"],
-                    **{f"{d}_finetune_lr": planned["finetune_lr"][d] for d in scale.finetune_data},
-                    **{f"{d}_from_scratch_lr": planned["scratch_lr"][d] for d in scale.finetune_data}},
-        "data": {f"{f}/{scale.images(n)}": cells[(f, n)] for f in FAMILIES for n in (0, *scale.per_class)},
+        "verdict": verdict.to_dict(),
+        "check": {"holds": verdict.finding_holds, "rule": DESIGN.rule, "details": [verdict.result, *secondary]},
+        "choices": {"pretrain_lr": planned["lr"], "finetune_lr": planned["finetune_lr"],
+                    "from_scratch_lr": planned["scratch_lr"]},
+        "data": {"pre-trained": {f"{f}/{n}": cells[(f, n)] for f in FAMILIES for n in images},
+                 "without pre-training": refs},
     }
 
 
-def _check(scale: Any, cells: dict, metrics: list, small: int, large: int) -> dict[str, Any]:
-    """The paper's ordering, per metric: BiT ahead of ViT on the smallest set, and the ViT's deficit smaller (or
-    a lead) on the largest set."""
-    holds, lines = [], []
-    for key, caption in metrics:
-        gap_small = cells[("ViT", small)][key]["mean"] - cells[("BiT", small)][key]["mean"]
-        gap_large = cells[("ViT", large)][key]["mean"] - cells[("BiT", large)][key]["mean"]
-        ok = gap_small < 0 and gap_large > gap_small
-        holds.append(ok)
-        lines.append(f"{caption}: ViT − BiT {gap_small:+.1f} points at {scale.images(small):,} images, "
-                     f"{gap_large:+.1f} at {scale.images(large):,}")
-    return {"holds": all(holds), "rule": "BiT ahead of ViT on the smallest set and the ViT − BiT difference "
-            "larger on the largest set, for every metric", "details": lines}
+def _columns(per_seed: list[dict[str, float]]) -> dict[str, list[float]]:
+    """[{metric: value}] over seeds -> {metric: [value per seed]}."""
+    return {key: [v[key] for v in per_seed] for key in per_seed[0]}
 
 
 def _models_table(scale: Any) -> dict[str, Any]:

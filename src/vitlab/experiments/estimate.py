@@ -21,6 +21,8 @@ from .spec import RunSpec
 
 RUN_OVERHEAD_S = 2.5  # building datasets, writing config/metrics/checkpoints/curves.png: measured on 2 vCPUs
 RENDER_S_PER_IMAGE = 0.0035  # fractal rendering at 64 px, measured on 2 vCPUs (vitlab.data.fractal)
+STROKES_S_PER_IMAGE = 0.00025  # stroke glyphs at 32 px (vitlab.data.strokes; benchmarks/generators.py)
+FONTS_S_PER_IMAGE = 0.0005  # font glyphs at 32 px (vitlab.data.fontglyphs; benchmarks/generators.py)
 TIMED_STEPS = 2
 
 
@@ -63,14 +65,15 @@ class CostModel:
 
         kind, data = parse(name)
         t = self.step_time(spec)
-        images = {"fewshot": total_images(data), "curve": curve_points * total_images(data),
+        images = {"fewshot": total_images(data), "fewshot-encoder": total_images(data),
+                  "curve": curve_points * total_images(data), "upstream": split_size(data, "val"),
                   "attention": 128}[kind]
         return images * t.forward_s_per_image * (3 if kind == "attention" else 1) + 0.5
 
 
 def short_name(settings: dict[str, Any]) -> str:
     """'ViT-M (batch 64)', 'ViT-M gap (batch 64)': the family and size of the experiments' model table."""
-    from .common import MODELS
+    from .families import MODELS
 
     args = dict(settings.get("model_args") or {})
     name = settings.get("model", "?")
@@ -123,9 +126,23 @@ def _measure(spec: RunSpec, workers: int | None) -> StepTime:
 
 
 def _classes(data: str) -> int:
-    from ..data.fractal import is_fractal_source, parse_spec
+    spec = _drawn(data)
+    return spec[0] if spec else 10
 
-    return parse_spec(data).categories if is_fractal_source(data) else 10
+
+def _drawn(data: str) -> tuple[int, int, int] | None:
+    """(classes, training images, validation images) of a drawn source (fractal:, strokes:, fonts:), None
+    otherwise."""
+    from ..data import fontglyphs, fractal, strokes, synthetic
+
+    if fractal.is_fractal_source(data):
+        spec = fractal.parse_spec(data)
+        return spec.categories, spec.categories * spec.count("train"), spec.categories * spec.count("val")
+    for kind in (strokes, fontglyphs):
+        if synthetic.is_source(data, kind.PREFIX):
+            spec = kind.parse_spec(data)
+            return spec.classes, spec.classes * spec.count("train"), spec.classes * spec.count("val")
+    return None
 
 
 def _timed(fn: Any, device: torch.device) -> float:
@@ -147,11 +164,9 @@ def total_images(data: str) -> int:
 
 @cache
 def split_size(data: str, split: str) -> int:
-    from ..data.fractal import is_fractal_source, parse_spec
-
-    if is_fractal_source(data):
-        spec = parse_spec(data)
-        return spec.categories * spec.count(split)
+    drawn = _drawn(data)
+    if drawn is not None:
+        return drawn[1] if split == "train" else drawn[2]
     from ..data import load_split
 
     return len(load_split(data, split))
@@ -162,9 +177,15 @@ def val_images(data: str, val_fraction: float | None) -> int:
 
 
 def render_seconds(data: str) -> float:
-    """Rendering a fractal set that is not in the cache yet (once: later runs load it)."""
-    from ..data.fractal import cache_path, is_fractal_source, parse_spec
+    """Drawing a fractal, stroke or font set that is not in the cache yet (once: later runs load it)."""
+    from ..data import fontglyphs, fractal, strokes
 
-    if not is_fractal_source(data) or cache_path(parse_spec(data)).is_file():
+    if fractal.is_fractal_source(data) and not fractal.cache_path(fractal.parse_spec(data)).is_file():
+        per_image = RENDER_S_PER_IMAGE
+    elif strokes.is_strokes_source(data) and not strokes.cache_path(strokes.parse_spec(data)).is_file():
+        per_image = STROKES_S_PER_IMAGE
+    elif fontglyphs.is_fonts_source(data) and not fontglyphs.cache_path(fontglyphs.parse_spec(data)).is_file():
+        per_image = FONTS_S_PER_IMAGE
+    else:
         return 0.0
-    return (split_size(data, "train") + split_size(data, "val")) * RENDER_S_PER_IMAGE
+    return (split_size(data, "train") + split_size(data, "val")) * per_image

@@ -1,9 +1,13 @@
 """What is measured on a finished run, each stored in the run's result.json under its name so it is computed once:
 
 - `fewshot/<data>`: few-shot linear accuracy of the frozen representation (paper Section 4.1: closed-form ridge,
-  big_vision's protocol, 3 draws per shot count);
+  big_vision's protocol, 3 draws per shot count), read at `pre_logits` as the paper does;
+- `fewshot-encoder/<data>`: the same on the pooled encoder output, before a ViT's tanh representation layer (which
+  pre-training fits to its own classes: at small scale it can cost transfer what the encoder learnt);
 - `attention/<data>`: mean attention distance per layer and head (paper Appendix D.7, Fig. 7 right) on held-out
   images of <data>, with the distance uniform attention would give;
+- `upstream/<data>`: top-1 of the model's own classifier on <data>'s validation split (data-scaling scores every
+  nested pre-training set's model on the largest set's held-out images: the classes are the same);
 - `curve/<data>`: 5-shot accuracy of the weights at each checkpoint the run kept (paper Fig. 9).
 """
 
@@ -37,12 +41,17 @@ def _load(weights: Path) -> torch.nn.Module:
     return load_for_inference(weights, pick_device("auto"))[0]
 
 
-def fewshot(run_dir: Path, data: str, scale: Any) -> dict[str, Any]:
+def fewshot(run_dir: Path, data: str, scale: Any, representation: str = "pre_logits") -> dict[str, Any]:
     """{shots: {"mean", "per_seed"}} of the run's final weights."""
     from ..eval.fewshot_data import fewshot_weights
 
-    result = fewshot_weights(_load(run_dir / "model.safetensors"), data, tuple(scale.shots), seeds=scale.fewshot_seeds)
-    return {"accuracy": result.table, "test_images": result.splits["test_images"]}
+    result = fewshot_weights(_load(run_dir / "model.safetensors"), data, tuple(scale.shots), seeds=scale.fewshot_seeds,
+                             representation=representation)
+    return {"accuracy": result.table, "test_images": result.splits["test_images"], "representation": representation}
+
+
+def fewshot_encoder(run_dir: Path, data: str, scale: Any) -> dict[str, Any]:
+    return fewshot(run_dir, data, scale, representation="encoder")
 
 
 def attention(run_dir: Path, data: str, scale: Any) -> dict[str, Any]:
@@ -61,6 +70,15 @@ def attention(run_dir: Path, data: str, scale: Any) -> dict[str, Any]:
             "uniform_px": round(float(uniform[0]), 4), "images": len(inputs.x), "source": inputs.source}
 
 
+def upstream(run_dir: Path, data: str, scale: Any) -> dict[str, Any]:
+    """{"top1", "top5", "loss", "count"} of the run's final weights on `data`'s validation split, as `vitlab eval`
+    computes them."""
+    from ..eval.classify import evaluate_weights
+
+    metrics = evaluate_weights(run_dir / "model.safetensors", data, "val", workers=0, progress=False).metrics
+    return {k: round(float(v), 6) for k, v in metrics.items()}
+
+
 def curve(run_dir: Path, data: str, scale: Any) -> dict[str, Any]:
     """[[step, 5-shot mean accuracy]] of the weights kept at the run's checkpoints (runner.keep_curve_weights)."""
     from ..eval.fewshot_data import fewshot_weights
@@ -76,4 +94,5 @@ def curve(run_dir: Path, data: str, scale: Any) -> dict[str, Any]:
     return {"shots": CURVE_SHOTS, "points": points}
 
 
-EVALS = {"fewshot": fewshot, "attention": attention, "curve": curve}
+EVALS = {"fewshot": fewshot, "fewshot-encoder": fewshot_encoder, "attention": attention, "upstream": upstream,
+         "curve": curve}

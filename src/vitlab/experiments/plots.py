@@ -8,6 +8,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from ..outputs import atomic_write
+
 COLORS = {"ViT": "tab:blue", "BiT": "tab:red", "hybrid": "tab:green"}
 DPI = 100
 
@@ -22,8 +26,6 @@ def _pyplot() -> Any:
 
 
 def _save(fig: Any, path: Path) -> Path:
-    from ..outputs import atomic_write
-
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=DPI))
     _pyplot().close(fig)
@@ -68,7 +70,7 @@ def line_panels(path: Path, panels: Sequence[tuple[str, dict[str, tuple[list[flo
 def _log_ticks(ax: Any, xs: list[float]) -> None:
     """A log axis labelled at the data's own x values (1,024 4,096 …) when they are few, at powers of ten
     otherwise; no minor labels."""
-    from matplotlib.ticker import NullFormatter
+    from matplotlib.ticker import NullFormatter  # matplotlib stays unimported until a figure is drawn (start-up)
 
     ax.set_xscale("log")
     if len(xs) > 5:  # 1, 2 and 5 times the powers of ten in the data's range
@@ -109,8 +111,6 @@ def attention_panels(path: Path, panels: Sequence[tuple[str, list[list[list[floa
     """Mean attention distance per head against depth (paper Fig. 7 right): one panel per model, each head of
     each seed a dot, the mean over heads and seeds a line with the seeds' spread of the layer mean as a band,
     and the distance uniform attention would give as a dashed line."""
-    import numpy as np
-
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.2), squeeze=False, sharey=True)
     for ax, (caption, per_seed, uniform) in zip(axes[0], panels, strict=True):

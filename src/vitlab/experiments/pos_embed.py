@@ -7,18 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from . import plots
-from .common import (
-    TUNING_SEED,
-    finetune,
-    metric_names,
-    pretrain,
-    show,
-    stat,
-    transfer,
-    transfer_evals,
-    tuned_finetune_lr,
-    tuned_pretrain_lr,
-)
+from .design import Check, Design, Verdict
+from .measures import grid_checks, metric_names, show, stat, top1, transfer, within_spread
+from .plans import TUNING_SEED, finetune, pretrain, transfer_evals, tuned_finetune_lr, tuned_pretrain_lr
+from .preconditions import LEARNS_TOP1, SPREAD_FACTOR, beyond_spread, learns, standard_error
 from .runner import Context
 
 NAME = "pos-embed"
@@ -27,11 +19,28 @@ PAPER = "Appendix D.4, Table 8"
 FINDING = ("A model without position embedding is clearly worse than one with (ImageNet 5-shot 61.4 % vs "
            "64.2 % for ViT-B/16), but which embedding is used hardly matters: 1-D 64.2 %, 2-D 64.0 %, relative "
            "64.0 %.")
-SETUP = ("ViT (size M, 8×8 patches) pre-trained on the largest fractal set with each position embedding, same "
+SETUP = ("ViT (size M, 8×8 patches) pre-trained on the largest {source} set with each position embedding, same "
          "steps and learning rate (the one chosen for the 1-D embedding), {seeds} seeds; few-shot and fine-tuned "
          "transfer as in data-scaling.")
 SEEDS = (0, 1, 2, 3, 4)  # the differences the paper reports are small: more seeds than elsewhere
 VARIANTS = {"none": "none", "1-D": "learned", "2-D": "2d", "relative": "relative"}
+EMBEDDINGS = ("1-D", "2-D", "relative")
+UPSTREAM = "upstream top-1"
+
+DESIGN = Design(
+    version=2,
+    question=("Is a ViT without position embedding worse than with one, while 1-D, 2-D and relative embeddings do "
+              "about equally well (paper Table 8: none ~3 points worse, the three within ~0.5)?"),
+    primary="upstream top-1: final top-1 on the largest set's validation split, per position embedding",
+    rule=(f"holds if none is below 1-D by more than {SPREAD_FACTOR:g} standard errors of the difference over "
+          "seeds (precondition d), and every pair of 1-D, 2-D and relative is within that spread of each other "
+          "(each pair reported)"),
+    preconditions={
+        "a": f"every variant's upstream top-1 >= {LEARNS_TOP1:g} %",
+        "c": "the tuned pre-training lr (chosen for 1-D, shared) and the fine-tuning lr inside their grids",
+        "d": f"1-D − none beyond {SPREAD_FACTOR:g} standard errors over seeds",
+    },
+)
 
 
 def spec(ctx: Context, kind: str, lr: float, seed: int) -> Any:
@@ -56,11 +65,13 @@ def plan(ctx: Context) -> dict[str, Any]:
 
 def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
     scale = ctx.scale
-    metrics = metric_names(scale)
+    metrics = [("upstream", UPSTREAM), *metric_names(scale)]
     cells = {}
     for name in VARIANTS:
-        per_seed = [transfer(scale, *planned["runs"][(name, s)]) for s in ctx.seeds]
+        per_seed = [{"upstream": top1(planned["runs"][(name, s)][0]), **transfer(scale, *planned["runs"][(name, s)])}
+                    for s in ctx.seeds]
         cells[name] = {key: stat([v[key] for v in per_seed]) for key, _ in metrics}
+    verdict, pairs = judge({name: cells[name]["upstream"] for name in VARIANTS}, grid_checks(ctx))
     panels = [(caption, {name: cells[name][key] for name in VARIANTS}) for key, caption in metrics]
     figure = plots.bar_panels(out / "pos_embed.png", panels, title="Position embeddings (paper Table 8)")
     columns = ["position embedding"] + [caption for _, caption in metrics]
@@ -68,24 +79,34 @@ def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
     measured = [f"{caption}: " + ", ".join(f"{name} {show(cells[name][key])}" for name in VARIANTS)
                 for key, caption in metrics]
     return {
-        "tables": [{"title": "Transfer accuracy by position embedding (mean ± std over seeds)", "columns": columns,
-                    "rows": rows}],
-        "figures": [{"file": figure.name, "caption": "Transfer accuracy by position embedding; bars are means over "
-                     "seeds, error bars ± one standard deviation, dots the seeds."}],
+        "tables": [{"title": "Upstream and transfer accuracy by position embedding (mean ± std over seeds)",
+                    "columns": columns, "rows": rows}],
+        "figures": [{"file": figure.name, "caption": "Upstream and transfer accuracy by position embedding; bars "
+                     "are means over seeds, error bars ± one standard deviation, dots the seeds."}],
         "measured": measured,
-        "check": _check(cells, metrics),
+        "verdict": verdict.to_dict(),
+        "check": {"holds": verdict.finding_holds, "rule": DESIGN.rule, "details": [verdict.result, *pairs]},
         "choices": {"pretrain_lr": planned["lr"], "finetune_lr": planned["finetune_lr"]},
         "data": cells,
     }
 
 
-def _check(cells: dict, metrics: list) -> dict[str, Any]:
-    holds, details = [], []
-    for key, caption in metrics:
-        others = [cells[n][key]["mean"] for n in VARIANTS if n != "none"]
-        none = cells["none"][key]["mean"]
-        holds.append(none < min(others) and max(others) - min(others) < min(others) - none)
-        details.append(f"{caption}: none {none - max(others):+.1f} points from the best embedding; the three "
-                       f"embeddings span {max(others) - min(others):.1f} points")
-    return {"holds": all(holds), "rule": "for every metric, no embedding below all three embeddings, and the "
-            "three closer to each other than the lowest of them is to no embedding", "details": details}
+def judge(upstream: dict[str, dict[str, Any]], lr_checks: list[Check]) -> tuple[Verdict, list[str]]:
+    """The verdict from each variant's upstream top-1 `stat`; also one sentence per pair of embeddings."""
+    checks = [learns(f"position embedding {name}", s["mean"]) for name, s in upstream.items()]
+    checks += [*lr_checks, beyond_spread("1-D − none, upstream top-1", upstream["1-D"], upstream["none"])]
+    below = upstream["1-D"]["mean"] - upstream["none"]["mean"]
+    pairs, close = [], []
+    for i, a in enumerate(EMBEDDINGS):
+        for b in EMBEDDINGS[i + 1:]:
+            ok = within_spread(upstream[a], upstream[b])
+            close.append(ok)
+            pairs.append(f"{a} − {b}: {upstream[a]['mean'] - upstream[b]['mean']:+.1f} points (standard error "
+                         f"{standard_error(upstream[a], upstream[b]):.1f}): " + ("within" if ok else "beyond")
+                         + " the spread")
+    span = [upstream[n]["mean"] for n in EMBEDDINGS]
+    none_worse = below > 0 and checks[-1].holds is not False
+    result = (f"upstream top-1: none {show(upstream['none'])}, {below:+.1f} points below 1-D; the three "
+              f"embeddings span {max(span) - min(span):.1f} points, " + f"{sum(close)} of {len(close)} pairs within "
+              "the spread")
+    return Verdict(none_worse and all(close), result, checks), pairs

@@ -39,6 +39,7 @@ class Todo(NamedTuple):
     evals: list[str]
     seconds: float
     train: bool
+    certain: bool = True  # noted before the dry pass guessed a choice: its settings are final (experiments.parallel)
 
 
 class Interrupted(Exception):
@@ -79,7 +80,18 @@ def train_spec(spec: RunSpec, run_dir: Path, init: Path | None) -> dict[str, Any
     if result.status != "completed":
         raise Interrupted(f"{run_dir} stopped at step {result.step} ({result.status})")
     return {"step": result.step, "val": {k: float(v) for k, v in result.metrics.items()},
-            "seconds": round(result.seconds, 2), "images_per_s": round(result.images_per_s, 1)}
+            "seconds": round(result.seconds, 2), "images_per_s": round(result.images_per_s, 1),
+            "val_curve": val_curve(run_dir)}
+
+
+def val_curve(run_dir: Path) -> list[list[float]]:
+    """[[step, val top-1]] of every evaluation during training (metrics.jsonl; its last one is the final val):
+    precondition (a) reads whether pre-training was still learning."""
+    from ..train.runlog import read_metrics
+
+    path = run_dir / "metrics.jsonl"
+    records = read_metrics(path) if path.is_file() else []
+    return [[r["step"], round(float(r["top1"]), 5)] for r in records if r.get("split") == "val" and "top1" in r]
 
 
 class Runner:
@@ -105,6 +117,15 @@ class Runner:
         if result.get("spec", {}).get("key") != spec.key:
             result = {}
         return Record(spec, run_dir, result, pending="train" not in result)
+
+    def finished(self, key: str) -> bool:
+        """Whether the run with this key has been trained (its result.json has the training outcome)."""
+        for path in self.runs.glob(f"{key}-*/{RESULT}") if self.runs.is_dir() else ():
+            try:
+                return "train" in json.loads(path.read_text())
+            except (OSError, ValueError):
+                return False
+        return False
 
     def todo(self, spec: RunSpec, evals: Iterable[str]) -> tuple[bool, list[str]]:
         """(training still needed, evaluations still missing)."""
@@ -187,6 +208,8 @@ class Context:
         self.assumed = assumed or {}  # dry pass: runs (and evaluations) taken as done, by earlier experiments
         self.todo: dict[str, Todo] = {}  # dry pass: what each run still needs
         self.rendered: set[str] = set()
+        self.guessing = False  # dry pass: a choice was guessed, so what is noted after it may change
+        self.grids: dict[str, tuple[float, list[float]]] = {}  # choice name -> (chosen value, grid searched)
         self.records: dict[str, Record] = {}
         self.specs: dict[str, RunSpec] = {}  # every spec asked for, by key: a fine-tuning run's model is its init's
 
@@ -211,6 +234,7 @@ class Context:
         before the candidates have run, the first (what the estimate needs is the same for every choice)."""
         records = {value: self.run(spec) for value, spec in candidates.items()}
         if any(r.pending for r in records.values()):
+            self.guessing = self.guessing or self.dry
             return next(iter(candidates))
         return max(records, key=lambda v: (records[v].val[metric], -list(records).index(v)))
 
@@ -239,8 +263,9 @@ class Context:
                 self.rendered.add(data)
                 seconds += render_seconds(data)
         if train or missing:
-            old = before or Todo(spec, [], 0.0, False)
-            self.todo[spec.key] = Todo(spec, old.evals + missing, old.seconds + seconds, old.train or train)
+            old = before or Todo(spec, [], 0.0, False, False)
+            self.todo[spec.key] = Todo(spec, old.evals + missing, old.seconds + seconds, old.train or train,
+                                       old.certain or not self.guessing)
 
 
 class Progress:

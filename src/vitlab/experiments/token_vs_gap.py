@@ -6,16 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .common import (
-    TUNING_SEED,
-    fewshot,
-    pretrain,
-    show,
-    stat,
-    top1,
-    transfer_evals,
-    tuned_pretrain_lr,
-)
+from . import plots
+from .design import Check, Design, Verdict
+from .measures import fewshot, grid_checks, show, stat, top1, within_spread
+from .plans import TUNING_SEED, pretrain, transfer_evals, tuned_pretrain_lr
+from .preconditions import LEARNS_TOP1, SPREAD_FACTOR, learns, standard_error
 from .runner import Context
 
 NAME = "token-vs-gap"
@@ -27,6 +22,21 @@ SETUP = ("ViT (size M) with a class token or with GAP (no class token), pre-trai
          "each classifier's learning rate chosen from {lrs} on the pre-training validation split (seed "
          f"{TUNING_SEED}); 5-shot {{curve_data}} accuracy of the checkpoints kept during pre-training.")
 SEEDS = (0, 1, 2, 3, 4)  # the paper finds no difference: seeds tell a difference from noise
+UPSTREAM = "pre-training val top-1"
+
+DESIGN = Design(
+    version=2,
+    question=("Do a class token and GAP reach the same upstream accuracy when each has its own tuned learning "
+              "rate (paper Fig. 9)?"),
+    primary="upstream top-1: final top-1 on the largest set's validation split, per classifier at its own lr",
+    rule=(f"holds if |token − GAP| of the primary metric is within {SPREAD_FACTOR:g} standard errors of the "
+          "difference over seeds (both at their own lr); GAP at the token's lr is reported, not ruled on"),
+    preconditions={
+        "a": f"BOTH classifiers' upstream top-1 >= {LEARNS_TOP1:g} % (a GAP that never learnt makes a tie "
+             "meaningless: inconclusive)",
+        "c": "both tuned pre-training learning rates inside their grids after the grid-extension rule",
+    },
+)
 
 
 def spec(ctx: Context, gap: bool, lr: float, seed: int) -> Any:
@@ -50,8 +60,6 @@ def plan(ctx: Context) -> dict[str, Any]:
 
 
 def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
-    from . import plots
-
     scale, seeds, names = ctx.scale, ctx.seeds, planned["settings"]
     curves = {}
     for name in names:
@@ -71,6 +79,8 @@ def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
     grid_rows = [["GAP" if gap else "token", f"{lr:g}", f"{top1(r):.1f} %"]
                  for (gap, lr), r in planned["grid"].items()]
     token, gap_own = names[0], names[1]
+    other = finals[names[2]][UPSTREAM] if len(names) > 2 else None
+    verdict = judge(finals[token][UPSTREAM], finals[gap_own][UPSTREAM], grid_checks(ctx), other)
     measured = [f"{k}: " + " vs ".join(f"{n} {show(finals[n][k])}" for n in names) for k in keys]
     return {
         "tables": [{"title": "After pre-training (mean ± std over seeds)", "columns": ["classifier"] + keys,
@@ -82,7 +92,9 @@ def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
                     {"file": learnt.name, "caption": "Final top-1 on the pre-training validation split per classifier "
                      "and learning rate; bars the mean, dots the seeds, whiskers ± one standard deviation."}],
         "measured": measured,
-        "check": _check(finals, token, gap_own, names[2] if len(names) > 2 else None, planned),
+        "verdict": verdict.to_dict(),
+        "check": {"holds": verdict.finding_holds, "rule": DESIGN.rule, "details": [verdict.result, *(
+            f"{k}: " + " vs ".join(f"{n} {show(finals[n][k])}" for n in names) for k in keys if k != UPSTREAM)]},
         "choices": {"lr_token": planned["lr_token"], "lr_gap": planned["lr_gap"]},
         "data": {"curves": {n: {"steps": c[0], "stats": c[1]} for n, c in curves.items()}, "finals": finals},
     }
@@ -90,24 +102,20 @@ def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
 
 def _finals(scale: Any, records: list) -> dict[str, dict]:
     out = {f"{k}-shot {d}": stat([fewshot(r, d, k) for r in records]) for d in scale.fewshot_data for k in scale.shots}
-    out["pre-training val top-1"] = stat([top1(r) for r in records])
+    out[UPSTREAM] = stat([top1(r) for r in records])
     return out
 
 
-def _check(finals: dict, token: str, gap_own: str, gap_token_lr: str | None, planned: dict) -> dict[str, Any]:
-    key = next(iter(finals[token]))
-    t, g = finals[token][key], finals[gap_own][key]
-    spread = 2 * max(t["std"], g["std"], 0.5)
-    equal = abs(t["mean"] - g["mean"]) <= spread
-    details = [f"{key}: token {show(t)} vs GAP at its own lr {show(g)} (difference {g['mean'] - t['mean']:+.1f} "
-               f"points; 'equal' means within {spread:.1f}, twice the larger standard deviation, at least 1 point)"]
-    worse = True
-    if gap_token_lr is not None:
-        w = finals[gap_token_lr][key]
-        worse = w["mean"] < g["mean"]
-        details.append(f"{key}: GAP at the token's lr {show(w)} vs at its own {show(g)}")
-    else:
-        details.append(f"both classifiers chose lr {planned['lr_token']:g}: there is no 'GAP at the token's lr' run")
-    return {"holds": equal and worse, "rule": "token and GAP (each at its own lr) equal within twice the seeds' "
-            "standard deviation in final 5-shot accuracy, and GAP at the token's lr lower than at its own",
-            "details": details}
+def judge(token: dict[str, Any], gap: dict[str, Any], lr_checks: list[Check],
+          gap_at_token_lr: dict[str, Any] | None = None) -> Verdict:
+    """The verdict from the upstream top-1 `stat`s of the token and of GAP (each at its own lr)."""
+    checks = [learns("class token", token["mean"]), learns("GAP", gap["mean"]), *lr_checks]
+    diff, se = gap["mean"] - token["mean"], standard_error(gap, token)
+    equal = token["n"] > 1 and gap["n"] > 1 and within_spread(token, gap)
+    result = (f"upstream top-1: token {show(token)}, GAP {show(gap)} at its own lr (GAP − token {diff:+.1f} "
+              f"points, standard error {se:.1f}): " + ("equal within the spread" if equal else "they differ"))
+    if gap_at_token_lr is not None:
+        result += f"; GAP at the token's lr {show(gap_at_token_lr)}"
+    return Verdict(equal, result, checks)
+
+

@@ -11,8 +11,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .common import FULL, QUICK, Scale
+import torch
+
+from .. import __version__
+from ..outputs import atomic_write
+from .design import Design
+from .parallel import run_parallel
 from .runner import Context, Progress, Runner, format_seconds
+from .scale import FULL, QUICK, Scale
 
 RESULTS = "results.json"
 
@@ -21,7 +27,6 @@ RESULTS = "results.json"
 class Experiment:
     """A paper finding as data: the runs its `plan` asks for, and `analyze` turning their records into tables,
     figures and the measured comparison."""
-
     name: str
     title: str
     paper: str  # where in the paper
@@ -30,15 +35,19 @@ class Experiment:
     plan: Callable[[Context], Any]
     analyze: Callable[[Context, Any, Path], dict[str, Any]]
     seeds: tuple[int, ...] = (0, 1, 2)
+    scales: tuple[Scale, Scale] = (FULL, QUICK)  # full and --quick (the pilot has its own)
+    design: Design | None = None  # fixed before the full run (experiments.design)
 
     @classmethod
     def from_module(cls, module: ModuleType) -> Experiment:
         return cls(module.NAME, module.TITLE, module.PAPER, module.FINDING, module.SETUP, module.plan,
-                   module.analyze, getattr(module, "SEEDS", (0, 1, 2)))
+                   module.analyze, getattr(module, "SEEDS", (0, 1, 2)), getattr(module, "SCALES", (FULL, QUICK)),
+                   getattr(module, "DESIGN", None))
 
 
-def scale_for(quick: bool) -> Scale:
-    return QUICK if quick else FULL
+def scale_for(quick: bool, experiment: Experiment | None = None) -> Scale:
+    full, quick_scale = experiment.scales if experiment is not None else (FULL, QUICK)
+    return quick_scale if quick else full
 
 
 def default_seeds(experiment: Experiment, quick: bool) -> tuple[int, ...]:
@@ -57,7 +66,7 @@ def estimate(experiment: Experiment, runner: Runner, seeds: tuple[int, ...],
     return dry
 
 
-def describe_estimate(experiment: Experiment, dry: Context, runner: Runner) -> str:
+def describe_estimate(experiment: Experiment, dry: Context, runner: Runner, jobs: int = 1) -> str:
     todo = list(dry.todo.values())
     trainings = [t.spec for t in todo if t.train]
     steps = sum(spec.steps for spec in trainings)
@@ -65,30 +74,36 @@ def describe_estimate(experiment: Experiment, dry: Context, runner: Runner) -> s
     times = "; ".join(f"{name} {t.train_s:.3f} s" for name, t in sorted(runner.cost.named().items()))
     if not todo:
         return f"{experiment.name}: every run is already done; analysing"
+    side = (f"about {format_seconds(total / jobs)} with {jobs} runs side by side (runs that wait for another's "
+            f"choice run after it), {format_seconds(total)} one after the other" if jobs > 1
+            else f"about {format_seconds(total)}")
     return (f"{experiment.name}: {len(trainings)} run(s) to train ({steps:,} steps) and "
-            f"{sum(len(t.evals) for t in todo)} evaluation(s): about {format_seconds(total)} on this machine, "
+            f"{sum(len(t.evals) for t in todo)} evaluation(s): {side} on this machine, "
             f"estimated from step times measured now:\n  {times}")
 
 
 def run_experiment(experiment: Experiment, out: str | Path, quick: bool = False,
                    seeds: tuple[int, ...] | None = None, estimate_only: bool = False,
                    say: Callable[[str], None] | None = None,
-                   assumed: dict[str, set[str]] | None = None) -> dict[str, Any] | None:
+                   assumed: dict[str, set[str]] | None = None, jobs: int = 1) -> dict[str, Any] | None:
     """Run one experiment (what is not done yet), write its results.json and figures; returns the results.
-    With `estimate_only`, only print the estimate (`assumed`: what earlier experiments will have done)."""
+    With `estimate_only`, only print the estimate (`assumed`: what earlier experiments will have done). `jobs`:
+    runs trained side by side (experiments.parallel), each on its share of the cores."""
     say = say or (lambda line: print(line, file=sys.stdout, flush=True))
     out = Path(out)
-    scale = scale_for(quick)
+    scale = scale_for(quick, experiment)
     seeds = tuple(seeds) if seeds else default_seeds(experiment, quick)
     runner = Runner(out, scale)
     dry = estimate(experiment, runner, seeds, assumed)
     estimated = sum(t.seconds for t in dry.todo.values())
-    say(describe_estimate(experiment, dry, runner))
+    say(describe_estimate(experiment, dry, runner, jobs))
     if estimate_only:
         return None
     started = time.perf_counter()
     progress = Progress(dict(dry.todo), experiment.name)
     try:
+        if jobs > 1:
+            run_parallel(lambda: estimate(experiment, runner, seeds), runner, jobs, progress)
         ctx = Context(runner, seeds, dry=False, progress=progress)
         planned = experiment.plan(ctx)
     finally:
@@ -100,6 +115,7 @@ def run_experiment(experiment: Experiment, out: str | Path, quick: bool = False,
         "experiment": experiment.name, "title": experiment.title, "paper": experiment.paper,
         "finding": experiment.finding, "setup": describe_setup(experiment, scale, seeds),
         "mode": scale.name, "seeds": list(seeds), "scale": scale.to_dict(),
+        "design": experiment.design.to_dict() if experiment.design else None,
         "command": command(experiment.name, quick, seeds, experiment),
         **analysis,
         "runs": [_run_entry(r, out) for r in ctx.records.values()],
@@ -143,16 +159,12 @@ def _run_entry(record: Any, out: Path) -> dict[str, Any]:
 
 
 def _versions() -> dict[str, str]:
-    import torch
 
-    from .. import __version__
 
     return {"vitlab": __version__, "torch": torch.__version__, "python": sys.version.split()[0]}
 
 
 def write_results(path: Path, results: dict[str, Any]) -> None:
-    from ..outputs import atomic_write
-
     text = json.dumps(results, indent=1)
     atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 

@@ -1,0 +1,83 @@
+"""Runs of an experiment side by side: models this small use one core poorly with two threads (the GEMMs are
+too small to split), so two single-thread runs at once finish sooner than the same runs one after the other on
+two threads (benchmarks/parallel_runs.py measures it).
+
+The plan stays plain sequential code. Its dry pass lists what is missing; the runs that can start now are those
+whose settings are certain (noted before the dry pass had to guess a choice still to be made, such as a learning
+rate chosen from runs not yet trained) and whose init run is finished. They are trained and evaluated in worker
+processes, each through `Runner.execute` exactly as the sequential pass would, writing the same result.json; then
+the dry pass is repeated, and so on until nothing can start. The real pass then finds every run done (it trains
+whatever is left in order, and analyses). A run interrupted in a worker resumes on the next invocation as any
+other.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .runner import Context, Runner, Todo
+from .spec import RunSpec
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def ready(ctx: Context, runner: Runner) -> list[Todo]:
+    """The dry pass's runs that can start now: certain, and with their init run finished."""
+    return [t for t in ctx.todo.values() if t.certain and (t.spec.init is None or runner.finished(t.spec.init))]
+
+
+def _start_worker(threads: int) -> None:
+    # before the trainer looks: it picks its own thread count unless OMP_NUM_THREADS says one (train/setup.py)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+    # A spawned process spawns its own children too, so the trainer's loader processes would each import torch
+    # again and receive the whole dataset pickled (a rendered 64 px fractal set is ~0.9 GB); forked, as in the
+    # sequential pass, they share it.
+    multiprocessing.set_start_method("fork", force=True)
+
+
+def _execute(root: str, scale: Any, spec: RunSpec, evals: list[str]) -> tuple[str, float]:
+    started = time.perf_counter()
+    runner = Runner(Path(root), scale)
+    done: list[str] = []
+    record = runner.execute(spec, evals, done.append)
+    if "trained" in done:
+        done[done.index("trained")] = f"trained, val top-1 {100 * record.val['top1']:.1f}%"
+    return "; ".join(done), time.perf_counter() - started
+
+
+def run_parallel(dry_pass: Callable[[], Context], runner: Runner, jobs: int, progress: Any = None) -> int:
+    """Train and evaluate, `jobs` at a time, every run the repeated dry passes find ready; returns how many ran.
+    Each worker gets an equal share of the cores as threads."""
+    threads = max(1, cpu_count() // jobs)
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited threads, locks or loaders
+    started = 0
+    running: dict[Future, Todo] = {}
+    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_start_worker, initargs=(threads,)) as pool:
+        while True:
+            busy = {t.spec.key for t in running.values()}
+            for todo in ready(dry_pass(), runner):
+                if len(running) >= jobs:
+                    break
+                if todo.spec.key not in busy:
+                    running[pool.submit(_execute, str(runner.runs.parent), runner.scale, todo.spec, todo.evals)] = todo
+                    busy.add(todo.spec.key)
+                    started += 1
+            if not running:
+                return started
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                todo = running.pop(future)
+                what, seconds = future.result()  # a worker's error (Interrupted, a bad setting) stops the experiment
+                if progress is not None:
+                    progress.done(todo.spec, what, seconds)

@@ -1,0 +1,114 @@
+"""The runs experiments ask for, as specs: pre-training, the untrained reference, fine-tuning (from weights or from
+scratch), and the learning-rate choices among them.
+
+Pre-training follows the paper's ImageNet-1k recipe (Table 3: Adam, cosine decay, weight decay 0.3, dropout 0.1,
+softmax with a `pre_logits` layer; vitlab recipe `pretrain-i1k`) at a CPU's scale: batch 64, 500 steps, the
+warm-up keeping its share of the steps (the resolution step's rule), the learning rate chosen per family from a
+small grid on the pre-training set's own validation split. Fine-tuning is the paper's protocol (Table 4, recipe
+`finetune`: SGD 0.9, cosine, no weight decay) with the learning rate chosen on a 10% dev split of the digits
+training set, once per family (Appendix B.1.1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .families import model_settings
+from .recipes import DIGITS_PREPROCESSING, PRETRAIN_SMALL, source_preprocessing
+from .runner import Context
+from .scale import Scale
+from .spec import RunSpec
+
+TUNING_SEED = 0  # learning rates are chosen on seed-0 runs whatever --seeds says, so every choice is shared
+GRID_EXTENSIONS = 2  # precondition (c): a grid whose best value is at an edge grows by one step, at most this often
+
+
+def pretrain(scale: Scale, family: str, size: str, data: str, lr: float, seed: int, *, mpp: bool = False,
+             tag: str = "", **model_overrides: Any) -> RunSpec:
+    """Supervised (or MPP) pre-training of one model on `data`, the weights of `curve_points` checkpoints kept for
+    the transfer curve."""
+    settings = {
+        **model_settings(family, size, **model_overrides), "data": data, "image_size": scale.image_size,
+        "batch_size": scale.batch_size, "steps": scale.steps, "lr": lr, "seed": seed,
+        "eval_every": scale.eval_every, "log_every": max(1, scale.steps // 10),
+        "save_every": max(1, scale.steps // scale.curve_points), "keep_last": scale.curve_points,
+        "workers": scale.workers, **PRETRAIN_SMALL,
+        **(DIGITS_PREPROCESSING if data == "digits" else source_preprocessing(data)),
+    }
+    kind = "mpp" if mpp else "pre"
+    label = f"{kind}-{family}{tag}-{size}-{data}-s{seed}"
+    return RunSpec(label, "mpp" if mpp else "pretrain-i1k", settings, curve=True)
+
+
+def untrained(scale: Scale, family: str, size: str, seed: int) -> RunSpec:
+    """The model exactly as pre-training with `seed` initialises it: one step at learning rate 0 of the same
+    pre-training run (Adam's update and the decoupled weight decay are both scaled by the learning rate, so the
+    weights do not move). The reference a pre-trained representation must beat to have learnt anything that
+    transfers: a random network's features are far from useless to a linear classifier on digits."""
+    settings = {**pretrain(scale, family, size, scale.largest, 0.0, seed).settings, "steps": 1, "save_every": 0,
+                "keep_last": 1, "eval_every": 0}
+    return RunSpec(f"init-{family}-{size}-s{seed}", "pretrain-i1k", settings)
+
+
+def finetune(scale: Scale, parent: RunSpec | None, lr: float, seed: int, *, dev: bool = False,
+             scratch: tuple[str, str] | None = None, data: str = "digits") -> RunSpec:
+    """Fine-tuning on `data` (digits or mnist, both small grey digits upsampled to the scale's size) from
+    `parent`'s weights (or, with scratch=(family, size), training that model from random initialisation with the
+    same recipe); `dev`: on train minus a 10% dev split, to choose the lr."""
+    settings = {
+        "data": data, "image_size": scale.image_size, "batch_size": scale.batch_size,
+        "steps": scale.finetune_steps, "lr": lr, "seed": seed, "eval_every": 0,
+        "log_every": max(1, scale.finetune_steps // 5), "keep_last": 1, "workers": scale.workers,
+        **DIGITS_PREPROCESSING, **({"val_fraction": scale.dev_fraction} if dev else {}),
+    }
+    split = f"-dev-lr{lr:g}" if dev else ""
+    if scratch is not None:
+        settings.update(model_settings(*scratch))
+        return RunSpec(f"scratch-{scratch[0]}-{scratch[1]}-{data}{split}-s{seed}", "finetune", settings)
+    own_seed = "" if parent.settings.get("seed") == seed else f"-s{seed}"
+    target = "" if data == "digits" else f"{data}-"
+    return RunSpec(f"ft-{target}{parent.label}{split}{own_seed}", "finetune", settings, verb="finetune",
+                   init=parent.key)
+
+
+def transfer_evals(scale: Scale) -> list[str]:
+    return [f"fewshot/{d}" for d in scale.fewshot_data]
+
+
+def tuned_lr(ctx: Context, name: str, grid: tuple[float, ...], spec_of: Callable[[float], RunSpec]) -> float:
+    """The learning rate of `grid` whose run has the best final validation top-1; a best value at an edge of the
+    grid extends it by one step of its ratio on that side and chooses again, at most GRID_EXTENSIONS times (the
+    rule precondition (c) is checked against). The grid searched is recorded in `ctx.grids[name]`."""
+    grid = sorted(grid)
+    best = grid[0]
+    for attempt in range(GRID_EXTENSIONS + 1):
+        candidates = {lr: spec_of(lr) for lr in grid}
+        best = ctx.best(candidates)
+        if len(grid) < 2 or any(ctx.run(spec).pending for spec in candidates.values()):
+            break  # the dry pass, before the candidates ran: nothing to extend yet
+        if attempt == GRID_EXTENSIONS or best not in (grid[0], grid[-1]):
+            break
+        ratio = grid[1] / grid[0]
+        grid = [grid[0] / ratio, *grid] if best == grid[0] else [*grid, grid[-1] * ratio]
+    ctx.grids[name] = (best, list(grid))
+    return best
+
+
+def tuned_pretrain_lr(ctx: Context, family: str, size: str = "M", *, mpp: bool = False, tag: str = "",
+                      **model_overrides: Any) -> float:
+    """The pre-training lr with the best final top-1 (MPP: colour top-1) on the largest set's validation split,
+    from seed-0 runs that are themselves the seed-0 runs of the chosen lr."""
+    return tuned_lr(ctx, f"pretrain {family}{tag}-{size}", ctx.scale.lrs,
+                    lambda lr: pretrain(ctx.scale, family, size, ctx.scale.largest, lr, TUNING_SEED, mpp=mpp, tag=tag,
+                                        **model_overrides))
+
+
+def tuned_finetune_lr(ctx: Context, parent: RunSpec | None, scratch: tuple[str, str] | None = None,
+                      data: str = "digits") -> float:
+    """The fine-tuning lr with the best top-1 on `data`'s dev split, from `parent`'s weights (or scratch)."""
+    if parent is not None:
+        ctx.run(parent, transfer_evals(ctx.scale))
+    name = f"finetune {data} " + (f"scratch {scratch[0]}-{scratch[1]}" if scratch else parent.label)
+    return tuned_lr(ctx, name, ctx.scale.finetune_lrs,
+                    lambda lr: finetune(ctx.scale, parent, lr, TUNING_SEED, dev=True, scratch=scratch, data=data))

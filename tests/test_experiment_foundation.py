@@ -1,0 +1,210 @@
+"""What every redesigned experiment stands on (issue 21): the learning-rate grid that grows at its edge
+(precondition c), the dry pass telling certain runs from guessed ones (what may run side by side), runs side by
+side giving what one after the other gives, few-shot on the encoder output, the pilot's decision rule, and the
+report keeping only sections of the current design."""
+
+import json
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from vitlab.eval.fewshot_lsr import representations
+from vitlab.experiments import pilot
+from vitlab.experiments.design import Check, Design, Verdict, describe
+from vitlab.experiments.parallel import ready
+from vitlab.experiments.plans import GRID_EXTENSIONS, tuned_lr
+from vitlab.experiments.preconditions import beyond_spread, helps, inside_grid, learns
+from vitlab.experiments.runner import Context, Record, Runner
+from vitlab.experiments.scale import QUICK
+from vitlab.experiments.spec import RunSpec
+
+BASE = {"model": "ViT-Ti/4", "data": "digits", "steps": 2, "seed": 0}
+
+
+def fake_runner(tmp_path, top1_of_lr):
+    """A runner whose 'training' scores a run by its learning rate."""
+    def train(spec, run_dir, init):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return {"step": spec.steps, "val": {"top1": top1_of_lr(spec.settings["lr"])}}
+    return Runner(tmp_path, QUICK, train=train)
+
+
+def spec_of(lr):
+    return RunSpec(f"lr{lr:g}", "demo", {**BASE, "lr": lr})
+
+
+def test_a_best_value_at_the_grid_edge_extends_the_grid_at_most_twice(tmp_path):
+    ctx = Context(fake_runner(tmp_path, lambda lr: lr), (0,), dry=False)  # larger is always better: upper edge
+    chosen = tuned_lr(ctx, "pretrain ViT-M", (1e-3, 3e-3), spec_of)
+    assert ctx.grids["pretrain ViT-M"][1] == pytest.approx([1e-3, 3e-3, 9e-3, 2.7e-2])
+    assert GRID_EXTENSIONS == 2 and chosen == pytest.approx(2.7e-2)
+    assert inside_grid("ViT-M", chosen, ctx.grids["pretrain ViT-M"][1]).holds is False  # still at the edge: (c) fails
+
+
+def test_a_best_value_inside_the_grid_is_kept_and_passes_c(tmp_path):
+    ctx = Context(fake_runner(tmp_path, lambda lr: -abs(np.log(lr / 3e-3))), (0,), dry=False)  # peak at 3e-3
+    chosen = tuned_lr(ctx, "x", (1e-3, 3e-3, 9e-3), spec_of)
+    assert chosen == pytest.approx(3e-3)
+    assert ctx.grids["x"][1] == pytest.approx([1e-3, 3e-3, 9e-3])
+    assert inside_grid("ViT-M", chosen, ctx.grids["x"][1]).holds is True
+
+
+def test_the_lower_edge_extends_downwards(tmp_path):
+    ctx = Context(fake_runner(tmp_path, lambda lr: -abs(np.log(lr / 3e-4))), (0,), dry=False)  # peak at 3e-4
+    assert tuned_lr(ctx, "x", (1e-3, 3e-3), spec_of) == pytest.approx(3.333e-4, rel=1e-3)
+    assert ctx.grids["x"][1][0] == pytest.approx(1e-3 / 9)  # extended twice; 3.3e-4 is inside once 1.1e-4 ran
+
+
+def test_the_dry_pass_marks_runs_after_a_guessed_choice_as_uncertain(tmp_path):
+    runner = fake_runner(tmp_path, lambda lr: lr)
+    dry = Context(runner, (0,), dry=True)
+    lr = tuned_lr(dry, "x", (1e-3, 3e-3), spec_of)  # nothing has run: the choice is a guess
+    dependent = RunSpec("dependent", "demo", {**BASE, "lr": lr, "seed": 5})
+    dry.run(dependent)
+    certain = {t.spec.label: t.certain for t in dry.todo.values()}
+    assert certain == {"lr0.001": True, "lr0.003": True, "dependent": False}
+    assert {t.spec.label for t in ready(dry, runner)} == {"lr0.001", "lr0.003"}
+
+
+def test_a_finetuning_run_is_ready_only_once_its_init_is_trained(tmp_path):
+    runner = fake_runner(tmp_path, lambda lr: lr)
+    parent = spec_of(1e-3)
+    child = RunSpec("child", "finetune", {**BASE, "lr": 0.01}, verb="finetune", init=parent.key)
+    dry = Context(runner, (0,), dry=True)
+    dry.run(parent), dry.run(child)
+    assert [t.spec.label for t in ready(dry, runner)] == ["lr0.001"]
+    Context(runner, (0,), dry=False).run(parent)
+    dry = Context(runner, (0,), dry=True)
+    dry.run(parent), dry.run(child)
+    assert [t.spec.label for t in ready(dry, runner)] == ["child"]
+
+
+@pytest.mark.slow
+def test_runs_side_by_side_give_what_runs_one_after_the_other_give(tmp_path):
+    from vitlab.experiments import run_experiment
+    from vitlab.experiments.experiment import Experiment
+
+    tiny = {"model": "ViT-Ti/4", "model_args": {"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64},
+            "data": "digits", "image_size": 16, "batch_size": 16, "steps": 3, "eval_every": 0, "log_every": 1,
+            "workers": 0, "lr": 1e-3}
+    specs = [RunSpec(f"s{seed}", "demo", {**tiny, "seed": seed}) for seed in (0, 1)]
+
+    def plan(ctx):
+        return [ctx.run(s) for s in specs]
+
+    def analyze(ctx, records, out):
+        return {"tables": [], "figures": [], "measured": [repr(r.val) for r in records],
+                "check": {"holds": True, "rule": "none", "details": []}}
+
+    exp = Experiment("fake", "Fake", "nowhere", "nothing", "two runs", plan, analyze, (0,))
+    one = run_experiment(exp, tmp_path / "one", quick=True, say=lambda line: None, jobs=1)
+    two = run_experiment(exp, tmp_path / "two", quick=True, say=lambda line: None, jobs=2)
+    assert one["measured"] == two["measured"]
+
+
+def test_encoder_features_are_the_pooled_tokens_before_the_representation_layer():
+    from vitlab import create_model
+
+    torch.manual_seed(0)
+    model = create_model("ViT-Ti/4", image_size=16, num_classes=3, depth=1, width=32, num_heads=2, mlp_dim=64,
+                         representation_size=32).eval()
+    x = torch.randn(4, 3, 16, 16)
+    batches = [(x, torch.zeros(4, dtype=torch.long))]
+    encoder, _ = representations(model, batches, "encoder")
+    pre_logits, _ = representations(model, batches, "pre_logits")
+    with torch.no_grad():
+        tokens = model.forward_features(x)[:, 0]  # the class token after the final LayerNorm
+        expected_pre = torch.tanh(model.pre_logits[0](tokens))
+    np.testing.assert_allclose(encoder, tokens.double().numpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(pre_logits, expected_pre.double().numpy(), rtol=1e-6, atol=1e-7)
+    assert model.pre_logits is not None  # put back after reading past it
+    with pytest.raises(ValueError, match="unknown representation"):
+        representations(model, batches, "logits")
+
+
+# --- the pilot's rules on hand-made runs ---------------------------------------------------------------------------
+def record(top1, curve=None, fewshot=None, seconds=100.0):
+    result = {"train": {"val": {"top1": top1 / 100}, "val_curve": curve or [[1, top1 / 100]]},
+              "evals": {f"{k}/mnist": {"accuracy": {"10": {"mean": v / 100}, "25": {"mean": v / 100}}}
+                        for k, v in (fewshot or {"fewshot": 30, "fewshot-encoder": 30}).items()},
+              "wall_seconds": {"train": seconds}}
+    return Record(RunSpec("r", "demo", {}), None, result)
+
+
+def pilot_runs(pre_top1, ft, scratch_half, scratch, curve=None):
+    scale = types.SimpleNamespace(finetune_steps=100, fewshot_data=("mnist",), shots=(10, 25))
+    runs = {("init", "ViT"): record(10), ("scratch", "ViT", 50): record(scratch_half),
+            ("scratch", "ViT", 100): record(scratch), ("pre", "strokes", "ViT"): record(pre_top1, curve),
+            ("ft", "strokes", "ViT"): record(ft)}
+    return scale, runs
+
+
+def test_pilot_preconditions_hold_for_a_run_that_learnt_and_helps():
+    scale, runs = pilot_runs(60, 80, 69.5, 70)
+    row = pilot.preconditions(scale, runs, "strokes", "ViT")
+    assert (row["a"], row["b"], row["finetune_margin"]) == ("holds", "holds", 10.0)
+
+
+def test_pilot_a_fails_below_the_threshold_or_after_a_fall():
+    scale, runs = pilot_runs(45, 80, 69.5, 70)
+    assert pilot.preconditions(scale, runs, "strokes", "ViT")["a"] == "does not hold"
+    scale, runs = pilot_runs(60, 80, 69.5, 70, curve=[[1, 0.70], [2, 0.60]])  # fell 10 points from its best
+    assert pilot.preconditions(scale, runs, "strokes", "ViT")["a"] == "does not hold"
+
+
+def test_pilot_b_is_inconclusive_when_the_reference_has_not_saturated():
+    scale, runs = pilot_runs(60, 80, 47.4, 59.6)  # the measured ViT-M MNIST references at 750 and 1,500 steps
+    assert pilot.preconditions(scale, runs, "strokes", "ViT")["b"] == "inconclusive"
+    scale, runs = pilot_runs(60, 70.5, 69.5, 70)
+    assert pilot.preconditions(scale, runs, "strokes", "ViT")["b"] == "does not hold"
+
+
+def test_pilot_chooses_the_cheapest_source_meeting_both_and_none_otherwise():
+    row = {"a": "holds", "b": "holds"}
+    rows = [{**row, "source": "fractal", "pretrain_seconds": 900},
+            {**row, "source": "strokes", "pretrain_seconds": 500},
+            {**row, "source": "fonts", "pretrain_seconds": 100, "b": "inconclusive"}]
+    assert pilot.choose(rows)["source"] == "strokes"  # fonts is cheaper but did not meet (b)
+    assert pilot.choose([{**r, "b": "does not hold"} for r in rows])["source"] is None
+
+
+# --- verdicts and the report ----------------------------------------------------------------------------------------
+def test_a_failed_precondition_makes_the_verdict_inconclusive_never_does_not_hold():
+    failed = learns("GAP at 65,536 images", 4.1)
+    verdict = Verdict(False, "token − GAP: +30 points", [failed, helps("ViT", 40, 30)])
+    assert verdict.state == "inconclusive: precondition (a) failed (GAP at 65,536 images: 4.1 % upstream top-1 " \
+                            "(threshold 50 %))"
+    assert Verdict(False, "x", [learns("ViT", 60)]).state == "does not hold"
+    assert Verdict(True, "x", [learns("ViT", 60)], trivial="uniform attention").state == "holds trivially"
+
+
+def test_spread_check_on_closed_form_numbers():
+    a = {"mean": 10.0, "std": 1.0, "n": 3}
+    b = {"mean": 7.0, "std": 1.0, "n": 3}  # standard error sqrt(2/3) = 0.816: 3 points is 3.7 of them
+    assert beyond_spread("gap", a, b).holds is True
+    assert beyond_spread("gap", a, {**b, "mean": 8.5}).holds is False  # 1.5 < 2 × 0.816
+    assert beyond_spread("gap", {**a, "n": 1}, b).holds is None
+
+
+def test_report_drops_a_measured_section_of_another_design(tmp_path, monkeypatch):
+    from vitlab.experiments import report
+
+    old = ("## 1. data-scaling: Pre-training data size (paper x)\n\nmeasured\n<!-- notes:data-scaling -->\n"
+           "<!-- /notes:data-scaling -->\n")
+    experiment = types.SimpleNamespace(design=Design(2, "q", "p", "r", {}))
+    row = "| data-scaling | x | does not hold | 90 min |"
+    assert report._measured_section(f"{row}\n{old}", 1, "data-scaling", experiment) is None  # no design marker
+    marked = old.replace("measured\n", "<!-- design:data-scaling v2 -->\nmeasured\n")
+    assert report._measured_section(f"{row}\n{marked}", 1, "data-scaling", experiment) == (marked, row)
+    assert "version 2" in describe(experiment.design)
+    (tmp_path / "out").mkdir()
+    path = tmp_path / "REPRODUCTION.md"
+    path.write_text(f"{row}\n{old}")
+    with pytest.raises(ValueError, match="no full results"):
+        report.write_report(tmp_path / "out", path)
+    report.write_report(tmp_path / "out", path, allow_pending=True)
+    text = path.read_text()
+    assert text.count("**Verdict: pending.**") == 7 and "<!-- design:data-scaling v2 -->" in text
+    assert json.dumps(Check("a", "w", "v", True).to_dict())
