@@ -206,8 +206,12 @@ def test_experiment_report_keeps_the_sections_it_has_no_results_for(tmp_path):
     from vitlab.experiments.report import write_report
 
     report = tmp_path / "REPRODUCTION.md"
-    previous = (Path(__file__).parents[1] / "REPRODUCTION.md").read_text()
-    report.write_text(previous)
+    everything = tmp_path / "earlier-machine"  # a report measured in full, with the current designs
+    for name in ("pilot", "data-scaling", "compute", "pos-embed", "token-vs-gap", "attention-distance", "mpp"):
+        (everything / name).mkdir(parents=True)
+        (everything / name / "results.json").write_text(json.dumps(_fake_results(name, f"MEASURED-{name}")))
+    write_report(everything, report)
+    previous = report.read_text()
     out = tmp_path / "results"
     results = _fake_results("mpp")
     (out / "mpp").mkdir(parents=True)
@@ -231,9 +235,13 @@ def _summary(text: str, name: str) -> str:
     return next(line for line in text.splitlines() if line.startswith(f"| {name} |"))
 
 
-def _fake_results(name: str) -> dict:
+def _fake_results(name: str, measured: str = "MEASURED-BY-THE-TEST") -> dict:
+    """Full results of `name`'s current design (a result of another design version is not reported as its)."""
+    from vitlab.experiments import experiments
+
+    design = experiments()[name].design
     return {"experiment": name, "mode": "full", "paper": "Section 4.6", "setup": "A setup.", "seeds": [0],
             "choices": {}, "command": f"vitlab experiment {name}", "wall_seconds": 60.0, "run_seconds": 60.0,
             "finished": "2026-12-01", "versions": {"vitlab": "0.1.0", "torch": "2.14.1"}, "tables": [],
-            "figures": [], "measured": ["MEASURED-BY-THE-TEST"],
+            "figures": [], "measured": [measured], "design": design.to_dict() if design else None,
             "check": {"holds": False, "rule": "a rule", "details": ["a detail"]}}

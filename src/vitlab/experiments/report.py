@@ -41,7 +41,7 @@ deviation over seeds. The setup was fixed before the runs and not tuned afterwar
 Each experiment states its design (question, primary metric, decision rule, preconditions with thresholds) as data
 in its module, committed before its full run. A verdict is *holds*, *does not hold*, or *inconclusive* when a
 precondition failed: pre-training that did not learn its task (a), or did not help transfer (b), a learning rate
-chosen at the edge of its grid (c), or an effect within the seed spread (d). The pilot (section 0) chose the
+chosen at the edge of its grid (c), or an effect within the seed spread (d). The pilot (section 0) chooses the
 pre-training source by (a) and (b) alone. The previous design (fractals with the ImageNet recipe, 500 steps) and its
 verdicts, withdrawn by issue 21's review, are in this file's history (commit b8ca11c).
 
