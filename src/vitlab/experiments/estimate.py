@@ -17,6 +17,12 @@ from typing import Any
 
 import torch
 
+from ..data import fontglyphs, fractal, load_split, strokes, synthetic
+from ..device import pick_device
+from ..train.recipes import RECIPES
+from ..train.resolve import resolve
+from .evals import parse
+from .families import MODELS
 from .spec import RunSpec
 
 RUN_OVERHEAD_S = 2.5  # building datasets, writing config/metrics/checkpoints/curves.png: measured on 2 vCPUs
@@ -34,7 +40,6 @@ class StepTime:
 
 class CostModel:
     """Seconds a spec and its evaluations will take; measured step times are cached per model."""
-
     def __init__(self, workers: int | None):
         self.workers = workers
         self.measured: dict[str, StepTime] = {}
@@ -45,7 +50,6 @@ class CostModel:
         return {self.names[k]: t for k, t in self.measured.items()}
 
     def step_time(self, spec: RunSpec) -> StepTime:
-        from ..train.recipes import RECIPES
 
         s = {**spec.settings, "objective": spec.settings.get("objective", RECIPES[spec.recipe].get("objective"))}
         key = repr((spec.recipe, s.get("model"), sorted((s.get("model_args") or {}).items()), s.get("image_size"),
@@ -61,7 +65,6 @@ class CostModel:
         return spec.steps * t.train_s + val * t.forward_s_per_image + RUN_OVERHEAD_S
 
     def eval_seconds(self, spec: RunSpec, name: str, curve_points: int) -> float:
-        from .evals import parse
 
         kind, data = parse(name)
         t = self.step_time(spec)
@@ -73,8 +76,6 @@ class CostModel:
 
 def short_name(settings: dict[str, Any]) -> str:
     """'ViT-M (batch 64)', 'ViT-M gap (batch 64)': the family and size of the experiments' model table."""
-    from .families import MODELS
-
     args = dict(settings.get("model_args") or {})
     name = settings.get("model", "?")
     for (family, size), (base, base_args) in MODELS.items():
@@ -88,10 +89,9 @@ def short_name(settings: dict[str, Any]) -> str:
 def _measure(spec: RunSpec, workers: int | None) -> StepTime:
     """A few optimiser steps of the model, loss, clipping and optimiser the run will build (the resolution step
     and the trainer's own builders), on random images; and one forward pass of the representation."""
-    from ..device import pick_device
+    # the trainer's builders bring the data augmentations (torchvision) with them: not imported by `vitlab --help`
     from ..train.objective import objective_for
     from ..train.optim import build_optimizer
-    from ..train.resolve import resolve
     from ..train.setup import build_model
 
     flags = {k: v for k, v in spec.settings.items() if k not in ("init", "resume")}
@@ -133,8 +133,6 @@ def _classes(data: str) -> int:
 def _drawn(data: str) -> tuple[int, int, int] | None:
     """(classes, training images, validation images) of a drawn source (fractal:, strokes:, fonts:), None
     otherwise."""
-    from ..data import fontglyphs, fractal, strokes, synthetic
-
     if fractal.is_fractal_source(data):
         spec = fractal.parse_spec(data)
         return spec.categories, spec.categories * spec.count("train"), spec.categories * spec.count("val")
@@ -167,7 +165,6 @@ def split_size(data: str, split: str) -> int:
     drawn = _drawn(data)
     if drawn is not None:
         return drawn[1] if split == "train" else drawn[2]
-    from ..data import load_split
 
     return len(load_split(data, split))
 
@@ -178,8 +175,6 @@ def val_images(data: str, val_fraction: float | None) -> int:
 
 def render_seconds(data: str) -> float:
     """Drawing a fractal, stroke or font set that is not in the cache yet (once: later runs load it)."""
-    from ..data import fontglyphs, fractal, strokes
-
     if fractal.is_fractal_source(data) and not fractal.cache_path(fractal.parse_spec(data)).is_file():
         per_image = RENDER_S_PER_IMAGE
     elif strokes.is_strokes_source(data) and not strokes.cache_path(strokes.parse_spec(data)).is_file():

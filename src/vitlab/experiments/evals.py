@@ -18,6 +18,11 @@ from typing import Any
 
 import torch
 
+from ..device import pick_device
+from ..eval.classify import evaluate_weights
+from ..eval.fewshot_data import fewshot_weights
+from ..eval.inference import load_for_inference
+
 CURVE_SHOTS = 5
 
 
@@ -35,16 +40,11 @@ def evaluate(name: str, run_dir: Path, scale: Any) -> Any:
 
 
 def _load(weights: Path) -> torch.nn.Module:
-    from ..device import pick_device
-    from ..eval.inference import load_for_inference
-
     return load_for_inference(weights, pick_device("auto"))[0]
 
 
 def fewshot(run_dir: Path, data: str, scale: Any, representation: str = "pre_logits") -> dict[str, Any]:
     """{shots: {"mean", "per_seed"}} of the run's final weights."""
-    from ..eval.fewshot_data import fewshot_weights
-
     result = fewshot_weights(_load(run_dir / "model.safetensors"), data, tuple(scale.shots), seeds=scale.fewshot_seeds,
                              representation=representation)
     return {"accuracy": result.table, "test_images": result.splits["test_images"], "representation": representation}
@@ -56,7 +56,7 @@ def fewshot_encoder(run_dir: Path, data: str, scale: Any) -> dict[str, Any]:
 
 def attention(run_dir: Path, data: str, scale: Any) -> dict[str, Any]:
     """(L, H) mean attention distance in pixels over held-out images of `data`, one per class in turn."""
-    from ..analysis.attention import attention_distance_from_attention, mean_attention_distance
+    from ..analysis.attention import attention_distance_from_attention, mean_attention_distance  # (start-up)
     from ..analysis.images import dataset_inputs
 
     model = _load(run_dir / "model.safetensors")
@@ -73,16 +73,12 @@ def attention(run_dir: Path, data: str, scale: Any) -> dict[str, Any]:
 def upstream(run_dir: Path, data: str, scale: Any) -> dict[str, Any]:
     """{"top1", "top5", "loss", "count"} of the run's final weights on `data`'s validation split, as `vitlab eval`
     computes them."""
-    from ..eval.classify import evaluate_weights
-
     metrics = evaluate_weights(run_dir / "model.safetensors", data, "val", workers=0, progress=False).metrics
     return {k: round(float(v), 6) for k, v in metrics.items()}
 
 
 def curve(run_dir: Path, data: str, scale: Any) -> dict[str, Any]:
     """[[step, 5-shot mean accuracy]] of the weights kept at the run's checkpoints (runner.keep_curve_weights)."""
-    from ..eval.fewshot_data import fewshot_weights
-
     files = sorted((run_dir / "curve").glob("step_*.safetensors"))
     if not files:
         raise ValueError(f"{run_dir} kept no checkpoint weights to draw a curve from; delete the run directory to "

@@ -23,6 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ..outputs import atomic_write
+from ..progress import progress, quiet
+from ..rundir import CHECKPOINTS, METRICS, WEIGHTS, list_checkpoints
+from ..train.resolve import resolve
+from ..train.runlog import read_metrics
 from .estimate import CostModel, render_seconds
 from .evals import evaluate
 from .spec import RunSpec
@@ -34,7 +39,6 @@ CURVE = "curve"  # the checkpoints' weights of a run that keeps them
 
 class Todo(NamedTuple):
     """What the dry pass found a run still needs, and its estimated seconds."""
-
     spec: RunSpec
     evals: list[str]
     seconds: float
@@ -49,7 +53,6 @@ class Interrupted(Exception):
 @dataclass
 class Record:
     """A run and what is stored about it (in the dry pass: what is stored so far, `pending` if not finished)."""
-
     spec: RunSpec
     run_dir: Path
     result: dict[str, Any] = field(default_factory=dict)
@@ -67,8 +70,7 @@ class Record:
 def train_spec(spec: RunSpec, run_dir: Path, init: Path | None) -> dict[str, Any]:
     """Train (or continue) one run as `vitlab train`/`vitlab finetune` would with the spec's settings as flags:
     the same resolution step, banner, config.json and loop, in this process."""
-    from ..train import TrainingDiverged, run
-    from ..train.resolve import resolve
+    from ..train import TrainingDiverged, run  # the training loop: not imported by `vitlab --help`
 
     flags = {**spec.settings, "out": str(run_dir), "resume": "auto"}
     if init is not None:
@@ -87,16 +89,13 @@ def train_spec(spec: RunSpec, run_dir: Path, init: Path | None) -> dict[str, Any
 def val_curve(run_dir: Path) -> list[list[float]]:
     """[[step, val top-1]] of every evaluation during training (metrics.jsonl; its last one is the final val):
     precondition (a) reads whether pre-training was still learning."""
-    from ..train.runlog import read_metrics
-
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / METRICS
     records = read_metrics(path) if path.is_file() else []
     return [[r["step"], round(float(r["top1"]), 5)] for r in records if r.get("split") == "val" and "top1" in r]
 
 
 class Runner:
     """Finds, trains and evaluates runs under `<root>/_runs/`."""
-
     def __init__(self, root: Path, scale: Any, train: Callable[..., dict[str, Any]] | None = None):
         self.runs = Path(root) / RUNS
         self.scale = scale
@@ -145,7 +144,7 @@ class Runner:
                 keep_curve_weights(record.run_dir)
             _write(record)  # from here on the run is finished: killed before this line, it resumes
             # model.safetensors is what the evaluations read; the optimiser states are not needed any more
-            shutil.rmtree(record.run_dir / "checkpoints", ignore_errors=True)
+            shutil.rmtree(record.run_dir / CHECKPOINTS, ignore_errors=True)
             record.pending = False
             on_done("diverged" if outcome.get("diverged") else "trained")
         missing = [name for name in evals if name not in record.result["evals"]]
@@ -170,7 +169,7 @@ class Runner:
         if not found:
             raise ValueError(f"{spec.label} fine-tunes run {spec.init}, which has not been trained; the plan must "
                              "run it first")
-        weights = found[0].parent / "model.safetensors"
+        weights = found[0].parent / WEIGHTS
         if not weights.is_file():
             raise ValueError(f"{spec.label} fine-tunes {found[0].parent}, which has no final weights (it diverged: "
                              f"see its {RESULT})")
@@ -181,18 +180,14 @@ def keep_curve_weights(run_dir: Path) -> None:
     """The weights of every kept checkpoint copied to <run>/curve/step_N.safetensors, for a transfer curve
     computed when an experiment asks for it (without the optimiser state, a third of a checkpoint's size). Copied,
     not moved: until result.json is written the checkpoints must stay intact for a resume."""
-    from ..rundir import list_checkpoints
-
     folder = run_dir / CURVE
     folder.mkdir(exist_ok=True)
     for ckpt in list_checkpoints(run_dir):
-        if (ckpt / "model.safetensors").is_file():
-            shutil.copyfile(ckpt / "model.safetensors", folder / f"{ckpt.name}.safetensors")
+        if (ckpt / WEIGHTS).is_file():
+            shutil.copyfile(ckpt / WEIGHTS, folder / f"{ckpt.name}.safetensors")
 
 
 def _write(record: Record) -> None:
-    from ..outputs import atomic_write
-
     text = json.dumps(record.result, indent=1)
     atomic_write(record.run_dir / RESULT, lambda tmp: Path(tmp).write_text(text))
 
@@ -200,7 +195,6 @@ def _write(record: Record) -> None:
 class Context:
     """What a plan sees: the scale, the seeds, `run` and `best`. In the dry pass nothing runs: it collects what
     is missing and its estimated seconds; records are the stored ones (pending if unfinished)."""
-
     def __init__(self, runner: Runner, seeds: tuple[int, ...], dry: bool, progress: Any = None,
                  assumed: Mapping[str, set[str]] | None = None):
         self.runner, self.scale, self.seeds, self.dry = runner, runner.scale, tuple(seeds), dry
@@ -271,9 +265,7 @@ class Context:
 class Progress:
     """One bar over the estimated seconds of the whole experiment (on a terminal), and a line per finished run
     with the ETA, scaled by how the finished runs compared with their estimates."""
-
     def __init__(self, todo: dict[str, Todo], name: str):
-        from ..progress import progress, quiet
 
         self.todo, self.quiet = todo, quiet()
         self.total = sum(t.seconds for t in todo.values())

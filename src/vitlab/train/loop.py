@@ -21,6 +21,7 @@ from ..data import build_datasets, normalize
 from ..data.errors import DataError, describe_paths
 from ..device import all_reduce, autocast
 from ..eval.fewshot_data import fewshot_weights
+from ..rundir import METRICS
 from .banner import ConsoleLog, banner_lines
 from .checkpointer import Checkpointer, find_resume_point
 from .config import TrainConfig
@@ -234,7 +235,7 @@ class Trainer:
         if step == cfg.steps or (save_every and step % save_every == 0):
             self.save_checkpoint()
         if evaluate_now and self.d.is_main:
-            plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png")
+            plot_curves(self.run_dir / METRICS, self.run_dir / "curves.png")
 
     def _note_bad_images(self, bad: list[str]) -> None:
         if not bad:
@@ -288,7 +289,7 @@ class Trainer:
             with self.ema.applied(self.model) if self.ema is not None else nullcontext():
                 self.checkpoints.save_weights(weights)
             if self.d.is_main:
-                plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png")
+                plot_curves(self.run_dir / METRICS, self.run_dir / "curves.png")
         summary = totals.summary(self.workers, self.d.world) if totals.steps else {}
         if self.bad_images and self.d.is_main:
             log.warning("%d unreadable image(s) were skipped: %s", len(self.bad_images),

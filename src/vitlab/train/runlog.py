@@ -16,6 +16,7 @@ from typing import Any
 
 from ..outputs import atomic_write
 from ..progress import bars_enabled
+from ..rundir import METRICS
 
 log = logging.getLogger("vitlab.train")
 
@@ -112,7 +113,7 @@ def truncate_metrics(path: Path, last_step: int) -> None:
 class RunLog:
     def __init__(self, run_dir: Path, total_steps: int, start_step: int, enabled: bool):
         self.enabled, self.total, self.run_dir = enabled, total_steps, run_dir
-        self.metrics_path = run_dir / "metrics.jsonl"
+        self.metrics_path = run_dir / METRICS
         self.bar = None
         self.writers: list[Any] = []
         self._t0, self._step0 = time.perf_counter(), start_step
