@@ -63,29 +63,3 @@ class RunSpec:
 def slug(text: str) -> str:
     """A label as a file name: letters, digits, '.', '-' and '_' kept, anything else '_'."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "run"
-
-
-def command_line(spec: RunSpec, out: str, init_path: str | None = None) -> str:
-    """The `vitlab` command equivalent to a spec, for the record (settings without a flag of their own, such
-    as a model's position embedding, travel in --config: the run's config.json replays them exactly)."""
-    flags = {"recipe": spec.recipe, **{k: v for k, v in spec.settings.items() if k != "model_args"}}
-    if spec.init is not None:
-        flags["init"] = init_path or f"<run {spec.init}>"
-    parts = [f"vitlab {spec.verb}"]
-    renamed = {"weight_decay": "wd", "grad_clip": "clip"}
-    for key, value in flags.items():
-        flag = "--" + renamed.get(key, key).replace("_", "-")
-        if isinstance(value, bool):
-            parts.append(flag if value else ("--no-flip" if key == "flip" else ""))
-        elif isinstance(value, list):
-            parts.append(f"{flag} {' '.join(str(v) for v in value)}")
-        elif value is not None:
-            parts.append(f"{flag} {value}")
-    args = spec.settings.get("model_args") or {}
-    simple = {"depth": "depth", "width": "width", "num_heads": "heads", "mlp_dim": "mlp-dim"}
-    parts += [f"--{simple[k]} {v}" for k, v in args.items() if k in simple]
-    others = {k: v for k, v in args.items() if k not in simple}
-    if others:
-        parts.append(f"(model_args {json.dumps(others, sort_keys=True)}: see the run's config.json)")
-    parts.append(f"--out {out}")
-    return " ".join(p for p in parts if p)
