@@ -27,7 +27,6 @@ pixels, so DataLoader workers, other ranks and later runs load them instead of r
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from ..outputs import atomic_write
 from ..progress import progress
 from .errors import DataError, log
 from .sources import ImageSplit
+from .synthetic import memory_limit
 
 RENDER_SIZE = 64  # px: ViTs on small machines train at 32-64 px, and the train transforms resize anyway
 POINTS = 20_480  # chaos-game points per image at RENDER_SIZE: about 5 per pixel of a frame the fractal fills
@@ -96,19 +96,12 @@ def parse_spec(data: str) -> FractalSpec:
     if spec.seed >= 2**63:
         raise DataError(f"bad fractal dataset {data!r}: the seed must be below 2**63")
     images = spec.categories * (spec.per_class + spec.val_per_class)
-    need, limit = images * RENDER_SIZE**2 * 3, _memory_limit()
+    need, limit = images * RENDER_SIZE**2 * 3, memory_limit()
     if need > limit:
         raise DataError(f"{data} is {images:,} images of {RENDER_SIZE}x{RENDER_SIZE}x3, {need / 2**30:.1f} GiB in "
                         f"memory, more than the {limit / 2**30:.1f} GiB allowed (half this machine's memory): use "
                         "fewer categories or images per category")
     return spec
-
-
-def _memory_limit() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
-    except (ValueError, OSError, AttributeError):  # no sysconf (Windows)
-        return 8 * 2**30
 
 
 # ---- the IFS and its instances ---------------------------------------------------------------------------------
