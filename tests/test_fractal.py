@@ -38,7 +38,7 @@ def test_spec_parsing():
 @pytest.mark.parametrize("spec, message", [
     ("fractal:0:10", "C and N must be at least 1; use fractal:C:N[:SEED]"),
     ("fractal:10:0", "C and N must be at least 1"),
-    ("fractal:x", "use fractal:C:N[:SEED] (C categories, N training images each), e.g. fractal:10:100"),
+    ("fractal:x", "use fractal:C:N[:SEED] (C classes, N training images each), e.g. fractal:10:100"),
     ("fractal:10", "use fractal:C:N[:SEED]"),
     ("fractal", "use fractal:C:N[:SEED]"),
     ("fractal:1:2:3:4", "use fractal:C:N[:SEED]"),

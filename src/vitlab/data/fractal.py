@@ -27,21 +27,18 @@ pixels, so DataLoader workers, other ranks and later runs load them instead of r
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..cache import cache_dir, file_lock
-from ..outputs import atomic_write
 from ..progress import progress
-from .errors import DataError, log
+from . import synthetic
+from .errors import log
 from .sources import ImageSplit
-from .synthetic import memory_limit
+from .synthetic import SyntheticSpec
 
 RENDER_SIZE = 64  # px: ViTs on small machines train at 32-64 px, and the train transforms resize anyway
 POINTS = 20_480  # chaos-game points per image at RENDER_SIZE: about 5 per pixel of a frame the fractal fills
@@ -58,50 +55,24 @@ CHUNK = 4096  # images rendered per call of draw_filled
 GENERATOR_VERSION = 1  # part of the cache key: bump when anything above or below changes the pixels
 PREFIX = "fractal:"
 _CATEGORY, _INSTANCE = 1, 2  # first seed word: category and instance generators never share a stream
-_SPLITS = {"train": 0, "val": 1}
 Candidate = tuple[np.ndarray, np.ndarray, int]  # an IFS to render: parameters (n, 6), a hue per map, flip 0-3
 
 
-@dataclass(frozen=True)
-class FractalSpec:
-    categories: int
-    per_class: int  # training images per category
-    seed: int = 0
+class FractalSpec(SyntheticSpec):
+    """`fractal:C:N[:SEED]`: the drawn sources' spec (data/synthetic.py) whose classes are FractalDB's categories."""
 
-    @property
-    def val_per_class(self) -> int:
-        return max(1, self.per_class // 10)
-
-    @property
-    def name(self) -> str:
-        return f"{PREFIX}{self.categories}:{self.per_class}:{self.seed}"
-
-    def count(self, split: str) -> int:
-        return self.per_class if split == "train" else self.val_per_class
+    def __init__(self, categories: int, per_class: int, seed: int = 0):
+        super().__init__(PREFIX, categories, per_class, seed)
 
 
 def is_fractal_source(data: str) -> bool:
-    return data.startswith(PREFIX) or data == "fractal"
+    return synthetic.is_source(data, PREFIX)
 
 
 def parse_spec(data: str) -> FractalSpec:
     """`fractal:C:N[:SEED]` -> FractalSpec; DataError naming the fix for anything else or too large."""
-    usage = "use fractal:C:N[:SEED] (C categories, N training images each), e.g. fractal:10:100"
-    fields = data.split(":")[1:]
-    if not 2 <= len(fields) <= 3 or not all(re.fullmatch(r"\d+", f) for f in fields):
-        raise DataError(f"bad fractal dataset {data!r}: {usage}")
-    spec = FractalSpec(*(int(f) for f in fields))
-    if spec.categories < 1 or spec.per_class < 1:
-        raise DataError(f"bad fractal dataset {data!r}: C and N must be at least 1; {usage}")
-    if spec.seed >= 2**63:
-        raise DataError(f"bad fractal dataset {data!r}: the seed must be below 2**63")
-    images = spec.categories * (spec.per_class + spec.val_per_class)
-    need, limit = images * RENDER_SIZE**2 * 3, memory_limit()
-    if need > limit:
-        raise DataError(f"{data} is {images:,} images of {RENDER_SIZE}x{RENDER_SIZE}x3, {need / 2**30:.1f} GiB in "
-                        f"memory, more than the {limit / 2**30:.1f} GiB allowed (half this machine's memory): use "
-                        "fewer categories or images per category")
-    return spec
+    spec = synthetic.parse_spec(data, PREFIX, RENDER_SIZE**2 * 3)
+    return FractalSpec(spec.classes, spec.per_class, spec.seed)
 
 
 # ---- the IFS and its instances ---------------------------------------------------------------------------------
@@ -124,7 +95,7 @@ def category_generator(seed: int, c: int) -> np.random.Generator:
 
 
 def instance_generator(seed: int, c: int, split: str, i: int) -> np.random.Generator:
-    return np.random.default_rng([_INSTANCE, seed, c, _SPLITS[split], i])
+    return np.random.default_rng([_INSTANCE, seed, c, synthetic.SPLITS[split], i])
 
 
 def perturb(base: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
@@ -281,24 +252,21 @@ def render_split(spec: FractalSpec, split: str, systems: list[np.ndarray],
     """(images (C * n, RENDER_SIZE, RENDER_SIZE, 3) uint8, labels (C * n,) int64), category-major, of one split.
     An instance whose weighted parameter spoils the fractal (fails the filter) is drawn again."""
     per = spec.count(split)
-    images = np.empty((spec.categories * per, RENDER_SIZE, RENDER_SIZE, 3), np.uint8)
+    images = np.empty((spec.classes * per, RENDER_SIZE, RENDER_SIZE, 3), np.uint8)
     for start in range(0, len(images), CHUNK):  # a chunk's generators and candidates at a time, not a million
         jobs = range(start, min(start + CHUNK, len(images)))  # image j: instance j % per of category j // per
         rngs = [instance_generator(spec.seed, j // per, split, j % per) for j in jobs]
         _, images[jobs.start: jobs.stop], _ = draw_filled(
             rngs, lambda k, rng, first=start: perturb(systems[(first + k) // per], rng), bar)
-    return images, np.repeat(np.arange(spec.categories, dtype=np.int64), per)
+    return images, np.repeat(np.arange(spec.classes, dtype=np.int64), per)
 
 
 def cache_path(spec: FractalSpec) -> Path:
-    """Where a spec's splits are kept: the vitlab cache ($VITLAB_CACHE, else the platform's) / fractal /."""
-    name = f"v{GENERATOR_VERSION}-{RENDER_SIZE}px-seed{spec.seed}-c{spec.categories}-n{spec.per_class}.npz"
-    return cache_dir() / "fractal" / name
+    return synthetic.cache_path(spec, GENERATOR_VERSION, RENDER_SIZE)
 
 
 def class_names(categories: int) -> list[str]:
-    width = max(4, len(str(categories - 1)))
-    return [f"fractal_{c:0{width}d}" for c in range(categories)]
+    return synthetic.class_names("fractal", categories)
 
 
 def fractal_splits(data: str) -> tuple[ImageSplit, ImageSplit]:
@@ -308,53 +276,22 @@ def fractal_splits(data: str) -> tuple[ImageSplit, ImageSplit]:
 
 @lru_cache(maxsize=2)  # rendering or even loading a large spec takes a while; the arrays are never modified
 def _splits(spec: FractalSpec) -> tuple[ImageSplit, ImageSplit]:
-    path = cache_path(spec)
-    arrays = _load(path, spec)
-    if arrays is None:
-        with file_lock(path, lambda: log.info("waiting for another process to render %s", spec.name)):
-            arrays = _load(path, spec)  # torchrun ranks: the first renders, the others wait and load
-            if arrays is None:
-                arrays = _render_all(spec)
-                atomic_write(path, lambda tmp: _save(tmp, arrays))
-                log.info("cached %s in %s", spec.name, path)
-    names = class_names(spec.categories)
+    shape = (RENDER_SIZE, RENDER_SIZE, 3)
+    arrays = synthetic.cached_splits(spec, cache_path(spec), shape, lambda: _render_all(spec))
+    names = class_names(spec.classes)
     return (ImageSplit("train", arrays["train_labels"], names, arrays=arrays["train_images"]),
             ImageSplit("val", arrays["val_labels"], names, arrays=arrays["val_images"]))
 
 
 def _render_all(spec: FractalSpec) -> dict[str, np.ndarray]:
-    systems, tried = draw_categories(spec.seed, spec.categories)
+    systems, tried = draw_categories(spec.seed, spec.classes)
     log.info("%s: %d categories from %d random IFS (%.0f%% pass the filling-rate filter)", spec.name,
-             spec.categories, tried, 100 * spec.categories / tried)
+             spec.classes, tried, 100 * spec.classes / tried)
     out = {}
-    total = spec.categories * (spec.per_class + spec.val_per_class)
-    with progress(total=total, desc=f"rendering {spec.name}", unit="img") as bar:
-        for split in _SPLITS:
+    with progress(total=spec.images, desc=f"rendering {spec.name}", unit="img") as bar:
+        for split in synthetic.SPLITS:
             out[f"{split}_images"], out[f"{split}_labels"] = render_split(spec, split, systems, bar)
     return out
-
-
-def _save(tmp: str, arrays: dict[str, np.ndarray]) -> None:
-    with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to the temporary's name
-        np.savez_compressed(f, **arrays)  # a quarter of the size (black background); 0.2 ms/image to write
-
-
-def _load(path: Path, spec: FractalSpec) -> dict[str, np.ndarray] | None:
-    """The cached splits, or None when absent or not what the spec renders (then they are rendered again)."""
-    if not path.is_file():
-        return None
-    try:
-        with np.load(path) as f:
-            arrays = {k: f[k] for k in f.files}
-        for split in _SPLITS:
-            n = spec.categories * spec.count(split)
-            shapes = arrays[f"{split}_images"].shape, arrays[f"{split}_labels"].shape
-            if shapes != ((n, RENDER_SIZE, RENDER_SIZE, 3), (n,)):
-                raise ValueError(f"{split} shapes {shapes}")
-    except (OSError, ValueError, KeyError, EOFError) as err:
-        log.warning("ignoring the unreadable fractal cache %s (%s); rendering again", path, err)
-        return None
-    return arrays
 
 
 __all__ = ["FILL_THRESHOLD", "GENERATOR_VERSION", "RENDER_SIZE", "FractalSpec", "cache_path", "draw_categories",

@@ -135,7 +135,7 @@ def _drawn(data: str) -> tuple[int, int, int] | None:
     otherwise."""
     if fractal.is_fractal_source(data):
         spec = fractal.parse_spec(data)
-        return spec.categories, spec.categories * spec.count("train"), spec.categories * spec.count("val")
+        return spec.classes, spec.classes * spec.count("train"), spec.classes * spec.count("val")
     for kind in (strokes, fontglyphs):
         if synthetic.is_source(data, kind.PREFIX):
             spec = kind.parse_spec(data)
