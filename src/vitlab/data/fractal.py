@@ -157,11 +157,6 @@ def hit_counts(xy: np.ndarray, maps: np.ndarray, size: int) -> np.ndarray:
     return np.bincount(flat[inside], minlength=int(np.prod(shape))).reshape(shape)
 
 
-def fill_rates(counts: np.ndarray) -> np.ndarray:
-    """Share of each frame's pixels that at least one point reached."""
-    return (counts.sum(axis=1) > 0).mean(axis=(1, 2))
-
-
 def passes_filter(counts: np.ndarray) -> np.ndarray:
     """(B,) bool: the fractal fills at least FILL_THRESHOLD of the frame, and at most MAX_STRAY of the pixels
     it fills hold a single point (more is a heavy-tailed cloud of stray points around a dense core: noise)."""

@@ -18,7 +18,6 @@ from .bit_npz import bit_name
 from .timm_arch import vitlab_name
 
 CARD = "README.md"
-FOLDER_FORMATS = ("timm", "hf")
 _FORMAT_WORDS = {
     "vitlab": "vitlab safetensors (config and class names in the metadata)",
     "jax-npz": "the official JAX .npz layout (google-research/vision_transformer)",

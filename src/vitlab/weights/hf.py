@@ -52,42 +52,36 @@ def _qkv_params(config: ViTConfig) -> tuple[str, ...]:
     return ("weight", "bias") if config.qkv_bias else ("weight",)
 
 
+def _name_pairs(config: ViTConfig, base: str) -> list[tuple[str, str]]:
+    """(HF name, vitlab name) of every tensor but the attention's q, k and v (HF splits what vitlab's qkv holds)."""
+    pairs = [(base + "embeddings.cls_token", "cls_token"), (base + "embeddings.position_embeddings", "pos_embed")]
+    pairs += [(f"{base}{hf}.{p}", f"{vl}.{p}") for hf, vl in _module_map(config.depth) for p in ("weight", "bias")]
+    for p in ("weight", "bias"):
+        if config.representation_size:
+            pairs.append((f"{base}pooler.dense.{p}", f"pre_logits.0.{p}"))
+        if config.num_classes:
+            pairs.append((f"classifier.{p}", f"head.{p}"))
+    return pairs
+
+
 def to_hf_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, base: str) -> dict[str, torch.Tensor]:
     """vitlab tensors -> HF names. `base` is "vit." inside ViTForImageClassification, "" for a ViTModel."""
-    out = {base + "embeddings.cls_token": state["cls_token"],
-           base + "embeddings.position_embeddings": state["pos_embed"]}  # fmt: skip
-    for hf, vl in _module_map(config.depth):
-        for p in ("weight", "bias"):
-            out[f"{base}{hf}.{p}"] = state[f"{vl}.{p}"]
+    out = {hf: state[vl] for hf, vl in _name_pairs(config, base)}
     for i in range(config.depth):
         for p in _qkv_params(config):
             q, k, v = state[f"blocks.{i}.attn.qkv.{p}"].chunk(3, dim=0)  # (3D, …) -> 3 × (D, …)
             for name, t in zip(("query", "key", "value"), (q, k, v), strict=True):
                 out[f"{base}encoder.layer.{i}.attention.attention.{name}.{p}"] = t
-    for p in ("weight", "bias"):
-        if config.representation_size:
-            out[f"{base}pooler.dense.{p}"] = state[f"pre_logits.0.{p}"]
-        if config.num_classes:
-            out[f"classifier.{p}"] = state[f"head.{p}"]
     return out
 
 
 def from_hf_state_dict(tensors: dict[str, torch.Tensor], config: ViTConfig, base: str) -> dict[str, torch.Tensor]:
     """HF names -> vitlab tensors; the inverse of `to_hf_state_dict` (q, k, v concatenated into qkv)."""
-    state = {"cls_token": tensors[base + "embeddings.cls_token"],
-             "pos_embed": tensors[base + "embeddings.position_embeddings"]}  # fmt: skip
-    for hf, vl in _module_map(config.depth):
-        for p in ("weight", "bias"):
-            state[f"{vl}.{p}"] = tensors[f"{base}{hf}.{p}"]
+    state = {vl: tensors[hf] for hf, vl in _name_pairs(config, base)}
     for i in range(config.depth):
         for p in _qkv_params(config):
             parts = [tensors[f"{base}encoder.layer.{i}.attention.attention.{n}.{p}"] for n in ("query", "key", "value")]
             state[f"blocks.{i}.attn.qkv.{p}"] = torch.cat(parts, dim=0)  # 3 × (D, …) -> (3D, …)
-    for p in ("weight", "bias"):
-        if config.representation_size:
-            state[f"pre_logits.0.{p}"] = tensors[f"{base}pooler.dense.{p}"]
-        if config.num_classes:
-            state[f"head.{p}"] = tensors[f"classifier.{p}"]
     return state
 
 

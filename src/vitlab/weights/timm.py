@@ -45,7 +45,7 @@ from .timm_arch import (
     timm_eval_crop,
     timm_name_options,
 )
-from .timm_bit import is_timm_bit, read_timm_bit, timm_bit_hub_config, to_timm_bit_state_dict
+from .timm_bit import is_timm_bit, read_timm_bit, rename_key, timm_bit_hub_config, to_timm_bit_state_dict
 from .validate import check_against, expected_shapes
 
 __all__ = ["read_timm", "timm_config", "timm_model_args", "timm_model_name", "to_timm_state_dict", "write_timm"]
@@ -83,11 +83,7 @@ _TO_TIMM = [
 
 def vitlab_key(key: str) -> str:
     """timm's name for a tensor -> vitlab's."""
-    for pattern, repl in _TO_VITLAB:
-        new, n = re.subn(pattern, repl, key)
-        if n:
-            return new
-    return key
+    return rename_key(key, _TO_VITLAB)
 
 
 def timm_key(key: str, config: ViTConfig) -> str:
@@ -95,11 +91,7 @@ def timm_key(key: str, config: ViTConfig) -> str:
     if key.startswith(("stem.conv.", "stem.norm.")):
         root = "patch_embed.backbone." if config.resnet and not config.resnet.layers else "patch_embed.backbone.stem."
         return root + key[len("stem.") :]
-    for pattern, repl in _TO_TIMM:
-        new, n = re.subn(pattern, repl, key)
-        if n:
-            return new
-    return key
+    return rename_key(key, _TO_TIMM)
 
 
 def reject_unsupported_tensors(tensors: dict[str, torch.Tensor], path: str | Path) -> None:

@@ -42,7 +42,8 @@ _TO_VITLAB = [(r"^stages\.(\d+)\.blocks\.(\d+)\.downsample\.conv\.", r"stages.\1
               (r"^stages\.(\d+)\.blocks\.(\d+)\.", r"stages.\1.\2."), (r"^head\.fc\.", "head.")]  # fmt: skip
 
 
-def _rename(key: str, rules: list[tuple[str, str]]) -> str:
+def rename_key(key: str, rules: list[tuple[str, str]]) -> str:
+    """`key` renamed by the first of `rules` (regex, replacement) that matches it; unchanged if none does."""
     for pattern, repl in rules:
         new, n = re.subn(pattern, repl, key)
         if n:
@@ -64,7 +65,7 @@ def read_timm_bit(
     """Config and vitlab-named state dict of a timm BiT; the architecture from `name` (a timm name, from arch= or
     the hub folder's config.json) or, without one, from the tensors. `file` is named in tensor errors."""
     if any(re.match(r"stages\.\d+\.\d+\.", k) for k in tensors):  # torch.save(bit.state_dict()): vitlab's names
-        tensors = {_rename(k, _TO_TIMM): _conv_head(k, v) for k, v in tensors.items()}
+        tensors = {rename_key(k, _TO_TIMM): _conv_head(k, v) for k, v in tensors.items()}
     opts = _name_options(name, named_by) if name else _infer_options(tensors, file)
     args = hub.get("model_args") or {}
     if not isinstance(args, dict):
@@ -78,12 +79,12 @@ def read_timm_bit(
     opts.setdefault("in_chans", root.shape[1] if root is not None and root.ndim == 4 else 3)
     pcfg = hub.get("pretrained_cfg") or {}
     config = _config(opts, pcfg, named_by if hub else file)
-    expected = {_rename(k, _TO_TIMM): (*s, 1, 1) if k == "head.weight" else s
+    expected = {rename_key(k, _TO_TIMM): (*s, 1, 1) if k == "head.weight" else s
                 for k, s in expected_shapes(config, named_by if hub else file,
                                             None if name and not args else len(tensors)).items()}  # fmt: skip
     size = f"{config.image_size[0]}x{config.image_size[1]}"
     check_against(file, expected, tensors, f"{name or 'the inferred ' + (config.name or 'BiT')} at {size}")
-    state = {_rename(k, _TO_VITLAB): v.flatten(1) if k == "head.fc.weight" else v for k, v in tensors.items()}
+    state = {rename_key(k, _TO_VITLAB): v.flatten(1) if k == "head.fc.weight" else v for k, v in tensors.items()}
     return config, state
 
 
@@ -147,7 +148,7 @@ def _config(opts: dict[str, Any], pcfg: dict[str, Any], source: Path) -> BiTConf
 # --- writing -------------------------------------------------------------------------------------------------
 def to_timm_bit_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's tensors under timm's names, the head as timm's 1×1 convolution (views, not copies)."""
-    return {_rename(k, _TO_TIMM): _conv_head(k, v.detach()) for k, v in model.state_dict().items()}
+    return {rename_key(k, _TO_TIMM): _conv_head(k, v.detach()) for k, v in model.state_dict().items()}
 
 
 def timm_bit_name(config: BiTConfig, where: str | Path = "model") -> str:
