@@ -148,7 +148,7 @@ def pilot_runs(pre_top1, ft, scratch_half, scratch, curve=None):
     scale = types.SimpleNamespace(finetune_steps=100, fewshot_data=("mnist",), shots=(10, 25))
     runs = {("init", "ViT"): record(10), ("scratch", "ViT", 50): record(scratch_half),
             ("scratch", "ViT", 100): record(scratch), ("pre", "strokes", "ViT"): record(pre_top1, curve),
-            ("ft", "strokes", "ViT"): record(ft)}
+            ("ft", "strokes", "ViT"): record(ft), "finetune_steps": 100}
     return scale, runs
 
 
@@ -170,6 +170,36 @@ def test_pilot_b_is_inconclusive_when_the_reference_has_not_saturated():
     assert pilot.preconditions(scale, runs, "strokes", "ViT")["b"] == "inconclusive"
     scale, runs = pilot_runs(60, 70.5, 69.5, 70)
     assert pilot.preconditions(scale, runs, "strokes", "ViT")["b"] == "does not hold"
+
+
+class ReferenceRuns:
+    """A plan's context whose from-scratch MNIST references reach the given top-1 per (family, steps)."""
+
+    def __init__(self, top1, pending=()):
+        self.scale = types.SimpleNamespace(finetune_steps=1500, finetune_data=("mnist",), image_size=32,
+                                           batch_size=64, finetune_lrs=(0.01,), workers=None)
+        self.top1, self.pending, self.dry, self.guessing, self.asked = top1, pending, False, False, []
+
+    def run(self, spec, evals=()):
+        family, steps = spec.settings["model"].split("-")[0], spec.settings["steps"]
+        self.asked.append((family, steps))
+        return Record(spec, None, {"train": {"val": {"top1": self.top1.get((family, steps), 0) / 100}}},
+                      pending=(family, steps) in self.pending)
+
+
+def test_pilot_v2_doubles_the_fine_tuning_schedule_until_both_references_saturate():
+    measured = {("ViT", 750): 47.4, ("ViT", 1500): 59.6, ("BiT", 750): 89.6, ("BiT", 1500): 96.9,  # this pilot's
+                ("ViT", 3000): 70.0, ("BiT", 3000): 97.5, ("ViT", 6000): 71.0, ("BiT", 6000): 97.6}
+    steps, tried = pilot.reference_steps(ReferenceRuns(measured))
+    assert steps == 6000 and [t["steps"] for t in tried] == [1500, 3000, 6000]
+    assert tried[0]["gain_from_half"] == {"ViT": 12.2, "BiT": 7.3} and tried[2]["gain_from_half"]["ViT"] == 1.0
+    saturated = {**measured, ("ViT", 3000): 60.0, ("BiT", 3000): 97.0}  # both within 1.5 points at 3,000
+    assert pilot.reference_steps(ReferenceRuns(saturated))[0] == 3000
+    never = {**measured, ("ViT", 6000): 80.0}  # still +10 at the cap: the last length, (b) then inconclusive
+    assert pilot.reference_steps(ReferenceRuns(never))[0] == 6000
+    ctx = ReferenceRuns(measured, pending={("ViT", 3000)})  # a dry pass before the 3,000-step runs finished
+    ctx.dry = True
+    assert pilot.reference_steps(ctx) == (3000, [tried[0]]) and ctx.guessing
 
 
 def test_pilot_chooses_the_cheapest_source_meeting_both_and_none_otherwise():

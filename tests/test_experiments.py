@@ -318,7 +318,7 @@ def quick_out(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [PILOT, *NAMES])
 def test_quick_experiment_end_to_end(name, quick_out, capsys):
     assert main(["experiment", name, "--quick", "--out", str(quick_out)]) == 0
     printed = capsys.readouterr().out
