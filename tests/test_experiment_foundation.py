@@ -4,6 +4,10 @@ side giving what one after the other gives, few-shot on the encoder output, the 
 report keeping only sections of the current design."""
 
 import json
+import os
+import subprocess
+import sys
+import time
 import types
 
 import numpy as np
@@ -249,3 +253,42 @@ def test_report_drops_a_measured_section_of_another_design(tmp_path, monkeypatch
     text = path.read_text()
     assert text.count("**Verdict: pending.**") == 7 and "<!-- design:data-scaling v2 -->" in text
     assert json.dumps(Check("a", "w", "v", True).to_dict())
+
+
+# --- a worker dies with its experiment process --------------------------------------------------------------------
+ORPHAN_SCRIPT = """
+import multiprocessing, os, sys, time
+from concurrent.futures import ProcessPoolExecutor
+from vitlab.experiments import parallel
+
+if __name__ == "__main__":
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=parallel._start_worker, initargs=(1, os.getpid()))
+    print(pool.submit(os.getpid).result(), flush=True)
+    pool.submit(time.sleep, 600)  # a run in progress
+    time.sleep(1)
+    os._exit(0)  # the experiment process dies without shutting its pool down (kill -9, a crash)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads process states from /proc")
+def test_a_parallel_worker_stops_when_its_experiment_process_dies(tmp_path):
+    script = tmp_path / "orphan.py"
+    script.write_text(ORPHAN_SCRIPT)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    worker = int(out.stdout.split()[0])
+    for _ in range(600):  # the watch polls every second; up to a minute on a loaded machine
+        if not _alive(worker):
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(worker, 9)
+        pytest.fail(f"worker {worker} outlived its experiment process")

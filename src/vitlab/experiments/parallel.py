@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -36,7 +38,8 @@ def ready(ctx: Context, runner: Runner) -> list[Todo]:
     return [t for t in ctx.todo.values() if t.certain and (t.spec.init is None or runner.finished(t.spec.init))]
 
 
-def _start_worker(threads: int) -> None:
+def _start_worker(threads: int, parent: int | None = None) -> None:
+    _stop_with_parent(parent if parent is not None else os.getppid())
     # before the trainer looks: it picks its own thread count unless OMP_NUM_THREADS says one (train/setup.py)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
@@ -44,6 +47,22 @@ def _start_worker(threads: int) -> None:
     # again and receive the whole dataset pickled (a rendered 64 px fractal set is ~0.9 GB); forked, as in the
     # sequential pass, they share it.
     multiprocessing.set_start_method("fork", force=True)
+
+
+def _stop_with_parent(parent: int, every_s: float = 1.0, grace_s: float = 600.0) -> None:
+    """A worker whose experiment process died (killed, or Ctrl-C before the pool shut down) would go on
+    training for no one and hold its run's lock, so the command run again could not continue it. When the
+    parent is gone the worker gets SIGTERM: a run stops at the next step with a checkpoint (the trainer's
+    handler), an idle worker exits; one still alive `grace_s` later exits at once."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="vitlab-parent-watch", daemon=True).start()
 
 
 def _execute(root: str, scale: Any, spec: RunSpec, evals: list[str]) -> tuple[str, float]:
@@ -63,7 +82,8 @@ def run_parallel(dry_pass: Callable[[], Context], runner: Runner, jobs: int, pro
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited threads, locks or loaders
     started = 0
     running: dict[Future, Todo] = {}
-    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_start_worker, initargs=(threads,)) as pool:
+    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_start_worker,
+                             initargs=(threads, os.getpid())) as pool:
         while True:
             busy = {t.spec.key for t in running.values()}
             for todo in ready(dry_pass(), runner):
