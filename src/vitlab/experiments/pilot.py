@@ -58,8 +58,9 @@ PAPER = "issue 21 (preconditions (a) and (b) before any verdict)"
 FINDING = ("Not a finding of the paper: the preconditions any test of its transfer findings needs at this scale: "
            "pre-training learns its task, and its weights transfer better than no pre-training.")
 SETUP = ("ViT-M and BiT-M pre-trained for {steps:,} steps of {batch_size} on each candidate source at "
-         "{categories} classes × {per_class} images, then fine-tuned on MNIST for {finetune_steps:,} steps against "
-         "the same model trained from scratch, and evaluated few-shot (10 and 25 shots) against the same model "
+         "{categories} classes × {per_class} images, then fine-tuned on MNIST for {finetune_steps:,} steps (version "
+         "2: doubled, at most twice, until the from-scratch references saturate) against the same model trained "
+         "from scratch, and evaluated few-shot (10 and 25 shots) against the same model "
          "untrained; one seed.")
 SEEDS = (0,)
 

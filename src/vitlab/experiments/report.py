@@ -123,7 +123,7 @@ def section(number: int, name: str, results: dict[str, Any] | None, figures: lis
     if exp.design is not None:
         lines += [f"<!-- design:{name} v{exp.design.version} -->", describe(exp.design), ""]
     if results is None:
-        setup = describe_setup(exp, FULL, exp.seeds)
+        setup = describe_setup(exp, exp.scales[0], exp.seeds)  # the full scale: the pilot has its own
         lines += [f"**Setup.** {setup} Seeds {', '.join(str(s) for s in exp.seeds)}.", "",
                   NOT_RUN.format(command=f"vitlab experiment {name}"), ""]
     else:
