@@ -15,6 +15,7 @@ import io
 import json
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -178,10 +179,7 @@ def _listed_shards(root: Path, path: Path, name: str, split: object) -> list[str
 
 
 def _check_listed_once(path: Path, names: list[str]) -> None:
-    seen: dict[str, int] = {}
-    for n in names:
-        seen[n] = seen.get(n, 0) + 1
-    twice = {n: k for n, k in seen.items() if k > 1}
+    twice = {n: k for n, k in Counter(names).items() if k > 1}
     if twice:
         first = next(iter(twice))
         raise DataError(f"{path} lists shard {first} {twice[first]} times ({len(twice)} shard(s) listed more than "

@@ -64,11 +64,6 @@ def precompute(x_train: np.ndarray, y_train: np.ndarray, num_classes: int) -> Ri
     return RidgeCache(mean, std, eigs, q, q.T @ y, x, num_classes)
 
 
-def predict(cache: RidgeCache, x_test: np.ndarray, l2_reg: float) -> np.ndarray:
-    x = standardize_with_bias(_as_numpy(x_test), cache.mean, cache.std)
-    return np.argmax(x @ cache.weights(l2_reg), axis=-1)
-
-
 def fewshot_from_features(
     x_train: np.ndarray | torch.Tensor,
     y_train: np.ndarray | torch.Tensor,
@@ -80,8 +75,7 @@ def fewshot_from_features(
     """Test accuracy of the closed-form ridge classifier fitted on one already-chosen few-shot set."""
     y_tr, y_te = _as_numpy(y_train, np.int64), _as_numpy(y_test, np.int64)
     k = num_classes or int(max(y_tr.max(), y_te.max())) + 1
-    cache = precompute(x_train, y_tr, k)
-    return float(np.mean(predict(cache, x_test, l2_reg) == y_te))
+    return accuracies_for_l2(precompute(x_train, y_tr, k), x_test, y_te, [l2_reg])[0]
 
 
 def accuracies_for_l2(cache: RidgeCache, x_test: np.ndarray, y_test: np.ndarray, l2_regs: list[float]) -> list[float]:

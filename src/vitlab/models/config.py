@@ -20,8 +20,6 @@ GeluKind = Literal["exact", "tanh"]
 # Pixel normalisation the official weights expect: x/255 mapped to [-1, 1] == (x - 0.5) / 0.5.
 OFFICIAL_MEAN = (0.5, 0.5, 0.5)
 OFFICIAL_STD = (0.5, 0.5, 0.5)
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def _is_int(v: Any) -> bool:
@@ -223,17 +221,11 @@ class BiTConfig:
 ModelConfig = ViTConfig | BiTConfig
 
 
-def _plain(d: dict[str, Any]) -> dict[str, Any]:
-    """Tuples become lists so the dict round-trips through JSON unchanged."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out[k] = _plain(v)
-        elif isinstance(v, tuple):
-            out[k] = list(v)
-        else:
-            out[k] = v
-    return out
+def _plain(value: Any) -> Any:
+    """Tuples become lists, in nested dicts too, so the dict round-trips through JSON unchanged."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return list(value) if isinstance(value, tuple) else value
 
 
 def config_from_dict(d: dict[str, Any]) -> ModelConfig:
