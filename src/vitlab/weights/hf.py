@@ -19,7 +19,7 @@ from ..models.config import OFFICIAL_MEAN, OFFICIAL_STD, BiTConfig, ModelConfig,
 from .card import model_card
 from .checkpoint import Checkpoint
 from .hf_bit import read_hf_bit, write_hf_bit
-from .hf_folder import PREPROCESSOR, class_names_of, hf_architecture, hf_num_classes, label_maps, write_hf_folder
+from .hf_folder import PREPROCESSOR, checkpoint_meta, hf_architecture, hf_num_classes, label_maps, write_hf_folder
 from .tensors import read_json, read_weights_folder
 from .timm_arch import vitlab_name
 from .validate import check_against, expected_shapes
@@ -107,14 +107,9 @@ def read_hf(path: str | Path) -> Checkpoint:
     meta_state = {k: torch.empty(s, device="meta") for k, s in expected_shapes(config, cfg_path, len(tensors)).items()}
     expected = {k: v.shape for k, v in to_hf_state_dict(meta_state, config, base).items()}
     check_against(file, expected, tensors, f"{arch} with this config.json")
-    meta: dict[str, Any] = {"hf_architecture": arch}
-    names = class_names_of(hf, config.num_classes)
-    if names:
-        meta["class_names"] = names
     if not (folder / PREPROCESSOR).is_file():
         notes.append(f"no {PREPROCESSOR}: assumed mean = std = 0.5")
-    if notes:
-        meta["notes"] = notes
+    meta = checkpoint_meta(hf, arch, config.num_classes, notes)
     return Checkpoint(config, from_hf_state_dict(tensors, config, base), source="hf", meta=meta)
 
 

@@ -22,7 +22,7 @@ from ..models.config import BiTConfig
 from .bit_npz import bit_name, warn_numerics
 from .card import model_card
 from .checkpoint import Checkpoint
-from .hf_folder import PREPROCESSOR, class_names_of, hf_architecture, hf_num_classes, label_maps, write_hf_folder
+from .hf_folder import PREPROCESSOR, checkpoint_meta, hf_architecture, hf_num_classes, label_maps, write_hf_folder
 from .tensors import read_json, read_weights_folder
 from .validate import check_against, expected_shapes
 
@@ -82,17 +82,11 @@ def read_hf_bit(path: str | Path) -> Checkpoint:
     names = {key: hf_key(key, base) for key in shapes}
     check_against(file, {names[k]: s for k, s in shapes.items()}, tensors,
                   f"{arch} with this config.json")  # fmt: skip
-    meta: dict[str, Any] = {"hf_architecture": arch}
-    class_names = class_names_of(hf, config.num_classes)
-    if class_names:
-        meta["class_names"] = class_names
     notes = [] if pre_path.is_file() else [f"no {PREPROCESSOR}: assumed mean = std = 0.5 and 224x224"]
     if float(hf.get("drop_path_rate") or 0):
         notes.append(f"ignored drop_path_rate={hf['drop_path_rate']}: a training-time setting")
-    if notes:
-        meta["notes"] = notes
     state = {key: tensors[name] for key, name in names.items()}
-    return Checkpoint(config, state, source="hf", meta=meta)
+    return Checkpoint(config, state, source="hf", meta=checkpoint_meta(hf, arch, config.num_classes, notes))
 
 
 def config_from_hf_bit(hf: dict[str, Any], path: str | Path, arch: str) -> BiTConfig:

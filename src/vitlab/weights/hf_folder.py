@@ -41,13 +41,16 @@ def hf_num_classes(hf: dict[str, Any], arch: str, classifier: str) -> int:
     return len(hf["id2label"]) if isinstance(hf.get("id2label"), dict) else int(hf.get("num_labels", 2))
 
 
-def class_names_of(hf: dict[str, Any], num_classes: int) -> list[str] | None:
-    """id2label's names in index order, unless they are HF's placeholders LABEL_0, LABEL_1, …"""
+def checkpoint_meta(hf: dict[str, Any], arch: str, num_classes: int, notes: list[str]) -> dict[str, Any]:
+    """The Checkpoint.meta of a folder read: its transformers class, id2label's names in index order (unless
+    they are HF's placeholders LABEL_0, LABEL_1, …) and the notes on what was assumed or ignored."""
+    meta: dict[str, Any] = {"hf_architecture": arch}
     id2label = hf.get("id2label")
-    if not num_classes or not isinstance(id2label, dict):
-        return None
-    names = [str(id2label.get(str(i), f"LABEL_{i}")) for i in range(num_classes)]  # JSON keys are strings
-    return None if names == [f"LABEL_{i}" for i in range(num_classes)] else names
+    if num_classes and isinstance(id2label, dict):
+        names = [str(id2label.get(str(i), f"LABEL_{i}")) for i in range(num_classes)]  # JSON keys are strings
+        if names != [f"LABEL_{i}" for i in range(num_classes)]:
+            meta["class_names"] = names
+    return {**meta, "notes": notes} if notes else meta
 
 
 def label_maps(num_classes: int, class_names: list[str] | None) -> dict[str, Any]:
