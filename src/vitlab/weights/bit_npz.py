@@ -34,7 +34,7 @@ from ..errors import WeightsError
 from ..models.config import BiTConfig
 from ..models.registry import RESNET_DEPTHS, list_models
 from .checkpoint import Checkpoint
-from .tensors import atomic_savez, check_npz_tensor, read_npz_arrays
+from .tensors import atomic_savez, check_npz_tensor, read_npz_arrays, units_per_stage
 from .validate import expected_shapes
 
 __all__ = ["BIG_TRANSFER_WS_EPS", "bit_name", "is_bit_npz", "read_bit_npz", "warn_numerics", "write_bit_npz"]
@@ -130,10 +130,7 @@ def _infer_config(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> BiT
     root = arrays[ROOT].shape
     if len(root) != 4 or root[3] % 64 or root[3] == 0:
         raise WeightsError(path, f"tensor {ROOT} has shape {root}, expected (7, 7, C, 64·width factor)", _FIX)
-    units: dict[int, int] = {}
-    for name in arrays:
-        if m := re.match(r"resnet/block(\d+)/unit(\d+)/", name):
-            units[int(m[1])] = max(units.get(int(m[1]), 0), int(m[2]))
+    units = units_per_stage(arrays, r"resnet/block(\d+)/unit(\d+)/")
     layers = tuple(units.get(s, 0) for s in range(1, max(units, default=0) + 1))
     if not layers or 0 in layers:
         block = layers.index(0) + 1 if 0 in layers else 1

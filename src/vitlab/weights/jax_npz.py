@@ -26,7 +26,7 @@ from ..models.config import ResNetConfig, ViTConfig
 from ..models.registry import list_models, model_config
 from ..models.vit import VisionTransformer
 from .checkpoint import Checkpoint
-from .tensors import atomic_savez, check_npz_tensor, read_npz_arrays
+from .tensors import atomic_savez, check_npz_tensor, read_npz_arrays, units_per_stage
 
 # Module names inside an encoder block. The 2020 releases (pre-Linen Flax) number modules in creation order
 # across all types; Linen numbers each module type separately.
@@ -237,10 +237,7 @@ def _infer_resnet(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> Res
     if root < 1 or root % 32:  # GroupNorm(32) over the root's channels, in the official code as here
         raise WeightsError(path, f"tensor conv_root/kernel has {root} output channels, not a positive multiple of "
                            "the 32 GroupNorm groups (root width int(64·width_factor))", _FIX_CORRUPT)
-    units: dict[int, int] = {}
-    for k in arrays:
-        if m := re.match(r"block(\d+)/unit(\d+)/", k):
-            units[int(m[1])] = max(units.get(int(m[1]), 0), int(m[2]))
+    units = units_per_stage(arrays, r"block(\d+)/unit(\d+)/")
     layers = tuple(units.get(s, 0) for s in range(1, max(units, default=0) + 1))
     if 0 in layers:
         raise WeightsError(path, f"missing tensor block{layers.index(0) + 1}/unit1/conv1/kernel", _FIX_CORRUPT)

@@ -15,7 +15,7 @@ import re
 import struct
 import zipfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +209,15 @@ def write_folder_atomically(folder: str | Path, write: Callable[[Path], None], o
         if foreign:
             raise WeightsError(folder, f"exists and holds {foreign[0]!r}", "write to a new or empty folder")
     atomic_folder(folder, write)
+
+
+def units_per_stage(names: Iterable[str], pattern: str, first: int = 1) -> dict[int, int]:
+    """{stage: units} from the names `pattern` matches as (stage, unit), unit numbers starting at `first`."""
+    units: dict[int, int] = {}
+    for name in names:
+        if m := re.match(pattern, name):
+            units[int(m[1])] = max(units.get(int(m[1]), 0), int(m[2]) - first + 1)
+    return units
 
 
 # --- .npz archives ------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from ..errors import WeightsError
 from ..models.config import OFFICIAL_MEAN, OFFICIAL_STD, ResNetConfig, ViTConfig
 from ..models.registry import HYBRIDS, VIT_SIZES, model_config
 from ..models.timm_compat import crop_pct_for, timm_eval_crop  # noqa: F401  (re-exported: timm.py, timm_bit.py)
+from .tensors import units_per_stage
 
 TIMM_SIZES = {"tiny": "Ti", "small": "S", "base": "B", "large": "L", "huge": "H"}
 # Resolutions timm registers a plain name for, per (size, patch): "vit_base_patch16_384" exists, "…_512" does not.
@@ -126,10 +127,7 @@ def _infer_resnet(tensors: dict[str, torch.Tensor], path: str | Path) -> ResNetC
     root = tensors.get("patch_embed.backbone.stem.conv.weight", tensors.get("patch_embed.backbone.conv.weight"))
     if root is None:
         return None
-    units: dict[int, int] = {}
-    for key in tensors:
-        if m := re.match(r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.", key):
-            units[int(m.group(1))] = max(units.get(int(m.group(1)), 0), int(m.group(2)) + 1)
+    units = units_per_stage(tensors, r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.", first=0)
     if sorted(units) != list(range(len(units))):
         raise WeightsError(path, f"hybrid stem stages {sorted(units)} are not numbered 0..n-1", "the file is corrupt")
     return ResNetConfig(layers=tuple(units[s] for s in range(len(units))), width_factor=max(root.shape[0] // 64, 1))

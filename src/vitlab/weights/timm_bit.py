@@ -18,6 +18,7 @@ from torch import nn
 from ..errors import WeightsError
 from ..models.config import OFFICIAL_MEAN, OFFICIAL_STD, BiTConfig
 from ..models.registry import RESNET_DEPTHS
+from .tensors import units_per_stage
 from .timm_arch import timm_eval_crop
 from .validate import check_against, expected_shapes
 
@@ -108,10 +109,7 @@ def _infer_options(tensors: dict[str, torch.Tensor], file: Path) -> dict[str, An
     if root.shape[0] % 64:
         raise WeightsError(file, f"root conv 'stem.conv.weight' has {root.shape[0]} filters, not a multiple of 64",
                            "not a BiT ResNetV2 (BiT's root has 64·width-factor filters)")  # fmt: skip
-    units: dict[int, int] = {}
-    for key in tensors:
-        if m := re.match(r"stages\.(\d+)\.blocks\.(\d+)\.", key):
-            units[int(m.group(1))] = max(units.get(int(m.group(1)), 0), int(m.group(2)) + 1)
+    units = units_per_stage(tensors, r"stages\.(\d+)\.blocks\.(\d+)\.", first=0)
     if not units:
         raise WeightsError(file, "no ResNetV2 units ('stages.0.blocks.0.…')", "not a timm BiT state dict")
     if sorted(units) != list(range(len(units))):
