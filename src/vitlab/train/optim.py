@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ..eval.classify import per_image_loss
 from .config import TrainConfig
 
 
@@ -86,18 +86,8 @@ def replan_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, steps: int) ->
 
 
 def classification_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str, smoothing: float) -> torch.Tensor:
-    """`softmax`: cross-entropy; `sigmoid`: per-class binary cross-entropy summed over classes, as big_vision's
-    `sigmoid_xent`: −Σ_c [t·log σ(x) + (1 − t)·log σ(−x)], the upstream loss of the paper's JFT and ImageNet-21k
-    models. Both averaged over the batch; computed in float32 under autocast. (log σ, not torch's
-    binary_cross_entropy_with_logits: at a logit of −10, the −10 head bias of pre-training, the latter rounds
-    log(1 + e^−10) through 1 + e^−10 in float32 and is 0.8% too large per class.)"""
-    logits = logits.float()
-    if kind == "softmax":
-        return F.cross_entropy(logits, labels, label_smoothing=smoothing)
-    k = logits.shape[-1]
-    targets = F.one_hot(labels, k).float() * (1.0 - smoothing) + smoothing / k
-    nll = -(targets * F.logsigmoid(logits) + (1.0 - targets) * F.logsigmoid(-logits))
-    return nll.sum(-1).mean()
+    """The training loss: the validation's `per_image_loss` averaged over the batch (float32 under autocast)."""
+    return per_image_loss(logits, labels, kind, smoothing).mean()
 
 
 class Ema:
