@@ -52,7 +52,6 @@ def _inputs(args: argparse.Namespace, cfg, size: tuple[int, int], class_names):
     from pathlib import Path
 
     from ..analysis.images import dataset_inputs, image_file_inputs
-    from . import UserError
 
     if args.images:
         return image_file_inputs(args.images, cfg, size, class_names or ())
@@ -60,8 +59,6 @@ def _inputs(args: argparse.Namespace, cfg, size: tuple[int, int], class_names):
 
     if Path(args.data).is_file() and not is_hf_source(args.data):  # --data photo.jpg: the image itself
         return image_file_inputs([args.data], cfg, size, class_names or ())
-    if args.num_images < 1:
-        raise UserError("--num-images must be at least 1")
     return dataset_inputs(args.data, cfg, size, args.num_images)
 
 
@@ -69,14 +66,9 @@ def run_analyze(args: argparse.Namespace) -> int:
     import vitlab
 
     from ..analysis import analyze
+    from ..device import pick_device
     from ..models.vit import VisionTransformer
     from . import UserError
-
-    if not 0.0 <= args.discard_ratio < 1.0:
-        raise UserError("--discard-ratio must be in [0, 1)")
-    if args.components < 1:
-        raise UserError("--components must be at least 1")
-    from ..device import pick_device
 
     model = vitlab.load(args.weights).to(pick_device(args.device))
     if not isinstance(model, VisionTransformer):
