@@ -17,7 +17,7 @@ import numpy as np
 
 from .errors import DataError, describe_paths, log
 from .hf_files import NEEDS_DATASETS, HFSet, import_datasets, int_column, is_hf_source, open_hf
-from .sources import ImageSplit, relabel_by_name
+from .sources import ImageSplit, relabel_by_name, run_lengths
 from .untrusted import check_label_range, contained, read_regular
 
 PATH_CHECKS = 100_000  # path-only rows checked when a split opens (every row is checked again when read)
@@ -128,10 +128,7 @@ class HFSplit(ImageSplit):
         if self.rows is None:
             lengths = np.diff(starts)
             return lengths[lengths > 0]
-        block = np.searchsorted(starts, self.rows, "right") - 1
-        if not len(block):
-            return np.zeros(0, np.int64)
-        return np.diff(np.concatenate([[0], np.flatnonzero(np.diff(block)) + 1, [len(block)]]))
+        return run_lengths(np.searchsorted(starts, self.rows, "right") - 1)  # the record batch of each row
 
     def subset(self, indices: np.ndarray, name: str) -> HFSplit:
         rows = np.asarray(indices, np.int64) if self.rows is None else self.rows[indices]

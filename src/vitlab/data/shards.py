@@ -26,7 +26,7 @@ from . import shardindex
 from .errors import DataError
 from .folder import compressed_advice, is_compressed_tar
 from .shardindex import INDEX_NAME
-from .sources import ImageSplit, relabel_by_name
+from .sources import ImageSplit, relabel_by_name, run_lengths
 from .untrusted import MAX_PATTERN_FILES, check_label_range, contained, parse_json, parse_yaml
 
 INFO_NAME = "_info.json"
@@ -63,10 +63,7 @@ class ShardSplit(ImageSplit):
 
     def storage_blocks(self) -> np.ndarray:
         """Runs of consecutive samples in one shard: the shards, or what a subset kept of them."""
-        if not len(self.shard_of):
-            return np.zeros(0, np.int64)
-        bounds = np.concatenate([[0], np.flatnonzero(np.diff(self.shard_of)) + 1, [len(self.shard_of)]])
-        return np.diff(bounds)
+        return run_lengths(self.shard_of)
 
     def holdout(self, fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Whole shards for --val-fraction (round(fraction x shards), at least one, never all), drawn with

@@ -117,6 +117,13 @@ def stratified_holdout(labels: np.ndarray, fraction: float, seed: int = 0) -> tu
     return np.sort(np.concatenate(keep)), np.sort(np.concatenate(held))
 
 
+def run_lengths(values: np.ndarray) -> np.ndarray:
+    """Lengths of the runs of equal consecutive values: the storage blocks of samples that record their block."""
+    if not len(values):
+        return np.zeros(0, np.int64)
+    return np.diff(np.concatenate([[0], np.flatnonzero(np.diff(values)) + 1, [len(values)]]))
+
+
 def relabel_by_name(labels: np.ndarray, recorded: list[str] | None, wanted: list[str] | None,
                     where: str) -> np.ndarray:
     """Labels in the order of `wanted` (the training split's or a model's classes), matched by class name as
