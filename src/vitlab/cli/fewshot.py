@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from .train import EVAL_RESIZE_HELP
 from .types import DATA_SOURCES, device_name, fraction, new_file, positive_float, positive_int
 
 
@@ -49,10 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--random-init", action="store_true",
                    help="evaluate a freshly initialised model of the same architecture (a baseline)")
     p.add_argument("--eval-resize", default=FEWSHOT_RESIZE, choices=[FEWSHOT_RESIZE, *EVAL_RESIZES],
-                   help="image pre-processing: fewshot (default; big_vision common_fewshot: resize to 256x256 "
-                        "ignoring the aspect ratio, central crop 224, scaled by 8/7 for other sizes), or an "
-                        "evaluation resize: official (whole image to the input size), big_vision (short side "
-                        "to 8/7 of it, central crop), resize-short-crop (short side to it, central crop)")
+                   help="fewshot (default; big_vision common_fewshot: resize to 256x256 ignoring the aspect ratio, "
+                        "central crop 224, scaled by 8/7 for other sizes), or an " + EVAL_RESIZE_HELP)
     p.add_argument("--batch-size", type=positive_int, default=256, help="images per forward pass (default 256)")
     p.add_argument("--device", type=device_name, default="auto",
                    help="cpu, cuda or cuda:N (default auto: CUDA when available)")
