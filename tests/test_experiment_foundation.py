@@ -21,7 +21,7 @@ from vitlab.experiments.estimate import CostModel, StepTime
 from vitlab.experiments.parallel import ready
 from vitlab.experiments.plans import GRID_EXTENSIONS, tuned_lr
 from vitlab.experiments.preconditions import beyond_spread, helps, inside_grid, learns
-from vitlab.experiments.runner import Context, Record, Runner
+from vitlab.experiments.runner import Context, Record, Runner, Todo
 from vitlab.experiments.scale import QUICK
 from vitlab.experiments.spec import RunSpec
 
@@ -292,3 +292,16 @@ def test_a_parallel_worker_stops_when_its_experiment_process_dies(tmp_path):
     else:
         os.kill(worker, 9)
         pytest.fail(f"worker {worker} outlived its experiment process")
+
+
+def test_the_estimate_says_where_its_time_goes_by_kind_of_run():
+    from vitlab.experiments.experiment import cost_by_kind, run_kind
+    labels = ("pre-ViT-M-strokes:64:16-s0", "ft-mnist-pre-BiT-M-x-s1", "scratch-ViT-M-mnist-dev-lr0.01-s0",
+              "pilot-pre-ViT-M-fonts:64:1024", "pilot-init-BiT-M", "mpp-ViT-M-x-s0")
+    assert [run_kind(x) for x in labels] == ["pre", "ft", "scratch-dev", "pre", "init", "mpp"]
+    todo = [Todo(RunSpec("pre-a-s0", "pretrain-i1k", {"steps": 3600}), [], 1200.0, True),
+            Todo(RunSpec("pre-b-s0", "pretrain-i1k", {"steps": 3600}), ["fewshot/mnist"], 1300.0, True),
+            Todo(RunSpec("ft-c-s0", "finetune", {"steps": 3000}), [], 900.0, True),
+            Todo(RunSpec("ft-d-s0", "finetune", {"steps": 3000}), ["fewshot/mnist"], 30.0, False)]  # trained already
+    # 2,500 s of pre-training; 900 s of fine-tuning plus the 30 s evaluation of a run already trained
+    assert cost_by_kind(todo) == "pre 2 run(s), 7,200 steps, 42 min; ft 1 run(s), 3,000 steps, 16 min"

@@ -17,7 +17,7 @@ from .. import __version__
 from ..outputs import atomic_write
 from .design import Design
 from .parallel import run_parallel
-from .runner import Context, Progress, Runner, format_seconds
+from .runner import Context, Progress, Runner, Todo, format_seconds
 from .scale import FULL, QUICK, Scale
 
 RESULTS = "results.json"
@@ -79,7 +79,24 @@ def describe_estimate(experiment: Experiment, dry: Context, runner: Runner, jobs
             else f"about {format_seconds(total)}")
     return (f"{experiment.name}: {len(trainings)} run(s) to train ({steps:,} steps) and "
             f"{sum(len(t.evals) for t in todo)} evaluation(s): {side} on this machine, "
-            f"estimated from step times measured now:\n  {times}")
+            f"estimated from step times measured now:\n  {times}\n  by kind: {cost_by_kind(todo)}")
+
+
+def run_kind(label: str) -> str:
+    """What a run is for, from its label: pre, ft, scratch, init, mpp; -dev for a learning-rate choice's run."""
+    words = label.split("-")
+    kind = words[1] if words[0] == "pilot" and len(words) > 1 else words[0]
+    return kind + ("-dev" if "-dev-" in label else "")
+
+
+def cost_by_kind(todo: list[Todo]) -> str:
+    """Where the estimate's time goes: runs, training steps and seconds (one after the other) per kind."""
+    kinds: dict[str, list[float]] = {}
+    for t in todo:
+        runs, steps, seconds = kinds.setdefault(run_kind(t.spec.label), [0, 0, 0.0])
+        kinds[run_kind(t.spec.label)] = [runs + t.train, steps + (t.spec.steps if t.train else 0), seconds + t.seconds]
+    ranked = sorted(kinds.items(), key=lambda kv: -kv[1][2])
+    return "; ".join(f"{k} {int(r)} run(s), {int(n):,} steps, {format_seconds(sec)}" for k, (r, n, sec) in ranked)
 
 
 def run_experiment(experiment: Experiment, out: str | Path, quick: bool = False,
