@@ -40,6 +40,7 @@ class StepTime:
 
 class CostModel:
     """Seconds a spec and its evaluations will take; measured step times are cached per model."""
+
     def __init__(self, workers: int | None):
         self.workers = workers
         self.measured: dict[str, StepTime] = {}
@@ -50,7 +51,6 @@ class CostModel:
         return {self.names[k]: t for k, t in self.measured.items()}
 
     def step_time(self, spec: RunSpec) -> StepTime:
-
         s = {**spec.settings, "objective": spec.settings.get("objective", RECIPES[spec.recipe].get("objective"))}
         key = repr((spec.recipe, s.get("model"), sorted((s.get("model_args") or {}).items()), s.get("image_size"),
                     s.get("batch_size"), s.get("objective")))
@@ -65,7 +65,6 @@ class CostModel:
         return spec.steps * t.train_s + val * t.forward_s_per_image + RUN_OVERHEAD_S
 
     def eval_seconds(self, spec: RunSpec, name: str, curve_points: int) -> float:
-
         kind, data = parse(name)
         t = self.step_time(spec)
         images = {"fewshot": total_images(data), "fewshot-encoder": total_images(data),

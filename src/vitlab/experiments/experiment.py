@@ -91,10 +91,12 @@ def run_kind(label: str) -> str:
 
 def cost_by_kind(todo: list[Todo]) -> str:
     """Where the estimate's time goes: runs, training steps and seconds (one after the other) per kind."""
-    kinds: dict[str, list[float]] = {}
+    kinds: dict[str, list[float]] = {}  # kind -> [runs to train, their steps, seconds with evaluations]
     for t in todo:
-        runs, steps, seconds = kinds.setdefault(run_kind(t.spec.label), [0, 0, 0.0])
-        kinds[run_kind(t.spec.label)] = [runs + t.train, steps + (t.spec.steps if t.train else 0), seconds + t.seconds]
+        total = kinds.setdefault(run_kind(t.spec.label), [0, 0, 0.0])
+        total[0] += t.train
+        total[1] += t.spec.steps if t.train else 0
+        total[2] += t.seconds
     ranked = sorted(kinds.items(), key=lambda kv: -kv[1][2])
     return "; ".join(f"{k} {int(r)} run(s), {int(n):,} steps, {format_seconds(sec)}" for k, (r, n, sec) in ranked)
 
@@ -176,8 +178,6 @@ def _run_entry(record: Any, out: Path) -> dict[str, Any]:
 
 
 def _versions() -> dict[str, str]:
-
-
     return {"vitlab": __version__, "torch": torch.__version__, "python": sys.version.split()[0]}
 
 

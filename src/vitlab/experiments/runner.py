@@ -96,6 +96,7 @@ def val_curve(run_dir: Path) -> list[list[float]]:
 
 class Runner:
     """Finds, trains and evaluates runs under `<root>/_runs/`."""
+
     def __init__(self, root: Path, scale: Any, train: Callable[..., dict[str, Any]] | None = None):
         self.runs = Path(root) / RUNS
         self.scale = scale
@@ -195,6 +196,7 @@ def _write(record: Record) -> None:
 class Context:
     """What a plan sees: the scale, the seeds, `run` and `best`. In the dry pass nothing runs: it collects what
     is missing and its estimated seconds; records are the stored ones (pending if unfinished)."""
+
     def __init__(self, runner: Runner, seeds: tuple[int, ...], dry: bool, progress: Any = None,
                  assumed: Mapping[str, set[str]] | None = None):
         self.runner, self.scale, self.seeds, self.dry = runner, runner.scale, tuple(seeds), dry
@@ -265,8 +267,8 @@ class Context:
 class Progress:
     """One bar over the estimated seconds of the whole experiment (on a terminal), and a line per finished run
     with the ETA, scaled by how the finished runs compared with their estimates."""
-    def __init__(self, todo: dict[str, Todo], name: str):
 
+    def __init__(self, todo: dict[str, Todo], name: str):
         self.todo, self.quiet = todo, quiet()
         self.total = sum(t.seconds for t in todo.values())
         self.spent_estimate = 0.0
