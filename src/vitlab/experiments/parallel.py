@@ -38,8 +38,8 @@ def ready(ctx: Context, runner: Runner) -> list[Todo]:
     return [t for t in ctx.todo.values() if t.certain and (t.spec.init is None or runner.finished(t.spec.init))]
 
 
-def _start_worker(threads: int, parent: int | None = None) -> None:
-    _stop_with_parent(parent if parent is not None else os.getppid())
+def _start_worker(threads: int, parent: int) -> None:
+    _stop_with_parent(parent)  # the pid from the experiment process itself: it may already be gone by now
     # before the trainer looks: it picks its own thread count unless OMP_NUM_THREADS says one (train/setup.py)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
