@@ -60,6 +60,24 @@ def test_mnist_subset_split():
     assert np.bincount(ds.val.labels).tolist() == [100] * 10
 
 
+def test_labelled_subset_takes_k_per_class_nested_with_the_same_test_split():
+    whole, small, large = (build_datasets(d) for d in ("mnist", "mnist:10", "mnist:100"))
+    assert np.bincount(small.train.labels).tolist() == [10] * 10
+    assert np.bincount(large.train.labels).tolist() == [100] * 10
+    assert np.array_equal(small.val.arrays, whole.val.arrays)  # the fixed test split, whatever K
+    keys = {x.tobytes() for x in large.train.arrays}
+    assert all(x.tobytes() in keys for x in small.train.arrays)  # mnist:10 is part of mnist:100
+    whole_keys = {x.tobytes() for x in whole.train.arrays}
+    assert all(x.tobytes() in whole_keys for x in large.train.arrays)  # drawn from the train split only
+
+
+@pytest.mark.parametrize("data, message", [("mnist:0", "K must be 1 to 400"), ("mnist:401", "K must be 1 to 400"),
+                                           ("mnist:ten", "training images per class, e.g. mnist:100")])
+def test_labelled_subset_refuses_a_k_it_cannot_draw(data, message):
+    with pytest.raises(DataError, match=message):
+        build_datasets(data)
+
+
 def test_val_fraction_holds_out_of_train():
     ds = build_datasets("digits", val_fraction=0.1)
     assert len(ds.train) + len(ds.val) == 1438

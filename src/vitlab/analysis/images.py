@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..data import EMBEDDED, DataError, load_split
+from ..data import EMBEDDED, DataError, is_embedded, load_split
 from ..data.sources import DECODE_ERRORS
 from ..data.untrusted import open_regular
 from ..models.config import ViTConfig
@@ -116,7 +116,7 @@ def dataset_inputs(data: str, config: ViTConfig, image_size: tuple[int, int], co
     class in turn, labelled with their file and class."""
     try:
         split = load_split(data, "val")
-        which = "test-split images of the embedded set" if data in EMBEDDED else "validation images of"
+        which = "test-split images of the embedded set" if is_embedded(data) else "validation images of"
     except DataError as err:
         if "missing split" not in str(err):
             raise

@@ -3,7 +3,7 @@ pre-processing (inception crop as TF draws it, the named evaluation resizes, big
 deterministic loaders."""
 
 from .datasets import Datasets, build_datasets, load_split
-from .embedded import EMBEDDED
+from .embedded import EMBEDDED, is_embedded
 from .errors import DataError
 from .fractal import fractal_splits
 from .loader import ShardSampler, StepSampler, TransformedSplit, make_loader
@@ -14,5 +14,5 @@ from .transforms import EVAL_RESIZES, FEWSHOT_RESIZE, TRAIN_CROPS, EvalTransform
 __all__ = [
     "EMBEDDED", "EVAL_RESIZES", "FEWSHOT_RESIZE", "TRAIN_CROPS", "DataError", "Datasets", "EvalTransform",
     "ImageSplit", "ShardSampler", "ShardSplit", "StepSampler", "TrainTransform", "TransformedSplit", "build_datasets",
-    "fractal_splits", "load_split", "make_loader", "normalize",
+    "fractal_splits", "is_embedded", "load_split", "make_loader", "normalize",
 ]

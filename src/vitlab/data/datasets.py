@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .embedded import EMBEDDED, embedded_splits
+from .embedded import embedded_splits, is_embedded
 from .errors import DataError
 from .folder import check_same_classes, class_folders, folder_layout, scan_split
 from .fontglyphs import fonts_splits, is_fonts_source
@@ -52,7 +52,7 @@ def build_datasets(data: str = "digits", val_fraction: float | None = None, stri
     if val_fraction is not None and not 0.0 <= val_fraction < 1.0:
         raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
     check_data_named(data)
-    if data in EMBEDDED:
+    if is_embedded(data):
         train, val = embedded_splits(data)
         ds = Datasets(train, val, train.class_names, data)
     elif is_drawn_source(data):  # fractal:C:N[:SEED] (Kataoka et al. 2020), strokes:C:N[:SEED], fonts:C:N[:SEED]
@@ -144,7 +144,7 @@ def load_split(
         _check_fraction(val_fraction)
         train, held = _held_out(load_split(data, "train", class_names, strict), val_fraction)
         return train if split == "train" else held
-    if data in EMBEDDED:
+    if is_embedded(data):
         train, test = embedded_splits(data)
         return train if split == "train" else test
     if is_drawn_source(data):
@@ -181,7 +181,7 @@ def _held_out(train: ImageSplit, val_fraction: float) -> tuple[ImageSplit, Image
 def has_val_split(data: str) -> bool:
     """Whether `data` has a validation split of its own (embedded test split, a folder's val/, val shards)."""
     check_data_named(data)
-    if data in EMBEDDED or is_drawn_source(data):
+    if is_embedded(data) or is_drawn_source(data):
         return True
     if is_hf_source(data):
         return open_hf(data).has_val
@@ -217,7 +217,7 @@ def evaluation_splits(
     if val_fraction is None and has_val:
         train = load_split(data, "train", class_names, strict)
         test = load_split(data, "val", class_names, strict)
-        source = f"the {data} test split" if data in EMBEDDED else f"{Path(data) / 'val'}"
+        source = f"the {data} test split" if is_embedded(data) else f"{Path(data) / 'val'}"
         if is_drawn_source(data):
             source = f"the {data} val split"
         if isinstance(test, HFSplit):

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..data import EMBEDDED
+from ..data import is_embedded
 from ..data.datasets import has_val_split
 from ..data.errors import DataError
 from ..eval.classify import evaluate_weights
@@ -69,7 +69,7 @@ def check_sweep(cfg: TrainConfig) -> None:
         )
     if cfg.val_fraction:
         raise ValueError("--val-fraction with --lr-sweep: the sweep holds out --dev-fraction itself; drop it")
-    if cfg.data not in EMBEDDED:
+    if not is_embedded(cfg.data):
         if not has_val_split(cfg.data):  # a folder's val/ or val shards
             raise DataError(
                 f"missing split: {cfg.data} has no val/ folder, so a sweep cannot report test accuracy; add "
