@@ -114,7 +114,8 @@ __all__ = [
 
 
 # What --data accepts, for every verb that reads data (vitlab.data.build_datasets and load_split dispatch on it).
-DATA_SOURCES = ("embedded digits or mnist (NAME:K: K training images per class), fractal:C:N[:SEED] (FractalDB, C categories x N images), "
+DATA_SOURCES = ("embedded digits or mnist (NAME:K: K training images per class), "
+                "fractal:C:N[:SEED] (FractalDB, C categories x N images), "
                 "strokes:C:N[:SEED] (pen-stroke glyphs, C classes x N images), fonts:C:N[:SEED] (characters "
                 "in matplotlib's fonts, C <= 76), an image folder "
                 "root/[train|val]/<class>/, WebDataset shards (a folder with _info.json or of .tar files, or a "
