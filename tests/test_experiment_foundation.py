@@ -206,6 +206,15 @@ def test_pilot_v2_doubles_the_fine_tuning_schedule_until_both_references_saturat
     assert pilot.reference_steps(ctx) == (3000, [tried[0]]) and ctx.guessing
 
 
+def test_pilot_v3_fine_tuning_and_its_reference_differ_only_in_the_initialisation():
+    parent = pilot.pretrain_run(pilot.PILOT, "strokes", "ViT")
+    scratch, tuned = (pilot.finetune_run(pilot.PILOT, p, "ViT", 1500) for p in (None, parent))
+    assert scratch.recipe == tuned.recipe == "pretrain-i1k" and tuned.init == parent.key and scratch.init is None
+    assert {k: v for k, v in scratch.settings.items() if k not in ("model", "model_args")} == dict(tuned.settings)
+    assert (tuned.settings["data"], tuned.settings["lr"]) == ("mnist:100", parent.settings["lr"])
+    assert tuned.settings["weight_decay"] == 0.05 and tuned.settings["flip"] is False  # PRETRAIN_SMALL, digits
+
+
 def test_pilot_chooses_the_cheapest_source_meeting_both_and_none_otherwise():
     row = {"a": "holds", "b": "holds"}
     rows = [{**row, "source": "fractal", "pretrain_seconds": 900},
