@@ -170,12 +170,15 @@ def test_experiments_share_their_runs(tmp_path, fixed_step_times):
     largest_vit = pretrain(QUICK, "ViT", "M", QUICK.largest, QUICK.lrs[0], 0).key
     for name in NAMES:
         assert largest_vit in asked[name], name
-    # data-scaling tunes each family on the largest set and fine-tunes on MNIST from it; compute re-uses the ViT-M
-    # and BiT-M tuning runs as its own size-M ones
+    # data-scaling tunes each family on the largest set and fine-tunes once from its chosen run (version 3: no
+    # fine-tuning grid, the family's pre-training lr); compute re-uses the ViT-M and BiT-M tuning runs as its own
+    # size-M ones
     on_largest = {k for k, s in asked["data-scaling"].items()
                   if s.settings.get("data") == QUICK.largest and s.settings["lr"] > 0}  # lr 0: untrained references
-    tuned = {k for k, s in asked["data-scaling"].items() if s.init in on_largest and s.settings["data"] == "mnist"}
-    assert len(on_largest) == 3 * len(QUICK.lrs) and len(tuned) == 3 * len(QUICK.finetune_lrs) + 3
+    target = QUICK.finetune_data[0]
+    tuned = [s for s in asked["data-scaling"].values() if s.init in on_largest and s.settings["data"] == target]
+    assert len(on_largest) == 3 * len(QUICK.lrs) and len(tuned) == 3
+    assert all(s.settings["lr"] == asked["data-scaling"][s.init].settings["lr"] for s in tuned)
     vit_bit = {k for k in on_largest if asked["data-scaling"][k].label.startswith(("pre-ViT-M-", "pre-BiT-M-"))}
     assert len(vit_bit) == 2 * len(QUICK.lrs) and vit_bit <= set(asked["compute"])
 
@@ -251,7 +254,8 @@ def test_bad_seeds_are_one_line(capsys, seeds, says):
 
 def synthetic_results(mode="full"):
     return {"experiment": "pos-embed", "title": "Position embeddings", "paper": "Appendix D.4, Table 8",
-            "finding": "f", "setup": "A setup.", "mode": mode, "seeds": [0, 1], "design": {"version": 2},
+            "finding": "f", "setup": "A setup.", "mode": mode, "seeds": [0, 1],
+            "design": {"version": experiments()["pos-embed"].design.version},  # a result of today's design
             "command": "vitlab experiment pos-embed",
             "tables": [{"title": "Accuracy", "columns": ["embedding", "5-shot digits"],
                         "rows": [["none", "41.2±1.3 %"], ["1-D", "45.0±0.8 %"]]}],

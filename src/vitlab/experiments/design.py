@@ -71,7 +71,7 @@ class Verdict:
 def describe(design: Design) -> str:
     """The design paragraph of REPRODUCTION.md."""
     checks = "; ".join(f"({k}) {PRECONDITIONS[k]}: {v}" for k, v in design.preconditions.items())
-    changes = " ".join(design.changes) if design.changes else "none"
+    changes = " ".join(design.changes).rstrip(".") if design.changes else "none"  # each may end a sentence
     return (f"**Design (version {design.version}, fixed before the full run).** {design.question} Primary metric: "
             f"{design.primary}. Decision rule: {design.rule} Preconditions, checked before the verdict: {checks}. "
             f"Changes since the design was committed: {changes}.")

@@ -84,13 +84,13 @@ ABLATION = {
     "both (PRETRAIN_SMALL)": {},
 }
 
-# version 3: both downstream arms at the pre-training learning rate (`finetune_lrs`), on 100 images per class
+# version 3: both downstream arms at the pre-training learning rate, on 100 images per class
 PILOT = Scale("full", categories=64, per_class=(1024,), steps=3600, batch_size=64, finetune_steps=1500,
-              lrs=(1e-3,), finetune_lrs=(1e-3,), fewshot_data=("mnist",), finetune_data=("mnist:100",),
+              lrs=(1e-3,), fewshot_data=("mnist",), finetune_data=("mnist:100",),
               shots=(10, 25),
               fewshot_seeds=3, curve_points=1, curve_data="mnist", attention_images=0, workers=None)
 PILOT_QUICK = Scale("quick", categories=4, per_class=(8,), steps=6, batch_size=16, finetune_steps=4,
-                    lrs=(1e-3,), finetune_lrs=(1e-3,), fewshot_data=("digits",), finetune_data=("digits:8",),
+                    lrs=(1e-3,), fewshot_data=("digits",), finetune_data=("digits:8",),
                     shots=(5,), fewshot_seeds=2, curve_points=1, curve_data="digits", attention_images=0,
                     workers=None, image_size=16)
 SCALES = (PILOT, PILOT_QUICK)
@@ -169,7 +169,7 @@ def finetune_run(scale: Scale, parent: RunSpec | None, family: str, steps: int) 
     data = scale.finetune_data[0]
     settings = {
         "data": data, "image_size": scale.image_size, "batch_size": scale.batch_size, "steps": steps,
-        "lr": scale.finetune_lrs[0], "seed": 0, "eval_every": 0, "log_every": max(1, steps // 5), "keep_last": 1,
+        "lr": scale.lrs[0], "seed": 0, "eval_every": 0, "log_every": max(1, steps // 5), "keep_last": 1,
         "workers": scale.workers, **PRETRAIN_SMALL, **DIGITS_PREPROCESSING,
     }
     if parent is None:

@@ -98,10 +98,11 @@ def shared_setup() -> str:
         f"{100 * warmup:.3g} % share of the steps; the learning rate chosen per model from "
         f"{', '.join(f'{lr:g}' for lr in f.lrs)} by final top-1 on the largest set's validation split (seed 0), the "
         "grid extended by one step when the choice sits at its edge (at most twice: precondition (c)).",
-        f"- Fine-tuning on {' and '.join(f.finetune_data)}: the paper's protocol (Table 4, recipe `finetune`: SGD "
-        f"momentum 0.9, cosine decay, no weight decay) for {f.finetune_steps:,} steps of {f.batch_size}, the learning "
-        f"rate chosen from {', '.join(f'{lr:g}' for lr in f.finetune_lrs)} on a {100 * f.dev_fraction:g} % dev split "
-        "of the training images (Appendix B.1.1); the reference is the same model trained on the target alone.",
+        f"- Fine-tuning on `{f.finetune_data[0]}` (100 labelled images per class, MNIST's fixed 1,000-image test "
+        f"split; the pilot's version-3 protocol): the pre-trained weights for {f.finetune_steps:,} steps of "
+        f"{f.batch_size} with the recipe that trains the model from scratch (the pre-training recipe above, at the "
+        "model's tuned pre-training learning rate); the reference is the same model trained on the target alone "
+        "with the same recipe, learning rate and steps, so the two differ only in their initialisation.",
         f"- Few-shot: big_vision's linear protocol (closed-form ridge, L2 2^10, {f.fewshot_seeds} draws per shot "
         f"count) at {' and '.join(str(k) for k in f.shots)} shots on {' and '.join(f.fewshot_data)}, on `pre_logits` "
         "(the paper's protocol) and on the encoder output; the reference is the same model untrained.",

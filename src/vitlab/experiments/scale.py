@@ -16,9 +16,8 @@ class Scale:
     batch_size: int
     finetune_steps: int
     lrs: tuple[float, ...]  # pre-training learning rates to choose from
-    finetune_lrs: tuple[float, ...]  # the paper's fine-tuning grid (Appendix B.1.1), without its smallest
     fewshot_data: tuple[str, ...]
-    finetune_data: tuple[str, ...]  # data-scaling fine-tunes on each (the other experiments on the first)
+    finetune_data: tuple[str, ...]  # the fine-tuning target first (`plans.finetune`)
     shots: tuple[int, ...]
     fewshot_seeds: int  # few-shot draws per shot count (big_vision: 3)
     curve_points: int  # checkpoints kept and evaluated per pre-training run
@@ -26,7 +25,6 @@ class Scale:
     attention_images: int
     workers: int | None  # loader processes (None: the trainer's default)
     image_size: int = 32
-    dev_fraction: float = 0.1
     source: str = "fractal"  # the pre-training source's kind (`fractal:`, `strokes:`): the pilot chooses it
     eval_every: int = 0  # upstream validation during pre-training (its curve: precondition (a)); 0: at the end
 
@@ -45,18 +43,18 @@ class Scale:
         return asdict(self)
 
 
-# PROVISIONAL until the pilot (`vitlab experiment pilot`) has run: its (a) and (b) choose `source`, and its
-# measurements size the budget (the probes: ~3,600 steps of 64 for the M models to learn their task; its from-scratch
-# MNIST references had not saturated at 1,500 steps, +12 points for the ViT from 750). The values are fixed, with the
-# designs, in a commit before the experiments' full runs.
-FULL = Scale("full", categories=64, per_class=(16, 64, 256, 2048), steps=3600, batch_size=64, finetune_steps=3000,
-             lrs=(3e-4, 1e-3, 3e-3), finetune_lrs=(0.003, 0.01, 0.03), fewshot_data=("mnist",),
-             finetune_data=("mnist",), shots=(10, 25), fewshot_seeds=3, curve_points=4, curve_data="mnist",
-             attention_images=128, workers=None, source="strokes", eval_every=600)
+# PROVISIONAL until the pilot (`vitlab experiment pilot`) has decided: its (a) and (b) choose `source` and its
+# references' saturation sets `finetune_steps`. Sized by the pilot's measurements: 3,600 steps of 64 for the M models
+# to learn their task; fine-tuning on 100 labelled images per class (version 3). Fixed, with the designs, in a commit
+# before the experiments' full runs.
+FULL = Scale("full", categories=64, per_class=(16, 128, 2048), steps=3600, batch_size=64, finetune_steps=1500,
+             lrs=(3e-4, 1e-3, 3e-3), fewshot_data=("mnist",), finetune_data=("mnist:100",), shots=(10, 25),
+             fewshot_seeds=3, curve_points=4, curve_data="mnist", attention_images=128, workers=None,
+             source="strokes", eval_every=600)
 
 
 # The pipeline end to end in seconds per experiment: the same models at 16 px on 16- and 32-image sets, a few steps.
 QUICK = Scale("quick", categories=4, per_class=(4, 8), steps=6, batch_size=16, finetune_steps=3, lrs=(1e-3, 3e-3),
-              finetune_lrs=(0.01, 0.03), fewshot_data=("digits",), finetune_data=("digits", "mnist"), shots=(5, 25),
+              fewshot_data=("digits",), finetune_data=("digits:8",), shots=(5, 25),
               fewshot_seeds=3, curve_points=2, curve_data="digits", attention_images=16, workers=None, image_size=16)
 SCALES = {"full": FULL, "quick": QUICK}
