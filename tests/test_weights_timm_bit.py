@@ -213,6 +213,16 @@ def test_unsupported_options(tmp_path, args, needle):
     raises(hub, str(hub / "config.json"), needle)
 
 
+def test_model_args_not_an_object_names_the_config_even_with_arch(tmp_path):
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    bare(hub, tiny(layers=(3, 4, 6, 3)), "model.safetensors")
+    cfg = {"architecture": "resnetv2_50x1_bit", "num_classes": 4, "model_args": [1, 2], "pretrained_cfg": {}}
+    (hub / "config.json").write_text(json.dumps(cfg))
+    for arch in (None, "resnetv2_50x1_bit"):  # the config is named, also when arch= names the model
+        raises(hub, str(hub / "config.json"), "'model_args' is a JSON list, not an object", arch=arch)
+
+
 def test_corrupt_files(tmp_path):
     good = bare(tmp_path, tiny())
     (tmp_path / "cut.safetensors").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
