@@ -215,6 +215,19 @@ def test_pilot_v3_fine_tuning_and_its_reference_differ_only_in_the_initialisatio
     assert tuned.settings["weight_decay"] == 0.05 and tuned.settings["flip"] is False  # PRETRAIN_SMALL, digits
 
 
+def test_experiments_fine_tune_at_the_pretraining_lr_and_train_the_reference_as_long_as_it_needs():
+    from vitlab.experiments import plans
+    from vitlab.experiments.scale import FULL
+
+    parent = plans.pretrain(FULL, "ViT", "M", FULL.largest, 3e-3, 1)
+    tuned = plans.finetune(FULL, parent, 1)
+    reference = plans.finetune(FULL, None, 1, scratch=("ViT", "M"), lr=3e-3)
+    assert (tuned.settings["lr"], tuned.steps, tuned.init) == (3e-3, FULL.finetune_steps, parent.key)
+    assert (reference.settings["lr"], reference.steps, reference.init) == (3e-3, FULL.reference_steps, None)
+    assert FULL.reference_steps >= FULL.finetune_steps  # never a shorter reference: (b) favours the reference
+    assert tuned.recipe == reference.recipe and tuned.settings["data"] == reference.settings["data"] == "mnist:100"
+
+
 def test_pilot_chooses_the_cheapest_source_meeting_both_and_none_otherwise():
     row = {"a": "holds", "b": "holds"}
     rows = [{**row, "source": "fractal", "pretrain_seconds": 900},

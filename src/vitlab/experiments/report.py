@@ -102,7 +102,9 @@ def shared_setup() -> str:
         f"split; the pilot's version-3 protocol): the pre-trained weights for {f.finetune_steps:,} steps of "
         f"{f.batch_size} with the recipe that trains the model from scratch (the pre-training recipe above, at the "
         "model's tuned pre-training learning rate); the reference is the same model trained on the target alone "
-        "with the same recipe, learning rate and steps, so the two differ only in their initialisation.",
+        f"with the same recipe and learning rate for {f.reference_steps or f.finetune_steps:,} steps (as long as the "
+        "pilot's from-scratch references need to saturate, never shorter than the fine-tuning: a test of (b) that "
+        "favours the reference).",
         f"- Few-shot: big_vision's linear protocol (closed-form ridge, L2 2^10, {f.fewshot_seeds} draws per shot "
         f"count) at {' and '.join(str(k) for k in f.shots)} shots on {' and '.join(f.fewshot_data)}, on `pre_logits` "
         "(the paper's protocol) and on the encoder output; the reference is the same model untrained.",

@@ -27,6 +27,7 @@ class Scale:
     image_size: int = 32
     source: str = "fractal"  # the pre-training source's kind (`fractal:`, `strokes:`): the pilot chooses it
     eval_every: int = 0  # upstream validation during pre-training (its curve: precondition (a)); 0: at the end
+    reference_steps: int = 0  # steps of the from-scratch fine-tuning references (0: finetune_steps)
 
     def dataset(self, per_class: int) -> str:
         """The pre-training set with `per_class` training images per class: 'strokes:64:1024'."""
@@ -43,13 +44,15 @@ class Scale:
         return asdict(self)
 
 
-# PROVISIONAL until the pilot (`vitlab experiment pilot`) has decided: its (a) and (b) choose `source` and its
-# references' saturation sets `finetune_steps`. Sized by the pilot's measurements: 3,600 steps of 64 for the M models
-# to learn their task; fine-tuning on 100 labelled images per class (version 3). Fixed, with the designs, in a commit
-# before the experiments' full runs.
+# PROVISIONAL until the pilot (`vitlab experiment pilot`) has decided: its (a) and (b) choose `source` and the length
+# at which its from-scratch references saturate sets `reference_steps` (here its cap). Sized by the pilot's
+# measurements: 3,600 steps of 64 for the M models to learn their task; fine-tuning on 100 labelled images per class
+# (version 3) for the pilot's first length, 1,500 steps, against references trained as long as they need to saturate
+# (no shorter than the fine-tuning: a conservative test of (b)). Fixed, with the designs, in a commit before the
+# experiments' full runs.
 FULL = Scale("full", categories=64, per_class=(16, 128, 2048), steps=3600, batch_size=64, finetune_steps=1500,
-             lrs=(3e-4, 1e-3, 3e-3), fewshot_data=("mnist",), finetune_data=("mnist:100",), shots=(10, 25),
-             fewshot_seeds=3, curve_points=4, curve_data="mnist", attention_images=128, workers=None,
+             reference_steps=6000, lrs=(3e-4, 1e-3, 3e-3), fewshot_data=("mnist",), finetune_data=("mnist:100",),
+             shots=(10, 25), fewshot_seeds=3, curve_points=4, curve_data="mnist", attention_images=128, workers=None,
              source="strokes", eval_every=600)
 
 
