@@ -121,7 +121,7 @@ DESIGN = Design(
              "families saturate, every model then fine-tuned at that length. Pre-training, (a), the few-shot "
              "evaluations and the ablation are unchanged (their runs are reused); the fractal fine-tuning runs of "
              "version 1 (1,500 steps) are superseded.",
-             "version 3 (2026-12-01 17:40 UTC, before any of its runs; the pilot's fine-tuning runs from pre-trained "
+             "version 3 (2026-12-01 17:11 UTC, before any of its runs; the pilot's fine-tuning runs from pre-trained "
              "weights at version 2's lengths had not finished, none read; version 1's two on fractals "
              "(1,500 steps on 4,000 images) had been, as version 2 records): version 2's references, measured, "
              "failed in two ways that do not depend on the source. The ViT-M trained from scratch with the paper's "
