@@ -235,6 +235,20 @@ def test_untrained_reference_keeps_the_initial_weights(tmp_path, family):
         assert initial == expect_initial, run.label
 
 
+def test_a_run_that_saves_only_at_its_end_checkpoints_every_tenth_outside_its_key(tmp_path):
+    """A killed session lost whole fine-tuning runs (they saved only at the end); the runner now has them save a
+    checkpoint every tenth of their steps, a flag of the launch and not of the spec, so cached keys stay."""
+    from vitlab.experiments import pilot
+    from vitlab.experiments.runner import train_spec
+
+    spec = pilot.finetune_run(pilot.PILOT_QUICK, None, "ViT", 20)
+    assert "save_every" not in spec.settings and spec.settings["eval_every"] == 0
+    key = spec.key
+    assert "diverged" not in train_spec(spec, tmp_path / "run", None)
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["save_every"] == 2
+    assert spec.key == key and "save_every" not in spec.settings
+
+
 def test_bad_name_is_one_line_listing_the_names(capsys):
     assert main(["experiment", "bogus"]) == 2
     err = capsys.readouterr().err.strip()

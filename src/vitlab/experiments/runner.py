@@ -67,12 +67,20 @@ class Record:
         return self.result["evals"][name]
 
 
+CHECKPOINTS_PER_RUN = 10  # step checkpoints of a run whose spec saves only at the end
+
+
 def train_spec(spec: RunSpec, run_dir: Path, init: Path | None) -> dict[str, Any]:
     """Train (or continue) one run as `vitlab train`/`vitlab finetune` would with the spec's settings as flags:
     the same resolution step, banner, config.json and loop, in this process."""
     from ..train import TrainingDiverged, run  # the training loop: not imported by `vitlab --help`
 
     flags = {**spec.settings, "out": str(run_dir), "resume": "auto"}
+    if not flags.get("save_every") and not flags.get("eval_every"):
+        # A checkpoint every tenth of the run, set here and not in the spec (whose key it would change): a
+        # run killed outright (a session's end, the machine taken back) resumes from it instead of from step 0.
+        # Saving moves no weight and draws no random number.
+        flags["save_every"] = max(1, int(flags.get("steps", 1)) // CHECKPOINTS_PER_RUN)
     if init is not None:
         flags["init"] = str(init)
     try:
