@@ -12,8 +12,8 @@ with the recipe that trains the model from scratch, at the model's tuned pre-tra
 differ only in their initialisation and in their length. The reference trains for `reference_steps`, as long as the
 pilot found these references to need to saturate; the fine-tuning for `finetune_steps`, no longer (a test of (b)
 that favours the reference). The pilot measured why not the paper's SGD protocol here: a ViT-M trained from scratch
-with it had not saturated after 6,000 steps, and a learning-rate grid per fine-tuning (a dev run per value) cost
-more than the rest of an experiment.
+with it reached 89.5 % on 4,000 MNIST images after 6,000 steps, with the from-scratch recipe 96.8 % on 1,000, and a
+learning-rate grid per fine-tuning (a dev run per value) cost more than the rest of an experiment.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def finetune(scale: Scale, parent: RunSpec | None, seed: int, *, scratch: tuple[
     from `parent`'s weights at its pre-training lr, or, with scratch=(family, size) and that model's tuned `lr`,
     training it from its initialisation with the same recipe for `reference_steps`."""
     data = scale.finetune_data[0]
-    steps = scale.reference_steps or scale.finetune_steps if scratch is not None else scale.finetune_steps
+    steps = (scale.reference_steps or scale.finetune_steps) if scratch is not None else scale.finetune_steps
     settings = {
         "data": data, "image_size": scale.image_size, "batch_size": scale.batch_size, "steps": steps,
         "lr": parent.settings["lr"] if lr is None else lr, "seed": seed, "eval_every": 0,
