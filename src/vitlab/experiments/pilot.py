@@ -14,7 +14,7 @@ Design (fixed before the first run; changes only by the rules below, each record
   weights and, the reference, the same model trained from its initialisation with the same recipe and steps
   and, to check that reference has saturated, half the steps. Version 3: on `mnist:100` (100 labelled images of
   each class, VTAB-1k's 1,000), and both with the recipe that trains these models from scratch
-  (`finetune_recipe`: Adam, `PRETRAIN_SMALL`, the pre-training learning rate), so only the initialisation
+  (`finetune_run`: Adam, `PRETRAIN_SMALL`, the pre-training learning rate), so only the initialisation
   differs. Few-shot linear 10- and 25-shot (shots from all 4,000 MNIST training images) on `pre_logits` (the
   paper's protocol) and on the encoder output, against the same model untrained.
 
