@@ -206,12 +206,12 @@ def test_pilot_v2_doubles_the_fine_tuning_schedule_until_both_references_saturat
     assert pilot.reference_steps(ctx) == (3000, [tried[0]]) and ctx.guessing
 
 
-def test_pilot_v3_fine_tuning_and_its_reference_differ_only_in_the_initialisation():
+def test_pilot_fine_tuning_and_its_reference_differ_only_in_the_initialisation_on_10_images_per_class():
     parent = pilot.pretrain_run(pilot.PILOT, "strokes", "ViT")
     scratch, tuned = (pilot.finetune_run(pilot.PILOT, p, "ViT", 1500) for p in (None, parent))
     assert scratch.recipe == tuned.recipe == "pretrain-i1k" and tuned.init == parent.key and scratch.init is None
     assert {k: v for k, v in scratch.settings.items() if k not in ("model", "model_args")} == dict(tuned.settings)
-    assert (tuned.settings["data"], tuned.settings["lr"]) == ("mnist:100", parent.settings["lr"])
+    assert (tuned.settings["data"], tuned.settings["lr"]) == ("mnist:10", parent.settings["lr"])  # version 4
     assert tuned.settings["weight_decay"] == 0.05 and tuned.settings["flip"] is False  # PRETRAIN_SMALL, digits
 
 
@@ -235,6 +235,17 @@ def test_pilot_chooses_the_cheapest_source_meeting_both_and_none_otherwise():
             {**row, "source": "fonts", "pretrain_seconds": 100, "b": "inconclusive"}]
     assert pilot.choose(rows)["source"] == "strokes"  # fonts is cheaper but did not meet (b)
     assert pilot.choose([{**r, "b": "does not hold"} for r in rows])["source"] is None
+
+
+def test_pilot_v4_falls_back_to_the_cheapest_source_that_both_families_learnt_when_none_meets_b():
+    rows = [{"source": s, "family": f, "a": "holds", "b": "does not hold", "pretrain_seconds": cost}
+            for s, cost in (("fractal", 900), ("strokes", 500), ("fonts", 100)) for f in ("ViT", "BiT")]
+    rows[5]["a"] = "does not hold"  # the BiT did not learn fonts, the cheapest: strokes is the fallback
+    chosen = pilot.choose(rows)
+    assert (chosen["source"], chosen["fallback"]) == (None, "strokes")
+    assert chosen["costs_s"] == {"fractal": 1800, "strokes": 1000, "fonts": 200}
+    assert pilot.choose([{**r, "a": "does not hold"} for r in rows])["fallback"] is None
+    assert pilot.choose([{**r, "b": "holds"} for r in rows[:4]])["fallback"] is None  # chosen: no fallback
 
 
 # --- verdicts and the report ----------------------------------------------------------------------------------------
