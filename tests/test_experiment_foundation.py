@@ -330,9 +330,9 @@ def test_a_parallel_worker_stops_when_its_experiment_process_dies(tmp_path):
 
 def test_the_estimate_says_where_its_time_goes_by_kind_of_run():
     from vitlab.experiments.experiment import cost_by_kind, run_kind
-    labels = ("pre-ViT-M-strokes:64:16-s0", "ft-mnist-pre-BiT-M-x-s1", "scratch-ViT-M-mnist-dev-lr0.01-s0",
+    labels = ("pre-ViT-M-strokes:64:16-s0", "ft-mnist-pre-BiT-M-x-s1", "scratch-ViT-M-mnist:10-s0",
               "pilot-pre-ViT-M-fonts:64:1024", "pilot-init-BiT-M", "mpp-ViT-M-x-s0")
-    assert [run_kind(x) for x in labels] == ["pre", "ft", "scratch-dev", "pre", "init", "mpp"]
+    assert [run_kind(x) for x in labels] == ["pre", "ft", "scratch", "pre", "init", "mpp"]
     todo = [Todo(RunSpec("pre-a-s0", "pretrain-i1k", {"steps": 3600}), [], 1200.0, True),
             Todo(RunSpec("pre-b-s0", "pretrain-i1k", {"steps": 3600}), ["fewshot/mnist"], 1300.0, True),
             Todo(RunSpec("ft-c-s0", "finetune", {"steps": 3000}), [], 900.0, True),

@@ -83,10 +83,9 @@ def describe_estimate(experiment: Experiment, dry: Context, runner: Runner, jobs
 
 
 def run_kind(label: str) -> str:
-    """What a run is for, from its label: pre, ft, scratch, init, mpp; -dev for a learning-rate choice's run."""
+    """What a run is for, from its label: pre, ft, scratch, init, mpp (a pilot's run by what follows `pilot-`)."""
     words = label.split("-")
-    kind = words[1] if words[0] == "pilot" and len(words) > 1 else words[0]
-    return kind + ("-dev" if "-dev-" in label else "")
+    return words[1] if words[0] == "pilot" and len(words) > 1 else words[0]
 
 
 def cost_by_kind(todo: list[Todo]) -> str:
