@@ -53,7 +53,8 @@ from typing import Any
 from . import plots
 from .design import Design
 from .families import model_settings
-from .recipes import DIGITS_PREPROCESSING, PRETRAIN_SMALL, source_preprocessing
+from .plans import target_settings
+from .recipes import PRETRAIN_SMALL, source_preprocessing
 from .runner import Context, Record
 from .scale import Scale
 from .spec import RunSpec
@@ -186,11 +187,7 @@ def finetune_run(scale: Scale, parent: RunSpec | None, family: str, steps: int) 
     """Version 3: the from-scratch reference (parent None) and the fine-tuning of `parent`'s weights, both with
     the recipe that trains these models from scratch, so that only the initialisation differs."""
     data = scale.finetune_data[0]
-    settings = {
-        "data": data, "image_size": scale.image_size, "batch_size": scale.batch_size, "steps": steps,
-        "lr": scale.lrs[0], "seed": 0, "eval_every": 0, "log_every": max(1, steps // 5), "keep_last": 1,
-        "workers": scale.workers, **PRETRAIN_SMALL, **DIGITS_PREPROCESSING,
-    }
+    settings = target_settings(scale, steps, scale.lrs[0], 0)
     if parent is None:
         settings.update(model_settings(family, "M"))
         return RunSpec(f"pilot-scratch-{family}-M-{data}-{steps}", "pretrain-i1k", settings)

@@ -6,7 +6,7 @@ vitlab recipe `pretrain-i1k`) with the light regularisation of `recipes.PRETRAIN
 warm-up keeping its share of the steps (the resolution step's rule), the learning rate chosen per model from a small
 grid on the pre-training set's own validation split.
 
-Fine-tuning (design version 3, the pilot's protocol, `pilot.finetune_run`): the pre-trained weights and, the
+Fine-tuning (design version 3, the pilot's protocol: both build on `target_settings`): the pre-trained weights and, the
 reference, the same model from its initialisation, both trained on the scale's small labelled target (`mnist:100`)
 with the recipe that trains the model from scratch, at the model's tuned pre-training learning rate: the two arms
 differ only in their initialisation and in their length. The reference trains for `reference_steps`, as long as the
@@ -66,6 +66,17 @@ def untrained(scale: Scale, family: str, size: str, seed: int) -> RunSpec:
     return RunSpec(f"init-{family}-{size}-s{seed}", "pretrain-i1k", settings)
 
 
+def target_settings(scale: Scale, steps: int, lr: float, seed: int) -> dict[str, Any]:
+    """Training on the scale's labelled target (`finetune_data[0]`) with the recipe that trains these models from
+    scratch: the settings a fine-tuning and its from-scratch reference share (the pilot's too), the model and the
+    initialisation being all that differs."""
+    return {
+        "data": scale.finetune_data[0], "image_size": scale.image_size, "batch_size": scale.batch_size,
+        "steps": steps, "lr": lr, "seed": seed, "eval_every": 0, "log_every": max(1, steps // 5), "keep_last": 1,
+        "workers": scale.workers, **PRETRAIN_SMALL, **DIGITS_PREPROCESSING,
+    }
+
+
 def finetune(scale: Scale, parent: RunSpec | None, seed: int, *, scratch: tuple[str, str] | None = None,
              lr: float | None = None) -> RunSpec:
     """Fine-tuning on the scale's target (`finetune_data[0]`, small grey digits upsampled to the scale's size)
@@ -73,12 +84,7 @@ def finetune(scale: Scale, parent: RunSpec | None, seed: int, *, scratch: tuple[
     training it from its initialisation with the same recipe for `reference_steps`."""
     data = scale.finetune_data[0]
     steps = (scale.reference_steps or scale.finetune_steps) if scratch is not None else scale.finetune_steps
-    settings = {
-        "data": data, "image_size": scale.image_size, "batch_size": scale.batch_size, "steps": steps,
-        "lr": parent.settings["lr"] if lr is None else lr, "seed": seed, "eval_every": 0,
-        "log_every": max(1, steps // 5), "keep_last": 1, "workers": scale.workers,
-        **PRETRAIN_SMALL, **DIGITS_PREPROCESSING,
-    }
+    settings = target_settings(scale, steps, parent.settings["lr"] if lr is None else lr, seed)
     if scratch is not None:
         settings.update(model_settings(*scratch))
         return RunSpec(f"scratch-{scratch[0]}-{scratch[1]}-{data}-s{seed}", "pretrain-i1k", settings)
