@@ -305,6 +305,35 @@ if __name__ == "__main__":
 """
 
 
+# A run that stops on SIGTERM and returns, as the trainer does (a checkpoint, then out of its loop): the worker must
+# not then sit idle waiting for work from its dead parent (the watch's grace is 600 s; the test waits a minute).
+STOPPING_RUN_SCRIPT = """
+import multiprocessing, os, signal, sys, time
+from concurrent.futures import ProcessPoolExecutor
+from vitlab.experiments import parallel
+
+
+def a_run():
+    stopped = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
+    with parallel._busy():
+        while not stopped:
+            time.sleep(0.05)
+        time.sleep(0.5)  # saving its checkpoint
+    signal.signal(signal.SIGTERM, previous)
+    return "stopped"
+
+
+if __name__ == "__main__":
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=parallel._start_worker, initargs=(1, os.getpid()))
+    print(pool.submit(os.getpid).result(), flush=True)
+    pool.submit(a_run)
+    time.sleep(1)
+    os._exit(0)
+"""
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -314,9 +343,10 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads process states from /proc")
-def test_a_parallel_worker_stops_when_its_experiment_process_dies(tmp_path):
+@pytest.mark.parametrize("script_text", [ORPHAN_SCRIPT, STOPPING_RUN_SCRIPT], ids=["idle-or-sleeping", "run-stops"])
+def test_a_parallel_worker_stops_when_its_experiment_process_dies(tmp_path, script_text):
     script = tmp_path / "orphan.py"
-    script.write_text(ORPHAN_SCRIPT)
+    script.write_text(script_text)
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     worker = int(out.stdout.split()[0])
     for _ in range(600):  # the watch polls every second; up to a minute on a loaded machine

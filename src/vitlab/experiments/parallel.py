@@ -18,8 +18,9 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,17 +50,33 @@ def _start_worker(threads: int, parent: int) -> None:
     multiprocessing.set_start_method("fork", force=True)
 
 
+_IN_RUN = threading.Event()  # set while this worker trains or evaluates a run (`_busy`)
+
+
+@contextmanager
+def _busy() -> Iterator[None]:
+    _IN_RUN.set()
+    try:
+        yield
+    finally:
+        _IN_RUN.clear()
+
+
 def _stop_with_parent(parent: int, every_s: float = 1.0, grace_s: float = 600.0) -> None:
     """A worker whose experiment process died (killed, or Ctrl-C before the pool shut down) would go on
     training for no one and hold its run's lock, so the command run again could not continue it. When the
     parent is gone the worker gets SIGTERM: a run stops at the next step with a checkpoint (the trainer's
-    handler), an idle worker exits; one still alive `grace_s` later exits at once."""
+    handler), an idle worker exits. A worker whose run has stopped that way exits as soon as the run is over
+    (it would otherwise wait, idle, for work from a parent that is gone); one still in its run `grace_s` later
+    exits at once."""
 
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(every_s)
         os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(grace_s)
+        deadline = time.monotonic() + grace_s
+        while _IN_RUN.is_set() and time.monotonic() < deadline:
+            time.sleep(every_s / 10)
         os._exit(1)
 
     threading.Thread(target=watch, name="vitlab-parent-watch", daemon=True).start()
@@ -69,7 +86,8 @@ def _execute(root: str, scale: Any, spec: RunSpec, evals: list[str]) -> tuple[st
     started = time.perf_counter()
     runner = Runner(Path(root), scale)
     done: list[str] = []
-    record = runner.execute(spec, evals, done.append)
+    with _busy():
+        record = runner.execute(spec, evals, done.append)
     if "trained" in done:
         done[done.index("trained")] = f"trained, val top-1 {100 * record.val['top1']:.1f}%"
     return "; ".join(done), time.perf_counter() - started
