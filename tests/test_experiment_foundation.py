@@ -206,6 +206,32 @@ def test_pilot_v2_doubles_the_fine_tuning_schedule_until_both_references_saturat
     assert pilot.reference_steps(ctx) == (3000, [tried[0]]) and ctx.guessing
 
 
+class FreeCost:
+    def train_seconds(self, spec):
+        return 1.0
+
+    def eval_seconds(self, *args):
+        return 1.0
+
+
+def test_pilot_ablation_runs_beside_the_reference_search_it_does_not_depend_on(tmp_path, monkeypatch):
+    """Nothing has run: the fine-tuning length is a guess, so the fine-tunings wait; the ablation needs no choice
+    and is ready to start on a core the search leaves idle (this session's pilot left one idle for 7 minutes)."""
+    from vitlab.experiments import runner as runner_module
+    monkeypatch.setattr(runner_module, "render_seconds", lambda data: 0.0)
+    runner = Runner(tmp_path, pilot.PILOT_QUICK)
+    runner.cost = FreeCost()
+    dry = Context(runner, (0,), dry=True)
+    pilot.plan(dry)
+    certain = {t.spec.label: t.certain for t in dry.todo.values()}
+    ablation = [label for label in certain if "-ablation" in label]
+    finetunings = [label for label in certain if label.startswith("pilot-ft-")]
+    # "both" is PRETRAIN_SMALL itself: the same key as each source's pre-training run, noted once, before the search
+    assert len(ablation) == len(pilot.SOURCES) * (len(pilot.ABLATION) - 1) and all(certain[a] for a in ablation)
+    assert finetunings and not any(certain[f] for f in finetunings)
+    assert list(certain).index(ablation[0]) > max(list(certain).index(f) for f in finetunings)  # the search first
+
+
 def test_pilot_fine_tuning_and_its_reference_differ_only_in_the_initialisation_on_10_images_per_class():
     parent = pilot.pretrain_run(pilot.PILOT, "strokes", "ViT")
     scratch, tuned = (pilot.finetune_run(pilot.PILOT, p, "ViT", 1500) for p in (None, parent))

@@ -232,11 +232,15 @@ def plan(ctx: Context) -> dict[str, Any]:
             runs[("scratch", family, n)] = ctx.run(finetune_run(scale, None, family, n))
     for (source, family), spec in pre.items():
         runs[("ft", source, family)] = ctx.run(finetune_run(scale, spec, family, steps))
+    # The ablation depends on no choice: in the dry pass its runs are certain even while the reference search is
+    # guessed, so they start on a core the search leaves idle (they come last, so the search goes first).
+    guessed, ctx.guessing = ctx.guessing, False
     for source in SOURCES:
         for setting, recipe in ABLATION.items():
             n = max(2, min(ABLATION_STEPS, scale.steps))
             runs[("ablation", source, setting)] = ctx.run(
                 pretrain_run(scale, source, "ViT", n, recipe, tag=f"-ablation{n}-{_slug(setting)}"), evals(scale))
+    ctx.guessing = guessed
     runs["finetune_steps"] = steps
     return runs
 
