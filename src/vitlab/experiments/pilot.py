@@ -153,7 +153,7 @@ DESIGN = Design(
              "version 3's; the same 1,000-image test split), the low-data transfer the paper's few-shot results "
              "are about, and changes nothing else: the length rule, the margin, (a), the few-shot evaluations and "
              "the ablation are unchanged, their runs reused; version 3's runs and results are kept "
-             "(results/pilot-v3). It adds, before its runs, what the full experiments do if no source meets (a) "
+             "(reproduction/pilot-v3). It adds, before its runs, what the full experiments do if no source meets (a) "
              "and (b) for both families: they use the cheapest source meeting (a) for both, and every verdict "
              "resting on transfer is inconclusive: (b) failed, the upstream verdicts resting on (a).",),
 )
