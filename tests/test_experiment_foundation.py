@@ -251,7 +251,7 @@ def test_experiments_fine_tune_at_the_pretraining_lr_and_train_the_reference_as_
     assert (tuned.settings["lr"], tuned.steps, tuned.init) == (3e-3, FULL.finetune_steps, parent.key)
     assert (reference.settings["lr"], reference.steps, reference.init) == (3e-3, FULL.reference_steps, None)
     assert FULL.reference_steps >= FULL.finetune_steps  # never a shorter reference: (b) favours the reference
-    assert tuned.recipe == reference.recipe and tuned.settings["data"] == reference.settings["data"] == "mnist:100"
+    assert tuned.recipe == reference.recipe and tuned.settings["data"] == reference.settings["data"] == "mnist:10"
 
 
 def test_pilot_chooses_the_cheapest_source_meeting_both_and_none_otherwise():
@@ -395,3 +395,18 @@ def test_the_estimate_says_where_its_time_goes_by_kind_of_run():
             Todo(RunSpec("ft-d-s0", "finetune", {"steps": 3000}), ["fewshot/mnist"], 30.0, False)]  # trained already
     # 2,500 s of pre-training; 900 s of fine-tuning plus the 30 s evaluation of a run already trained
     assert cost_by_kind(todo) == "pre 2 run(s), 7,200 steps, 42 min; ft 1 run(s), 3,000 steps, 16 min"
+
+
+def test_the_full_experiments_pre_train_their_source_with_the_recipe_the_pilots_ablation_chose():
+    import dataclasses
+
+    from vitlab.experiments import plans
+    from vitlab.experiments.recipes import ABLATION, PRETRAIN_SMALL
+
+    paper = dataclasses.replace(QUICK, recipe="paper i1k")
+    source = plans.pretrain(paper, "ViT", "M", paper.largest, 1e-3, 0).settings
+    assert (source["crop_scale"], source["dropout"], source["weight_decay"]) == ([0.05, 1.0], 0.1, 0.3)
+    digits = plans.pretrain(paper, "ViT", "M", "digits", 1e-3, 0).settings  # the target keeps its own crops
+    assert (digits["crop_scale"], digits["weight_decay"]) == ([0.5, 1.0], PRETRAIN_SMALL["weight_decay"])
+    default = plans.pretrain(QUICK, "ViT", "M", QUICK.largest, 1e-3, 0).settings
+    assert ABLATION[QUICK.recipe] == {} and default["crop_scale"] == PRETRAIN_SMALL["crop_scale"]

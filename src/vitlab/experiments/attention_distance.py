@@ -1,6 +1,6 @@
 """Experiment attention-distance (paper Section 4.5, Fig. 7 right, Appendix D.7, Fig. 11): mean attention distance
-per head against depth of the ViT pre-trained on the largest fractal set (data-scaling's run), beside the same
-ViT trained only on digits."""
+per head against depth of the ViT pre-trained on the largest set of the pilot's source (data-scaling's run), beside
+the same ViT trained only on digits."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ FINDING = ("Some heads attend to most of the image already in the lowest layers,
 SETUP = ("The data-scaling ViT (size M: 6 layers, 2 heads, 8×8 patches of 4 px) pre-trained on the largest {source} "
          "set, and the same ViT trained on digits alone with the same recipe, steps and learning rate; distances "
          "in input pixels between patch centres weighted by attention, over {attention_images} held-out images "
-         "of each model's own training data (fractal validation images, digits test images).")
+         "of each model's own training data ({source} validation images, digits test images).")
 
 
 LOCAL, FAR = 0.5, 0.8  # fractions of the uniform-attention distance: a local head, one attending to most of it

@@ -11,7 +11,7 @@ from . import plots
 from .design import Check, Design, Verdict
 from .families import FAMILIES, model_table
 from .measures import describe_trend, fewshot, grid_checks, nearest_shots, show, stat, top1, trend, upstream
-from .plans import VERSION_3, finetune, pretrain, tuned_pretrain_lr, untrained
+from .plans import VERSION_3, VERSION_4, finetune, pretrain, tuned_pretrain_lr, untrained
 from .preconditions import HELPS_POINTS, LEARNS_TOP1, SPREAD_FACTOR, beyond_spread, helps, learns
 from .runner import Context
 
@@ -30,7 +30,7 @@ SETUP = ("ViT, BiT ResNetV2 and hybrid of matched size (M in the model table) pr
 SEEDS = (0, 1, 2)
 
 DESIGN = Design(
-    version=3,
+    version=4,
     question=("Does BiT lead the ViT on little pre-training data, and does the ViT − BiT gap shrink (or turn) as "
               "the pre-training set grows, as in the paper's Figs. 3 and 4?"),
     primary=("upstream top-1: each pre-trained model's own classifier on the largest set's validation split, the "
@@ -50,7 +50,7 @@ DESIGN = Design(
         "d": f"the mean slope of the ViT − BiT upstream gap beyond {SPREAD_FACTOR:g} standard errors over seeds",
     },
     changes=(VERSION_3 + "; here: three set sizes instead of four (1,024, 8,192 and 131,072 images: still"
-                         " 1k to 128k).",),
+                         " 1k to 128k).", VERSION_4 + "."),
 )
 
 

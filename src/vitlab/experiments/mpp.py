@@ -9,7 +9,7 @@ from typing import Any
 from . import plots
 from .design import Check, Design, Verdict
 from .measures import fewshot, grid_checks, show, stat, top1
-from .plans import VERSION_3, finetune, pretrain, transfer_evals, tuned_pretrain_lr
+from .plans import VERSION_3, VERSION_4, finetune, pretrain, transfer_evals, tuned_pretrain_lr
 from .preconditions import HELPS_POINTS, LEARNS_TOP1, SPREAD_FACTOR, beyond_spread, helps, learns
 from .runner import Context
 from .spec import RunSpec
@@ -30,7 +30,7 @@ SEEDS = (0, 1, 2)
 MPP_MARGIN = 10.0  # points of colour top-1 the MPP run must gain over its own untrained start
 
 DESIGN = Design(
-    version=3,
+    version=4,
     question=("Does masked patch prediction on the source help fine-tuning on MNIST, above training from scratch "
               "and below supervised pre-training (paper: +2 points over scratch, −4 under supervised)?"),
     primary="fine-tuned MNIST top-1 of the ViT-M from scratch, from MPP pre-training, from supervised pre-training",
@@ -44,7 +44,7 @@ DESIGN = Design(
         "c": "both tuned pre-training learning rates (MPP, supervised) inside their grids",
         "d": "MPP − scratch and supervised − MPP each beyond the spread",
     },
-    changes=(VERSION_3 + "; here: three seeds instead of five.",),
+    changes=(VERSION_3 + "; here: three seeds instead of five.", VERSION_4 + "."),
 )
 
 

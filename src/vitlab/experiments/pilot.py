@@ -54,7 +54,7 @@ from . import plots
 from .design import Design
 from .families import model_settings
 from .plans import target_settings
-from .recipes import PRETRAIN_SMALL, source_preprocessing
+from .recipes import ABLATION, PRETRAIN_SMALL, source_preprocessing
 from .runner import Context, Record
 from .scale import Scale
 from .spec import RunSpec
@@ -80,13 +80,6 @@ SATURATED = 1.5  # points the reference may still gain from half its schedule to
 REFERENCE_DOUBLINGS = 2  # version 2: the fine-tuning schedule doubles until the references saturate, this often
 CURVE_EVERY = 600
 ABLATION_STEPS = 1200
-# one factor at a time from the paper's i1k recipe (crops 5-100 %, dropout 0.1, weight decay 0.3)
-ABLATION = {
-    "paper i1k": {"crop_scale": [0.05, 1.0], "dropout": 0.1, "weight_decay": 0.3},
-    "object-keeping crops": {"crop_scale": [0.5, 1.0], "dropout": 0.1, "weight_decay": 0.3},
-    "light regularisation": {"crop_scale": [0.05, 1.0], "dropout": 0.0, "weight_decay": 0.05},
-    "both (PRETRAIN_SMALL)": {},
-}
 
 # version 3: both downstream arms at the pre-training learning rate; version 4: on 10 images per class
 PILOT = Scale("full", categories=64, per_class=(1024,), steps=3600, batch_size=64, finetune_steps=1500,

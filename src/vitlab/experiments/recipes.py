@@ -24,3 +24,15 @@ SOURCE_PREPROCESSING = {"fractal": {"flip": True}, "strokes": {"flip": False}, "
 def source_preprocessing(data: str) -> dict[str, Any]:
     """The pre-processing a pre-training source's kind asks for ('strokes:64:1024' -> strokes')."""
     return SOURCE_PREPROCESSING[data.split(":")[0]]
+
+
+# The pilot's recipe ablation (experiments/pilot.py): overrides of PRETRAIN_SMALL, one factor at a time from the
+# paper's i1k recipe (crops 5-100 %, dropout 0.1, weight decay 0.3). The pilot's rule picks one per source (best
+# upstream top-1); `Scale.recipe` names the one the full experiments pre-train their source with.
+ABLATION = {
+    "paper i1k": {"crop_scale": [0.05, 1.0], "dropout": 0.1, "weight_decay": 0.3},
+    "object-keeping crops": {"crop_scale": [0.5, 1.0], "dropout": 0.1, "weight_decay": 0.3},
+    "light regularisation": {"crop_scale": [0.05, 1.0], "dropout": 0.0, "weight_decay": 0.05},
+    "both (PRETRAIN_SMALL)": {},
+}
+

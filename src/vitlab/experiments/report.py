@@ -90,8 +90,8 @@ def shared_setup() -> str:
             for r in model_table(f, f.categories)]
     return "\n".join([
         "## Setup shared by the experiments", "",
-        "*Provisional until the pilot has run: its preconditions choose the source and size the budget (see "
-        "section 0 and experiments/scale.py).*", "",
+        "*The source, the fine-tuning target and the references' length are set by the pilot's rules (section 0, "
+        "experiments/scale.py).*", "",
         f"- Images at {f.image_size}×{f.image_size} px. Pre-training sets `{f.source}:{f.categories}:N`: "
         f"{f.categories} classes, N training and N/10 validation images each, N in "
         f"{', '.join(f'{n:,}' for n in f.per_class)}; every size is scored on the largest set's validation split.",
