@@ -281,15 +281,21 @@ def synthetic_results(mode="full"):
             "finished": "2026-12-01 10:00:00", "versions": {"vitlab": "0.1.0", "torch": "2.x"}}
 
 
+def stored_pos_embed_results(tmp_path):
+    """(OUT, report path): OUT holding a full pos-embed results.json and its figure, as a finished run leaves them."""
+    out, report = tmp_path / "runs", tmp_path / "REPRODUCTION.md"
+    (out / "pos-embed").mkdir(parents=True)
+    (out / "pos-embed" / "results.json").write_text(json.dumps(synthetic_results()))
+    (out / "pos-embed" / "pos_embed.png").write_bytes(b"\x89PNG fake")
+    return out, report
+
+
 def test_reproduction_md_is_rebuilt_from_the_committed_copies_of_results_and_figures(tmp_path):
     """runs/ is not committed: the report copies each results.json and figure to reproduction/NAME/, and that
     folder alone (a fresh clone, another machine) rebuilds the same report."""
     from vitlab.experiments.report import write_report
 
-    out, report = tmp_path / "runs", tmp_path / "REPRODUCTION.md"
-    (out / "pos-embed").mkdir(parents=True)
-    (out / "pos-embed" / "results.json").write_text(json.dumps(synthetic_results()))
-    (out / "pos-embed" / "pos_embed.png").write_bytes(b"\x89PNG fake")
+    out, report = stored_pos_embed_results(tmp_path)
     write_report(out, report)
     first = report.read_text()
     archived = tmp_path / "reproduction" / "pos-embed"
@@ -304,10 +310,7 @@ def test_reproduction_md_is_rebuilt_from_the_committed_copies_of_results_and_fig
 def test_reproduction_md_is_written_from_results_and_keeps_notes(tmp_path):
     from vitlab.experiments.report import write_report
 
-    out, report = tmp_path / "runs", tmp_path / "REPRODUCTION.md"
-    (out / "pos-embed").mkdir(parents=True)
-    (out / "pos-embed" / "results.json").write_text(json.dumps(synthetic_results()))
-    (out / "pos-embed" / "pos_embed.png").write_bytes(b"\x89PNG fake")
+    out, report = stored_pos_embed_results(tmp_path)
     write_report(out, report)
     text = report.read_text()
     pos = text[text.index("## 3. pos-embed"):text.index("## 4.")]
