@@ -421,6 +421,24 @@ def test_data_scaling_a_closing_gap_holds_with_its_slope():
                                  "no crossover: does not hold")
 
 
+def test_data_scaling_a_transfer_view_whose_pre_training_did_not_help_is_inconclusive():
+    from vitlab.experiments.data_scaling import judge
+
+    # the same closing gaps, but fine-tuning gains only +1 over training from scratch (needs +2): the fine-tuned
+    # view's verdict rests on (b) for fine-tuning and is inconclusive; the few-shot views' (b) holds (+30)
+    values, refs = _data_scaling_values([40.0, 50.0, 60.0, 70.0])
+    refs = {f: {**r, "fine-tuned": [89.0] * 3} for f, r in refs.items()}
+    verdict, secondary = judge(values, refs, IMAGES, CAPTIONS, [])
+    assert [s.endswith(": holds (trend)") for s in secondary] == [True, True, False]
+    assert secondary[2].endswith(": inconclusive: precondition (b) failed (ViT at 65,536 images, fine-tuned mnist "
+                                 "(vs trained from scratch): 90.0 vs 89.0 % without pre-training (+1.0; needs +2))")
+    # few-shot that does not beat the initial weights makes both few-shot views inconclusive, never "does not hold"
+    refs = {f: {**r, "encoder": [69.0] * 3} for f, r in refs.items()}
+    _, secondary = judge(values, refs, IMAGES, CAPTIONS, [])
+    assert all(": inconclusive: precondition (b) failed (ViT at 65,536 images, 10-shot mnist, encoder" in s
+               for s in secondary[:2]), secondary
+
+
 def test_data_scaling_slope_spread_over_seeds_is_its_standard_error():
     from vitlab.experiments.measures import trend
 

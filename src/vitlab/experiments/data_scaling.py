@@ -104,23 +104,33 @@ def judge(values: dict[tuple[str, int], dict[str, list[float]]], references: dic
     largest = images[-1]
     trends = {key: trend(_per_seed_gaps(values, key, images), images) for key in captions}
     primary = trends["upstream"]
-    checks = [learns(f"{f} at {largest:,} images", stat(values[(f, largest)]["upstream"])["mean"])
+    learnt = [learns(f"{f} at {largest:,} images", stat(values[(f, largest)]["upstream"])["mean"])
               for f in FAMILIES if (f, largest) in values]
-    for f in FAMILIES:
-        if (f, largest) not in values:
-            continue
-        for key, reference in (("encoder", "its initial weights"), ("fine-tuned", "trained from scratch")):
-            checks.append(helps(f"{f} at {largest:,} images, {captions[key]} (vs {reference})",
-                                stat(values[(f, largest)][key])["mean"], stat(references[f][key])["mean"]))
-    checks += lr_checks
+    helped = {key: [helps(f"{f} at {largest:,} images, {captions[key]} (vs {reference})",
+                          stat(values[(f, largest)][key])["mean"], stat(references[f][key])["mean"])
+                    for f in FAMILIES if (f, largest) in values]
+              for key, reference in (("encoder", "its initial weights"), ("fine-tuned", "trained from scratch"))}
     zero = {"mean": 0.0, "std": 0.0, "n": primary["slope"]["n"]}
-    checks.append(beyond_spread("slope of the ViT − BiT upstream gap per doubling of the images", primary["slope"],
-                                zero))
+    spread = beyond_spread("slope of the ViT − BiT upstream gap per doubling of the images", primary["slope"], zero)
+    checks = learnt + [c for pair in zip(helped["encoder"], helped["fine-tuned"], strict=True) for c in pair]
+    checks += [*lr_checks, spread]
     result = describe_trend("ViT − BiT " + captions["upstream"], primary, images)
-    details = [describe_trend("ViT − BiT " + captions[key], trends[key], images)
-               + (": holds (trend)" if trends[key]["closes"] else ": does not hold") for key in captions
-               if key != "upstream"]
+    details = [_secondary(describe_trend("ViT − BiT " + captions[key], trends[key], images), trends[key],
+                          learnt + helped[_FAIRNESS[key]] + lr_checks) for key in captions if key != "upstream"]
     return Verdict(primary["closes"], result, checks), details
+
+
+# The (b) check a secondary verdict rests on: the design states (b) for few-shot on the encoder output (against the
+# initial weights) and for fine-tuning (against training from scratch); few-shot on pre_logits is few-shot too.
+_FAIRNESS = {"encoder": "encoder", "pre_logits": "encoder", "fine-tuned": "fine-tuned"}
+
+
+def _secondary(sentence: str, t: dict[str, Any], checks: list[Check]) -> str:
+    """A transfer view's verdict sentence: its trend, then holds (trend) / does not hold, or inconclusive when the
+    pre-training it transfers did not learn (a), did not help that kind of transfer (b), or its lr was at an edge
+    (c): a transfer trend from pre-training that does not transfer tests nothing."""
+    state = Verdict(t["closes"], sentence, checks).state
+    return f"{sentence}: {'holds (trend)' if state == 'holds' else state}"
 
 
 def _per_seed_gaps(values: dict, key: str, images: list[int]) -> list[list[float]]:
