@@ -24,6 +24,7 @@ from vitlab.experiments.preconditions import beyond_spread, helps, inside_grid, 
 from vitlab.experiments.runner import Context, Record, Runner, Todo
 from vitlab.experiments.scale import QUICK
 from vitlab.experiments.spec import RunSpec
+from vitlab.rundir import WEIGHTS
 
 BASE = {"model": "ViT-Ti/4", "data": "digits", "steps": 2, "seed": 0}
 
@@ -38,6 +39,7 @@ def fake_runner(tmp_path, top1_of_lr):
     """A runner whose 'training' scores a run by its learning rate."""
     def train(spec, run_dir, init):
         run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / WEIGHTS).touch()  # as the trainer leaves its final weights
         return {"step": spec.steps, "val": {"top1": top1_of_lr(spec.settings["lr"])}}
     return Runner(tmp_path, QUICK, train=train)
 
@@ -410,3 +412,82 @@ def test_the_full_experiments_pre_train_their_source_with_the_recipe_the_pilots_
     assert (digits["crop_scale"], digits["weight_decay"]) == ([0.5, 1.0], PRETRAIN_SMALL["weight_decay"])
     default = plans.pretrain(QUICK, "ViT", "M", QUICK.largest, 1e-3, 0).settings
     assert ABLATION[QUICK.recipe] == {} and default["crop_scale"] == PRETRAIN_SMALL["crop_scale"]
+
+
+# --- runs recorded on another machine (the committed records folder) ---------------------------------------------
+def recording_runner(root, records, calls, monkeypatch):
+    """A runner with a records folder whose training counts its calls and whose evaluations say whether the
+    run's weights were there to evaluate."""
+    import vitlab.experiments.runner as runner_module
+
+    def train(spec, run_dir, init):
+        calls.append(spec.label)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / WEIGHTS).touch()
+        return {"step": spec.steps, "val": {"top1": 0.5}}
+
+    monkeypatch.setattr(runner_module, "evaluate",
+                        lambda name, run_dir, scale: {"weights here": (run_dir / WEIGHTS).is_file()})
+    monkeypatch.setattr(runner_module, "train_spec", train)  # what a worker's own Runner trains with
+    return Runner(root, QUICK, records=records)
+
+
+PARENT = spec_of(1e-3)
+CHILD = RunSpec("child", "finetune", {**BASE, "lr": 0.01}, verb="finetune", init=PARENT.key)
+
+
+def test_a_run_recorded_on_another_machine_is_not_trained_again(tmp_path, monkeypatch):
+    calls = []
+    first = recording_runner(tmp_path / "first", tmp_path / "records", calls, monkeypatch)
+    ctx = Context(first, (0,), dry=False)
+    trained = ctx.run(PARENT, ["e1"]).result, ctx.run(CHILD).result
+    assert calls == ["lr0.001", "child"] and len(list((tmp_path / "records").glob("*.json"))) == 2
+    # a new machine: no run directories, the same records
+    second = recording_runner(tmp_path / "second", tmp_path / "records", calls, monkeypatch)
+    dry = Context(second, (0,), dry=True)
+    dry.run(PARENT, ["e1"]), dry.run(CHILD)
+    assert dry.todo == {}
+    ctx = Context(second, (0,), dry=False)
+    assert (ctx.run(PARENT, ["e1"]).result, ctx.run(CHILD).result) == trained
+    assert calls == ["lr0.001", "child"] and not (tmp_path / "second" / "_runs").exists()
+
+
+def test_a_recorded_run_is_trained_again_only_when_its_weights_are_wanted(tmp_path, monkeypatch):
+    calls = []
+    first = recording_runner(tmp_path / "first", tmp_path / "records", calls, monkeypatch)
+    Context(first, (0,), dry=False).run(PARENT, ["e1"])
+    recorded = first.stored(PARENT).result
+    # a new machine, where the fine-tuning from it is still to run: the parent is trained again, first
+    second = recording_runner(tmp_path / "second", tmp_path / "records", calls, monkeypatch)
+    dry = Context(second, (0,), dry=True)
+    dry.run(PARENT, ["e1"]), dry.run(CHILD)
+    assert {t.spec.label: t.train for t in dry.todo.values()} == {"child": True, "lr0.001": True}
+    assert [t.spec.label for t in ready(dry, second)] == ["lr0.001"]  # the child waits for its weights
+    ctx = Context(second, (0,), dry=False)
+    ctx.run(PARENT, ["e1"])
+    assert calls == ["lr0.001"]  # its recorded evaluation needs no weights
+    ctx.run(CHILD)
+    assert calls == ["lr0.001", "lr0.001", "child"]
+    again = second.stored(PARENT).result
+    assert again["train"] == recorded["train"] and again["evals"] == recorded["evals"]  # the record's, kept
+    assert again["retrained"] == {"step": 2, "val": {"top1": 0.5}}  # beside it: the repeat's outcome
+    record = json.loads(next((tmp_path / "records").glob(f"{PARENT.key}-*.json")).read_text())
+    assert record == again
+    # a third machine asks for an evaluation the record lacks: trained again once, the old evaluation kept
+    third = recording_runner(tmp_path / "third", tmp_path / "records", calls, monkeypatch)
+    evals = Context(third, (0,), dry=False).run(PARENT, ["e1", "e2"]).result["evals"]
+    assert calls[3:] == ["lr0.001"] and evals == {"e1": {"weights here": True}, "e2": {"weights here": True}}
+
+
+def test_a_worker_trains_a_recorded_run_again_when_the_dry_pass_wants_its_weights(tmp_path, monkeypatch):
+    from vitlab.experiments.parallel import _execute
+
+    calls = []
+    Context(recording_runner(tmp_path / "first", tmp_path / "records", calls, monkeypatch), (0,), dry=False).run(
+        PARENT)
+    second = recording_runner(tmp_path / "second", tmp_path / "records", calls, monkeypatch)
+    dry = Context(second, (0,), dry=True)
+    dry.run(PARENT), dry.run(CHILD)
+    (todo,) = ready(dry, second)
+    what, _ = _execute(str(tmp_path / "second"), QUICK, tmp_path / "records", todo)
+    assert what == "trained again" and calls == ["lr0.001", "lr0.001"] and second.finished(PARENT.key)

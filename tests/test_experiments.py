@@ -53,6 +53,7 @@ def counting_trainer(calls, fail_on=None, seconds=0.0):
             run_dir.mkdir(parents=True, exist_ok=True)
             raise Interrupted(f"{run_dir} stopped")  # as the trainer stops on SIGTERM or Ctrl-C
         run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "model.safetensors").touch()  # as the trainer leaves its final weights
         return {"step": spec.steps, "val": {"top1": 0.1 * len(calls)}, "seconds": 0.0, "images_per_s": 0.0}
     return train
 
@@ -150,6 +151,7 @@ def test_best_takes_the_highest_validation_accuracy_and_the_first_of_a_tie(tmp_p
 
     def train(spec, run_dir, init):
         run_dir.mkdir(parents=True)
+        (run_dir / "model.safetensors").touch()  # as the trainer leaves its final weights
         return {"step": 1, "val": {"top1": top1[spec.settings["lr"]]}}
 
     runner = Runner(tmp_path, QUICK, train=train)

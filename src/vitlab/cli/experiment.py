@@ -12,6 +12,7 @@ from .types import non_negative_int, positive_int
 DEFAULT_OUT = "runs/experiments"
 QUICK_OUT = "runs/experiments-quick"
 DEFAULT_REPORT = "REPRODUCTION.md"
+DEFAULT_RECORDS = "reproduction/records"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,6 +43,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--report", metavar="PATH",
                    help=f"the Markdown report to rewrite from OUT's full results (default {DEFAULT_REPORT} for "
                         "full runs, none for --quick)")
+    p.add_argument("--records", metavar="DIR",
+                   help=f"where every finished run's result.json is also written, to be committed (default "
+                        f"{DEFAULT_RECORDS} for full runs, none for --quick): on a new machine a run recorded there "
+                        "is not trained again unless its weights are wanted (a new evaluation, a fine-tuning from "
+                        "it still to run)")
     p.set_defaults(func=run)
 
 
@@ -79,8 +85,9 @@ def _run_one(experiment, out: Path, args: argparse.Namespace, assumed: dict | No
     from ..experiments.runner import Interrupted
 
     try:
+        records = args.records or (None if args.quick else DEFAULT_RECORDS)
         results = run_experiment(experiment, out, args.quick, tuple(args.seeds) if args.seeds else None,
-                                 args.estimate, assumed=assumed, jobs=args.jobs or cpu_count())
+                                 args.estimate, assumed=assumed, jobs=args.jobs or cpu_count(), records=records)
     except Interrupted as err:
         print(f"vitlab experiment: interrupted ({err}); run the same command again to continue", file=sys.stderr)
         return False

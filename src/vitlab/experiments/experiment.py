@@ -103,15 +103,17 @@ def cost_by_kind(todo: list[Todo]) -> str:
 def run_experiment(experiment: Experiment, out: str | Path, quick: bool = False,
                    seeds: tuple[int, ...] | None = None, estimate_only: bool = False,
                    say: Callable[[str], None] | None = None,
-                   assumed: dict[str, set[str]] | None = None, jobs: int = 1) -> dict[str, Any] | None:
+                   assumed: dict[str, set[str]] | None = None, jobs: int = 1,
+                   records: str | Path | None = None) -> dict[str, Any] | None:
     """Run one experiment (what is not done yet), write its results.json and figures; returns the results.
     With `estimate_only`, only print the estimate (`assumed`: what earlier experiments will have done). `jobs`:
-    runs trained side by side (experiments.parallel), each on its share of the cores."""
+    runs trained side by side (experiments.parallel), each on its share of the cores. `records`: the folder of
+    the runs' committed records (experiments.runner), read and written."""
     say = say or (lambda line: print(line, file=sys.stdout, flush=True))
     out = Path(out)
     scale = scale_for(quick, experiment)
     seeds = tuple(seeds) if seeds else default_seeds(experiment, quick)
-    runner = Runner(out, scale)
+    runner = Runner(out, scale, records=Path(records) if records is not None else None)
     dry = estimate(experiment, runner, seeds, assumed)
     estimated = sum(t.seconds for t in dry.todo.values())
     say(describe_estimate(experiment, dry, runner, jobs))
@@ -126,6 +128,8 @@ def run_experiment(experiment: Experiment, out: str | Path, quick: bool = False,
         planned = experiment.plan(ctx)
     finally:
         progress.close()
+    for record in ctx.records.values():  # runs trained before records were kept get theirs too
+        runner.keep_record(record)
     folder = out / experiment.name
     folder.mkdir(parents=True, exist_ok=True)
     analysis = experiment.analyze(ctx, planned, folder)

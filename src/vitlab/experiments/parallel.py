@@ -27,7 +27,6 @@ from typing import Any
 import torch
 
 from .runner import Context, Runner, Todo
-from .spec import RunSpec
 
 
 def cpu_count() -> int:
@@ -82,12 +81,12 @@ def _stop_with_parent(parent: int, every_s: float = 1.0, grace_s: float = 600.0)
     threading.Thread(target=watch, name="vitlab-parent-watch", daemon=True).start()
 
 
-def _execute(root: str, scale: Any, spec: RunSpec, evals: list[str]) -> tuple[str, float]:
+def _execute(root: str, scale: Any, records: Path | None, todo: Todo) -> tuple[str, float]:
     started = time.perf_counter()
-    runner = Runner(Path(root), scale)
+    runner = Runner(Path(root), scale, records=records)
     done: list[str] = []
-    with _busy():
-        record = runner.execute(spec, evals, done.append)
+    with _busy():  # a run to train that is finished already is known from its record: its weights are wanted
+        record = runner.execute(todo.spec, todo.evals, done.append, need_weights=todo.train)
     if "trained" in done:
         done[done.index("trained")] = f"trained, val top-1 {100 * record.val['top1']:.1f}%"
     return "; ".join(done), time.perf_counter() - started
@@ -108,7 +107,7 @@ def run_parallel(dry_pass: Callable[[], Context], runner: Runner, jobs: int, pro
                 if len(running) >= jobs:
                     break
                 if todo.spec.key not in busy:
-                    running[pool.submit(_execute, str(runner.runs.parent), runner.scale, todo.spec, todo.evals)] = todo
+                    running[pool.submit(_execute, str(runner.runs.parent), runner.scale, runner.records, todo)] = todo
                     busy.add(todo.spec.key)
                     started += 1
             if not running:

@@ -10,6 +10,13 @@ then the real pass, which trains what is missing and returns the records the ana
 A run directory holds the normal run files (config.json, metrics.jsonl, console.log, model.safetensors) and
 result.json: the spec, the training outcome and every evaluation computed on it so far. A run is finished when
 result.json has its training outcome; an evaluation is done when result.json has it.
+
+Run directories do not survive a new machine; their records can. With a records folder (`vitlab experiment
+--records`, committed with the results), every result.json is also written there as `<key>-<label>.json`, and a
+run found only there counts as finished, with its outcome and evaluations: nothing is trained for it again unless
+its weights are wanted (an evaluation it does not have yet, or a fine-tuning that starts from it still to run).
+Then it is trained again from its spec; its recorded outcome and evaluations are kept and the new outcome is
+stored beside them as `retrained` (the same seed and settings: a check that training is repeatable).
 """
 
 from __future__ import annotations
@@ -59,6 +66,17 @@ class Record:
     pending: bool = False
 
     @property
+    def has_weights(self) -> bool:
+        """Whether its final weights are on this machine (a run known from its record alone has none)."""
+        return (self.run_dir / WEIGHTS).is_file()
+
+    def retrain(self, missing: list[str], need_weights: bool) -> bool:
+        """Whether a finished run must be trained again: its weights are wanted and not here (a diverged run has
+        none to want)."""
+        wanted = bool(missing) or need_weights
+        return not self.pending and wanted and not self.has_weights and not self.result["train"].get("diverged")
+
+    @property
     def val(self) -> dict[str, float]:
         """The final validation metrics of the training run (top1, loss, count)."""
         return self.result["train"]["val"]
@@ -105,8 +123,10 @@ def val_curve(run_dir: Path) -> list[list[float]]:
 class Runner:
     """Finds, trains and evaluates runs under `<root>/_runs/`."""
 
-    def __init__(self, root: Path, scale: Any, train: Callable[..., dict[str, Any]] | None = None):
+    def __init__(self, root: Path, scale: Any, train: Callable[..., dict[str, Any]] | None = None,
+                 records: Path | None = None):
         self.runs = Path(root) / RUNS
+        self.records = Path(records) if records is not None else None  # the committed copies of result.json
         self.scale = scale
         self.train = train if train is not None else train_spec  # another trainer: tests
         self.cost = CostModel(scale.workers)
@@ -118,53 +138,74 @@ class Runner:
 
     def stored(self, spec: RunSpec) -> Record:
         run_dir = self.run_dir(spec)
-        try:
-            result = json.loads((run_dir / RESULT).read_text())
-        except (OSError, ValueError):
-            result = {}
-        if result.get("spec", {}).get("key") != spec.key:
-            result = {}
+        result = _read_result(run_dir / RESULT, spec.key)
+        if "train" not in result and self.records is not None:  # finished on another machine?
+            found = sorted(self.records.glob(f"{spec.key}-*.json")) if self.records.is_dir() else []
+            recorded = _read_result(found[0], spec.key) if found else {}
+            result = recorded if "train" in recorded else result
         return Record(spec, run_dir, result, pending="train" not in result)
 
     def finished(self, key: str) -> bool:
-        """Whether the run with this key has been trained (its result.json has the training outcome)."""
+        """Whether the run with this key has been trained here, so that a fine-tuning can start from its weights
+        (a run known from its record alone is trained again first: `Context`)."""
         for path in self.runs.glob(f"{key}-*/{RESULT}") if self.runs.is_dir() else ():
-            try:
-                return "train" in json.loads(path.read_text())
-            except (OSError, ValueError):
-                return False
+            return "train" in _read_result(path, key) and (path.parent / WEIGHTS).is_file()
         return False
 
-    def todo(self, spec: RunSpec, evals: Iterable[str]) -> tuple[bool, list[str]]:
-        """(training still needed, evaluations still missing)."""
+    def todo(self, spec: RunSpec, evals: Iterable[str], need_weights: bool = False) -> tuple[bool, list[str]]:
+        """(training still needed, evaluations still missing); `need_weights`: a fine-tuning will start from it."""
         record = self.stored(spec)
         done = record.result.get("evals", {})
-        return record.pending, [e for e in evals if e not in done]
+        missing = [e for e in evals if e not in done]
+        return record.pending or record.retrain(missing, need_weights), missing
 
-    def execute(self, spec: RunSpec, evals: Iterable[str], on_done: Callable[[str], None] = lambda s: None) -> Record:
+    def execute(self, spec: RunSpec, evals: Iterable[str], on_done: Callable[[str], None] = lambda s: None,
+                need_weights: bool = False) -> Record:
         record = self.stored(spec)
-        if record.pending:
+        evals = list(evals)
+        missing = [name for name in evals if name not in record.result.get("evals", {})]
+        again = record.retrain(missing, need_weights)
+        if record.pending or again:
             init = self._init_path(spec)
             started = time.perf_counter()
             outcome = self.train(spec, record.run_dir, init)
-            record.result = {"spec": spec.to_dict(), "train": outcome, "evals": {},
-                             "wall_seconds": {"train": round(time.perf_counter() - started, 2)}}
+            seconds = round(time.perf_counter() - started, 2)
+            if not again:
+                record.result = {"spec": spec.to_dict(), "train": outcome, "evals": {},
+                                 "wall_seconds": {"train": seconds}}
+            else:  # its weights went with another machine: the recorded outcome and evaluations stay
+                record.result["retrained"] = outcome
+                record.result.setdefault("wall_seconds", {})["retrain"] = seconds
             if spec.curve:
                 keep_curve_weights(record.run_dir)
-            _write(record)  # from here on the run is finished: killed before this line, it resumes
+            record.pending = False
+            self.save(record)  # from here on the run is finished: killed before this line, it resumes
             # model.safetensors is what the evaluations read; the optimiser states are not needed any more
             shutil.rmtree(record.run_dir / CHECKPOINTS, ignore_errors=True)
-            record.pending = False
-            on_done("diverged" if outcome.get("diverged") else "trained")
+            on_done("diverged" if outcome.get("diverged") else "trained again" if again else "trained")
         missing = [name for name in evals if name not in record.result["evals"]]
         if missing and record.result["train"].get("diverged"):
             raise ValueError(f"run {record.run_dir} diverged, so {', '.join(missing)} cannot be measured: "
                              f"{record.result['train']['diverged']}")
         for name in missing:
             self._evaluate(record, name)
-            _write(record)
+            self.save(record)
             on_done(name)
         return record
+
+    def save(self, record: Record) -> None:
+        """Write the run's result.json, and its copy in the records folder if there is one."""
+        text = json.dumps(record.result, indent=1)
+        atomic_write(record.run_dir / RESULT, lambda tmp: Path(tmp).write_text(text))
+        self.keep_record(record)
+
+    def keep_record(self, record: Record) -> None:
+        """Write (or refresh) the run's copy in the records folder, if there is one."""
+        if self.records is None or record.pending:
+            return
+        text = json.dumps(record.result, indent=1)
+        self.records.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.records / f"{record.run_dir.name}.json", lambda tmp: Path(tmp).write_text(text))
 
     def _evaluate(self, record: Record, name: str) -> None:
         started = time.perf_counter()
@@ -180,8 +221,8 @@ class Runner:
                              "run it first")
         weights = found[0].parent / WEIGHTS
         if not weights.is_file():
-            raise ValueError(f"{spec.label} fine-tunes {found[0].parent}, which has no final weights (it diverged: "
-                             f"see its {RESULT})")
+            raise ValueError(f"{spec.label} fine-tunes {found[0].parent}, which has no final weights (it diverged, "
+                             f"or it is known from its record alone: see its {RESULT})")
         return weights
 
 
@@ -196,9 +237,13 @@ def keep_curve_weights(run_dir: Path) -> None:
             shutil.copyfile(ckpt / WEIGHTS, folder / f"{ckpt.name}.safetensors")
 
 
-def _write(record: Record) -> None:
-    text = json.dumps(record.result, indent=1)
-    atomic_write(record.run_dir / RESULT, lambda tmp: Path(tmp).write_text(text))
+def _read_result(path: Path, key: str) -> dict[str, Any]:
+    """A stored result.json (or its record) if it is the run with this key; else {}."""
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return result if isinstance(result, dict) and result.get("spec", {}).get("key") == key else {}
 
 
 class Context:
@@ -222,8 +267,11 @@ class Context:
         if self.dry:
             self._note(spec, evals)
             return self.runner.stored(spec)
+        self.specs[spec.key] = spec
         if spec.key in self.records and all(e in self.records[spec.key].result["evals"] for e in evals):
             return self.records[spec.key]
+        if spec.init in self.specs and self.runner.todo(spec, evals)[0]:
+            self.run_for_weights(self.specs[spec.init])
         started, done = time.perf_counter(), []
         record = self.runner.execute(spec, evals, done.append)
         if done and self.progress is not None:
@@ -232,6 +280,14 @@ class Context:
             self.progress.done(spec, "; ".join(done), time.perf_counter() - started)
         self.records[spec.key] = record
         return record
+
+    def run_for_weights(self, spec: RunSpec) -> None:
+        """Make sure a finished run's weights are here (a run known from its record alone is trained again)."""
+        started, done = time.perf_counter(), []
+        record = self.runner.execute(spec, [], done.append, need_weights=True)
+        if done and self.progress is not None:
+            self.progress.done(spec, f"{'; '.join(done)} for its weights", time.perf_counter() - started)
+        self.records[spec.key] = record
 
     def best(self, candidates: Mapping[Any, RunSpec], metric: str = "top1") -> Any:
         """The candidate whose run has the best final validation `metric` (a tie: the first); in the dry pass,
@@ -250,9 +306,9 @@ class Context:
         model = {k: parent[k] for k in ("model", "model_args") if k in parent}
         return RunSpec(spec.label, spec.recipe, {**spec.settings, **model})
 
-    def _note(self, spec: RunSpec, evals: list[str]) -> None:
+    def _note(self, spec: RunSpec, evals: list[str], need_weights: bool = False) -> None:
         self.specs[spec.key] = spec
-        train, missing = self.runner.todo(spec, evals)
+        train, missing = self.runner.todo(spec, evals, need_weights)
         if spec.key in self.assumed:
             train, missing = False, [e for e in missing if e not in self.assumed[spec.key]]
         before = self.todo.get(spec.key)
@@ -270,6 +326,8 @@ class Context:
             old = before or Todo(spec, [], 0.0, False, False)
             self.todo[spec.key] = Todo(spec, old.evals + missing, old.seconds + seconds, old.train or train,
                                        old.certain or not self.guessing)
+        if train and spec.init in self.specs:  # it starts from a run whose weights may be on another machine
+            self._note(self.specs[spec.init], [], need_weights=True)
 
 
 class Progress:
