@@ -121,6 +121,37 @@ def test_runs_side_by_side_give_what_runs_one_after_the_other_give(tmp_path):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
 
 
+@pytest.mark.slow
+def test_a_later_experiment_takes_the_core_an_earlier_one_leaves_idle(tmp_path):
+    from vitlab.experiments import run_experiment
+    from vitlab.experiments.experiment import Experiment
+
+    tiny = {"model": "ViT-Ti/4", "model_args": {"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64},
+            "data": "digits", "image_size": 16, "batch_size": 16, "steps": 3, "eval_every": 0, "log_every": 1,
+            "workers": 0, "seed": 0}
+    grid = {lr: RunSpec(f"grid-lr{lr:g}", "demo", {**tiny, "lr": lr}) for lr in (1e-3, 3e-3, 1e-2)}
+    later = RunSpec("later", "demo", {**tiny, "lr": 1e-3, "seed": 7})
+
+    def plan_first(ctx):  # three candidates for two cores, then a run that waits for the choice
+        lr = ctx.best(grid)
+        return [ctx.run(RunSpec("chosen", "demo", {**tiny, "lr": lr, "seed": 1}))]
+
+    def plan_later(ctx):
+        return [ctx.run(later)]
+
+    def analyze(ctx, records, out):
+        return {"tables": [], "figures": [], "measured": [], "check": {"holds": True, "rule": "none", "details": []}}
+
+    first = Experiment("first", "First", "nowhere", "nothing", "a choice", plan_first, analyze, (0,))
+    second = Experiment("second", "Second", "nowhere", "nothing", "one run", plan_later, analyze, (0,))
+    lines = []
+    run_experiment(first, tmp_path, quick=True, say=lines.append, jobs=2, then=[second])
+    # the later experiment's run was trained while the first one's third candidate (or the chosen run) had a
+    # core to itself; the first experiment's results were written as soon as its own runs were done
+    assert Runner(tmp_path, QUICK).finished(later.key)
+    assert (tmp_path / "first" / "results.json").is_file() and not (tmp_path / "second").exists()
+
+
 def test_encoder_features_are_the_pooled_tokens_before_the_representation_layer():
     from vitlab import create_model
 

@@ -259,6 +259,18 @@ def test_bad_name_is_one_line_listing_the_names(capsys):
     assert "unknown experiment 'bogus'" in err and all(name in err for name in NAMES)
 
 
+def test_several_experiments_run_in_the_order_named_each_once(monkeypatch, capsys):
+    import vitlab.experiments as experiments
+
+    ran = []
+    monkeypatch.setattr(experiments, "run_experiment",
+                        lambda exp, out, *a, then=(), **k: ran.append((exp.name, [e.name for e in then])))
+    assert main(["experiment", "mpp", "pos-embed", "mpp", "--quick", "--estimate"]) == 0
+    assert ran == [("mpp", ["pos-embed"]), ("pos-embed", [])]  # a later one fills the cores an earlier leaves idle
+    assert main(["experiment", "pos-embed", "bogus", "--quick"]) == 2
+    assert "unknown experiment 'bogus'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("seeds,says", [(["-1"], "--seeds"), (["nan"], "--seeds"), (["0", "0"], "seed twice")])
 def test_bad_seeds_are_one_line(capsys, seeds, says):
     try:

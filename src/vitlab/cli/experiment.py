@@ -26,8 +26,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "between experiments; a finished run is never redone and an interrupted one resumes, so "
                     "running the same command again continues where it stopped. Writes OUT/NAME/results.json "
                     "and figures, and (full runs) rewrites REPRODUCTION.md.")
-    p.add_argument("name", metavar="NAME", help=f"{PILOT} (the pre-training source), {', '.join(NAMES)}, all, or "
-                   "report")
+    p.add_argument("name", metavar="NAME", nargs="+",
+                   help=f"{PILOT} (the pre-training source), {', '.join(NAMES)}, all, or report; several run one "
+                        "after the other, each later one's runs taking the cores an earlier one leaves idle (while "
+                        "its runs wait for a learning rate to be chosen, say)")
     p.add_argument("--quick", action="store_true",
                    help="the pipeline in seconds (tiny sets, a few steps, one seed): checks that it runs, not "
                         "what it finds")
@@ -55,9 +57,11 @@ def run(args: argparse.Namespace) -> int:
     from ..experiments import NAMES, PILOT, experiments
     from . import UserError
 
-    names = list(NAMES) if args.name == "all" else [] if args.name == "report" else [args.name]
-    if any(n not in (*NAMES, PILOT) for n in names):
-        raise UserError(f"unknown experiment {args.name!r}; choose one of {PILOT}, {', '.join(NAMES)}, all or "
+    asked = [n for name in args.name for n in (NAMES if name == "all" else [] if name == "report" else [name])]
+    names = list(dict.fromkeys(asked))  # each once, in the order first named
+    unknown = [n for n in names if n not in (*NAMES, PILOT)]
+    if unknown:
+        raise UserError(f"unknown experiment {unknown[0]!r}; choose one of {PILOT}, {', '.join(NAMES)}, all or "
                         "report")
     if args.seeds and len(set(args.seeds)) != len(args.seeds):
         raise UserError(f"--seeds lists a seed twice ({' '.join(map(str, args.seeds))}); give each seed once")
@@ -66,8 +70,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or (QUICK_OUT if args.quick else DEFAULT_OUT))
     table = experiments()
     assumed = {} if args.estimate and len(names) > 1 else None  # `all --estimate`: each after the ones before
-    for name in names:
-        if not _run_one(table[name], out, args, assumed):
+    for i, name in enumerate(names):
+        if not _run_one(table[name], out, args, assumed, [table[n] for n in names[i + 1:]]):
             return 130
     report = args.report or (None if args.quick else DEFAULT_REPORT)
     if report and not args.estimate:
@@ -78,8 +82,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_one(experiment, out: Path, args: argparse.Namespace, assumed: dict | None) -> bool:
-    """One experiment; False if a run was stopped (SIGTERM, Ctrl-C) and the experiment with it."""
+def _run_one(experiment, out: Path, args: argparse.Namespace, assumed: dict | None, then: list) -> bool:
+    """One experiment (the ones after it, `then`, fill the cores it leaves idle); False if a run was stopped
+    (SIGTERM, Ctrl-C) and the experiment with it."""
     from ..experiments import run_experiment
     from ..experiments.parallel import cpu_count
     from ..experiments.runner import Interrupted
@@ -87,7 +92,8 @@ def _run_one(experiment, out: Path, args: argparse.Namespace, assumed: dict | No
     try:
         records = args.records or (None if args.quick else DEFAULT_RECORDS)
         results = run_experiment(experiment, out, args.quick, tuple(args.seeds) if args.seeds else None,
-                                 args.estimate, assumed=assumed, jobs=args.jobs or cpu_count(), records=records)
+                                 args.estimate, assumed=assumed, jobs=args.jobs or cpu_count(), records=records,
+                                 then=then)
     except Interrupted as err:
         print(f"vitlab experiment: interrupted ({err}); run the same command again to continue", file=sys.stderr)
         return False

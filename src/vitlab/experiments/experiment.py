@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -104,11 +104,12 @@ def run_experiment(experiment: Experiment, out: str | Path, quick: bool = False,
                    seeds: tuple[int, ...] | None = None, estimate_only: bool = False,
                    say: Callable[[str], None] | None = None,
                    assumed: dict[str, set[str]] | None = None, jobs: int = 1,
-                   records: str | Path | None = None) -> dict[str, Any] | None:
+                   records: str | Path | None = None, then: Sequence[Experiment] = ()) -> dict[str, Any] | None:
     """Run one experiment (what is not done yet), write its results.json and figures; returns the results.
     With `estimate_only`, only print the estimate (`assumed`: what earlier experiments will have done). `jobs`:
     runs trained side by side (experiments.parallel), each on its share of the cores. `records`: the folder of
-    the runs' committed records (experiments.runner), read and written."""
+    the runs' committed records (experiments.runner), read and written. `then`: the experiments to run after this
+    one, whose runs take a core this one's leave idle (with jobs > 1)."""
     say = say or (lambda line: print(line, file=sys.stdout, flush=True))
     out = Path(out)
     scale = scale_for(quick, experiment)
@@ -123,7 +124,8 @@ def run_experiment(experiment: Experiment, out: str | Path, quick: bool = False,
     progress = Progress(dict(dry.todo), experiment.name)
     try:
         if jobs > 1:
-            run_parallel(lambda: estimate(experiment, runner, seeds), runner, jobs, progress)
+            fillers = [_filler(e, out, quick, runner.records) for e in then]
+            run_parallel(lambda: estimate(experiment, runner, seeds), runner, jobs, progress, fillers)
         ctx = Context(runner, seeds, dry=False, progress=progress)
         planned = experiment.plan(ctx)
     finally:
@@ -147,6 +149,13 @@ def run_experiment(experiment: Experiment, out: str | Path, quick: bool = False,
     }
     write_results(folder / RESULTS, results)
     return results
+
+
+def _filler(experiment: Experiment, out: Path, quick: bool, records: Path | None) -> tuple[Callable, Runner]:
+    """A later experiment's dry pass (its default seeds) and runner, for `run_parallel`'s idle cores."""
+    runner = Runner(out, scale_for(quick, experiment), records=records)
+    seeds = default_seeds(experiment, quick)
+    return (lambda: estimate(experiment, runner, seeds)), runner
 
 
 def command(name: str, quick: bool, seeds: tuple[int, ...], experiment: Experiment) -> str:

@@ -18,7 +18,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
@@ -92,29 +92,45 @@ def _execute(root: str, scale: Any, records: Path | None, todo: Todo) -> tuple[s
     return "; ".join(done), time.perf_counter() - started
 
 
-def run_parallel(dry_pass: Callable[[], Context], runner: Runner, jobs: int, progress: Any = None) -> int:
+def run_parallel(dry_pass: Callable[[], Context], runner: Runner, jobs: int, progress: Any = None,
+                 fillers: Sequence[tuple[Callable[[], Context], Runner]] = ()) -> int:
     """Train and evaluate, `jobs` at a time, every run the repeated dry passes find ready; returns how many ran.
-    Each worker gets an equal share of the cores as threads."""
+    Each worker gets an equal share of the cores as threads. `fillers`: the dry passes (and runners) of the
+    experiments to run after this one, whose ready runs take a core this one leaves idle (its runs wait for a
+    choice still being made, a learning rate); once this one has nothing left to start or finish, the fillers'
+    runs still going are finished and the phase ends."""
     threads = max(1, cpu_count() // jobs)
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited threads, locks or loaders
     started = 0
-    running: dict[Future, Todo] = {}
+    running: dict[Future, tuple[Todo, bool]] = {}  # -> (what it runs, whether it is this experiment's)
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=_start_worker,
                              initargs=(threads, os.getpid())) as pool:
         while True:
-            busy = {t.spec.key for t in running.values()}
-            for todo in ready(dry_pass(), runner):
+            busy = {t.spec.key for t, _ in running.values()}
+            candidates = [(t, runner, True) for t in ready(dry_pass(), runner)]
+            mine_left = bool(candidates) or any(mine for _, mine in running.values())
+            if not mine_left:
+                _finish(running, progress)  # the fillers' runs still going
+                return started
+            if len(running) < jobs:
+                candidates += [(t, r, False) for fill, r in fillers for t in ready(fill(), r)]
+            for todo, where, mine in candidates:
                 if len(running) >= jobs:
                     break
                 if todo.spec.key not in busy:
-                    running[pool.submit(_execute, str(runner.runs.parent), runner.scale, runner.records, todo)] = todo
+                    future = pool.submit(_execute, str(where.runs.parent), where.scale, where.records, todo)
+                    running[future] = (todo, mine)
                     busy.add(todo.spec.key)
                     started += 1
-            if not running:
-                return started
-            finished, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in finished:
-                todo = running.pop(future)
-                what, seconds = future.result()  # a worker's error (Interrupted, a bad setting) stops the experiment
-                if progress is not None:
-                    progress.done(todo.spec, what, seconds)
+            _finish(running, progress, wait(running, return_when=FIRST_COMPLETED)[0])
+
+
+def _finish(running: dict[Future, tuple[Todo, bool]], progress: Any, futures: Any = None) -> None:
+    """Collect finished runs (`futures`; None: every one still running, waited for)."""
+    for future in list(running if futures is None else futures):
+        todo, mine = running.pop(future)
+        what, seconds = future.result()  # a worker's error (Interrupted, a bad setting) stops the experiment
+        if progress is not None and mine:
+            progress.done(todo.spec, what, seconds)
+        elif progress is not None and not progress.quiet:  # a later experiment's: not in this one's estimate
+            progress.write(f"[next experiment] {todo.spec.label}: {what} ({seconds:.0f} s)")
