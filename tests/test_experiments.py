@@ -271,6 +271,17 @@ def test_several_experiments_run_in_the_order_named_each_once(monkeypatch, capsy
     assert "unknown experiment 'bogus'" in capsys.readouterr().err
 
 
+def test_several_full_experiments_rewrite_the_report_after_each(monkeypatch, tmp_path):
+    import vitlab.experiments as experiments
+    import vitlab.experiments.report as report
+
+    events = []
+    monkeypatch.setattr(experiments, "run_experiment", lambda exp, out, *a, **k: events.append(exp.name))
+    monkeypatch.setattr(report, "write_report", lambda out, path: events.append(f"report {path.name}"))
+    assert main(["experiment", "mpp", "pos-embed", "--out", str(tmp_path), "--report", str(tmp_path / "R.md")]) == 0
+    assert events == ["mpp", "report R.md", "pos-embed", "report R.md"]  # each ready to commit as it finishes
+
+
 @pytest.mark.parametrize("seeds,says", [(["-1"], "--seeds"), (["nan"], "--seeds"), (["0", "0"], "seed twice")])
 def test_bad_seeds_are_one_line(capsys, seeds, says):
     try:

@@ -70,16 +70,22 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or (QUICK_OUT if args.quick else DEFAULT_OUT))
     table = experiments()
     assumed = {} if args.estimate and len(names) > 1 else None  # `all --estimate`: each after the ones before
+    report = None if args.estimate else args.report or (None if args.quick else DEFAULT_REPORT)
     for i, name in enumerate(names):
         if not _run_one(table[name], out, args, assumed, [table[n] for n in names[i + 1:]]):
             return 130
-    report = args.report or (None if args.quick else DEFAULT_REPORT)
-    if report and not args.estimate:
-        from ..experiments.report import write_report
-
-        write_report(out, Path(report))
-        print(f"wrote {report} from the results in {out}")
+        if report:  # after each experiment: its results and figures are ready to commit before the next ends
+            _write_report(out, report)
+    if report and not names:  # `report`: only rewrite it
+        _write_report(out, report)
     return 0
+
+
+def _write_report(out: Path, report: str) -> None:
+    from ..experiments.report import write_report
+
+    write_report(out, Path(report))
+    print(f"wrote {report} from the results in {out}")
 
 
 def _run_one(experiment, out: Path, args: argparse.Namespace, assumed: dict | None, then: list) -> bool:
