@@ -197,13 +197,13 @@ class Runner:
         """Write the run's result.json, and its copy in the records folder if there is one."""
         text = json.dumps(record.result, indent=1)
         atomic_write(record.run_dir / RESULT, lambda tmp: Path(tmp).write_text(text))
-        self.keep_record(record)
+        self.keep_record(record, text)
 
-    def keep_record(self, record: Record) -> None:
-        """Write (or refresh) the run's copy in the records folder, if there is one."""
+    def keep_record(self, record: Record, text: str | None = None) -> None:
+        """Write (or refresh) the run's copy in the records folder, if there is one (`text`: its JSON)."""
         if self.records is None or record.pending:
             return
-        text = json.dumps(record.result, indent=1)
+        text = text if text is not None else json.dumps(record.result, indent=1)
         self.records.mkdir(parents=True, exist_ok=True)
         atomic_write(self.records / f"{record.run_dir.name}.json", lambda tmp: Path(tmp).write_text(text))
 
