@@ -485,6 +485,28 @@ def test_data_scaling_a_failed_precondition_is_inconclusive_never_does_not_hold(
     assert verdict.state.startswith("inconclusive: precondition (a) failed (ViT at 65,536 images: 20.0 % upstream")
 
 
+def test_token_vs_gap_trains_no_gap_run_at_the_tokens_lr_once_both_chose_the_same(tmp_path, fixed_step_times):
+    import math
+
+    from vitlab.experiments import token_vs_gap
+    from vitlab.experiments.plans import tuned_pretrain_lr
+
+    def train(spec, run_dir, init):  # every grid peaks at 3e-3
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "model.safetensors").touch()
+        return {"step": spec.steps, "val": {"top1": -abs(math.log(spec.settings["lr"] / 3e-3))}}
+
+    runner = Runner(tmp_path, QUICK, train=train)
+    ctx = Context(runner, (0, 1), dry=False)
+    assert tuned_pretrain_lr(ctx, "ViT") == tuned_pretrain_lr(ctx, "ViT", tag="-gap", classifier="gap")
+    dry = Context(runner, (0, 1), dry=True)
+    token_vs_gap.plan(dry)
+    # this session's full run trained GAP at 3e-4 "at the token's lr" for seeds 1 and 2 although both chose 3e-3
+    assert [t.spec.settings["lr"] for t in dry.todo.values() if t.train] == pytest.approx([3e-3, 3e-3])
+    assert sorted(t.spec.label for t in dry.todo.values() if t.train) == ["pre-ViT-M-fractal:4:8-s1",
+                                                                            "pre-ViT-gap-M-fractal:4:8-s1"]
+
+
 def test_token_vs_gap_a_gap_that_did_not_learn_is_inconclusive():
     from vitlab.experiments.measures import stat
     from vitlab.experiments.token_vs_gap import judge

@@ -50,7 +50,7 @@ def plan(ctx: Context) -> dict[str, Any]:
     lr_token = tuned_pretrain_lr(ctx, "ViT")
     lr_gap = tuned_pretrain_lr(ctx, "ViT", tag="-gap", classifier="gap")
     settings = {f"token, lr {lr_token:g}": (False, lr_token), f"GAP, lr {lr_gap:g}": (True, lr_gap)}
-    if ctx.dry and lr_gap == lr_token:  # before the choice, count the runs a differing choice needs
+    if ctx.dry and ctx.guessing and lr_gap == lr_token:  # before the choice: count the runs a differing one needs
         lr_token = next((lr for lr in ctx.scale.lrs if lr != lr_gap), lr_token)
     if lr_gap != lr_token:
         settings[f"GAP, lr {lr_token:g} (token's)"] = (True, lr_token)
