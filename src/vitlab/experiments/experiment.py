@@ -114,7 +114,7 @@ def run_experiment(experiment: Experiment, out: str | Path, quick: bool = False,
     out = Path(out)
     scale = scale_for(quick, experiment)
     seeds = tuple(seeds) if seeds else default_seeds(experiment, quick)
-    runner = Runner(out, scale, records=Path(records) if records is not None else None)
+    runner = Runner(out, scale, records=records)  # Runner makes it a Path
     dry = estimate(experiment, runner, seeds, assumed)
     estimated = sum(t.seconds for t in dry.todo.values())
     say(describe_estimate(experiment, dry, runner, jobs))

@@ -124,7 +124,7 @@ class Runner:
     """Finds, trains and evaluates runs under `<root>/_runs/`."""
 
     def __init__(self, root: Path, scale: Any, train: Callable[..., dict[str, Any]] | None = None,
-                 records: Path | None = None):
+                 records: str | Path | None = None):
         self.runs = Path(root) / RUNS
         self.records = Path(records) if records is not None else None  # the committed copies of result.json
         self.scale = scale
