@@ -7,8 +7,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -150,6 +152,55 @@ def test_a_later_experiment_takes_the_core_an_earlier_one_leaves_idle(tmp_path):
     # core to itself; the first experiment's results were written as soon as its own runs were done
     assert Runner(tmp_path, QUICK).finished(later.key)
     assert (tmp_path / "first" / "results.json").is_file() and not (tmp_path / "second").exists()
+
+
+def test_a_later_experiments_run_goes_on_while_an_earlier_one_is_written(tmp_path, monkeypatch):
+    """One pool for the command: a run a later experiment started on the core an earlier one left idle is not
+    waited for at the hand-over (that cost up to a run's length of one idle core each time); the later experiment
+    then takes it over instead of training it again."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vitlab.experiments import parallel, run_experiment
+    from vitlab.experiments.experiment import Experiment
+
+    released, trained = threading.Event(), []
+
+    def train(spec, run_dir, init):  # a stand-in trainer; the later experiment's run goes on until released
+        if spec.label == "later":
+            assert released.wait(60)
+        trained.append(spec.label)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / WEIGHTS).touch()
+        return {"step": spec.steps, "val": {"top1": spec.settings["lr"]}}
+
+    def execute(root, scale, records, todo):  # a worker, as parallel._execute, with the stand-in trainer
+        Runner(Path(root), scale, records=records, train=train).execute(todo.spec, todo.evals,
+                                                                        need_weights=todo.train)
+        return "trained", 0.0
+
+    monkeypatch.setattr(parallel, "_execute", execute)
+    grid = {lr: spec_of(lr) for lr in (1e-3, 3e-3)}
+    later = RunSpec("later", "demo", {**BASE, "lr": 1e-3, "seed": 7})
+
+    def plan_first(ctx):  # two candidates, then a run that waits for the choice: a core left idle
+        return [ctx.run(RunSpec("chosen", "demo", {**BASE, "lr": ctx.best(grid), "seed": 1}))]
+
+    def analyze(ctx, records, out):
+        return {"tables": [], "figures": [], "measured": [f"{r.spec.label} {r.val['top1']:g}" for r in records],
+                "check": {"holds": True, "rule": "none", "details": []}}
+
+    first = Experiment("first", "First", "nowhere", "nothing", "a choice", plan_first, analyze, (0,))
+    second = Experiment("second", "Second", "nowhere", "nothing", "one run", lambda ctx: [ctx.run(later)],
+                        analyze, (0,))
+    quiet = {"quick": True, "say": lambda line: None, "jobs": 2}
+    with parallel.Pool(2, ThreadPoolExecutor(2)) as pool:
+        written = run_experiment(first, tmp_path, then=[second], pool=pool, **quiet)
+        # the first experiment is written while the later experiment's run is still in flight
+        assert written["measured"] == ["chosen 0.003"] and (tmp_path / "first" / "results.json").is_file()
+        assert "later" not in trained and pool.in_flight() == {later.key}
+        released.set()
+        results = run_experiment(second, tmp_path, pool=pool, **quiet)
+    assert results["measured"] == ["later 0.001"] and trained.count("later") == 1
 
 
 def test_encoder_features_are_the_pooled_tokens_before_the_representation_layer():

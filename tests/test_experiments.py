@@ -269,6 +269,12 @@ def test_several_experiments_run_in_the_order_named_each_once(monkeypatch, capsy
     assert ran == [("mpp", ["pos-embed"]), ("pos-embed", [])]  # a later one fills the cores an earlier leaves idle
     assert main(["experiment", "pos-embed", "bogus", "--quick"]) == 2
     assert "unknown experiment 'bogus'" in capsys.readouterr().err
+    pools = []  # one pool of workers for the command: a run in flight goes on across the hand-over
+    monkeypatch.setattr(experiments, "run_experiment", lambda exp, out, *a, pool=None, **k: pools.append(pool))
+    assert main(["experiment", "mpp", "pos-embed", "--quick", "--jobs", "2"]) == 0
+    assert len(pools) == 2 and pools[0] is pools[1] is not None
+    assert main(["experiment", "mpp", "pos-embed", "--quick", "--jobs", "1"]) == 0
+    assert pools[2:] == [None, None]
 
 
 def test_several_full_experiments_rewrite_the_report_after_each(monkeypatch, tmp_path):

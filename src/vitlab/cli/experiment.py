@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 from .types import non_negative_int, positive_int
@@ -55,6 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..experiments import NAMES, PILOT, experiments
+    from ..experiments.parallel import Pool, cpu_count
     from . import UserError
 
     asked = [n for name in args.name for n in (NAMES if name == "all" else [] if name == "report" else [name])]
@@ -71,11 +73,14 @@ def run(args: argparse.Namespace) -> int:
     table = experiments()
     assumed = {} if args.estimate and len(names) > 1 else None  # `all --estimate`: each after the ones before
     report = None if args.estimate else args.report or (None if args.quick else DEFAULT_REPORT)
-    for i, name in enumerate(names):
-        if not _run_one(table[name], out, args, assumed, [table[n] for n in names[i + 1:]]):
-            return 130
-        if report:  # after each experiment: its results and figures are ready to commit before the next ends
-            _write_report(out, report)
+    jobs = args.jobs or cpu_count()
+    # one pool of workers for the whole command: a later experiment's run goes on across the hand-over
+    with Pool(jobs) if jobs > 1 and len(names) > 1 and not args.estimate else nullcontext() as pool:
+        for i, name in enumerate(names):
+            if not _run_one(table[name], out, args, assumed, [table[n] for n in names[i + 1:]], jobs, pool):
+                return 130
+            if report:  # after each experiment: its results and figures are ready to commit before the next ends
+                _write_report(out, report)
     if report and not names:  # `report`: only rewrite it
         _write_report(out, report)
     return 0
@@ -88,18 +93,18 @@ def _write_report(out: Path, report: str) -> None:
     print(f"wrote {report} from the results in {out}")
 
 
-def _run_one(experiment, out: Path, args: argparse.Namespace, assumed: dict | None, then: list) -> bool:
-    """One experiment (the ones after it, `then`, fill the cores it leaves idle); False if a run was stopped
-    (SIGTERM, Ctrl-C) and the experiment with it."""
+def _run_one(experiment, out: Path, args: argparse.Namespace, assumed: dict | None, then: list, jobs: int,
+             pool) -> bool:
+    """One experiment (the ones after it, `then`, fill the cores it leaves idle, on the command's `pool`);
+    False if a run was stopped (SIGTERM, Ctrl-C) and the experiment with it."""
     from ..experiments import run_experiment
-    from ..experiments.parallel import cpu_count
     from ..experiments.runner import Interrupted
 
     try:
         records = args.records or (None if args.quick else DEFAULT_RECORDS)
         results = run_experiment(experiment, out, args.quick, tuple(args.seeds) if args.seeds else None,
-                                 args.estimate, assumed=assumed, jobs=args.jobs or cpu_count(), records=records,
-                                 then=then)
+                                 args.estimate, assumed=assumed, jobs=jobs, records=records, then=then,
+                                 pool=pool)
     except Interrupted as err:
         print(f"vitlab experiment: interrupted ({err}); run the same command again to continue", file=sys.stderr)
         return False

@@ -16,7 +16,7 @@ import torch
 from .. import __version__
 from ..outputs import atomic_write
 from .design import Design
-from .parallel import run_parallel
+from .parallel import Pool, run_parallel
 from .runner import Context, Progress, Runner, Todo, format_seconds
 from .scale import FULL, QUICK, Scale
 
@@ -104,12 +104,15 @@ def run_experiment(experiment: Experiment, out: str | Path, quick: bool = False,
                    seeds: tuple[int, ...] | None = None, estimate_only: bool = False,
                    say: Callable[[str], None] | None = None,
                    assumed: dict[str, set[str]] | None = None, jobs: int = 1,
-                   records: str | Path | None = None, then: Sequence[Experiment] = ()) -> dict[str, Any] | None:
+                   records: str | Path | None = None, then: Sequence[Experiment] = (),
+                   pool: Pool | None = None) -> dict[str, Any] | None:
     """Run one experiment (what is not done yet), write its results.json and figures; returns the results.
     With `estimate_only`, only print the estimate (`assumed`: what earlier experiments will have done). `jobs`:
     runs trained side by side (experiments.parallel), each on its share of the cores. `records`: the folder of
     the runs' committed records (experiments.runner), read and written. `then`: the experiments to run after this
-    one, whose runs take a core this one's leave idle (with jobs > 1)."""
+    one, whose runs take a core this one's leave idle (with jobs > 1); `pool`: the command's worker pool
+    (`parallel.Pool`, shared by the experiments it runs one after the other), whose runs for `then` may go on
+    after this returns."""
     say = say or (lambda line: print(line, file=sys.stdout, flush=True))
     out = Path(out)
     scale = scale_for(quick, experiment)
@@ -125,7 +128,7 @@ def run_experiment(experiment: Experiment, out: str | Path, quick: bool = False,
     try:
         if jobs > 1:
             fillers = [_filler(e, out, quick, runner.records) for e in then]
-            run_parallel(lambda: estimate(experiment, runner, seeds), runner, jobs, progress, fillers)
+            run_parallel(lambda: estimate(experiment, runner, seeds), runner, jobs, progress, fillers, pool)
         ctx = Context(runner, seeds, dry=False, progress=progress)
         planned = experiment.plan(ctx)
     finally:

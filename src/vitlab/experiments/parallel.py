@@ -8,7 +8,8 @@ rate chosen from runs not yet trained) and whose init run is finished. They are 
 processes, each through `Runner.execute` exactly as the sequential pass would, writing the same result.json; then
 the dry pass is repeated, and so on until nothing can start. The real pass then finds every run done (it trains
 whatever is left in order, and analyses). A run interrupted in a worker resumes on the next invocation as any
-other.
+other. Several experiments in one command share one `Pool`: a later one's runs fill the cores an earlier one
+leaves idle and go on across the hand-over.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -92,45 +93,78 @@ def _execute(root: str, scale: Any, records: Path | None, todo: Todo) -> tuple[s
     return "; ".join(done), time.perf_counter() - started
 
 
+class Pool:
+    """The worker processes of a whole command (`vitlab experiment A B C`), with the runs in flight on them. A run
+    that a later experiment started on a core an earlier one left idle goes on while the earlier one finishes,
+    is analysed and written, and the next one begins; a pool per experiment would have to wait for it first,
+    one core idle for up to a run's length at each hand-over. Each worker gets an equal share of the cores as
+    threads. `executor`: for tests (a thread pool running a stand-in trainer)."""
+
+    def __init__(self, jobs: int, executor: Executor | None = None):
+        self.jobs = jobs
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited threads, locks or loaders
+        self.executor = executor or ProcessPoolExecutor(
+            jobs, mp_context=context, initializer=_start_worker, initargs=(max(1, cpu_count() // jobs), os.getpid()))
+        self.running: dict[Future, tuple[Todo, Runner]] = {}  # -> what it runs, for which experiment's runner
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.executor.shutdown(wait=True)  # a run in flight stops only with its checkpoint (or finishes)
+
+    def in_flight(self) -> set[str]:
+        return {t.spec.key for t, _ in self.running.values()}
+
+    def submit(self, runner: Runner, todo: Todo) -> None:
+        future = self.executor.submit(_execute, str(runner.runs.parent), runner.scale, runner.records, todo)
+        self.running[future] = todo, runner
+
+    def collect(self, progress: Any, runner: Runner | None, futures: Any = None) -> None:
+        """Collect finished runs (`futures`; None: every one still running, waited for). The running experiment's
+        (`runner`) are reported on its `progress`: those started for it, and those started for it as a later
+        experiment that its estimate counts; the others are a later one's."""
+        for future in list(self.running if futures is None else futures):
+            todo, started_for = self.running.pop(future)
+            what, seconds = future.result()  # a worker's error (Interrupted, a bad setting) stops the experiment
+            if progress is not None and (started_for is runner or progress.expects(todo.spec)):
+                progress.done(todo.spec, what, seconds)
+            elif progress is not None and not progress.quiet:  # a later experiment's: not in this one's estimate
+                progress.write(f"[next experiment] {todo.spec.label}: {what} ({seconds:.0f} s)")
+
+    def collect_finished(self, progress: Any, runner: Runner) -> None:
+        self.collect(progress, runner, [f for f in self.running if f.done()])
+
+
 def run_parallel(dry_pass: Callable[[], Context], runner: Runner, jobs: int, progress: Any = None,
-                 fillers: Sequence[tuple[Callable[[], Context], Runner]] = ()) -> int:
+                 fillers: Sequence[tuple[Callable[[], Context], Runner]] = (), pool: Pool | None = None) -> int:
     """Train and evaluate, `jobs` at a time, every run the repeated dry passes find ready; returns how many ran.
-    Each worker gets an equal share of the cores as threads. `fillers`: the dry passes (and runners) of the
-    experiments to run after this one, whose ready runs take a core this one leaves idle (its runs wait for a
-    choice still being made, a learning rate); once this one has nothing left to start or finish, the fillers'
-    runs still going are finished and the phase ends."""
-    threads = max(1, cpu_count() // jobs)
-    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited threads, locks or loaders
+    `fillers`: the dry passes (and runners) of the experiments to run after this one, whose ready runs take a core
+    this one leaves idle (its runs wait for a choice still being made, a learning rate). Returns once this one has
+    nothing left to start and no run in flight that it lists. `pool`: the command's (`Pool`), whose runs that
+    only later experiments list go on after the return; without one, a pool of this call's own, which waits for
+    them."""
+    if pool is None:
+        with Pool(jobs) as own:
+            started = run_parallel(dry_pass, runner, jobs, progress, fillers, own)
+            own.collect(progress, runner)  # the fillers' runs still going
+            return started
     started = 0
-    running: dict[Future, tuple[Todo, bool]] = {}  # -> (what it runs, whether it is this experiment's)
-    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_start_worker,
-                             initargs=(threads, os.getpid())) as pool:
-        while True:
-            busy = {t.spec.key for t, _ in running.values()}
-            candidates = [(t, runner, True) for t in ready(dry_pass(), runner)]
-            mine_left = bool(candidates) or any(mine for _, mine in running.values())
-            if not mine_left:
-                _finish(running, progress)  # the fillers' runs still going
-                return started
-            if len(running) < jobs:
-                candidates += [(t, r, False) for fill, r in fillers for t in ready(fill(), r)]
-            for todo, where, mine in candidates:
-                if len(running) >= jobs:
-                    break
-                if todo.spec.key not in busy:
-                    future = pool.submit(_execute, str(where.runs.parent), where.scale, where.records, todo)
-                    running[future] = (todo, mine)
-                    busy.add(todo.spec.key)
-                    started += 1
-            _finish(running, progress, wait(running, return_when=FIRST_COMPLETED)[0])
-
-
-def _finish(running: dict[Future, tuple[Todo, bool]], progress: Any, futures: Any = None) -> None:
-    """Collect finished runs (`futures`; None: every one still running, waited for)."""
-    for future in list(running if futures is None else futures):
-        todo, mine = running.pop(future)
-        what, seconds = future.result()  # a worker's error (Interrupted, a bad setting) stops the experiment
-        if progress is not None and mine:
-            progress.done(todo.spec, what, seconds)
-        elif progress is not None and not progress.quiet:  # a later experiment's: not in this one's estimate
-            progress.write(f"[next experiment] {todo.spec.label}: {what} ({seconds:.0f} s)")
+    while True:
+        pool.collect_finished(progress, runner)
+        dry = dry_pass()
+        listed = set(dry.todo)
+        candidates = [(t, runner) for t in ready(dry, runner)]
+        # a run in flight that this experiment lists (started for a later one that reads it too) is waited for:
+        # the real pass that follows must not train it a second time beside its worker
+        if not candidates and not pool.in_flight() & listed:
+            return started
+        if len(pool.running) < pool.jobs:
+            candidates += [(t, r) for fill, r in fillers for t in ready(fill(), r)]
+        for todo, where in candidates:
+            if len(pool.running) >= pool.jobs:
+                break
+            if todo.spec.key not in pool.in_flight():
+                pool.submit(where, todo)
+                started += 1
+        wait(pool.running, return_when=FIRST_COMPLETED)  # collected at the top: also a run that ended between

@@ -355,13 +355,20 @@ class Progress:
             self.write(f"[{self.finished}/{self.count}] {spec.label}{f' (lr {lr:g})' if lr else ''}: {what} "
                        f"({seconds:.0f} s); about {format_seconds(left)} left")
 
-    def _take(self, spec: RunSpec) -> Todo | None:
-        """The estimate of this run: by key, or, for a run whose settings depended on a choice made after the
-        estimate (a tuned learning rate), the estimated run with the same label."""
+    def expects(self, spec: RunSpec) -> bool:
+        """Whether the estimate still counts this run (else it is another experiment's, or counted already)."""
+        return self._estimated(spec) is not None
+
+    def _estimated(self, spec: RunSpec) -> str | None:
+        """The key of this run's estimate: its own, or, for a run whose settings depended on a choice made after
+        the estimate (a tuned learning rate), that of the estimated run with the same label."""
         if spec.key in self.todo:
-            return self.todo.pop(spec.key)
-        same = next((k for k, t in self.todo.items() if t.spec.label == spec.label), None)
-        return self.todo.pop(same) if same is not None else None
+            return spec.key
+        return next((k for k, t in self.todo.items() if t.spec.label == spec.label), None)
+
+    def _take(self, spec: RunSpec) -> Todo | None:
+        key = self._estimated(spec)
+        return self.todo.pop(key) if key is not None else None
 
     def write(self, line: str) -> None:
         from tqdm import tqdm
