@@ -470,6 +470,26 @@ def test_data_scaling_a_transfer_view_whose_pre_training_did_not_help_is_inconcl
                for s in secondary[:2]), secondary
 
 
+def test_data_scaling_upstream_verdict_rests_on_a_not_on_transfer(tmp_path):
+    from vitlab.experiments.data_scaling import judge
+    from vitlab.experiments.report import _measured
+
+    # the pilot's version-4 rule: with (b) failed, the transfer verdicts are inconclusive and the upstream one
+    # rests on (a), (c), (d). Fine-tuning gains only +1 over training from scratch (needs +2); the upstream gap
+    # closes as in the test above
+    values, refs = _data_scaling_values([40.0, 50.0, 60.0, 70.0], noise=(0.0, 0.5, -0.5))
+    refs = {f: {**r, "fine-tuned": [89.0] * 3} for f, r in refs.items()}
+    verdict, secondary = judge(values, refs, IMAGES, CAPTIONS, [])
+    assert verdict.state == "holds" and secondary[2].endswith("(+1.0; needs +2))")
+    listed = verdict.to_dict()["preconditions"]  # (b) is still measured and listed beside the verdict
+    assert [(c["key"], c["holds"], c["decides"]) for c in listed if c["key"] == "b"][1::2] == [
+        ("b", False, "the transfer verdicts")] * 3
+    lines = _measured({"setup": "", "seeds": [0], "command": "x", "wall_seconds": 1, "finished": "now",
+                           "versions": {"vitlab": "v", "torch": "t"}, "tables": [], "measured": [],
+                           "verdict": verdict.to_dict(), "check": {"holds": True, "details": []}}, [])
+    assert sum("| no (a condition of the transfer verdicts only) |" in line for line in lines) == 3
+
+
 def test_data_scaling_slope_spread_over_seeds_is_its_standard_error():
     from vitlab.experiments.measures import trend
 

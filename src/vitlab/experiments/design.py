@@ -40,10 +40,13 @@ class Check:
     what: str  # which runs, e.g. "BiT at 65,536 images"
     value: str  # the measured value, e.g. "58.9 % (threshold 50 %)"
     holds: bool | None  # None: could not be measured (said so in value)
+    # "": a condition of the verdict it is listed with; else the verdicts it is a condition of instead, the check
+    # listed beside this one for the reader (data-scaling's (b) beside its upstream verdict)
+    decides: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "name": PRECONDITIONS[self.key], "what": self.what, "value": self.value,
-                "holds": self.holds}
+                "holds": self.holds, "decides": self.decides}
 
 
 @dataclass
@@ -55,7 +58,7 @@ class Verdict:
 
     @property
     def state(self) -> str:
-        failed = [c for c in self.checks if c.holds is False]
+        failed = [c for c in self.checks if c.holds is False and not c.decides]
         if failed:
             first = failed[0]
             return f"inconclusive: precondition ({first.key}) failed ({first.what}: {first.value})"

@@ -165,7 +165,8 @@ def _measured(r: dict[str, Any], figures: list[tuple[str, str]]) -> list[str]:
         v = r["verdict"]
         lines += ["*Preconditions*", "", "| precondition | runs | measured | holds |", "|---|---|---|---|",
                   *(f"| ({c['key']}) {c['name']} | {c['what']} | {c['value']} | "
-                    f"{'yes' if c['holds'] else 'no' if c['holds'] is False else 'not measured'} |"
+                    f"{'yes' if c['holds'] else 'no' if c['holds'] is False else 'not measured'}"
+                    f"{f' (a condition of {d} only)' if (d := c.get('decides')) else ''} |"
                     for c in v["preconditions"]), "",
                   f"**Verdict: {v['state']}.** {v['result']}" + (f" {v['trivial']}" if v["trivial"] else ""), ""]
     else:
