@@ -582,9 +582,12 @@ def test_pos_embed_none_below_and_the_three_embeddings_together():
                 "relative": stat([62.1, 61.7, 62.4])}
     verdict, pairs = judge(upstream, [])
     assert verdict.state == "holds" and len(pairs) == 3 and all("within the spread" in p for p in pairs)
-    assert "none 58.0±1.0 %, +4.0 points below 1-D" in verdict.result
+    assert "none 58.0±1.0 % (none − 1-D -4.0 points)" in verdict.result
+    assert "span 0.2 points (2-D 61.9±0.3 % to relative 62.1±0.4 %)" in verdict.result
     upstream["relative"] = stat([66.0, 66.5, 65.5])  # relative clearly better: the three are not together
-    assert judge(upstream, [])[0].state == "does not hold"
+    verdict = judge(upstream, [])[0]
+    assert verdict.state == "does not hold" and "span 4.1 points (2-D 61.9±0.3 % to relative 66.0±0.5 %)" in \
+        verdict.result
 
 
 def test_compute_matched_difference_is_the_hand_computed_one():

@@ -105,9 +105,10 @@ def judge(upstream: dict[str, dict[str, Any]], lr_checks: list[Check]) -> tuple[
             pairs.append(f"{a} − {b}: {upstream[a]['mean'] - upstream[b]['mean']:+.1f} points (standard error "
                          f"{standard_error(upstream[a], upstream[b]):.1f}): " + ("within" if ok else "beyond")
                          + " the spread")
-    span = [upstream[n]["mean"] for n in EMBEDDINGS]
+    low, high = (min(EMBEDDINGS, key=lambda n: upstream[n]["mean"]), max(EMBEDDINGS, key=lambda n: upstream[n]["mean"]))
     none_worse = below > 0 and checks[-1].holds is not False
-    result = (f"upstream top-1: none {show(upstream['none'])}, {below:+.1f} points below 1-D; the three "
-              f"embeddings span {max(span) - min(span):.1f} points, " + f"{sum(close)} of {len(close)} pairs within "
+    result = (f"upstream top-1: none {show(upstream['none'])} (none − 1-D {-below:+.1f} points); the three "
+              f"embeddings span {upstream[high]['mean'] - upstream[low]['mean']:.1f} points ({low} "
+              f"{show(upstream[low])} to {high} {show(upstream[high])}), {sum(close)} of {len(close)} pairs within "
               "the spread")
     return Verdict(none_worse and all(close), result, checks), pairs
