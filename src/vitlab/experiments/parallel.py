@@ -122,8 +122,8 @@ class Pool:
 
     def collect(self, progress: Any, runner: Runner | None, futures: Any = None) -> None:
         """Collect finished runs (`futures`; None: every one still running, waited for). The running experiment's
-        (`runner`) are reported on its `progress`: those started for it, and those started for it as a later
-        experiment that its estimate counts; the others are a later one's."""
+        runs are reported on its `progress`: those started for it (`runner`), and those an earlier experiment
+        started for it on an idle core, which its estimate counts; the others are a later experiment's."""
         for future in list(self.running if futures is None else futures):
             todo, started_for = self.running.pop(future)
             what, seconds = future.result()  # a worker's error (Interrupted, a bad setting) stops the experiment
