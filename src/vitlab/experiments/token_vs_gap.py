@@ -115,7 +115,9 @@ def judge(token: dict[str, Any], gap: dict[str, Any], lr_checks: list[Check],
     diff, se = gap["mean"] - token["mean"], standard_error(gap, token)
     equal = token["n"] > 1 and gap["n"] > 1 and within_spread(token, gap)
     result = (f"upstream top-1: token {show(token)}, GAP {show(gap)} at its own lr (GAP − token {diff:+.1f} "
-              f"points, standard error {se:.1f}): " + ("equal within the spread" if equal else "they differ"))
+              f"points, standard error {se:.1f}): " + (f"equal within the spread (which would accept any difference "
+                                                       f"up to ±{SPREAD_FACTOR * se:.1f} points)" if equal
+                                                       else "they differ"))
     if gap_at_token_lr is not None:
         result += f"; GAP at the token's lr {show(gap_at_token_lr)}"
     return Verdict(equal, result, checks)
