@@ -84,3 +84,22 @@ def test_ddp_on_shards_matches_one_process(tmp_path):
     torchrun(tmp_path / "ddp", *data)
     single(tmp_path / "one", *data)
     check_same_curves(tmp_path / "ddp", tmp_path / "one")
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_teardown_waits_for_the_other_ranks_only_after_a_finished_run(monkeypatch, tmp_path, finished):
+    """A finished run meets every rank at a barrier before leaving the group (so no rank closes a peer's gloo
+    connection while that peer is still in its last collective); a failed one leaves at once, since its peers may
+    never arrive."""
+    import torch
+    import torch.distributed as dist
+
+    from vitlab.train import distributed
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    calls = []
+    real_barrier = dist.barrier
+    monkeypatch.setattr(distributed.dist, "barrier", lambda *a, **k: (calls.append("barrier"), real_barrier())[1])
+    distributed.teardown(distributed.Dist(0, 1, 0, 1, torch.device("cpu"), owns_group=True), finished)
+    assert not dist.is_initialized()
+    assert calls == (["barrier"] if finished else [])

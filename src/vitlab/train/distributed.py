@@ -44,8 +44,15 @@ def setup(device_name: str = "auto") -> Dist:
     return Dist(rank, world, local_rank, local_world, device, owns)
 
 
-def teardown(d: Dist) -> None:
+def teardown(d: Dist, finished: bool = True) -> None:
+    """Leave the process group this process created. After a run that finished, first wait for every rank: a
+    rank that destroys its group and exits while a peer is still in its last collective closes the peer's gloo
+    connection under it, which can abort the peer at exit ("terminate called without an active exception", seen
+    under load in CI after a finished FSDP run). After a failure, no barrier: the other ranks may never arrive
+    (torchrun stops them)."""
     if d.owns_group and dist.is_initialized():
+        if finished:
+            dist.barrier()
         dist.destroy_process_group()
 
 

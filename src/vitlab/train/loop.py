@@ -67,10 +67,13 @@ def run(config: TrainConfig | Resolved) -> RunResult:
     sources); in a torchrun job every process calls this and rank 0 writes."""
     resolved = config if isinstance(config, Resolved) else Resolved(config, dict.fromkeys(config.to_dict(), "given"))
     d = setup(resolved.config.device)
+    finished = False
     try:
         trainer = Trainer(resolved, d)
         try:
-            return trainer.fit()
+            result = trainer.fit()
+            finished = True
+            return result
         except OSError as err:
             if err.errno not in OUTPUT_ERRNOS:
                 raise
@@ -81,7 +84,7 @@ def run(config: TrainConfig | Resolved) -> RunResult:
         finally:
             trainer.close()
     finally:
-        teardown(d)
+        teardown(d, finished)
 
 
 class Trainer:
