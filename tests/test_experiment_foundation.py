@@ -573,3 +573,70 @@ def test_a_worker_trains_a_recorded_run_again_when_the_dry_pass_wants_its_weight
     (todo,) = ready(dry, second)
     what, _ = _execute(str(tmp_path / "second"), QUICK, tmp_path / "records", todo)
     assert what == "trained again" and calls == ["lr0.001", "lr0.001"] and second.finished(PARENT.key)
+
+
+def _pilot_rows():
+    """The pilot's version-4 measurements (2026-12-03): the ViT-M's reference unsaturated, the BiT-M's saturated."""
+    rows = []
+    for source, vit_margin, bit_margin, cost in (("fractal", 9.7, -0.3, 900), ("strokes", 10.5, 1.0, 950),
+                                                 ("fonts", 7.8, 2.4, 700)):
+        rows.append({"source": source, "family": "ViT", "a": "holds", "b": "inconclusive", "scratch_half": 67.0,
+                     "scratch": 73.0, "reference_saturated": False, "reference_steps": 6000,
+                     "finetune_margin": vit_margin, "pretrain_seconds": cost})
+        rows.append({"source": source, "family": "BiT", "a": "holds", "b": "holds" if bit_margin >= 2 else
+                     "does not hold", "scratch_half": 87.0, "scratch": 87.4, "reference_saturated": True,
+                     "reference_steps": 6000, "finetune_margin": bit_margin, "pretrain_seconds": cost})
+    return rows
+
+
+def test_the_pilots_decision_says_what_failed_by_how_much_and_the_fallback():
+    rows = _pilot_rows()
+    text = pilot.decision(rows, pilot.choose(rows))
+    assert text.startswith("no source chosen: ")
+    assert "ViT (b) inconclusive on every source (its from-scratch reference still gained +6.0 points from 3,000 " \
+           "to 6,000 steps, allowance 1.5)" in text
+    assert "BiT (b) holds on fonts only (fine-tuned minus from scratch: fractal -0.3, strokes +1.0, fonts +2.4; " \
+           "needs +2)" in text
+    assert text.endswith("fallback: fonts, the cheapest source both families learnt (1,400 s of pre-training); "
+                         "every verdict resting on transfer is inconclusive: (b) failed")
+    assert "does not hold" not in text and "holds here" not in text
+    passing = [{**r, "b": "holds", "reference_saturated": True} for r in rows]
+    assert pilot.decision(passing, pilot.choose(passing)) == ("source: fonts, which meets (a) and (b) for both "
+                                                              "families at the lowest cost (1400 s of pre-training)")
+
+
+def test_the_pilots_report_states_its_decision_never_a_verdict_on_the_paper(tmp_path, capsys):
+    """The pilot tests no finding: its summary row and section said 'does not hold' and 'the paper's ordering does
+    not hold by the rule: a source meets (a) and (b)', which a skimming reader reads as the opposite of the data."""
+    from vitlab.cli.experiment import print_summary
+    from vitlab.experiments.report import _measured, _summary_row
+
+    rows = _pilot_rows()
+    results = {"experiment": "pilot", "paper": pilot.PAPER, "mode": "full", "seeds": [0], "wall_seconds": 60.0,
+               "setup": "S.", "command": "vitlab experiment pilot", "finished": "now", "tables": [],
+               "figures": [], "versions": {"vitlab": "0", "torch": "0"}, "measured": ["m"],
+               "decision": pilot.decision(rows, pilot.choose(rows)),
+               "check": {"holds": False, "rule": "a source meets (a) and (b) for ViT and BiT", "details": []}}
+    row = _summary_row("pilot", results, pilot.PAPER)
+    section = "\n".join(_measured(results, []))
+    print_summary(results, tmp_path)
+    printed = capsys.readouterr().out
+    for text in (row, section, printed):
+        assert "no source chosen: ViT (b) inconclusive" in text and "fallback: fonts" in text
+        assert "does not hold" not in text and "ordering" not in text
+
+
+def test_the_console_summary_of_a_verdict_says_its_state_never_does_not_hold_when_inconclusive(tmp_path, capsys):
+    """data-scaling's full run printed 'the paper's ordering does not hold here by the rule' beside a report
+    that said 'inconclusive: precondition (d) failed'."""
+    from vitlab.cli.experiment import print_summary
+    from vitlab.experiments.design import Check, Verdict
+
+    verdict = Verdict(False, "ViT − BiT gap -26.1 points at 1,024 images", [Check("d", "slope", "+0.3, SE 0.3", False)])
+    results = {"experiment": "data-scaling", "paper": "Section 4.2", "mode": "full", "seeds": [0, 1, 2],
+               "wall_seconds": 1.0, "measured": [], "figures": [], "verdict": verdict.to_dict(),
+               "check": {"holds": False, "rule": "the rule", "details": []}}
+    print_summary(results, tmp_path)
+    printed = capsys.readouterr().out
+    assert "verdict: inconclusive: precondition (d) failed (slope: +0.3, SE 0.3): ViT − BiT gap -26.1" in printed
+    assert "does not hold" not in printed

@@ -121,6 +121,10 @@ def print_summary(results: dict, folder: Path) -> None:
     check = results["check"]
     if results["mode"] == "quick":
         print("  (--quick: a check of the pipeline; its numbers say nothing about the finding)")
+    elif "decision" in results:
+        print(f"  decision by the rule: {results['decision']}")
+    elif "verdict" in results:
+        print(f"  verdict: {results['verdict']['state']}: {results['verdict']['result']}")
     else:
         print(f"  the paper's ordering {'holds' if check['holds'] else 'does not hold'} here by the rule: "
               f"{check['rule']}")

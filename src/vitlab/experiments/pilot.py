@@ -238,6 +238,12 @@ def plan(ctx: Context) -> dict[str, Any]:
     return runs
 
 
+def _fewshot_column(margin: str) -> str:
+    """'fewshot-encoder 10-shot' -> '10-shot encoder' (the evaluation's name says which representation)."""
+    kind, shots = margin.split(" ")
+    return f"{shots} {'encoder' if kind.endswith('-encoder') else 'pre_logits'}"
+
+
 def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text.split(" (")[0])
 
@@ -268,7 +274,7 @@ def preconditions(scale: Scale, runs: dict[Any, Record], source: str, family: st
     return {"source": source, "family": family, "upstream_top1": round(final, 2),
             "upstream_best": round(max(curve), 2), "a": "holds" if a_holds else "does not hold",
             "finetuned": round(_top1(ft), 2), "scratch": round(_top1(full), 2),
-            "scratch_half": round(_top1(half), 2), "reference_saturated": saturated,
+            "scratch_half": round(_top1(half), 2), "reference_saturated": saturated, "reference_steps": steps,
             "finetune_margin": round(margin, 2), "b": b, "fewshot_margins": fewshot,
             "pretrain_seconds": pre.result.get("wall_seconds", {}).get("train")}
 
@@ -291,6 +297,35 @@ def choose(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "fallback": fallback}
 
 
+def decision(rows: list[dict[str, Any]], chosen: dict[str, Any]) -> str:
+    """What the rule decided, with the numbers it was decided on: the pilot chooses a source, it tests no finding of
+    the paper, so its summary is the choice, never 'holds' or 'does not hold'."""
+    if chosen["source"] is not None:
+        return f"source: {chosen['source']}, which {chosen['reason']}"
+    why = []
+    for family in dict.fromkeys(r["family"] for r in rows):
+        mine = [r for r in rows if r["family"] == family]
+        unsaturated = [r for r in mine if not r["reference_saturated"]]
+        if unsaturated:
+            r = unsaturated[0]
+            why.append(f"{family} (b) inconclusive on every source (its from-scratch reference still gained "
+                       f"{r['scratch'] - r['scratch_half']:+.1f} points from {r['reference_steps'] // 2:,} to "
+                       f"{r['reference_steps']:,} steps, allowance {SATURATED:g})")
+            continue
+        held = [r["source"] for r in mine if r["b"] == "holds"]
+        margins = ", ".join(f"{r['source']} {r['finetune_margin']:+.1f}" for r in mine)
+        where = f"on {', '.join(held)} only" if held else "on no source"
+        why.append(f"{family} (b) holds {where} (fine-tuned minus from scratch: {margins}; needs {B_MARGIN:+g})")
+    failed_a = sorted({f"{r['source']} {r['family']}" for r in rows if r["a"] != "holds"})
+    if failed_a:
+        why.append(f"(a) fails for {', '.join(failed_a)}")
+    fallback = chosen["fallback"]
+    then = (f"fallback: {fallback}, the cheapest source both families learnt ({chosen['costs_s'][fallback]:,.0f} s "
+            "of pre-training); every verdict resting on transfer is inconclusive: (b) failed"
+            if fallback else "no fallback: no source meets (a) for both families")
+    return f"no source chosen: {'; '.join(why)}; {then}"
+
+
 def analyze(ctx: Context, runs: dict[Any, Record], out: Path) -> dict[str, Any]:
     scale = ctx.scale
     rows = [preconditions(scale, runs, s, f) for s in SOURCES for f in PILOT_FAMILIES]
@@ -308,7 +343,7 @@ def analyze(ctx: Context, runs: dict[Any, Record], out: Path) -> dict[str, Any]:
     figure = plots.line_panels(out / "pilot_upstream.png", [(f"upstream val top-1, {scale.categories} classes",
                                                               curves)], "pre-training step", log_x=False)
     columns = ["source", "family", "upstream top-1 (a)", "(a)", "fine-tuned MNIST", "from scratch (half / full)",
-               "margin (b)", "(b)"] + [f"few-shot {k} vs untrained" for k in rows[0]["fewshot_margins"]]
+               "margin (b)", "(b)"] + [f"{_fewshot_column(k)} vs untrained" for k in rows[0]["fewshot_margins"]]
     table = [[r["source"], r["family"], f"{r['upstream_top1']:.1f} % (best {r['upstream_best']:.1f})", r["a"],
               f"{r['finetuned']:.1f} %", f"{r['scratch_half']:.1f} / {r['scratch']:.1f} %",
               f"{r['finetune_margin']:+.1f}", r["b"]] + [f"{v:+.1f}" for v in r["fewshot_margins"].values()]
@@ -325,8 +360,9 @@ def analyze(ctx: Context, runs: dict[Any, Record], out: Path) -> dict[str, Any]:
         "measured": [f"{r['source']} {r['family']}: upstream {r['upstream_top1']:.1f} % ((a) {r['a']}); fine-tuned "
                      f"{r['finetuned']:.1f} % vs {r['scratch']:.1f} % from scratch ({r['finetune_margin']:+.1f}, "
                      f"(b) {r['b']})" for r in rows],
+        "decision": decision(rows, chosen),
         "check": {"holds": chosen["source"] is not None, "rule": "a source meets (a) and (b) for ViT and BiT",
-                  "details": [f"chosen: {chosen['source']} ({chosen['reason']})"]
+                  "details": [f"chosen: {chosen['source'] or 'none'} ({chosen['reason']})"]
                   + ([f"fallback for the full experiments (version 4): {chosen['fallback']}, the cheapest source "
                       "meeting (a) for both families; their verdicts resting on transfer are inconclusive: (b) "
                       "failed"] if chosen["source"] is None else [])

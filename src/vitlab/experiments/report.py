@@ -161,7 +161,9 @@ def _measured(r: dict[str, Any], figures: list[tuple[str, str]]) -> list[str]:
     for file, caption in figures:
         lines += [f"![{caption}]({file})", "", f"*{caption}*", ""]
     lines += ["**Measured.**", "", *(f"- {m}" for m in r["measured"]), ""]
-    if "verdict" in r:
+    if "decision" in r:  # the pilot: a choice made by its rule, not a finding of the paper
+        lines += [f"**Decision (by the rule).** {r['decision']}.", ""]
+    elif "verdict" in r:
         v = r["verdict"]
         lines += ["*Preconditions*", "", "| precondition | runs | measured | holds |", "|---|---|---|---|",
                   *(f"| ({c['key']}) {c['name']} | {c['what']} | {c['value']} | "
@@ -187,7 +189,9 @@ def _choices(choices: dict[str, Any]) -> str:
 def _summary_row(name: str, r: dict[str, Any] | None, paper: str) -> str:
     if r is None:
         return f"| {name} | {paper} | pending: no full run yet | |"
-    if "verdict" in r:
+    if "decision" in r:
+        state = r["decision"]
+    elif "verdict" in r:
         state = f"{r['verdict']['result']}: {r['verdict']['state']}"
     else:
         state = "holds" if r["check"]["holds"] else "does not hold"
