@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from vitlab.device import cpu_name
 from vitlab.eval.fewshot_lsr import representations
 from vitlab.experiments import pilot
 from vitlab.experiments.design import Check, Design, Verdict, describe
@@ -553,6 +554,9 @@ def test_a_recorded_run_is_trained_again_only_when_its_weights_are_wanted(tmp_pa
     again = second.stored(PARENT).result
     assert again["train"] == recorded["train"] and again["evals"] == recorded["evals"]  # the record's, kept
     assert again["retrained"] == {"step": 2, "val": {"top1": 0.5}}  # beside it: the repeat's outcome
+    # and where each was trained: runs repeat bit for bit on one machine only, so a record names it
+    assert set(again["machine"]) == {"train", "retrain"} and again["machine"]["train"] == recorded["machine"]["train"]
+    assert again["machine"]["retrain"]["cpu"] == cpu_name() and again["machine"]["retrain"]["threads"] >= 1
     record = json.loads(next((tmp_path / "records").glob(f"{PARENT.key}-*.json")).read_text())
     assert record == again
     # a third machine asks for an evaluation the record lacks: trained again once, the old evaluation kept

@@ -3,6 +3,7 @@ processes of a job (a no-op in one process). torch only, so that every layer may
 
 from __future__ import annotations
 
+import platform
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -41,3 +42,16 @@ def all_reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
     return t
+
+
+def cpu_name() -> str:
+    """The processor's model name (/proc/cpuinfo), for results that must say where they were measured: float32
+    training is repeatable on one machine but not across processors (their kernels round differently)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

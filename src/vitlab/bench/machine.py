@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ..device import cpu_name
 from .result import BenchSettings
 
 
@@ -17,7 +18,7 @@ def environment(settings: BenchSettings) -> dict[str, Any]:
     """What a reader needs to reproduce the numbers: versions, machine, threads, precision, date."""
     env: dict[str, Any] = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "torch": torch.__version__, "python": platform.python_version(), "cpu": _cpu_name(),
+        "torch": torch.__version__, "python": platform.python_version(), "cpu": cpu_name(),
         "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
         "precision": "bf16 autocast" if settings.device.startswith("cuda") else "fp32",
     }
@@ -41,14 +42,3 @@ def tune_malloc() -> bool:
         return False
     m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
     return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()

@@ -30,6 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import torch
+
+from ..device import cpu_name
 from ..outputs import atomic_write
 from ..progress import progress, quiet
 from ..rundir import CHECKPOINTS, METRICS, WEIGHTS, list_checkpoints
@@ -172,10 +175,11 @@ class Runner:
             seconds = round(time.perf_counter() - started, 2)
             if not again:
                 record.result = {"spec": spec.to_dict(), "train": outcome, "evals": {},
-                                 "wall_seconds": {"train": seconds}}
+                                 "wall_seconds": {"train": seconds}, "machine": {"train": machine()}}
             else:  # its weights went with another machine: the recorded outcome and evaluations stay
                 record.result["retrained"] = outcome
                 record.result.setdefault("wall_seconds", {})["retrain"] = seconds
+                record.result.setdefault("machine", {})["retrain"] = machine()
             if spec.curve:
                 keep_curve_weights(record.run_dir)
             record.pending = False
@@ -224,6 +228,12 @@ class Runner:
             raise ValueError(f"{spec.label} fine-tunes {found[0].parent}, which has no final weights (it diverged, "
                              f"or it is known from its record alone: see its {RESULT})")
         return weights
+
+
+def machine() -> dict[str, Any]:
+    """Where a run was trained: the same spec and seed repeat bit for bit on one machine, not on another (the
+    pilot's MNIST references moved by up to 3 points on a new machine), so a record says which it was."""
+    return {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
 def keep_curve_weights(run_dir: Path) -> None:
