@@ -59,6 +59,30 @@ def test_a_best_value_at_the_grid_edge_extends_the_grid_at_most_twice(tmp_path):
     assert inside_grid("ViT-M", chosen, ctx.grids["pretrain ViT-M"][1]).holds is False  # still at the edge: (c) fails
 
 
+def test_the_estimate_states_what_undecided_grids_may_still_add(tmp_path):
+    """Every grid of the full runs grew at least once, which --estimate never counted: data-scaling's estimate
+    ran hours short. It now states the bound the extension rule allows, and nothing once a grid is decided."""
+    from vitlab.experiments.experiment import _growth
+
+    runner = fake_runner(tmp_path, lambda lr: -abs(np.log(lr / 3e-3)))  # peak at 3e-3: inside the grid
+    runner.cost = FreeCost()  # one second a run
+    dry = Context(runner, (0,), dry=True)
+    tuned_lr(dry, "pretrain ViT-M", (1e-3, 3e-3, 9e-3), spec_of)
+    assert dry.growth == {"pretrain ViT-M": (2, 2.0)}
+    assert _growth(dry).endswith("1 learning-rate grid(s) still to be decided may each grow by the extension "
+                                 "rule, at most 2 more run(s), +2 s one after the other")
+    tuned_lr(Context(runner, (0,), dry=False), "pretrain ViT-M", (1e-3, 3e-3, 9e-3), spec_of)  # the grid runs
+    decided = Context(runner, (0,), dry=True)
+    tuned_lr(decided, "pretrain ViT-M", (1e-3, 3e-3, 9e-3), spec_of)
+    assert decided.growth == {} and _growth(decided) == ""
+    # an earlier experiment's estimate took the grid's runs as done and counted their growth: not again
+    assumed = {spec_of(lr).key: set() for lr in (1e-3, 3e-3, 9e-3)}
+    later = Context(fake_runner(tmp_path / "other", lambda lr: lr), (0,), dry=True, assumed=assumed)
+    later.runner.cost = FreeCost()
+    tuned_lr(later, "pretrain ViT-M", (1e-3, 3e-3, 9e-3), spec_of)
+    assert later.growth == {}
+
+
 def test_a_best_value_inside_the_grid_is_kept_and_passes_c(tmp_path):
     ctx = Context(fake_runner(tmp_path, lambda lr: -abs(np.log(lr / 3e-3))), (0,), dry=False)  # peak at 3e-3
     chosen = tuned_lr(ctx, "x", (1e-3, 3e-3, 9e-3), spec_of)

@@ -79,7 +79,19 @@ def describe_estimate(experiment: Experiment, dry: Context, runner: Runner, jobs
             else f"about {format_seconds(total)}")
     return (f"{experiment.name}: {len(trainings)} run(s) to train ({steps:,} steps) and "
             f"{sum(len(t.evals) for t in todo)} evaluation(s): {side} on this machine, "
-            f"estimated from step times measured now:\n  {times}\n  by kind: {cost_by_kind(todo)}")
+            f"estimated from step times measured now:\n  {times}\n  by kind: {cost_by_kind(todo)}"
+            + _growth(dry))
+
+
+def _growth(dry: Context) -> str:
+    """The upper bound the estimate leaves out: learning-rate grids not yet decided may grow by their rule (every
+    grid of the full runs grew at least once, so an estimate without them ran short by hours)."""
+    if not dry.growth:
+        return ""
+    runs = sum(n for n, _ in dry.growth.values())
+    seconds = sum(s for _, s in dry.growth.values())
+    return (f"\n  not counted: {len(dry.growth)} learning-rate grid(s) still to be decided may each grow by the "
+            f"extension rule, at most {runs} more run(s), +{format_seconds(seconds)} one after the other")
 
 
 def run_kind(label: str) -> str:

@@ -114,6 +114,11 @@ def tuned_lr(ctx: Context, name: str, grid: tuple[float, ...], spec_of: Callable
         candidates = {lr: spec_of(lr) for lr in grid}
         best = ctx.best(candidates)
         if len(grid) < 2 or any(ctx.run(spec).pending for spec in candidates.values()):
+            # the extensions still allowed, for the estimate's upper bound (once: not where an earlier experiment's
+            # estimate, which took these runs as done, counted them)
+            if ctx.dry and len(grid) >= 2 and not all(spec.key in ctx.assumed for spec in candidates.values()):
+                more = GRID_EXTENSIONS - attempt
+                ctx.growth[name] = (more, more * ctx.runner.cost.train_seconds(candidates[grid[0]]))
             break  # the dry pass, before the candidates ran: nothing to extend yet
         if attempt == GRID_EXTENSIONS or best not in (grid[0], grid[-1]):
             break

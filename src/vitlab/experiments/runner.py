@@ -269,6 +269,8 @@ class Context:
         self.rendered: set[str] = set()
         self.guessing = False  # dry pass: a choice was guessed, so what is noted after it may change
         self.grids: dict[str, tuple[float, list[float]]] = {}  # choice name -> (chosen value, grid searched)
+        # dry pass: choice name -> (runs, seconds) its grid may still add by the extension rule, not in `todo`
+        self.growth: dict[str, tuple[int, float]] = {}
         self.records: dict[str, Record] = {}
         self.specs: dict[str, RunSpec] = {}  # every spec asked for, by key: a fine-tuning run's model is its init's
 
