@@ -628,6 +628,11 @@ def test_the_pilots_decision_says_what_failed_by_how_much_and_the_fallback():
     assert text.endswith("fallback: fonts, the cheapest source both families learnt (1,400 s of pre-training); "
                          "every verdict resting on transfer is inconclusive: (b) failed")
     assert "does not hold" not in text and "holds here" not in text
+    vit_only = [{**r, "reference_saturated": True, "b": "holds" if r["family"] == "ViT" else "does not hold"}
+                for r in rows]
+    text = pilot.decision(vit_only, pilot.choose(vit_only))
+    assert "ViT (b) holds on every source (fine-tuned minus from scratch: fractal +9.7" in text
+    assert "BiT (b) holds on no source (fine-tuned minus from scratch: fractal -0.3" in text
     passing = [{**r, "b": "holds", "reference_saturated": True} for r in rows]
     assert pilot.decision(passing, pilot.choose(passing)) == ("source: fonts, which meets (a) and (b) for both "
                                                               "families at the lowest cost (1400 s of pre-training)")

@@ -314,7 +314,8 @@ def decision(rows: list[dict[str, Any]], chosen: dict[str, Any]) -> str:
             continue
         held = [r["source"] for r in mine if r["b"] == "holds"]
         margins = ", ".join(f"{r['source']} {r['finetune_margin']:+.1f}" for r in mine)
-        where = f"on {', '.join(held)} only" if held else "on no source"
+        where = ("on every source" if len(held) == len(mine) else f"on {', '.join(held)} only" if held
+                 else "on no source")
         why.append(f"{family} (b) holds {where} (fine-tuned minus from scratch: {margins}; needs {B_MARGIN:+g})")
     failed_a = sorted({f"{r['source']} {r['family']}" for r in rows if r["a"] != "holds"})
     if failed_a:
