@@ -198,9 +198,16 @@ def test_a_later_experiments_run_goes_on_while_an_earlier_one_is_written(tmp_pat
         (run_dir / WEIGHTS).touch()
         return {"step": spec.steps, "val": {"top1": spec.settings["lr"]}}
 
+    # a worker returns a moment after its run's result is written, so a dry pass can see a run finished whose
+    # worker is still busy (seen once in 25 runs: the first experiment returned with 'chosen' still in flight and
+    # never started 'later'); these pauses make that timing certain: both grid results are written before the
+    # first worker returns, and 'chosen' is written long before its worker returns
+    pause = {"lr0.001": 0.2, "lr0.003": 1.0, "chosen": 1.0}
+
     def execute(root, scale, records, todo):  # a worker, as parallel._execute, with the stand-in trainer
         Runner(Path(root), scale, records=records, train=train).execute(todo.spec, todo.evals,
                                                                         need_weights=todo.train)
+        time.sleep(pause.get(todo.spec.label, 0.0))
         return "trained", 0.0
 
     monkeypatch.setattr(parallel, "_execute", execute)

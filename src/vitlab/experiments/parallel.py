@@ -156,9 +156,10 @@ def run_parallel(dry_pass: Callable[[], Context], runner: Runner, jobs: int, pro
         listed = set(dry.todo)
         candidates = [(t, runner) for t in ready(dry, runner)]
         # a run in flight that this experiment lists (started for a later one that reads it too) is waited for:
-        # the real pass that follows must not train it a second time beside its worker
-        if not candidates and not pool.in_flight() & listed:
-            return started
+        # the real pass that follows must not train it a second time beside its worker; and so is one started for
+        # it whose result is written but whose worker has not returned yet (the dry pass no longer lists it)
+        mine = any(started_for is runner for _, started_for in pool.running.values())
+        finished = not candidates and not pool.in_flight() & listed and not mine
         if len(pool.running) < pool.jobs:
             candidates += [(t, r) for fill, r in fillers for t in ready(fill(), r)]
         for todo, where in candidates:
@@ -167,4 +168,6 @@ def run_parallel(dry_pass: Callable[[], Context], runner: Runner, jobs: int, pro
             if todo.spec.key not in pool.in_flight():
                 pool.submit(where, todo)
                 started += 1
+        if finished:  # the later experiments' ready runs took the idle cores first: they go on during the analysis
+            return started
         wait(pool.running, return_when=FIRST_COMPLETED)  # collected at the top: also a run that ended between
