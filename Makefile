@@ -4,14 +4,14 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-slow lint bench clean
+.PHONY: setup demo test test-slow lint docs bench clean
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,docs]'
 	touch $@
 
 demo: setup
@@ -27,6 +27,10 @@ test-slow: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+
+# The documentation site (docs/, mkdocs.yml) into build/site; --strict: a broken link or API reference fails.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 bench: setup
 	$(BIN)/vitlab bench --model ViT-S/16 --batch-size 32 --compare timm

@@ -1,0 +1,59 @@
+"""The documentation site: its CLI reference is generated from the parsers (every verb and every option appears),
+and every page the navigation names exists (`make docs` builds it with --strict in CI)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from vitlab.cli import VERB_MODULES, build_parser
+from vitlab.cli.reference import cli_reference_markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _verbs(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def test_the_cli_reference_lists_every_verb_and_every_option_of_the_parsers():
+    text = cli_reference_markdown()
+    verbs = _verbs(build_parser())
+    assert len(verbs) >= len(VERB_MODULES)  # a module may register several verbs (weights: info, convert)
+    for name, parser in verbs.items():
+        section = text.split(f"## `vitlab {name}`", 1)
+        assert len(section) == 2, f"no section for vitlab {name}"
+        body = section[1].split("\n## `vitlab ", 1)[0]
+        for action in parser._actions:
+            for option in action.option_strings:
+                if option in ("-h", "--help"):
+                    continue
+                assert f"`{option}`" in body, f"vitlab {name} {option} missing from the CLI reference"
+
+
+def test_the_cli_reference_follows_a_changed_parser(monkeypatch):
+    # Generated, not transcribed: an option added to a parser appears without editing any page.
+    import vitlab.cli.reference as reference
+
+    real = reference.build_parser
+
+    def with_extra():
+        parser = real()
+        _verbs(parser)["models"].add_argument("--an-option-no-page-mentions", help="added by the test")
+        return parser
+
+    monkeypatch.setattr(reference, "build_parser", with_extra)
+    assert "`--an-option-no-page-mentions`" in reference.cli_reference_markdown()
+
+
+def test_every_page_in_the_navigation_exists_and_the_cli_page_is_generated():
+    config = (ROOT / "mkdocs.yml").read_text()
+    pages = re.findall(r"^\s+- [^:]+: (\S+\.md)$", config, flags=re.M)
+    assert "cli.md" in pages and "api.md" in pages
+    for page in pages:
+        assert (ROOT / "docs" / page).is_file(), page
+    assert "<!-- cli-reference -->" in (ROOT / "docs" / "cli.md").read_text()
+    listed = {p.name for p in (ROOT / "docs").glob("*.md")}
+    assert listed == set(pages), f"pages outside the navigation: {listed - set(pages)}"
