@@ -72,11 +72,13 @@ def native_bf16(flags: frozenset[str] | set[str]) -> bool:
 
 
 def model_width(model: nn.Module) -> int | None:
-    """The width `auto` compares with `MIN_BF16_WIDTH`: a ViT's (and hybrid's) D; a BiT's first-stage output
-    channels (4 · 64·wf, the narrowest residual stream); None for a model without a vitlab config."""
-    config = getattr(model, "config", None)
-    if config is None:
-        return None
+    """The width `auto` compares with `MIN_BF16_WIDTH` (`config_width` of the model's config); None for a model
+    without a vitlab config."""
+    return config_width(getattr(model, "config", None))
+
+
+def config_width(config: object) -> int | None:
+    """A ViT's (and hybrid's) D; a BiT's first-stage output channels (4 · 64·wf, its narrowest residual stream)."""
     if hasattr(config, "width"):
         return int(config.width)
     if hasattr(config, "root_width"):
@@ -91,8 +93,8 @@ def check_precision(requested: str, use: str) -> None:
     if requested not in PRECISIONS:
         raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, not {requested!r}")
     if requested == "int8" and use != "infer":
-        raise ValueError("--precision int8 is for inference only (eval, predict, bench, export); "
-                         "train with auto, fp32 or bf16")
+        raise ValueError("--precision int8 is for the inference verbs only (eval, predict, bench, export); "
+                         "use auto, fp32 or bf16 here")
 
 
 def resolve_precision(requested: str, device: torch.device, *, use: str, width: int | None = None,
@@ -123,6 +125,14 @@ def resolve_precision(requested: str, device: torch.device, *, use: str, width: 
         return Precision("fp32", f"auto: CPU has {found[0]} but width {width} < {MIN_BF16_WIDTH} "
                                  "(too small to gain from bf16)")
     return Precision("bf16", f"auto: CPU has {found[0]} and width {width} >= {MIN_BF16_WIDTH}")
+
+
+def device_kind(name: str) -> torch.device:
+    """The kind of device a --device value means (auto: CUDA when available), without claiming it as
+    `device.pick_device` does; an unknown name is left to that check (here: cpu)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device("cuda" if str(name).startswith("cuda") else "cpu")
 
 
 def autocast_for(device: torch.device | str, precision: Precision | str) -> AbstractContextManager:

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from .types import DATA_SOURCES, device_name, float_range, image_size, new_or_folder, positive_int
+from .types import (
+    DATA_SOURCES,
+    PRECISION_HELP,
+    device_name,
+    float_range,
+    image_size,
+    new_or_folder,
+    positive_int,
+    precision_name,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="principal components of the filters (default 28)")
     p.add_argument("--device", type=device_name, default="auto",
                    help="cpu, cuda or cuda:N (default auto: CUDA when available)")
+    p.add_argument("--precision", type=precision_name(int8=False), default="auto", help=PRECISION_HELP)
     p.set_defaults(func=run_analyze)
 
 
@@ -68,9 +78,11 @@ def run_analyze(args: argparse.Namespace) -> int:
     from ..analysis import analyze
     from ..device import pick_device
     from ..models.vit import VisionTransformer
+    from ..precision import autocast_for, model_width, resolve_precision
     from . import UserError
 
-    model = vitlab.load(args.weights).to(pick_device(args.device))
+    device = pick_device(args.device)
+    model = vitlab.load(args.weights).to(device)
     if not isinstance(model, VisionTransformer):
         raise UserError(f"{args.weights} holds a {type(model).__name__}; analyze needs a ViT or hybrid (attention)")
     cfg = model.config
@@ -80,10 +92,12 @@ def run_analyze(args: argparse.Namespace) -> int:
         raise UserError(f"image size {size[0]}x{size[1]} is not a multiple of the effective patch size {stride}")
     class_names = getattr(model, "class_names", None)
     inputs = _inputs(args, cfg, size, class_names)
-    summary = analyze(model, inputs.x, args.out, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio,
-                      components=args.components, source=inputs.source, images=inputs.images,
-                      class_names=class_names)
-    print(f"analysed {summary['input']['description']}")
+    chosen = resolve_precision(args.precision, device, use="infer", width=model_width(model))
+    with autocast_for(device, chosen):
+        summary = analyze(model, inputs.x, args.out, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio,
+                          components=args.components, source=inputs.source, images=inputs.images,
+                          class_names=class_names)
+    print(f"analysed {summary['input']['description']} (precision {chosen.name}: {chosen.reason})")
     for name in summary["figures"]:
         print(f"wrote {args.out}/{name}")
     for note in summary["notes"]:

@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 from .train import EVAL_RESIZE_HELP
-from .types import DATA_SOURCES, device_name, non_negative_int, positive_int
+from .types import DATA_SOURCES, PRECISION_HELP, device_name, non_negative_int, positive_int, precision_name
+
+INFER_PRECISION_HELP = PRECISION_HELP + ", or int8 (dynamic int8 Linear layers, CPU)"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,6 +34,7 @@ def _register_eval(sub: argparse._SubParsersAction) -> None:
                    help="data-loading processes (default 0: in this process)")
     p.add_argument("--device", type=device_name, default="auto",
                    help="cpu, cuda or cuda:N (default auto: CUDA when available)")
+    p.add_argument("--precision", type=precision_name(int8=True), default="auto", help=INFER_PRECISION_HELP)
     p.add_argument("--confusion", metavar="PATH",
                    help="write the confusion-matrix PNG here (default: confusion.png in --out, else in the run "
                         "directory the weights come from, else no figure)")
@@ -56,13 +59,14 @@ def _eval(args: argparse.Namespace) -> int:
         check_replaceable(args.out, "metrics.json", "vitlab eval", () if args.confusion else ("confusion.png",),
                           legacy_keys=EVAL_RECORD_KEYS)
     r = evaluate_weights(args.weights, args.data, args.split, args.batch_size, args.workers, args.device,
-                         None, args.strict, args.eval_resize)
+                         None, args.strict, args.eval_resize, precision=args.precision)
     record = {**r.metrics, "eval_resize": r.eval_resize, "weights": str(args.weights), "data": args.data,
-              "split": args.split}
+              "split": args.split, "precision": r.precision.to_dict()}
     m = r.metrics
     if not args.json:
         print(f"top-1 {100 * m['top1']:.2f}%  top-5 {100 * m['top5']:.2f}%  loss {m['loss']:.4f}  "
-              f"({m['count']} images)  eval resize: {r.eval_resize}", flush=True)
+              f"({m['count']} images)  eval resize: {r.eval_resize}  precision {r.precision.name} "
+              f"({r.precision.reason})", flush=True)
     png = confusion_destination(args.weights, args.confusion, args.out)
     failures = _write_outputs(args, r, record, png)
     if args.json:
@@ -112,6 +116,7 @@ def _register_predict(sub: argparse._SubParsersAction) -> None:
                    help="classes shown per image (default 5, or all of a model with fewer classes)")
     p.add_argument("--device", type=device_name, default="auto",
                    help="cpu, cuda or cuda:N (default auto: CUDA when available)")
+    p.add_argument("--precision", type=precision_name(int8=True), default="auto", help=INFER_PRECISION_HELP)
     p.add_argument("--json", action="store_true",
                    help="one JSON document with every image's predictions (probabilities as fractions in [0, 1])")
     p.set_defaults(func=_predict)
@@ -120,7 +125,7 @@ def _register_predict(sub: argparse._SubParsersAction) -> None:
 def _predict(args: argparse.Namespace) -> int:
     from ..eval.prediction import predict
 
-    results = predict(args.weights, args.images, args.top_k, args.device)
+    results = predict(args.weights, args.images, args.top_k, args.device, precision=args.precision)
     if args.json:
         print(json.dumps(results, indent=1))
         return 0

@@ -8,7 +8,7 @@ import sys
 from contextlib import nullcontext
 from pathlib import Path
 
-from .types import non_negative_int, positive_int
+from .types import non_negative_int, positive_int, precision_name
 
 DEFAULT_OUT = "runs/experiments"
 QUICK_OUT = "runs/experiments-quick"
@@ -46,17 +46,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--report", metavar="PATH",
                    help=f"the Markdown report to rewrite from OUT's full results (default {DEFAULT_REPORT} for "
                         "full runs, none for --quick)")
+    p.add_argument("--force", action="store_true",
+                   help="let --report replace a file that is not a report vitlab wrote (a report starts with the "
+                        "line `<!-- written_by: vitlab experiment report -->`)")
     p.add_argument("--records", metavar="DIR",
                    help=f"where every finished run's result.json is also written, to be committed (default "
                         f"{DEFAULT_RECORDS} for full runs, none for --quick): on a new machine a run recorded there "
                         "is not trained again unless its weights are wanted (a new evaluation, a fine-tuning from "
                         "it still to run)")
+    p.add_argument("--precision", type=precision_name(int8=False), default="auto",
+                   help="auto or fp32: the designs pin float32 (every recorded run was trained in it); auto "
+                        "resolves to it")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..experiments import NAMES, PILOT, experiments
+    from ..experiments import stopping
     from ..experiments.parallel import Pool, cpu_count
+    from ..experiments.spec import DESIGN_PRECISION
     from . import UserError
 
     asked = [n for name in args.name for n in (NAMES if name == "all" else [] if name == "report" else [name])]
@@ -65,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise UserError(f"unknown experiment {unknown[0]!r}; choose one of {PILOT}, {', '.join(NAMES)}, all or "
                         "report")
+    if args.precision not in ("auto", DESIGN_PRECISION):
+        raise UserError(f"--precision {args.precision}: the experiment designs pin {DESIGN_PRECISION} (their recorded "
+                        "runs were trained in it, and a run's result must not depend on the machine); use auto or "
+                        f"{DESIGN_PRECISION}")
     if args.seeds and len(set(args.seeds)) != len(args.seeds):
         raise UserError(f"--seeds lists a seed twice ({' '.join(map(str, args.seeds))}); give each seed once")
     if args.verbosity > 0:  # every sub-run's training log on the console, as `vitlab train` prints it
@@ -74,22 +86,30 @@ def run(args: argparse.Namespace) -> int:
     assumed = {} if args.estimate and len(names) > 1 else None  # `all --estimate`: each after the ones before
     report = None if args.estimate else args.report or (None if args.quick else DEFAULT_REPORT)
     jobs = args.jobs or cpu_count()
+    if report:  # before any run: a file the report may not replace is said now, not after hours of training
+        from ..experiments.report import previous_report
+
+        previous_report(Path(report), args.force)
     # one pool of workers for the whole command: a later experiment's run goes on across the hand-over
-    with Pool(jobs) if jobs > 1 and len(names) > 1 and not args.estimate else nullcontext() as pool:
+    # SIGTERM and Ctrl-C stop every run at its next step with a checkpoint, and the command (experiments.stopping)
+    with stopping.CommandStop(), Pool(jobs) if jobs > 1 and len(names) > 1 and not args.estimate else nullcontext() as pool:
         for i, name in enumerate(names):
-            if not _run_one(table[name], out, args, assumed, [table[n] for n in names[i + 1:]], jobs, pool):
-                return 130
+            if stopping.requested() or not _run_one(table[name], out, args, assumed, [table[n] for n in names[i + 1:]],
+                                                    jobs, pool):
+                if pool is not None:  # a run stopped by a signal only its worker received: the others stop too
+                    pool.halt()
+                return _stopped()
             if report:  # after each experiment: its results and figures are ready to commit before the next ends
-                _write_report(out, report)
+                _write_report(out, report, args.force)
     if report and not names:  # `report`: only rewrite it
-        _write_report(out, report)
+        _write_report(out, report, args.force)
     return 0
 
 
-def _write_report(out: Path, report: str) -> None:
+def _write_report(out: Path, report: str, force: bool) -> None:
     from ..experiments.report import write_report
 
-    write_report(out, Path(report))
+    write_report(out, Path(report), force=force)
     print(f"wrote {report} from the results in {out}")
 
 

@@ -5,7 +5,16 @@ from __future__ import annotations
 import argparse
 
 from .train import EVAL_RESIZE_HELP
-from .types import DATA_SOURCES, device_name, fraction, new_file, positive_float, positive_int
+from .types import (
+    DATA_SOURCES,
+    PRECISION_HELP,
+    device_name,
+    fraction,
+    new_file,
+    positive_float,
+    positive_int,
+    precision_name,
+)
 
 
 def parse_shots(text: str) -> tuple[int | str, ...]:
@@ -55,6 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=positive_int, default=256, help="images per forward pass (default 256)")
     p.add_argument("--device", type=device_name, default="auto",
                    help="cpu, cuda or cuda:N (default auto: CUDA when available)")
+    p.add_argument("--precision", type=precision_name(int8=False), default="auto",
+                   help=PRECISION_HELP + " of the features (the ridge regression is float64)")
     p.add_argument("--val-fraction", type=fraction, metavar="F",
                    help="test on this stratified share of each class of the train split (seed 0), shots drawn "
                         "from the rest (default: the folder's val/ or the embedded test split; a folder without "
@@ -71,16 +82,20 @@ def run(args: argparse.Namespace) -> int:
     from ..eval.fewshot_data import fewshot_weights, write_json
     from ..eval.inference import load_for_inference
     from ..models import build_model
+    from ..precision import autocast_for, model_width, resolve_precision
 
     device = pick_device(args.device)
     model, _ = load_for_inference(args.weights, device)
     if args.random_init:
         torch.manual_seed(0)
         model = build_model(model.config).to(device).eval()
-    result = fewshot_weights(model, args.data, args.shots, args.seeds, args.l2, args.l2_sweep, args.batch_size,
-                             resize=args.eval_resize, progress=True, val_fraction=args.val_fraction)
+    chosen = resolve_precision(args.precision, device, use="infer", width=model_width(model))
+    with autocast_for(device, chosen):  # the features; forward_features takes float32 weights (no cast)
+        result = fewshot_weights(model, args.data, args.shots, args.seeds, args.l2, args.l2_sweep, args.batch_size,
+                                 resize=args.eval_resize, progress=True, val_fraction=args.val_fraction)
     label = "random init of " if args.random_init else ""
-    print(f"few-shot linear accuracy, {label}{args.weights} on {args.data} ({args.eval_resize} pre-processing)")
+    print(f"few-shot linear accuracy, {label}{args.weights} on {args.data} ({args.eval_resize} pre-processing, "
+          f"precision {chosen.name}: {chosen.reason})")
     split = result.splits
     print(f"shots from {split['train_images']} train images; accuracy on {split['test_images']} test images: "
           f"{split['test_split']}")

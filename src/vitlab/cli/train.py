@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from . import UserError
 from .recipes import RecipeHelp
 from .types import (
     DATA_SOURCES,
+    PRECISION_HELP,
     class_count,
     device_name,
     finite_float,
@@ -26,6 +28,7 @@ from .types import (
     non_negative_int,
     positive_float,
     positive_int,
+    precision_name,
 )
 
 EVAL_RESIZE_HELP = ("evaluation pre-processing: official (whole image to the input size, aspect ignored; vit_jax), "
@@ -160,6 +163,9 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
                    help="seed of the initialisation, data order and augmentation (default 0)")
     r.add_argument("--device", type=device_name, help="auto, cpu, cuda, cuda:N (default auto: CUDA when available)")
     r.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    r.add_argument("--precision", type=precision_name(int8=False),
+                   help=PRECISION_HELP + "; bf16 trains under autocast with float32 weights and optimizer state. "
+                        "Recorded in config.json; --resume keeps the run's")
     r.add_argument("--fsdp", action="store_true", default=None, help="shard parameters (FSDP2) instead of DDP")
     r.add_argument("--eval-every", type=non_negative_int, help="evaluate every N steps (0: at the end)")
     r.add_argument("--eval-batch-size", type=positive_int, help="images per evaluation batch (default 256)")
@@ -225,10 +231,15 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     if resolved.config.lr_sweep:
         return _sweep(resolved, rank)
+    from ..train.distributed import PeerLost
+
     try:
         result = run(resolved)
     except TrainingDiverged as err:
         raise UserError(str(err)) from None
+    except PeerLost as err:  # not the user's input (exit 2): the job failed around this process
+        print(f"vitlab {args.verb}: error: {err}", file=sys.stderr)
+        return 1
     if rank != 0:
         return 0
     from ..train.banner import append_to_console_log

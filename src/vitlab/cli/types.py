@@ -89,6 +89,25 @@ def device_name(text: str) -> str:
     return text
 
 
+def precision_name(int8: bool) -> Callable[[str], str]:
+    """--precision: auto, fp32, bf16, and int8 where the verb only infers (eval, predict, bench)."""
+
+    def parse(text: str) -> str:
+        from ..precision import check_precision
+
+        try:
+            check_precision(text, "infer" if int8 else "train")
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err).removeprefix("--precision ")) from None
+        return text
+
+    return parse
+
+
+PRECISION_HELP = ("auto (default: bf16 on CUDA and on CPUs with AMX/AVX512-BF16 for models of width >= 384, "
+                  "else float32; see README 'Precision'), fp32 or bf16")
+
+
 def new_or_folder(text: str) -> str:
     """An output folder: absent (it is created) or an existing folder, never an existing file."""
     if Path(text).exists() and not Path(text).is_dir():
@@ -109,7 +128,7 @@ def new_file(text: str) -> str:
 __all__ = [
     "MAX_CLASSES", "MAX_IMAGE_SIZE", "OneLineParser", "class_count", "device_name", "finite_float", "float_range",
     "fraction", "image_size", "int_range", "new_file", "new_or_folder", "non_negative_float", "non_negative_int",
-    "positive_float", "positive_int", "probability",
+    "positive_float", "positive_int", "precision_name", "probability",
 ]
 
 

@@ -17,9 +17,10 @@ from ..data.loader import UnreadableImages
 from ..data.sources import ImageSplit
 from ..device import all_reduce, autocast, pick_device
 from ..models.timm_compat import eval_resize_of
+from ..precision import Precision, autocast_for
 from ..progress import progress as progress_bar
 from ..rundir import run_dir_of
-from .inference import load_for_inference
+from .inference import load_for_inference, with_precision
 from .metrics import ClassificationMeter, plot_confusion_matrix, require_finite
 
 
@@ -42,9 +43,11 @@ def per_image_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str = "soft
 def evaluate(
     model: nn.Module, loader: Any, device: torch.device, mean: tuple, std: tuple, num_classes: int,
     loss_kind: str = "softmax", confusion: bool = False, progress_desc: str | None = None,
+    precision: Precision | str | None = None,
 ) -> ClassificationMeter:
     """Loss, top-1, top-5 (and the confusion matrix) over a loader; sums are reduced over processes.
-    `progress_desc`: show a progress bar with this label (on a terminal; see vitlab.progress)."""
+    `progress_desc`: show a progress bar with this label (on a terminal; see vitlab.progress). `precision`:
+    the resolved one (vitlab.precision); None: bf16 autocast on CUDA, float32 on CPU (device.autocast)."""
     was_training = model.training
     model.eval()
     meter = ClassificationMeter(num_classes, device, confusion)
@@ -55,7 +58,7 @@ def evaluate(
         x = normalize(batch["images"].to(device, non_blocking=True), mean, std)
         y = batch["labels"].to(device, non_blocking=True)
         valid = batch["valid"].to(device)
-        with autocast(device):
+        with autocast(device) if precision is None else autocast_for(device, precision):
             logits = model(x)
         logits = logits.float()
         meter.update(logits[valid], y[valid], per_image_loss(logits, y, loss_kind)[valid])
@@ -74,6 +77,7 @@ class EvalResult:
     class_names: list[str]
     confusion_png: Path | None
     eval_resize: str = "official"  # the pre-processing used (data.transforms.EVAL_RESIZES)
+    precision: Precision | None = None  # what it computed in, and why
 
 
 def confusion_destination(weights: str | Path, confusion: str | Path | None, out: str | Path | None) -> Path | None:
@@ -98,13 +102,15 @@ def write_confusion(result: EvalResult, path: str | Path, title: str = "Confusio
 def evaluate_weights(
     weights: str | Path, data: str, split: str = "val", batch_size: int = 256, workers: int = 0,
     device: str = "auto", confusion_png: str | Path | None = None, strict: bool = False,
-    eval_resize: str | None = None, progress: bool = True,
+    eval_resize: str | None = None, progress: bool = True, precision: str = "auto",
 ) -> EvalResult:
     """`vitlab eval`: top-1/top-5/loss of saved weights on a dataset split, and (with `confusion_png`) a
     confusion-matrix PNG. `eval_resize` None: the resize the weights were evaluated with in training (recorded
-    in vitlab weights), else "official". `progress`: a bar on a terminal."""
+    in vitlab weights), else "official". `progress`: a bar on a terminal. `precision`: auto, fp32, bf16 or int8
+    (vitlab.precision; the choice is in the result)."""
     dev = pick_device(device)
     model, names = load_for_inference(weights, dev)
+    model, chosen = with_precision(model, dev, precision)
     has_names = getattr(model, "class_names", None) is not None
     data_split: ImageSplit = load_split(data, split, names if has_names else None, strict)
     if len(data_split.class_names) != model.config.num_classes:
@@ -119,9 +125,9 @@ def evaluate_weights(
     loader = make_loader(TransformedSplit(data_split, transform), ShardSampler(len(data_split), batch_size),
                          workers, dev)
     meter = evaluate(model, loader, dev, model.config.mean, model.config.std, model.config.num_classes,
-                     confusion=True, progress_desc=f"eval {split}" if progress else None)
+                     confusion=True, progress_desc=f"eval {split}" if progress else None, precision=chosen)
     metrics = require_finite(meter.result(), f"evaluation of {weights} on {data} {split}")
-    result = EvalResult(metrics, meter.confusion.cpu(), names, None, resize)
+    result = EvalResult(metrics, meter.confusion.cpu(), names, None, resize, chosen)
     if confusion_png:
         write_confusion(result, confusion_png)
     return result

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..precision import Precision, model_width, prepare_for_inference, resolve_precision
 from ..weights.load import load
 
 
@@ -18,3 +19,10 @@ def load_for_inference(weights: str | Path, device: torch.device) -> tuple[nn.Mo
     k = model.config.num_classes
     names = list(getattr(model, "class_names", None) or [str(i) for i in range(k)])
     return model, names
+
+
+def with_precision(model: nn.Module, device: torch.device, precision: str) -> tuple[nn.Module, Precision]:
+    """(the model in the fastest form of `precision` for inference, the resolved choice with its reason); the
+    caller computes under `precision.autocast_for(device, chosen)`. fp32 leaves the model as it is."""
+    chosen = resolve_precision(precision, device, use="infer", width=model_width(model))
+    return prepare_for_inference(model, chosen), chosen

@@ -12,10 +12,11 @@ from ..data import EvalTransform, normalize
 from ..data.errors import DataError
 from ..data.folder import IMAGE_EXTENSIONS
 from ..data.sources import DECODE_ERRORS, ImageSplit
-from ..device import autocast, pick_device
+from ..device import pick_device
 from ..models.timm_compat import eval_resize_of
+from ..precision import autocast_for
 from ..progress import progress as progress_bar
-from .inference import load_for_inference
+from .inference import load_for_inference, with_precision
 
 
 def expand_images(paths: list[str | Path]) -> list[str]:
@@ -34,13 +35,16 @@ def expand_images(paths: list[str | Path]) -> list[str]:
 
 
 @torch.no_grad()
-def predict(weights: str | Path, images: list[str], top_k: int | None = None, device: str = "auto"
-            ) -> list[dict[str, Any]]:
+def predict(weights: str | Path, images: list[str], top_k: int | None = None, device: str = "auto",
+            precision: str = "auto") -> list[dict[str, Any]]:
     """`vitlab predict`: for each image (a folder: every image under it), the top-k classes with softmax
     probabilities. `top_k` None: 5, or all classes of a model with fewer; a given `top_k` above the class count
-    shows all of them, with a warning."""
+    shows all of them, with a warning. `precision`: auto, fp32, bf16 or int8 (vitlab.precision; the choice is
+    logged)."""
     dev = pick_device(device)
     model, names = load_for_inference(weights, dev)
+    model, chosen = with_precision(model, dev, precision)
+    logging.getLogger("vitlab").info("precision %s (%s)", chosen.name, chosen.reason)
     images = expand_images(images)
     if top_k is None:
         top_k = min(5, len(names))
@@ -56,7 +60,7 @@ def predict(weights: str | Path, images: list[str], top_k: int | None = None, de
         except (FileNotFoundError, *DECODE_ERRORS) as err:
             raise DataError(f"cannot read image {path}: {type(err).__name__}: {err}") from None
         x = torch.tensor(arr).permute(2, 0, 1)[None].to(dev)  # (1, 3, H, W) uint8
-        with autocast(dev):
+        with autocast_for(dev, chosen):
             logits = model(normalize(x, model.config.mean, model.config.std))
         probs = logits.float().softmax(-1)[0]
         if not torch.isfinite(probs).all():

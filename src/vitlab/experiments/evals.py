@@ -73,7 +73,8 @@ def attention(run_dir: Path, data: str, scale: Any) -> dict[str, Any]:
 def upstream(run_dir: Path, data: str, scale: Any) -> dict[str, Any]:
     """{"top1", "top5", "loss", "count"} of the run's final weights on `data`'s validation split, as `vitlab eval`
     computes them."""
-    metrics = evaluate_weights(run_dir / "model.safetensors", data, "val", workers=0, progress=False).metrics
+    metrics = evaluate_weights(run_dir / "model.safetensors", data, "val", workers=0, progress=False,
+                               precision="fp32").metrics  # the designs pin float32
     return {k: round(float(v), 6) for k, v in metrics.items()}
 
 

@@ -40,7 +40,7 @@ from ..train.resolve import resolve
 from ..train.runlog import read_metrics
 from .estimate import CostModel, render_seconds
 from .evals import evaluate
-from .spec import RunSpec
+from .spec import DESIGN_PRECISION, RunSpec
 
 RESULT = "result.json"
 RUNS = "_runs"
@@ -96,7 +96,7 @@ def train_spec(spec: RunSpec, run_dir: Path, init: Path | None) -> dict[str, Any
     the same resolution step, banner, config.json and loop, in this process."""
     from ..train import TrainingDiverged, run  # the training loop: not imported by `vitlab --help`
 
-    flags = {**spec.settings, "out": str(run_dir), "resume": "auto"}
+    flags = {**spec.settings, "out": str(run_dir), "resume": "auto", "precision": DESIGN_PRECISION}
     if not flags.get("save_every") and not flags.get("eval_every"):
         # A checkpoint every tenth of the run, set here and not in the spec (whose key it would change): a
         # run killed outright (a session's end, the machine taken back) resumes from it instead of from step 0.

@@ -19,6 +19,9 @@ from typing import Any
 # TrainConfig fields that change neither the weights nor the results a run stores.
 NOT_IN_KEY = frozenset({"workers", "log_every", "eval_batch_size", "device", "compile", "out", "resume"})
 KEY_LENGTH = 12
+# The designs' precision: every recorded run was trained in float32, so a run computes in it on any machine
+# (passed beside the settings, not in them: no key changes).
+DESIGN_PRECISION = "fp32"
 
 
 @dataclass(frozen=True)

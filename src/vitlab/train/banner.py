@@ -53,6 +53,7 @@ def banner_lines(resolved: Resolved, model: Any, data: Any, device: Any, world: 
         f"images at {cfg.image_size} px; train {_train_preprocessing(cfg)}; eval resize {cfg.eval_resize}",
         f"devices {device.type} × {world} process{'es' if world > 1 else ''}, {threads} compute thread"
         f"{'s' if threads != 1 else ''} and {workers} loader worker{'s' if workers != 1 else ''} per process",
+        f"compute {cfg.precision} ({resolved.sources.get('precision', 'given')})",
     ]
     return lines + ["settings " + line if i == 0 else line for i, line in enumerate(settings_lines(resolved))]
 

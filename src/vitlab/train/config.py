@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..data.transforms import EVAL_RESIZES, TRAIN_CROPS, TRAIN_RESIZES
+from ..precision import check_precision
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"  # auto, cpu, cuda, cuda:1
     compile: bool = False
+    precision: str = "auto"  # auto, fp32 or bf16 (autocast, float32 master weights); resolved before the run
     fsdp: bool = False  # shard parameters with FSDP2 instead of replicating them with DDP
     eval_every: int = 0  # 0: only at the end
     eval_batch_size: int = 256
@@ -204,8 +206,17 @@ def _choice_problems(cfg: TrainConfig) -> list[str]:
         (cfg.eval_resize in EVAL_RESIZES,
          f"unknown --eval-resize {cfg.eval_resize!r}; use {', '.join(EVAL_RESIZES)}"),
         (_valid_device(cfg.device), f"unknown --device {cfg.device!r}; use auto, cpu, cuda or cuda:N"),
+        (cfg.precision in ("auto", "fp32", "bf16"), _precision_problem(cfg.precision)),
     ]
     return [message for ok, message in checks if not ok]
+
+
+def _precision_problem(precision: str) -> str:
+    try:
+        check_precision(precision, "train")
+    except ValueError as err:
+        return str(err)
+    return ""
 
 
 def _valid_device(device: str) -> bool:

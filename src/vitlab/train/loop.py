@@ -19,13 +19,14 @@ import torch
 
 from ..data import build_datasets, normalize
 from ..data.errors import DataError, describe_paths
-from ..device import all_reduce, autocast
+from ..device import all_reduce
 from ..eval.fewshot_data import fewshot_weights
+from ..precision import autocast_for, model_width, resolve_precision
 from ..rundir import METRICS
 from .banner import ConsoleLog, banner_lines
 from .checkpointer import Checkpointer, find_resume_point
 from .config import TrainConfig
-from .distributed import Dist, barrier, grad_sync, setup, teardown, wrap_model
+from .distributed import Dist, barrier, grad_sync, peers_in_one_line, setup, teardown, wrap_model
 from .mixup import draw_mixup
 from .objective import objective_for
 from .optim import Ema, build_optimizer, build_scheduler
@@ -62,6 +63,7 @@ class RunResult:
     skipped_images: list[str] = field(default_factory=list)
 
 
+@peers_in_one_line  # a peer of the job died or stopped answering: one line, no gloo traceback
 def run(config: TrainConfig | Resolved) -> RunResult:
     """Train as configured (a TrainConfig, or the Resolved settings of `vitlab.train.resolve` with their
     sources); in a torchrun job every process calls this and rank 0 writes."""
@@ -116,6 +118,8 @@ class Trainer:
         else:
             self.model = resume.model
         self.model_config = self.model.config  # of the saved ViT (the encoder, for self-supervision)
+        resolved = self._decide_precision(resolved)
+        cfg = self.cfg
         # self.model stays the model (sharded in place under FSDP); train_module is what the step calls (DDP)
         self.train_module = wrap_model(self.model, d, cfg.compile, cfg.fsdp)
         self.optimizer = build_optimizer(self.model, cfg)
@@ -143,6 +147,16 @@ class Trainer:
         self.log = RunLog(self.run_dir, cfg.steps, self.step, d.is_main)
         if resolved.resumed_changes:
             self.log.record({"step": self.step, "split": "resume", "changed": resolved.resumed_changes})
+
+    def _decide_precision(self, resolved: Resolved) -> Resolved:
+        """A TrainConfig given directly with precision auto (the command line's is decided by resolve): decided
+        here by the same rule, and recorded as the command line's is."""
+        if self.cfg.precision != "auto":
+            return resolved
+        chosen = resolve_precision("auto", self.d.device, use="train", width=model_width(self.saved_model()))
+        self.cfg = self.cfg.replace(precision=chosen.name)
+        return Resolved(self.cfg, {**resolved.sources, "precision": chosen.reason}, resolved.notes,
+                        resolved.resumed_changes, resolved.data, resolved.init)
 
     def saved_model(self) -> Any:
         """The saved model (the encoder for self-supervision): what the banner and config.json describe."""
@@ -195,7 +209,7 @@ class Trainer:
             mix = draw_mixup(cfg.mixup, len(y), cfg.seed, self.step, j, d.rank, cutmix=cfg.cutmix,
                              size=tuple(x.shape[-2:]))  # None without MixUp or CutMix
             with grad_sync(self.train_module, j == cfg.accum - 1):
-                with autocast(d.device):
+                with autocast_for(d.device, cfg.precision):  # bf16: float32 master weights and optimizer state
                     loss = self.objective.loss(self.train_module, x, y, cfg, mix) / cfg.accum
                 loss.backward()
             loss_sum += loss.detach()
@@ -290,7 +304,7 @@ class Trainer:
                 self._evaluate(record=False)
             weights = self.run_dir / "model.safetensors"
             with self.ema.applied(self.model) if self.ema is not None else nullcontext():
-                self.checkpoints.save_weights(weights)
+                self.checkpoints.save_weights(weights, step=self.step)  # its step: resumable without checkpoints
             if self.d.is_main:
                 plot_curves(self.run_dir / METRICS, self.run_dir / "curves.png")
         summary = totals.summary(self.workers, self.d.world) if totals.steps else {}

@@ -14,9 +14,10 @@ from torch import nn
 
 from ..data import normalize
 from ..data.loader import UnreadableImages
-from ..device import all_reduce, autocast
+from ..device import all_reduce
 from ..eval.classify import evaluate, per_image_loss
 from ..eval.metrics import ClassificationMeter
+from ..precision import autocast_for
 from ..selfsup import MaskedPatchPredictor, MPPConfig
 from ..selfsup.mpp import validation_summary
 from .config import TrainConfig
@@ -41,7 +42,8 @@ class Classification:
     def evaluate(self, module: nn.Module, loader: Any, device: torch.device, num_classes: int,
                  cfg: TrainConfig) -> dict[str, float]:
         c = module.config
-        return evaluate(module, loader, device, c.mean, c.std, num_classes, cfg.loss).result()
+        return evaluate(module, loader, device, c.mean, c.std, num_classes, cfg.loss,
+                        precision=cfg.precision).result()
 
     def score(self, metrics: dict[str, float]) -> float:
         """Higher is better: what best.safetensors is chosen by."""
@@ -92,7 +94,7 @@ class MaskedPatches(Classification):
             if not valid.any():  # an all-padding evaluation shard
                 continue
             x = normalize(batch["images"].to(device)[valid], c.mean, c.std)
-            with autocast(device):
+            with autocast_for(device, cfg.precision):
                 pred, target = module.predictions(x, generator)
             pred = pred.float()
             if self.target == "pixels":

@@ -26,11 +26,12 @@ from typing import Any
 from ..data import build_datasets
 from ..models.config import ViTConfig
 from ..models.registry import describe_architecture, model_config
+from ..precision import config_width, device_kind, resolve_precision
 from ..rundir import CONFIG, run_dir_of
 from ..weights.load import read_weights
 from ..weights.locate import locate
 from .config import TrainConfig, config_from_json, validate
-from .configfile import check_model_args_type, check_types, parse_settings
+from .configfile import check_model_args_type, check_record, check_types, parse_settings
 from .data_rules import follow_data
 from .model_settings import check_against_init, check_model_args
 from .presets import BIT_DATA_FIELDS, FINETUNE_PRESETS, finetune_dropout, hyperrule_from_data
@@ -120,6 +121,7 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
     data = _data_rules(layers, name, auto, data)
     data = follow_data(layers, name, data)  # a recipe written for other data: steps, size from it
     _warmup_rule(layers, name)
+    _precision_rule(layers, checkpoint)
     if checkpoint is not None:
         _note_resolution_change(layers, checkpoint)
     config = validate(TrainConfig(**layers.values))
@@ -316,6 +318,16 @@ def _warmup_rule(layers: _Layers, recipe: str) -> None:
     layers.apply({"warmup": scaled}, f"{s['warmup']}, scaled to the steps")
 
 
+def _precision_rule(layers: _Layers, checkpoint: Any) -> None:
+    """--precision auto decided once, by vitlab.precision's measured rule: config.json records the choice with
+    the rule's reason as its source, and a resumed run keeps it on any machine."""
+    v = layers.values
+    if v["precision"] == "auto":
+        config = checkpoint.config if checkpoint is not None else model_config(v["model"], **v["model_args"])
+        chosen = resolve_precision("auto", device_kind(v["device"]), use="train", width=config_width(config))
+        layers.apply({"precision": chosen.name}, chosen.reason)
+
+
 def _steps_of(layers: _Layers, source: str, recipe: str) -> int | None:
     """The step count of the layer that chose the warm-up."""
     if source.startswith("preset "):
@@ -332,7 +344,11 @@ def _resume(out: Path, flags: Mapping[str, Any], recipe: str | None) -> Resolved
         stored = config_from_json(out / "config.json")
     except (OSError, ValueError, TypeError) as err:
         raise ValueError(f"{out / 'config.json'}: cannot read the stored run ({err}); it is damaged") from None
+    check_record(out / "config.json", record, RUN_RECORD_KEYS)
     sources = {**dict.fromkeys(stored.to_dict(), f"run {out}"), **record.get("sources", {})}
+    if "precision" not in record:  # recorded before --precision existed: computed as device.autocast did then
+        stored = stored.replace(precision="bf16" if device_kind(stored.device).type == "cuda" else "fp32")
+        sources["precision"] = f"run {out}: recorded before --precision (bf16 on CUDA, float32 on CPU)"
     if recipe is not None and recipe != stored.recipe:
         raise ValueError(f"--recipe {recipe} contradicts the run in {out} (recipe {stored.recipe}); resume without "
                          "it, or start a new run with another --out")
@@ -346,8 +362,8 @@ def _resume(out: Path, flags: Mapping[str, Any], recipe: str | None) -> Resolved
         if key == "model_args":
             continue
         now, before = _plain(value), getattr(stored, key)
-        if now == before or key in ("resume", "out"):
-            continue
+        if now == before or key in ("resume", "out") or (key == "precision" and now == "auto"):
+            continue  # --precision auto: the choice the run made when it started
         if key not in SAFE_ON_RESUME:
             raise ValueError(f"--{key.replace('_', '-')} {_show(now)} contradicts the run in {out} (stored: "
                              f"{_show(before)}); resume without it, or start a new run with another --out")

@@ -98,7 +98,7 @@ def _fine_tune(resolved: Resolved) -> tuple[float, float]:
     if result.status != "completed":
         raise RuntimeError(f"{cfg.out} stopped at step {result.step} ({result.status}); rerun with --resume")
     test = evaluate_weights(result.weights, cfg.data, split="val", batch_size=cfg.eval_batch_size, workers=0,
-                            device=cfg.device, strict=cfg.strict)
+                            device=cfg.device, strict=cfg.strict, precision=cfg.precision)
     return float(result.metrics["top1"]), float(test.metrics["top1"])
 
 
