@@ -9,16 +9,23 @@
 - A write that fails because of the storage (full disk, quota, read-only file system, permissions, a name too
   long) raises an OSError naming the destination, whichever library wrote (safetensors and torch.save wrap the
   OS error in their own types); `os_error_line` turns it into the one line the command line prints.
+- Owned: `check_output` is the one rule for every path vitlab writes (see its docstring): what is not a regular
+  file (a device, FIFO, socket, symbolic link, folder) is never renamed over, and a regular file is replaced only
+  if vitlab wrote it, recognisably (the mark `written_by: vitlab…` that `mark`/`mark_zip`/`mark_text` put in
+  each kind of file), or when the user forces it.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,7 +38,7 @@ STORAGE_ERRNOS: dict[int, str] = {
     errno.EROFS: "the file system is read-only; write elsewhere",
     errno.EACCES: "check the permissions, or write elsewhere",
     errno.EPERM: "check the permissions, or write elsewhere",
-    errno.ENAMETOOLONG: "use a shorter name (most file systems allow 255 bytes per name)",
+    errno.ENAMETOOLONG: "use a shorter name or a shorter path",
 }
 # How safetensors (Rust: "os error 28") and Python report the errno inside a message.
 _ERRNO_IN_TEXT = re.compile(r"os error (\d+)|\[Errno (\d+)\]")
@@ -78,8 +85,17 @@ def _ours(name: Path, dest: Path) -> bool:
 
 
 def check_name_length(path: Path) -> None:
-    """OSError(ENAMETOOLONG) naming `path` when its name is longer than its folder's file system allows."""
-    folder = next((p for p in path.parents if p.exists()), Path("."))
+    """OSError(ENAMETOOLONG) naming `path` when one of its names is longer than its folder's file system allows,
+    or the whole path longer than the system's limit for a path (PATH_MAX): each with its own limit and advice."""
+    try:
+        path_limit = os.pathconf(os.sep, "PC_PATH_MAX")
+    except (OSError, ValueError, AttributeError):
+        path_limit = 4096
+    # The temporary beside `path` is what the system opens: its name, not the destination's, must fit.
+    if len(os.fsencode(os.path.abspath(path.parent / _temp_prefix(path)))) + 8 >= path_limit:
+        raise OSError(errno.ENAMETOOLONG, f"Path too long ({len(os.fsencode(os.path.abspath(path)))} bytes; a "
+                      f"whole path may have {path_limit}, less room for the temporary written beside it)", str(path))
+    folder = next((p for p in path.parents if os.path.exists(p)), Path("."))  # False, not OSError, on a long name
     try:
         limit = os.pathconf(folder, "PC_NAME_MAX")
     except (OSError, ValueError, AttributeError):
@@ -87,7 +103,7 @@ def check_name_length(path: Path) -> None:
     for part in (path, *path.parents):  # every component: a long folder name fails as surely
         if len(os.fsencode(part.name)) > limit:
             raise OSError(errno.ENAMETOOLONG, f"File name too long ({len(os.fsencode(part.name))} bytes, the "
-                          f"limit is {limit})", str(path))
+                          f"limit is {limit} per name)", str(path))
 
 
 def storage_error(err: BaseException, dest: Path, written: Path | None = None) -> OSError | None:
@@ -145,9 +161,14 @@ def remove_stale_temporaries(folder: Path) -> list[Path]:
     return removed
 
 
-def atomic_write(path: str | Path, write: Callable[[str], object]) -> None:
-    """Call write(tmp_path) for a temporary file beside `path`, then rename it into place."""
+def atomic_write(path: str | Path, write: Callable[[str], object], *, user_named: bool = False,
+                 force: bool = False) -> None:
+    """Call write(tmp_path) for a temporary file beside `path`, then rename it into place. What is at `path` is
+    checked before the work and again before the rename: never a special file or link (`refuse_special`); with
+    `user_named` (a path the user gave) only a file vitlab wrote, unless `force` (`check_output`)."""
     path = Path(path)
+    guard = (lambda: check_output(path, force)) if user_named else (lambda: refuse_special(path))
+    guard()
     try:
         check_name_length(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -159,13 +180,25 @@ def atomic_write(path: str | Path, write: Callable[[str], object]) -> None:
     try:
         write(tmp)
         os.chmod(tmp, 0o666 & ~current_umask())
+        guard()  # the path may have changed while the content was written
         os.replace(tmp, path)
     except BaseException as err:
         named = storage_error(err, path, Path(tmp)) if isinstance(err, Exception) else None
+        named = named or _about_destination(err, Path(tmp), path)
         Path(tmp).unlink(missing_ok=True)
         if named is not None and named is not err:
             raise named from None
         raise
+
+
+def _about_destination(err: BaseException, tmp: Path, dest: Path) -> OSError | None:
+    """The OSError of a failed write or rename, naming the destination rather than vitlab's temporary beside it
+    (whose name means nothing to the user); None when the error names another file."""
+    if not isinstance(err, OSError) or isinstance(err, OutputRefused) or err.filename is None:
+        return None
+    if Path(os.fsdecode(err.filename)) not in (tmp, tmp.with_name(tmp.name + "-old")):
+        return None
+    return type(err)(err.errno, err.strerror, str(dest)) if err.errno else None
 
 
 def _apply_umask(folder: Path) -> None:
@@ -180,6 +213,7 @@ def atomic_folder(folder: str | Path, write: Callable[[Path], None]) -> None:
     """Call write(tmp_dir) for a fresh folder beside `folder`, then swap it into place (an existing folder is
     moved aside first and restored if the swap fails). The caller decides whether `folder` may be replaced."""
     folder = Path(folder)
+    refuse_special(folder, "folder")
     try:
         check_name_length(folder)
         folder.parent.mkdir(parents=True, exist_ok=True)
@@ -191,11 +225,13 @@ def atomic_folder(folder: str | Path, write: Callable[[Path], None]) -> None:
     try:
         write(tmp)
         _apply_umask(tmp)
+        refuse_special(folder, "folder")  # the path may have changed while the content was written
         if folder.exists():
             folder.rename(old)
         tmp.rename(folder)
     except BaseException as err:
         named = storage_error(err, folder, tmp) if isinstance(err, Exception) else None
+        named = named or _about_destination(err, tmp, folder)
         if old.exists() and not folder.exists():
             old.rename(folder)  # put the earlier version back
         shutil.rmtree(tmp, ignore_errors=True)
@@ -236,3 +272,143 @@ def _written_by(path: Path, legacy_keys: frozenset[str]) -> str | None:
     if isinstance(data.get(WRITTEN_BY), str):
         return data[WRITTEN_BY]
     return _LEGACY if legacy_keys and legacy_keys <= data.keys() else None
+
+
+# --- Which outputs vitlab may replace ----------------------------------------------------------------------------
+_TEXT_MARK = re.compile(rb"<!-- written_by: (vitlab[^>\n]{0,80}?) -->")  # Markdown (model cards), HTML
+_JSON_MARK = re.compile(rb'\A\s*\{\s*"written_by"\s*:\s*"(vitlab[^"\n]{0,80})"')  # the record's first key
+_HEAD = 4096  # bytes read to recognise a mark: marks sit at the start (JSON, text) or in a bounded header
+_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"))
+FORCE_FIX = "pass --force to replace it, or choose a new name"
+
+
+class OutputRefused(FileExistsError):
+    """An output path vitlab will not write over. One line, `<path>: <what is there>; <what to do>`; an OSError
+    (EEXIST) so that the command line's handler prints it as it prints a full disk."""
+
+    def __init__(self, path: str | Path, problem: str, fix: str):
+        super().__init__(errno.EEXIST, f"{problem}; {fix}", str(path))
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+def mark(writer: str = "vitlab") -> dict[str, str]:
+    """The mark that makes a file recognisably vitlab's: {"written_by": writer}, the first key of a JSON record,
+    an entry of safetensors metadata or a PNG text chunk (matplotlib's `savefig(metadata=mark(...))`)."""
+    return {WRITTEN_BY: writer}
+
+
+def mark_text(writer: str = "vitlab") -> str:
+    """The mark as a comment line for Markdown and HTML (within their first 4 KiB)."""
+    return f"<!-- written_by: {writer} -->"
+
+
+def mark_zip(path: str | Path, writer: str = "vitlab") -> None:
+    """The mark as the zip comment of a written .npz or torch.save file (np.load and torch.load ignore it)."""
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.comment = f"written_by: {writer}".encode()
+
+
+def written_by(path: str | Path) -> str | None:
+    """The writer a regular file's mark names ("vitlab convert", …), None when it has none. Reads at most a bounded
+    header and never blocks (a FIFO is not opened for reading). vitlab safetensors from before the mark count as
+    vitlab's by their `format` metadata."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            return _mark_in(f, f.read(_HEAD))
+        except (OSError, ValueError, AttributeError, zipfile.BadZipFile, RecursionError, EOFError):
+            return None  # unreadable or not a format with a mark: not recognisably vitlab's
+
+
+def _mark_in(f, head: bytes) -> str | None:
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return _png_mark(f)
+    if head.startswith(b"PK"):
+        comment = zipfile.ZipFile(f).comment
+        return comment.split(b": ", 1)[1].decode() if comment.startswith(b"written_by: vitlab") else None
+    if len(head) > 8 and head[8:9] == b"{" and (size := int.from_bytes(head[:8], "little")) < 1 << 27:
+        f.seek(8)  # safetensors: 8 bytes of header size, then the JSON header (metadata included)
+        meta = json.loads(f.read(size)).get("__metadata__") or {}
+        if str(meta.get(WRITTEN_BY, "")).startswith("vitlab") or meta.get("format") == "vitlab":
+            return str(meta.get(WRITTEN_BY) or "vitlab")
+        return None
+    found = _JSON_MARK.match(head) or _TEXT_MARK.search(head)
+    return found.group(1).decode(errors="replace") if found else None
+
+
+def _png_mark(f) -> str | None:
+    """The `written_by` tEXt chunk of a PNG, looked for among its first chunks (matplotlib writes text first)."""
+    f.seek(8)
+    for _ in range(64):
+        header = f.read(8)
+        if len(header) < 8:
+            return None
+        size, kind = int.from_bytes(header[:4], "big"), header[4:]
+        if kind == b"IEND":
+            return None
+        if kind == b"tEXt" and size < _HEAD:
+            key, _, value = f.read(size).partition(b"\0")
+            f.seek(4, os.SEEK_CUR)
+            if key == WRITTEN_BY.encode() and value.startswith(b"vitlab"):
+                return value.decode("latin-1")
+        else:
+            f.seek(size + 4, os.SEEK_CUR)
+    return None
+
+
+def refuse_special(path: str | Path, what: str = "file") -> None:
+    """OutputRefused when `path` exists and is not a regular file (or, for what="folder", not a real folder):
+    renaming over a character device replaces it (run as root, /dev/null itself), over a FIFO or socket breaks
+    what listens on it, and a symbolic link would be replaced by a file rather than written through."""
+    try:
+        st = os.lstat(path)
+    except OSError:  # absent, or a path the write itself will report (a file where a folder should be)
+        return
+    if stat.S_ISREG(st.st_mode) if what == "file" else stat.S_ISDIR(st.st_mode):
+        return
+    kind = "a regular file" if stat.S_ISREG(st.st_mode) else next(k for test, k in _KINDS if test(st.st_mode))
+    fix = {"a symbolic link": f"vitlab does not write through links; name the {what} itself or a new one",
+           "a folder": "give a file path"}.get(kind, f"vitlab writes a new {what}; choose a new name")
+    raise OutputRefused(path, f"exists and is {kind}, not a {'regular file' if what == 'file' else what}", fix)
+
+
+def check_output(path: str | Path, force: bool = False, fix: str = FORCE_FIX) -> None:
+    """The rule for every file a user names as an output (checked before the work and again before the rename):
+    - absent: written;
+    - not a regular file (a character or block device, FIFO, socket, symbolic link, folder): refused, --force or not;
+    - a regular file vitlab wrote, recognisably: replaced. Recognised by its mark `written_by: vitlab…`: a JSON
+      record's first key, safetensors metadata (or vitlab's own `format: vitlab`), a PNG tEXt chunk, the zip
+      comment of an .npz/.pth, a comment line in Markdown/HTML;
+    - any other regular file: refused (OutputRefused, one line ending in `fix`) unless `force`."""
+    refuse_special(path)
+    if force or not os.path.lexists(path) or written_by(path) is not None:
+        return
+    raise OutputRefused(path, "exists and vitlab did not write it", fix)
+
+
+def check_output_folder(folder: str | Path, names: tuple[str, ...], card: str, force: bool = False,
+                        fix: str = FORCE_FIX) -> None:
+    """The rule for a folder export (timm, HF): absent or empty, or an earlier export: nothing in it but `names`
+    (never a special file) and its model card `card` marked as vitlab's (`force`: the card may be anyone's). A
+    folder holding anything else is refused even with `force`: replacing it would delete the user's data."""
+    folder = Path(folder)
+    refuse_special(folder, "folder")
+    if not folder.exists():
+        return
+    entries = sorted(folder.iterdir())
+    foreign = [e.name for e in entries if e.name not in names]
+    if foreign:
+        raise OutputRefused(folder, f"holds {foreign[0]!r}, which vitlab's export does not write",
+                            "write to a new or empty folder")
+    for entry in entries:
+        refuse_special(entry)
+    if entries and not force and written_by(folder / card) is None:
+        raise OutputRefused(folder, f"holds files vitlab did not write ({card} has no vitlab mark)", fix)
