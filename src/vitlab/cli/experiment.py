@@ -46,9 +46,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--report", metavar="PATH",
                    help=f"the Markdown report to rewrite from OUT's full results (default {DEFAULT_REPORT} for "
                         "full runs, none for --quick)")
-    p.add_argument("--force", action="store_true",
-                   help="let --report replace a file that is not a report vitlab wrote (a report starts with the "
-                        "line `<!-- written_by: vitlab experiment report -->`)")
     p.add_argument("--records", metavar="DIR",
                    help=f"where every finished run's result.json is also written, to be committed (default "
                         f"{DEFAULT_RECORDS} for full runs, none for --quick): on a new machine a run recorded there "
@@ -62,7 +59,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..experiments import NAMES, PILOT, experiments
-    from ..experiments import stopping
     from ..experiments.parallel import Pool, cpu_count
     from ..experiments.spec import DESIGN_PRECISION
     from . import UserError
@@ -86,30 +82,22 @@ def run(args: argparse.Namespace) -> int:
     assumed = {} if args.estimate and len(names) > 1 else None  # `all --estimate`: each after the ones before
     report = None if args.estimate else args.report or (None if args.quick else DEFAULT_REPORT)
     jobs = args.jobs or cpu_count()
-    if report:  # before any run: a file the report may not replace is said now, not after hours of training
-        from ..experiments.report import previous_report
-
-        previous_report(Path(report), args.force)
     # one pool of workers for the whole command: a later experiment's run goes on across the hand-over
-    # SIGTERM and Ctrl-C stop every run at its next step with a checkpoint, and the command (experiments.stopping)
-    with stopping.CommandStop(), Pool(jobs) if jobs > 1 and len(names) > 1 and not args.estimate else nullcontext() as pool:
+    with Pool(jobs) if jobs > 1 and len(names) > 1 and not args.estimate else nullcontext() as pool:
         for i, name in enumerate(names):
-            if stopping.requested() or not _run_one(table[name], out, args, assumed, [table[n] for n in names[i + 1:]],
-                                                    jobs, pool):
-                if pool is not None:  # a run stopped by a signal only its worker received: the others stop too
-                    pool.halt()
-                return _stopped()
+            if not _run_one(table[name], out, args, assumed, [table[n] for n in names[i + 1:]], jobs, pool):
+                return 130
             if report:  # after each experiment: its results and figures are ready to commit before the next ends
-                _write_report(out, report, args.force)
+                _write_report(out, report)
     if report and not names:  # `report`: only rewrite it
-        _write_report(out, report, args.force)
+        _write_report(out, report)
     return 0
 
 
-def _write_report(out: Path, report: str, force: bool) -> None:
+def _write_report(out: Path, report: str) -> None:
     from ..experiments.report import write_report
 
-    write_report(out, Path(report), force=force)
+    write_report(out, Path(report))
     print(f"wrote {report} from the results in {out}")
 
 
