@@ -7,7 +7,11 @@ reader (`vitlab.load`, `info`, `eval`, `--init`, resuming, the experiments) asks
         checkpoints/step_00001500/
             model.safetensors   vitlab weights (config + class names inside)
             state.pt            optimizer, scheduler, EMA, RNG states, step
-            manifest.json       size and SHA-256 of the two files, written last
+            manifest.json       size and SHA-256 of the two files, the run's settings, written last
+
+Only `step_<digits>` folders are checkpoints: anything else in checkpoints/ (a stray `step_abc`, a copy) is left
+alone, never read or pruned, with a warning when resuming. A manifest must list exactly its checkpoint's two files
+by plain name: one naming a file outside its folder, or listing none, makes the checkpoint damaged, not intact.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from pathlib import Path
 
 CHECKPOINTS = "checkpoints"
@@ -23,6 +28,8 @@ STATE = "state.pt"
 MANIFEST = "manifest.json"
 METRICS = "metrics.jsonl"
 CONFIG = "config.json"
+CHECKPOINT_FILES = (WEIGHTS, STATE)  # what a manifest lists, no more and no fewer
+_STEP_NAME = re.compile(r"step_(\d+)")
 
 log = logging.getLogger("vitlab.rundir")
 
@@ -81,6 +88,12 @@ def verify_checkpoint(path: Path) -> str | None:
     if not isinstance(files, dict) or not all(isinstance(e, dict) and isinstance(e.get("size"), int)
                                               and isinstance(e.get("sha256"), str) for e in files.values()):
         return f"{MANIFEST} is not a vitlab checkpoint manifest (damaged)"
+    strange = sorted(str(name) for name in files if name not in CHECKPOINT_FILES)
+    if strange:  # `../../x` would be checked (and later read) outside the checkpoint
+        return f"{MANIFEST} names {strange[0]!r}, not a file of a checkpoint (edited or damaged)"
+    missing = [name for name in CHECKPOINT_FILES if name not in files]
+    if missing:  # a manifest listing nothing vouches for nothing
+        return f"{MANIFEST} does not list {' or '.join(missing)} (edited or damaged)"
     for name, expect in files.items():
         f = path / name
         if not f.is_file():
@@ -97,12 +110,41 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_")]
-    return sorted(found, key=lambda p: int(p.name.split("_")[1]), reverse=True)
+    found = [p for p in root.iterdir() if p.is_dir() and _STEP_NAME.fullmatch(p.name)]
+    return sorted(found, key=checkpoint_step, reverse=True)
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step of a checkpoint folder `step_<digits>`."""
+    return int(Path(path).name.removeprefix("step_"))
+
+
+def stray_entries(run_dir: Path) -> list[str]:
+    """Names in checkpoints/ that are neither a checkpoint (`step_<digits>`) nor one being written
+    (`.step_….tmp…`): vitlab wrote none of them, so it neither reads nor deletes them."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir()
+                  if not (p.is_dir() and _STEP_NAME.fullmatch(p.name)) and not p.name.startswith(".step_"))
+
+
+def checkpoint_settings(path: Path) -> dict | None:
+    """The run's settings a checkpoint's manifest recorded (None for checkpoints written before they were)."""
+    try:
+        manifest = json.loads((Path(path) / MANIFEST).read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    settings = manifest.get("settings") if isinstance(manifest, dict) else None
+    return settings if isinstance(settings, dict) else None
 
 
 def latest_valid_checkpoint(run_dir: Path) -> Path | None:
-    """The newest checkpoint that passes verification; damaged newer ones are reported and skipped."""
+    """The newest checkpoint that passes verification; damaged newer ones are reported and skipped, and so is
+    anything in checkpoints/ that is not a checkpoint."""
+    for name in stray_entries(run_dir):
+        log.warning("%s is not a vitlab checkpoint (they are named step_<digits>); ignored",
+                    Path(run_dir) / CHECKPOINTS / name)
     for path in list_checkpoints(run_dir):
         problem = verify_checkpoint(path)
         if problem is None:

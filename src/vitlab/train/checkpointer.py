@@ -6,7 +6,6 @@ rank 0 writes, every process takes part in the gathering."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,47 +19,18 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from ..data.errors import DataError, describe_paths
-from ..models.registry import build_model as build_from_config
-from ..rundir import latest_valid_checkpoint, step_dir
-from .checkpoint import prune_checkpoints, read_training_checkpoint, save_weights, weights_meta, write_checkpoint
+from ..rundir import step_dir
+from .checkpoint import prune_checkpoints, save_weights, weights_meta, write_checkpoint
 from .config import TrainConfig
 from .distributed import Dist, all_gather_objects, barrier
 from .optim import Ema, replan_schedule
+from .resumepoint import ResumePoint, find_resume_point
 from .runlog import log
 from .setup import rng_state, set_rng_state
 
+__all__ = ["Checkpointer", "ResumePoint", "find_resume_point"]
+
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
-@dataclass
-class ResumePoint:
-    path: Path  # the checkpoint directory
-    model: nn.Module  # the trained module (the objective's wrapper), its weights loaded
-    state: dict[str, Any]  # what write_checkpoint stored beside the weights
-
-
-def find_resume_point(run_dir: Path, objective: Any, class_names: list[str], source: str, is_main: bool
-                      ) -> ResumePoint | None:
-    """The model of the newest intact checkpoint (its own architecture: --init is not read again) and the
-    training state saved with it; None if the run has no checkpoint yet."""
-    ckpt = latest_valid_checkpoint(run_dir)
-    if ckpt is None:
-        if is_main:
-            log.info("no checkpoint in %s: starting from step 0", run_dir)
-        return None
-    weights, state = read_training_checkpoint(ckpt)
-    if list(state["class_names"]) != class_names:
-        raise DataError(
-            f"the classes of {source} differ from those of checkpoint {ckpt} "
-            f"({describe_paths(list(state['class_names']), 5)}); resume on the same data"
-        )
-    model = objective.wrap(build_from_config(weights.config))
-    model.load_state_dict(objective.merge_state(weights.state_dict, state.get("objective", {})))
-    model.class_names = list(class_names)
-    if is_main:
-        log.info("resuming from %s (step %d)", ckpt, state["step"])
-    return ResumePoint(ckpt, model.train(), state)
 
 
 class Checkpointer:
@@ -78,7 +48,21 @@ class Checkpointer:
         self.last = last
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Optimizer, schedule, EMA and this process's random streams as `state` saved them."""
+        """Optimizer, schedule, EMA and this process's random streams as `state` saved them; a state without an
+        optimizer (the run's final weights, its checkpoints gone) keeps the fresh optimizer, the schedule placed
+        at its step. A state that does not fit the model is a one-line ValueError naming the checkpoint."""
+        if state.get("optimizer") is None:
+            _place_schedule(self.scheduler, int(state["step"]))  # built for --steps already: no re-planning
+            torch.manual_seed(self.cfg.seed + 1 + 1_000_003 * self.d.rank)
+            return
+        try:
+            self._restore(state)
+        except (KeyError, ValueError, RuntimeError, TypeError, IndexError, AttributeError) as err:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            raise ValueError(f"checkpoint {self.last}: its training state does not fit the model ({first}); move "
+                             "it aside to resume from the previous checkpoint") from None
+
+    def _restore(self, state: dict[str, Any]) -> None:
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=_FULL)
         self.scheduler.load_state_dict(state["scheduler"])
         planned_for = replan_schedule(self.scheduler, self.cfg.steps)  # --resume --steps N: extend, never lr 0
@@ -115,15 +99,26 @@ class Checkpointer:
                 **training,
             }
             path = write_checkpoint(self.run_dir, step, weights, self.model.config, self.class_names, state,
-                                    weights_meta(self.cfg))
+                                    weights_meta(self.cfg), settings=self.cfg.to_dict())
             prune_checkpoints(self.run_dir, self.cfg.keep_last)
         barrier()
         self.last = path
         return path
 
-    def save_weights(self, path: Path) -> None:
-        """The weights as currently loaded in the model (EMA inside `ema.applied`), gathered from shards."""
+    def save_weights(self, path: Path, step: int | None = None) -> None:
+        """The weights as currently loaded in the model (EMA inside `ema.applied`), gathered from shards; `step`
+        recorded in their metadata (the final weights': a run whose checkpoints were deleted continues from them)."""
         weights, _ = self.objective.split_state(get_model_state_dict(self.model, options=_FULL))
         if self.d.is_main:
-            save_weights(path, weights, self.model.config, self.class_names, weights_meta(self.cfg))
+            meta = {**weights_meta(self.cfg), **({"step": step} if step is not None else {})}
+            save_weights(path, weights, self.model.config, self.class_names, meta)
         barrier()
+
+
+def _place_schedule(scheduler: Any, step: int) -> None:
+    """A fresh LambdaLR as if it had been stepped `step` times (stepping a million times would take seconds)."""
+    scheduler.last_epoch = step
+    lrs = [base * factor(step) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    scheduler._last_lr = lrs

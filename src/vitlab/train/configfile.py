@@ -85,6 +85,19 @@ def check_types(values: Mapping[str, Any], where: str) -> None:
         raise ValueError(f"{where}: {key} must be {_describe(hint)}, got {value!r} ({_kind(value)}){hint_text}")
 
 
+def check_record(path: Path, record: dict[str, Any], record_keys: frozenset[str]) -> None:
+    """A stored run's config.json beyond what config_from_json checks: value types, and its sources and notes
+    (what the banner prints), so that an edited file is one line naming it, never a traceback."""
+    check_types({k: v for k, v in record.items() if k not in record_keys}, str(path))
+    sources, notes = record.get("sources", {}), record.get("notes", [])
+    if not isinstance(sources, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in sources.items()):
+        raise ValueError(f"{path}: 'sources' must map each setting to where its value came from, got "
+                         f"{json.dumps(sources)[:60]}; the file was edited or is damaged: restore it")
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise ValueError(f"{path}: 'notes' must be a list of lines, got {json.dumps(notes)[:60]}; the file was "
+                         "edited or is damaged: restore it")
+
+
 def check_model_args_type(model_args: Any, where: str) -> None:
     """model_args: a mapping of model config field names to values (the model decides which names it has)."""
     if not isinstance(model_args, Mapping) or not all(isinstance(k, str) for k in model_args):

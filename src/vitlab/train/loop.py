@@ -303,7 +303,7 @@ class Trainer:
                 self._evaluate(record=False)
             weights = self.run_dir / "model.safetensors"
             with self.ema.applied(self.model) if self.ema is not None else nullcontext():
-                self.checkpoints.save_weights(weights)
+                self.checkpoints.save_weights(weights, step=self.step)  # its step: resumable without checkpoints
             if self.d.is_main:
                 plot_curves(self.run_dir / METRICS, self.run_dir / "curves.png")
         summary = totals.summary(self.workers, self.d.world) if totals.steps else {}

@@ -31,7 +31,7 @@ from ..rundir import CONFIG, run_dir_of
 from ..weights.load import read_weights
 from ..weights.locate import locate
 from .config import TrainConfig, config_from_json, validate
-from .configfile import check_model_args_type, check_types, parse_settings
+from .configfile import check_model_args_type, check_record, check_types, parse_settings
 from .data_rules import follow_data
 from .model_settings import check_against_init, check_model_args
 from .presets import BIT_DATA_FIELDS, FINETUNE_PRESETS, finetune_dropout, hyperrule_from_data
@@ -344,6 +344,7 @@ def _resume(out: Path, flags: Mapping[str, Any], recipe: str | None) -> Resolved
         stored = config_from_json(out / "config.json")
     except (OSError, ValueError, TypeError) as err:
         raise ValueError(f"{out / 'config.json'}: cannot read the stored run ({err}); it is damaged") from None
+    check_record(out / "config.json", record, RUN_RECORD_KEYS)
     sources = {**dict.fromkeys(stored.to_dict(), f"run {out}"), **record.get("sources", {})}
     if "precision" not in record:  # recorded before --precision existed: computed as device.autocast did then
         stored = stored.replace(precision="bf16" if device_kind(stored.device).type == "cuda" else "fp32")
