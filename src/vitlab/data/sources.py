@@ -1,8 +1,9 @@
 """Where the pixels come from: arrays in memory (the embedded sets) or image files (folders).
 
-A split is a list of images plus integer labels; `ImageSplit.load(i)` returns a PIL image. Decoding a JPEG
-uses Pillow's draft mode when the file is much larger than needed: the decoder then skips detail (DCT scaling by
-1/2, 1/4 or 1/8), which makes decoding big photos several times faster.
+A split is a list of images plus integer labels; `ImageSplit.load(i)` returns a PIL image, every pixel decoded.
+Given a `min_size` (training transforms give one, evaluation never does), a JPEG much larger than needed is decoded
+in Pillow's draft mode: the decoder skips detail (DCT scaling by 1/2, 1/4 or 1/8), which makes decoding big photos
+several times faster but changes the pixels, so only augmentation that crops and resamples afterwards may use it.
 """
 
 from __future__ import annotations

@@ -239,10 +239,11 @@ class EvalTransform:
             raise ValueError(f"unknown eval resize {self.resize!r}; use one of {', '.join(EVAL_RESIZES)}")
 
     @property
-    def min_source_size(self) -> int:
-        if self.resize in ("big_vision", FEWSHOT_RESIZE):
-            return resize_before_crop(max(self.image_size))
-        return max(self.image_size)
+    def min_source_size(self) -> None:
+        """None: evaluation decodes every pixel. A JPEG drafted (DCT-scaled) to the resize's input size is not the
+        image timm, transformers or the official code resize: on a 640×480 photo at 224, a third of the input
+        values moved by more than one grey level (up to 26) and the logits by 1.4e-2 (issue 36)."""
+        return None
 
     def __call__(self, img: Image.Image, rng: random.Random | None = None) -> np.ndarray:
         th, tw = self.image_size
@@ -283,8 +284,9 @@ def normalize(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, .
 class ModelTransform:
     """A model's pre-processing as one callable, for Python users (`vitlab.transforms`): an image (PIL image,
     uint8 (H, W, 3) or (H, W) array, or a file path) -> float32 (3, H, W) normalised with the model's mean/std.
-    It is the pipeline `vitlab eval` / `vitlab predict` run (same decoding, resize and normalisation); with a
-    TrainTransform it is the training augmentation, its draws taken from `rng` (seeded once)."""
+    It is the pipeline `vitlab eval` / `vitlab predict` run (same decoding, resize and normalisation: files are
+    decoded exactly, as timm and transformers decode them); with a TrainTransform it is the training augmentation,
+    its draws taken from `rng` (seeded once)."""
 
     base: EvalTransform | TrainTransform
     mean: tuple[float, ...]
@@ -299,8 +301,8 @@ class ModelTransform:
 
 def as_pil_image(image: object, min_size: int | None = None) -> Image.Image:
     """A PIL image as vitlab's data sources hand it to a transform: files decoded as `ImageSplit.load` decodes
-    them (JPEG draft decoding down to `min_size`, then RGB), arrays as the embedded sets (uint8; grayscale
-    stays 'L'), PIL images other than RGB/L converted to RGB."""
+    them (every pixel, then RGB; JPEG draft decoding down to `min_size` only when one is given: training),
+    arrays as the embedded sets (uint8; grayscale stays 'L'), PIL images other than RGB/L converted to RGB."""
     if isinstance(image, (str, Path)):
         return ImageSplit("image", np.zeros(1, dtype=np.int64), [], paths=[str(image)]).load(0, min_size)
     if isinstance(image, Image.Image):
