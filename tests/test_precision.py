@@ -281,3 +281,12 @@ def test_every_experiment_run_is_still_done(tmp_path, capsys, monkeypatch):
     captured = capsys.readouterr()
     lines = [line for line in (captured.out + captured.err).splitlines() if line.split(":")[0] in EXPERIMENTS]
     assert len(lines) == 6 and all("every run is already done" in line for line in lines), lines
+
+
+def test_load_with_a_precision(trained):
+    model = vitlab.load(trained / "model.safetensors", precision="bf16")
+    assert model.precision == Precision("bf16", "requested")
+    assert next(model.parameters()).dtype == torch.bfloat16
+    assert model(torch.zeros(2, 3, 8, 8)).dtype == torch.float32  # float32 images in, float32 logits out
+    exact = vitlab.load(trained / "model.safetensors", precision="fp32")
+    assert exact.precision.name == "fp32" and next(exact.parameters()).dtype == torch.float32

@@ -10,11 +10,24 @@ from .weights.vitlab_format import save as save_weights
 __version__ = "0.1.0"
 
 
-def load(path, image_size=None, num_classes=None, pretrained=None, **kwargs):
+def load(path, image_size=None, num_classes=None, pretrained=None, precision=None, **kwargs):
     """Load any supported weights file or folder (see `vitlab.weights.load`), or a published checkpoint by name,
     downloaded once into the cache (see `vitlab.hub`): `load("ViT-B/16", pretrained="augreg-i21k")`,
-    `load("augreg-i21k:ViT-B/16")`, `load("hf-hub:google/vit-base-patch16-224")`."""
-    return load_weights(path, image_size=image_size, num_classes=num_classes, pretrained=pretrained, **kwargs)
+    `load("augreg-i21k:ViT-B/16")`, `load("hf-hub:google/vit-base-patch16-224")`.
+
+    `precision` (auto, fp32, bf16, int8; None: float32 as stored) prepares the model for inference on the CPU as
+    `vitlab eval --precision` does (vitlab.precision): `model.precision` is the choice and its reason. A bf16 ViT
+    holds bf16 weights and takes float32 images; hybrids and BiT keep float32 weights and compute in bf16 under
+    `vitlab.precision.autocast_for("cpu", model.precision)`."""
+    model = load_weights(path, image_size=image_size, num_classes=num_classes, pretrained=pretrained, **kwargs)
+    if precision is None:
+        return model
+    from .precision import model_width, prepare_for_inference, resolve_precision
+
+    chosen = resolve_precision(precision, next(model.parameters()).device, use="infer", width=model_width(model))
+    model = prepare_for_inference(model, chosen)
+    model.precision = chosen
+    return model
 
 
 def save(model, path) -> None:
