@@ -30,11 +30,13 @@ def load(path, image_size=None, num_classes=None, pretrained=None, precision=Non
     return model
 
 
-def save(model, path) -> None:
+def save(model, path, *, force=False) -> None:
     """Write vitlab safetensors with the config in the metadata; `load(save(m))` is exact (class names and the
-    evaluation resize a loaded model carries are kept)."""
+    evaluation resize a loaded model carries are kept). An existing `path` is replaced only if vitlab wrote it
+    (its metadata says so) or with force=True; a device, FIFO, socket, symbolic link or folder there never is.
+    A refusal raises FileExistsError with a one-line message (a .pt/.pth name: ValueError)."""
     resize = getattr(model, "eval_resize", None)
-    save_weights(model, path, meta={"eval_resize": resize} if resize else None)
+    save_weights(model, path, meta={"eval_resize": resize} if resize else None, force=force)
 
 
 def transforms(model_or_weights, train=False, seed=0, **train_options):

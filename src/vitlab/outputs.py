@@ -106,6 +106,17 @@ def check_name_length(path: Path) -> None:
                           f"limit is {limit} per name)", str(path))
 
 
+def make_folder(folder: Path) -> None:
+    """mkdir -p, with one line when a file stands where a folder of the path should be (the system says
+    "File exists", which reads as if the output itself were in the way)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocking = next((p for p in (folder, *folder.parents) if os.path.lexists(p) and not p.is_dir()), folder)
+        raise NotADirectoryError(errno.ENOTDIR, "is a file, not a folder; choose another path",
+                                 str(blocking)) from None
+
+
 def storage_error(err: BaseException, dest: Path, written: Path | None = None) -> OSError | None:
     """The OSError naming `dest` when a write failed because of the storage, else None. Libraries that wrap the
     OS error without its errno (torch.save: "unexpected pos …") are recognised by the space left beside the
@@ -171,7 +182,7 @@ def atomic_write(path: str | Path, write: Callable[[str], object], *, user_named
     guard()
     try:
         check_name_length(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(path.parent)
         remove_stale_temporaries(path.parent)
         fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), dir=path.parent)
     except OSError as err:
@@ -216,7 +227,7 @@ def atomic_folder(folder: str | Path, write: Callable[[Path], None]) -> None:
     refuse_special(folder, "folder")
     try:
         check_name_length(folder)
-        folder.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(folder.parent)
         remove_stale_temporaries(folder.parent)
         tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(folder), dir=folder.parent))
     except OSError as err:
@@ -249,13 +260,18 @@ def check_replaceable(folder: str | Path, record: str, verb: str, others: tuple[
                       legacy_keys: frozenset[str] = frozenset()) -> None:
     """ValueError (one line) unless the files `verb` writes into `folder` (its JSON `record` and `others`) are
     absent or its own: the record says `"written_by": verb` (or, from before the key existed, holds every one of
-    `legacy_keys`). A file that a user put there is never replaced."""
-    folder = Path(folder)
-    present = [name for name in (record, *others) if (folder / name).exists()]
+    `legacy_keys`), or each file present carries the verb's own mark (a run stopped before its record). A file
+    that a user put there is never replaced; a device, FIFO, socket, link or folder there is refused."""
+    folder = Path(folder)  # a link to a folder is fine here: files are written into it, it is not replaced
+    present = [name for name in (record, *others) if os.path.lexists(folder / name)]
+    for name in present:
+        refuse_special(folder / name)
     if not present or _written_by(folder / record, legacy_keys) in (verb, _LEGACY):
         return
-    raise ValueError(f"{folder / present[0]} was not written by {verb}; choose another --out (vitlab never "
-                     "replaces a file it did not write)")
+    theirs = [name for name in present if not (written_by(folder / name) or "").startswith(verb)]
+    if theirs:
+        raise ValueError(f"{folder / theirs[0]} was not written by {verb}; choose another --out (vitlab never "
+                         "replaces a file it did not write)")
 
 
 def _written_by(path: Path, legacy_keys: frozenset[str]) -> str | None:

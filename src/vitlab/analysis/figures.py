@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from ..outputs import atomic_write
+from ..outputs import atomic_write, mark
 from .embeddings import EmbeddingFilters
 
 MAX_DRAWN_IMAGES = 8  # more rows stop being readable; all images still count in the numbers
@@ -26,7 +26,8 @@ MAX_DRAWN_HEADS = 16
 
 def _save(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
-    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, bbox_inches="tight", format="png"))
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, bbox_inches="tight", format="png",
+                                               metadata=mark("vitlab analyze")))  # replaceable by the next run
     return path
 
 

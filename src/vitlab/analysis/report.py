@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..outputs import WRITTEN_BY, atomic_write, check_replaceable
+from ..outputs import WRITTEN_BY, atomic_write, check_replaceable, mark_text
 from ..progress import progress
 from . import figures
 from .attention import (
@@ -38,6 +38,9 @@ CHUNK = 16  # images per forward pass: bounds the (L, N, H, T, T) attention tens
 
 # The summary.json of vitlab analyze from before it said so (replaced by the next analysis).
 SUMMARY_KEYS = frozenset({"model", "input", "rollout", "notes", "figures"})
+# Every figure analyze may write: held to the output rule with summary.json before any work.
+FIGURE_FILES = ("embedding_filters.png", "position_similarity.png", "attention_distance.png",
+                "attention_rollout.png", "last_layer_heads.png")
 
 
 @dataclass
@@ -144,7 +147,7 @@ def write_index(out: Path, summary: dict, entries: list[tuple[str, str]]) -> Pat
     """A self-contained page: the figures with captions, the notes, a link to the numbers."""
     m = summary["model"]
     title = f"vitlab analyze: {m['name'] or 'model'}"
-    parts = [f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>",
+    parts = [f"<!doctype html>{mark_text('vitlab analyze')}<meta charset='utf-8'><title>{html.escape(title)}</title>",
              "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}img{max-width:100%}"
              "figure{margin:2em 0}figcaption{color:#333}</style>", f"<h1>{html.escape(title)}</h1>",
              f"<p>{html.escape(summary['input']['description'])}. Numbers: <a href='summary.json'>summary.json</a>"
@@ -205,7 +208,7 @@ def analyze(
     vit = require_vit(model)
     out = Path(out_dir)
     # before any work: a summary.json or index.html of the user's is never replaced
-    check_replaceable(out, "summary.json", "vitlab analyze", ("index.html",), legacy_keys=SUMMARY_KEYS)
+    check_replaceable(out, "summary.json", "vitlab analyze", ("index.html", *FIGURE_FILES), legacy_keys=SUMMARY_KEYS)
     out.mkdir(parents=True, exist_ok=True)
     stats = collect_attention(vit, x, head_fusion, discard_ratio)
     records, labels = describe_images(vit, x, images, class_names or getattr(vit, "class_names", None))

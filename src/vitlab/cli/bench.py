@@ -39,6 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-malloc-tuning", action="store_true",
                    help="keep glibc's default of mapping large tensors afresh (page faults on every step)")
     p.add_argument("--json", metavar="OUT", type=new_file, help="also write the full result as JSON to this file")
+    p.add_argument("--force", action="store_true",
+                   help="let --json replace a file vitlab did not write (devices, FIFOs and links: never)")
     d = p.add_argument_group("data loading (--data)")
     d.add_argument("--data", metavar="SRC", help="time the training loader on this source instead of a model: an "
                                                  "image folder, WebDataset shards or any other --data of vitlab train")
@@ -52,6 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    from ..outputs import check_output
+
+    if args.json:  # before the timing: a file of the user's is never replaced unasked
+        check_output(args.json, args.force)
     if args.data is not None:
         return run_data_bench(args)
     from ..bench import BenchSettings, run_benchmark
@@ -76,17 +82,18 @@ def run_bench(args: argparse.Namespace) -> int:
         result = run_benchmark(settings, progress=report)
     finally:
         bar.close()
-    return _report(result, args.json)
+    return _report(result, args.json, args.force)
 
 
-def _report(result: Any, json_path: str | None) -> int:
-    """The table on stdout and, with --json, the result as JSON (atomic: never a half-written file)."""
-    from ..outputs import atomic_write
+def _report(result: Any, json_path: str | None, force: bool = False) -> int:
+    """The table on stdout and, with --json, the result as JSON (atomic: never a half-written file), marked as
+    vitlab's so that the next run may replace it (outputs.check_output)."""
+    from ..outputs import WRITTEN_BY, atomic_write
 
     print(result.table())
     if json_path:
-        text = json.dumps(result.to_dict(), indent=2)
-        atomic_write(Path(json_path), lambda tmp: Path(tmp).write_text(text))
+        text = json.dumps({WRITTEN_BY: "vitlab bench", **result.to_dict()}, indent=2)
+        atomic_write(Path(json_path), lambda tmp: Path(tmp).write_text(text), user_named=True, force=force)
     return 0
 
 
@@ -110,4 +117,4 @@ def run_data_bench(args: argparse.Namespace) -> int:
         result = run_data_benchmark(settings, on_repeat=report, on_batch=bar.update)
     finally:
         bar.close()
-    return _report(result, args.json)
+    return _report(result, args.json, args.force)

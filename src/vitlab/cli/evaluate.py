@@ -41,6 +41,8 @@ def _register_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", metavar="DIR",
                    help="folder for metrics.json and confusion.png (created if needed)")
     p.add_argument("--strict", action="store_true", help="unreadable images are fatal")
+    p.add_argument("--force", action="store_true",
+                   help="let --confusion replace a file vitlab did not write (devices, FIFOs and links: never)")
     p.add_argument("--json", action="store_true",
                    help="print the metrics as JSON (top1/top5 as fractions in [0, 1]; the text output is in %%)")
     p.set_defaults(func=_eval)
@@ -53,8 +55,10 @@ EVAL_RECORD_KEYS = frozenset({"top1", "top5", "loss", "count", "eval_resize", "w
 def _eval(args: argparse.Namespace) -> int:
     """Metrics first, files after: a destination that cannot be written costs the figure, never the numbers."""
     from ..eval.classify import confusion_destination, evaluate_weights
-    from ..outputs import check_replaceable
+    from ..outputs import check_output, check_replaceable
 
+    if args.confusion:  # before any work, as for --out: a file of the user's is never replaced unasked
+        check_output(args.confusion, args.force)
     if args.out:  # before any work: a metrics.json or figure of the user's is never replaced
         check_replaceable(args.out, "metrics.json", "vitlab eval", () if args.confusion else ("confusion.png",),
                           legacy_keys=EVAL_RECORD_KEYS)
@@ -96,13 +100,18 @@ def _write_outputs(args: argparse.Namespace, r, record: dict, png) -> list[str]:
     if png is not None:
         try:
             write_confusion(r, png, f"Confusion matrix: {args.data} ({args.split}), top-1 "
-                                    f"{100 * r.metrics['top1']:.2f}%")
+                                    f"{100 * r.metrics['top1']:.2f}%", user_named=bool(args.confusion),
+                            force=args.force)
         except OSError as err:
             failures.append(f"cannot write the confusion matrix to {png}: {_why(err)}")
     return failures
 
 
 def _why(err: OSError) -> str:
+    from ..outputs import OutputRefused
+
+    if isinstance(err, OutputRefused):
+        return err.strerror
     if isinstance(err, FileExistsError | NotADirectoryError):  # mkdir met a file where a folder should be
         return f"{err.filename} is a file, not a folder"
     return err.strerror or str(err)

@@ -72,6 +72,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "val/: 0.2)")
     p.add_argument("--json", dest="json_out", metavar="PATH", type=new_file,
                    help="also write the table as JSON here (accuracies as fractions in [0, 1]; printed in %%)")
+    p.add_argument("--force", action="store_true",
+                   help="let --json replace a file vitlab did not write (devices, FIFOs and links: never)")
     p.set_defaults(func=run)
 
 
@@ -82,8 +84,11 @@ def run(args: argparse.Namespace) -> int:
     from ..eval.fewshot_data import fewshot_weights, write_json
     from ..eval.inference import load_for_inference
     from ..models import build_model
+    from ..outputs import check_output
     from ..precision import autocast_for, model_width, resolve_precision
 
+    if args.json_out:  # before minutes of features: a file of the user's is never replaced unasked
+        check_output(args.json_out, args.force)
     device = pick_device(args.device)
     model, _ = load_for_inference(args.weights, device)
     if args.random_init:
@@ -102,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
     print(result.format())
     if args.json_out:
         write_json(result, args.json_out, {"weights": str(args.weights), "data": args.data,
-                                           "random_init": args.random_init, "eval_resize": args.eval_resize})
+                                           "random_init": args.random_init, "eval_resize": args.eval_resize},
+                   force=args.force)
         print(f"wrote {args.json_out}")
     return 0
 

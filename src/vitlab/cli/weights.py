@@ -33,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--card", action="store_true",
                    help="also write a model card <name>.md beside a file export (architecture, source, "
                    "pre-processing, how to load); folder exports (timm, hf) always hold one as README.md")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing output that vitlab did not write (by default only vitlab's own files "
+                   "and export folders are replaced; devices, FIFOs, sockets and links never are)")
     p.set_defaults(func=run_convert)
 
 
@@ -60,6 +63,6 @@ def run_convert(args: argparse.Namespace) -> int:
 
     options = {"numbering": args.numbering} if (args.to == "jax-npz" or str(args.dst).endswith(".npz")) else {}
     fmt = convert(args.src, args.dst, to=args.to, image_size=args.image_size, num_classes=args.num_classes,
-                  arch=args.arch, card=args.card, **options)
+                  arch=args.arch, card=args.card, force=args.force, **options)
     print(f"wrote {args.dst} ({fmt})")
     return 0

@@ -92,10 +92,13 @@ def confusion_destination(weights: str | Path, confusion: str | Path | None, out
     return run / "confusion.png" if run is not None else None
 
 
-def write_confusion(result: EvalResult, path: str | Path, title: str = "Confusion matrix") -> Path:
+def write_confusion(result: EvalResult, path: str | Path, title: str = "Confusion matrix", *, user_named: bool = True,
+                    force: bool = False) -> Path:
     """The row-normalised confusion matrix as a PNG (atomic); sets result.confusion_png. OSError if the
-    destination cannot be written."""
-    result.confusion_png = plot_confusion_matrix(result.confusion, result.class_names, path, title)
+    destination cannot be written, OutputRefused (an OSError) if it holds what vitlab may not replace (see
+    plot_confusion_matrix)."""
+    result.confusion_png = plot_confusion_matrix(result.confusion, result.class_names, path, title,
+                                                 user_named=user_named, force=force)
     return result.confusion_png
 
 

@@ -19,7 +19,7 @@ from ..data.datasets import evaluation_splits
 from ..data.errors import DataError
 from ..data.loader import UnreadableImages
 from ..data.transforms import FEWSHOT_RESIZE, as_size
-from ..outputs import atomic_write
+from ..outputs import WRITTEN_BY, atomic_write
 from ..progress import progress as progress_bar
 from .fewshot_lsr import DEFAULT_L2, FewshotResult, fewshot_on_features, representations
 
@@ -87,6 +87,8 @@ def fewshot_weights(
     return result
 
 
-def write_json(result: FewshotResult, path: str | Path, extra: dict | None = None) -> None:
-    text = json.dumps({**(extra or {}), **result.to_dict()}, indent=2)
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+def write_json(result: FewshotResult, path: str | Path, extra: dict | None = None, force: bool = False) -> None:
+    """The table as JSON, marked as vitlab's (its first key) so that a later run may replace it; an existing file
+    that is not vitlab's is replaced only with `force` (outputs.check_output)."""
+    text = json.dumps({WRITTEN_BY: "vitlab fewshot", **(extra or {}), **result.to_dict()}, indent=2)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text), user_named=True, force=force)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..outputs import atomic_write
+from ..outputs import atomic_write, mark
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -78,13 +78,17 @@ def per_class_accuracy(confusion: torch.Tensor) -> torch.Tensor:
 
 
 def plot_confusion_matrix(
-    confusion: torch.Tensor, class_names: list[str], path: str | Path, title: str = "Confusion matrix"
+    confusion: torch.Tensor, class_names: list[str], path: str | Path, title: str = "Confusion matrix", *,
+    user_named: bool = True, force: bool = False,
 ) -> Path:
     """A PNG of the row-normalised matrix (each true class's row sums to 100%); counts are written in the cells
-    when there are few classes. Written atomically: a failed write leaves no partial file (OSError is raised)."""
+    when there are few classes. Written atomically: a failed write leaves no partial file (OSError is raised).
+    A `user_named` path is held to the output rule (outputs.check_output: an existing file must be vitlab's, or
+    `force`); the PNG carries vitlab's mark so that the next evaluation may replace it."""
     fig = confusion_figure(confusion, class_names, title)
     path = Path(path)
-    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png", metadata=mark("vitlab eval")),
+                 user_named=user_named, force=force)
     return path
 
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from ..eval_resize import resize_before_crop
 from ..models.config import BiTConfig, ModelConfig, ViTConfig
-from ..outputs import atomic_write
+from ..outputs import atomic_write, mark_text
 from .bit_npz import bit_name
 from .timm_arch import vitlab_name
 
@@ -134,7 +134,8 @@ def model_card(model: nn.Module, fmt: str, dest: str | Path, source: str | Path 
     front = {"timm": ["library_name: timm"], "hf": ["library_name: transformers"]}.get(fmt, [])
     tags = ["image-classification" if config.num_classes else "image-feature-extraction", "vitlab",
             "bit" if family == "bit" else "vision-transformer"]  # fmt: skip
-    out = ["---", *front, "tags:", *[f"- {t}" for t in tags], "---", "", f"# {dest.name}", "",
+    # the mark after the front matter (which must come first): an earlier export may be replaced, a user's README not
+    out = ["---", *front, "tags:", *[f"- {t}" for t in tags], "---", mark_text(), "", f"# {dest.name}", "",
            f"{architecture_words(config)} weights, written by vitlab as {_FORMAT_WORDS.get(fmt, fmt)}.", "",
            "## Model", "", "| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in _model_rows(model)], ""]  # fmt: skip
     names = getattr(model, "class_names", None)

@@ -9,15 +9,17 @@ from torch import nn
 
 from ..errors import WeightsError
 from ..models.config import BiTConfig, ViTConfig
+from ..outputs import FORCE_FIX, check_output, check_output_folder
 from ..progress import progress
 from .bit_npz import write_bit_npz
-from .card import write_card
+from .card import CARD, write_card
 from .hf import write_hf
+from .hf_folder import HF_FILES
 from .jax_npz import write_jax_npz
 from .load import detect_format, load, read_weights
 from .locate import locate
 from .tensors import PICKLE_SUFFIXES
-from .timm import write_timm
+from .timm import HUB_FILES, write_timm
 from .validate import check_values
 from .vitlab_format import save
 
@@ -40,15 +42,17 @@ def target_format(dst: str | Path, to: str | None) -> str:
 
 def write(
     model: nn.Module, dst: str | Path, fmt: str, source: str | Path | None = None, card: bool | None = None,
-    **options: Any,
+    force: bool = False, **options: Any,
 ) -> Path | None:
     """Write `model` as `fmt`, the one dispatch over the writers ("jax-npz" of a BiT means big_transfer's .npz).
     Folder exports (timm hub folders, HF) always hold a model card (README.md); `card=True` also writes
-    `<dst stem>.md` beside a file export. Returns that card's path, if written."""
+    `<dst stem>.md` beside a file export. Returns that card's path, if written. What is at `dst` (and the
+    card's path) is held to the output rule first (`check_outputs`)."""
+    check_outputs(dst, fmt, card, force)
     is_bit = isinstance(model.config, BiTConfig)
     if fmt == "vitlab":
         resize = getattr(model, "eval_resize", None)  # how the run evaluated: kept through conversions
-        save(model, dst, meta={"eval_resize": resize} if resize else None)
+        save(model, dst, meta={"eval_resize": resize} if resize else None, force=force, fix=FORCE_FIX)
     elif fmt == "bit-npz" or (fmt == "jax-npz" and is_bit):  # the official .npz of a BiT: big_transfer's layout
         write_bit_npz(model, dst, gn_4d=options.get("gn_4d", False))
     elif fmt == "jax-npz":
@@ -60,6 +64,18 @@ def write(
     if card and not is_folder_export(dst, fmt):
         return write_card(model, fmt, dst, source)
     return None
+
+
+def check_outputs(dst: str | Path, fmt: str, card: bool | None = None, force: bool = False) -> None:
+    """OutputRefused (one line) unless `dst` may be written (outputs.check_output): a file vitlab wrote or none;
+    a folder export's folder absent, empty or an earlier export (its README.md card marked as vitlab's); never
+    a device, FIFO, socket or link. `force` lets a regular file (or an export folder's files) of anyone's go."""
+    if is_folder_export(dst, fmt):
+        check_output_folder(dst, HF_FILES if fmt == "hf" else HUB_FILES, CARD, force)
+        return
+    check_output(dst, force)
+    if card:
+        check_output(Path(dst).with_suffix(".md"), force)
 
 
 def is_folder_export(dst: str | Path, fmt: str) -> bool:
@@ -75,20 +91,23 @@ def convert(
     num_classes: int | None = None,
     arch: str | None = None,
     card: bool | None = None,
+    force: bool = False,
     **options: Any,
 ) -> str:
     """Read `src` (any format, a run directory too), optionally resize/re-head, write `dst`; returns the format
-    written. Folder exports get a model card naming `src`; `card=True` adds one beside a file export."""
+    written. Folder exports get a model card naming `src`; `card=True` adds one beside a file export. `dst` is
+    held to the output rule before anything is read (`check_outputs`; `force`: replace a file of anyone's)."""
     fmt = target_format(dst, to)
     file = locate(src)  # the weights file it means, named as the card's source
     if Path(dst).resolve() in (Path(src).resolve(), file.resolve()):
         raise ValueError("destination is the source; write to a new path")
+    check_outputs(dst, fmt, card, force)  # before minutes of reading
     with progress(total=2, desc=f"convert {file.name}", unit="phase") as bar:  # read, then write
         model = load(file, image_size=image_size, num_classes=num_classes, arch=arch)
         bar.update(1)
         if fmt == "jax-npz" and isinstance(model.config, BiTConfig):
             fmt = "bit-npz"  # what was written: the official .npz of a BiT is big_transfer's layout
-        write(model, dst, fmt, source=file, card=card, **options)
+        write(model, dst, fmt, source=file, card=card, force=force, **options)
         bar.update(1)
     return fmt
 

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..errors import WeightsError
+from ..outputs import mark
 from .card import CARD
 from .tensors import write_folder_atomically
 
@@ -70,6 +71,6 @@ def write_hf_folder(folder: str | Path, config_json: dict[str, Any], preprocesso
         (tmp / "config.json").write_text(json.dumps(config_json, indent=2) + "\n", encoding="utf-8")
         (tmp / PREPROCESSOR).write_text(json.dumps(preprocessor, indent=2) + "\n", encoding="utf-8")
         (tmp / CARD).write_text(card, encoding="utf-8")
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", **mark()})
 
     write_folder_atomically(folder, write, owned=HF_FILES)

@@ -25,7 +25,7 @@ from numpy.lib import format as npy
 from safetensors.torch import load_file
 
 from ..errors import WeightsError
-from ..outputs import atomic_folder, atomic_write
+from ..outputs import atomic_folder, atomic_write, mark_zip
 from ..progress import progress
 
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
@@ -289,6 +289,8 @@ def atomic_savez(path: Path, arrays: dict[str, np.ndarray]) -> None:
     def write(tmp: str) -> None:
         with open(tmp, "wb") as f:  # a file object keeps np.savez from appending ".npz" to the name
             np.savez(f, **arrays)
+        mark_zip(tmp)  # the zip comment says vitlab wrote it (np.load and the official loaders ignore it)
+        with open(tmp, "rb+") as f:
             f.flush()
             os.fsync(f.fileno())
 

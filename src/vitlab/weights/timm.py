@@ -22,7 +22,7 @@ from torch import nn
 from ..errors import WeightsError
 from ..models.config import BiTConfig, ModelConfig, ViTConfig
 from ..models.registry import HYBRIDS, VIT_SIZES
-from ..outputs import atomic_write
+from ..outputs import atomic_write, mark, mark_zip
 from .card import CARD, model_card
 from .checkpoint import Checkpoint
 from .tensors import (
@@ -298,12 +298,12 @@ def write_timm(model: nn.Module, path: str | Path, source: str | Path | None = N
     tensors = {k: v.to("cpu").contiguous() for k, v in state.items()}
 
     def save(p: str | Path) -> None:
-        save_file(tensors, str(p), metadata={"format": "pt"})  # timm/HF mark safetensors files as PyTorch's
+        save_file(tensors, str(p), metadata={"format": "pt", **mark()})  # timm/HF mark safetensors as PyTorch's
 
     if path.suffix == ".safetensors":
         atomic_write(path, save)
     elif path.suffix in PICKLE_SUFFIXES:
-        atomic_write(path, lambda p: torch.save(tensors, p))
+        atomic_write(path, lambda p: (torch.save(tensors, p), mark_zip(p)))  # torch.load ignores the comment
     else:
 
         card = model_card(model, "timm", path, source)

@@ -4,6 +4,7 @@ metadata; `vitlab.save` writes it, `vitlab.load` reads it back exactly."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,8 @@ from safetensors.torch import save_file
 
 from ..errors import WeightsError
 from ..models.config import config_from_dict
-from ..outputs import atomic_write
+from ..outputs import atomic_write, check_output, mark
+from .arguments import check_matches_config, check_model
 from .checkpoint import Checkpoint
 from .tensors import PICKLE_SUFFIXES, read_safetensors, safetensors_header
 from .validate import check_state_dict, expected_shapes
@@ -25,19 +27,27 @@ def is_vitlab_file(path: str | Path) -> bool:
     return meta.get("format") == FORMAT_TAG
 
 
-def save(model: torch.nn.Module, path: str | Path, meta: dict[str, Any] | None = None) -> None:
+def save(model: torch.nn.Module, path: str | Path, meta: dict[str, Any] | None = None, force: bool = False,
+         fix: str = "pass force=True to replace it, or choose a new name") -> None:
     """Weights + config (+ meta such as class names) in one safetensors file, written atomically. A name that
-    `load` would read as another format (`m.pt`: a PyTorch pickle) is refused, so that load(save(m)) holds."""
+    `load` would read as another format (`m.pt`: a PyTorch pickle) is refused, so that load(save(m)) holds. The
+    output rule (`outputs.check_output`): an existing file is replaced only if vitlab wrote it (or with `force`),
+    never a device, FIFO, socket, link or folder; a refusal is a FileExistsError whose one line ends in `fix`."""
+    check_model(model)
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"vitlab.save takes a file path (str or pathlib.Path), got {type(path).__name__}")
     if Path(path).suffix in PICKLE_SUFFIXES:  # what detect_format reads as a pickle
         raise ValueError(f"{path}: vitlab.save writes safetensors, but a {Path(path).suffix} file is read as a PyTorch "
                          f"pickle; name it {Path(path).with_suffix('.safetensors').name}")
+    check_matches_config(model, model.state_dict(), expected_shapes(model.config))  # load must rebuild it
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-    metadata = {"format": FORMAT_TAG, "config": model.config.to_json()}
+    check_output(path, force, fix)  # before the tensors are copied
+    metadata = {"format": FORMAT_TAG, **mark(), "config": model.config.to_json()}
     class_names = (meta or {}).get("class_names", getattr(model, "class_names", None))
     extra = {**(meta or {}), **({"class_names": list(class_names)} if class_names else {})}
     if extra:
         metadata["meta"] = json.dumps(extra)
-    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata), user_named=True, force=force)
 
 
 def read_vitlab(path: str | Path) -> Checkpoint:
