@@ -58,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..experiments import NAMES, PILOT, experiments
+    from ..experiments import NAMES, PILOT, experiments, stopping
     from ..experiments.parallel import Pool, cpu_count
     from ..experiments.spec import DESIGN_PRECISION
     from . import UserError
@@ -83,12 +83,19 @@ def run(args: argparse.Namespace) -> int:
     report = None if args.estimate else args.report or (None if args.quick else DEFAULT_REPORT)
     jobs = args.jobs or cpu_count()
     # one pool of workers for the whole command: a later experiment's run goes on across the hand-over
-    with Pool(jobs) if jobs > 1 and len(names) > 1 and not args.estimate else nullcontext() as pool:
+    one_pool = jobs > 1 and len(names) > 1 and not args.estimate
+    # SIGTERM and Ctrl-C stop every run at its next step with a checkpoint, then the command (experiments.stopping)
+    with stopping.CommandStop() as stop, Pool(jobs) if one_pool else nullcontext() as pool:
         for i, name in enumerate(names):
             if not _run_one(table[name], out, args, assumed, [table[n] for n in names[i + 1:]], jobs, pool):
-                return 130
+                if pool is not None:  # a run stopped by a signal only its worker received: the others stop too
+                    pool.halt()
+                return stopping.exit_code(stop.signal)
             if report:  # after each experiment: its results and figures are ready to commit before the next ends
                 _write_report(out, report)
+    if stop.signal:  # it came while the last runs of a later experiment were finishing: they stopped
+        _say_stopped(stop.signal)
+        return stopping.exit_code(stop.signal)
     if report and not names:  # `report`: only rewrite it
         _write_report(out, report)
     return 0
@@ -107,18 +114,27 @@ def _run_one(experiment, out: Path, args: argparse.Namespace, assumed: dict | No
     False if a run was stopped (SIGTERM, Ctrl-C) and the experiment with it."""
     from ..experiments import run_experiment
     from ..experiments.runner import Interrupted
+    from ..experiments.stopping import Stopped, interruptible, requested
 
     try:
         records = args.records or (None if args.quick else DEFAULT_RECORDS)
-        results = run_experiment(experiment, out, args.quick, tuple(args.seeds) if args.seeds else None,
-                                 args.estimate, assumed=assumed, jobs=jobs, records=records, then=then,
-                                 pool=pool)
-    except Interrupted as err:
-        print(f"vitlab experiment: interrupted ({err}); run the same command again to continue", file=sys.stderr)
+        with interruptible():  # a stop signal here ends the experiment; elsewhere it is noted, and ends it next
+            Stopped.raise_if(requested())
+            results = run_experiment(experiment, out, args.quick, tuple(args.seeds) if args.seeds else None,
+                                     args.estimate, assumed=assumed, jobs=jobs, records=records, then=then,
+                                     pool=pool)
+    except (Interrupted, Stopped) as err:
+        _say_stopped(requested(), err)
         return False
     if results is not None:
         print_summary(results, out / experiment.name)
     return True
+
+
+def _say_stopped(signal: str | None, err: Exception | None = None) -> None:
+    what = f"stopped by {signal}" if signal else f"interrupted ({err})"
+    print(f"vitlab experiment: {what}: the runs in progress stopped at a checkpoint; run the same command again to "
+          "continue", file=sys.stderr)
 
 
 def print_summary(results: dict, folder: Path) -> None:

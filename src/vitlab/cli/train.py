@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -230,10 +231,15 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     if resolved.config.lr_sweep:
         return _sweep(resolved, rank)
+    from ..train.distributed import PeerLost
+
     try:
         result = run(resolved)
     except TrainingDiverged as err:
         raise UserError(str(err)) from None
+    except PeerLost as err:  # not the user's input (exit 2): the job failed around this process
+        print(f"vitlab {args.verb}: error: {err}", file=sys.stderr)
+        return 1
     if rank != 0:
         return 0
     from ..train.banner import append_to_console_log

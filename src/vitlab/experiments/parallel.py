@@ -9,7 +9,9 @@ processes, each through `Runner.execute` exactly as the sequential pass would, w
 the dry pass is repeated, and so on until nothing can start. The real pass then finds every run done (it trains
 whatever is left in order, and analyses). A run interrupted in a worker resumes on the next invocation as any
 other. Several experiments in one command share one `Pool`: a later one's runs fill the cores an earlier one
-leaves idle and go on across the hand-over.
+leaves idle and go on across the hand-over. A stop (SIGTERM, Ctrl-C: experiments.stopping) reaches the workers
+through the pool's event: each stops its run at the next step with a checkpoint, or abandons its evaluation, and
+starts nothing more; the pool waits for them, so none is left behind.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from typing import Any
 
 import torch
 
-from .runner import Context, Runner, Todo
+from . import stopping
+from .runner import Context, Interrupted, Runner, Todo
 
 
 def cpu_count() -> int:
@@ -39,8 +42,17 @@ def ready(ctx: Context, runner: Runner) -> list[Todo]:
     return [t for t in ctx.todo.values() if t.certain and (t.spec.init is None or runner.finished(t.spec.init))]
 
 
-def _start_worker(threads: int, parent: int) -> None:
-    _stop_with_parent(parent)  # the pid from the experiment process itself: it may already be gone by now
+_STOP: Any = None  # in a worker: the pool's event, set when the command is asked to stop
+
+
+def _start_worker(threads: int, parent: int, stop: Any = None) -> None:
+    global _STOP
+    _STOP = stop
+    stopping.activate()
+    # Ctrl-C reaches every process of the terminal's group: an idle worker must not die of it with a traceback;
+    # the experiment process decides, and tells the workers through `stop` (a run's trainer stops on it too)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _stop_with_parent(parent, stop)  # the pid from the experiment process itself: it may already be gone by now
     # before the trainer looks: it picks its own thread count unless OMP_NUM_THREADS says one (train/setup.py)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
@@ -55,24 +67,42 @@ _IN_RUN = threading.Event()  # set while this worker trains or evaluates a run (
 
 @contextmanager
 def _busy() -> Iterator[None]:
+    """A run in this worker: a stop signal outside its trainer's loop (which has its own handler) abandons it."""
+    own = os.getpid()
+
+    def stop(signum: int, frame: Any) -> None:
+        if os.getpid() != own:  # a loader process forked from the worker: the signal's default, as before
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        stopping.stop_run(signum, frame)
+
+    previous = {s: signal.signal(s, stop) for s in stopping.STOP_SIGNALS}
     _IN_RUN.set()
     try:
-        yield
+        with stopping.interruptible():
+            yield
     finally:
         _IN_RUN.clear()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
-def _stop_with_parent(parent: int, every_s: float = 1.0, grace_s: float = 600.0) -> None:
+def _stop_with_parent(parent: int, stop: Any = None, every_s: float = 1.0, grace_s: float = 600.0) -> None:
     """A worker whose experiment process died (killed, or Ctrl-C before the pool shut down) would go on
     training for no one and hold its run's lock, so the command run again could not continue it. When the
     parent is gone the worker gets SIGTERM: a run stops at the next step with a checkpoint (the trainer's
     handler), an idle worker exits. A worker whose run has stopped that way exits as soon as the run is over
     (it would otherwise wait, idle, for work from a parent that is gone); one still in its run `grace_s` later
-    exits at once."""
+    exits at once. When the pool's `stop` is set, a run in progress gets SIGTERM the same way."""
 
     def watch() -> None:
+        told = False
         while os.getppid() == parent:
-            time.sleep(every_s)
+            if stop is not None and not told and _IN_RUN.is_set() and stop.is_set():
+                told = True  # once: the worker starts no run after a stop (`_execute`)
+                os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(every_s / 10)
         os.kill(os.getpid(), signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while _IN_RUN.is_set() and time.monotonic() < deadline:
@@ -83,6 +113,8 @@ def _stop_with_parent(parent: int, every_s: float = 1.0, grace_s: float = 600.0)
 
 
 def _execute(root: str, scale: Any, records: Path | None, todo: Todo) -> tuple[str, float]:
+    if _STOP is not None and _STOP.is_set():  # queued before the stop: not started
+        raise stopping.Stopped(f"{todo.spec.label} not started")
     started = time.perf_counter()
     runner = Runner(Path(root), scale, records=records)
     done: list[str] = []
@@ -103,15 +135,32 @@ class Pool:
     def __init__(self, jobs: int, executor: Executor | None = None):
         self.jobs = jobs
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited threads, locks or loaders
+        self.stop = context.Event()  # set: every worker stops its run at the next step and starts nothing more
         self.executor = executor or ProcessPoolExecutor(
-            jobs, mp_context=context, initializer=_start_worker, initargs=(max(1, cpu_count() // jobs), os.getpid()))
+            jobs, mp_context=context, initializer=_start_worker,
+            initargs=(max(1, cpu_count() // jobs), os.getpid(), self.stop))
         self.running: dict[Future, tuple[Todo, Runner]] = {}  # -> what it runs, for which experiment's runner
+        # the command's signal handler tells the workers at once, from a thread: the handler may run while this
+        # thread holds the event's lock (in `is_set`), which it would then wait for forever
+        stopping.on_stop(lambda: threading.Thread(target=self.stop.set, name="vitlab-stop").start())
+        if stopping.requested():
+            self.stop.set()
 
     def __enter__(self) -> Pool:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.executor.shutdown(wait=True)  # a run in flight stops only with its checkpoint (or finishes)
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        """Wait for the workers: a run in flight finishes, or, after a stop (a signal, a run that stopped on one),
+        stops at its next step with a checkpoint; runs not started yet are dropped."""
+        stopped = exc_type is not None and issubclass(exc_type, (Interrupted, stopping.Stopped, KeyboardInterrupt))
+        if stopped or stopping.requested():
+            self.halt()
+        with stopping.shielded():  # a signal now tells the workers (`halt`) and the command stops at its next check
+            self.executor.shutdown(wait=True, cancel_futures=self.stop.is_set())
+
+    def halt(self) -> None:
+        """Tell every worker to stop (its run at the next step with a checkpoint) and to start nothing more."""
+        self.stop.set()
 
     def in_flight(self) -> set[str]:
         return {t.spec.key for t, _ in self.running.values()}

@@ -41,6 +41,7 @@ from ..train.runlog import read_metrics
 from .estimate import CostModel, render_seconds
 from .evals import evaluate
 from .spec import DESIGN_PRECISION, RunSpec
+from .stopping import raise_if_stopped
 
 RESULT = "result.json"
 RUNS = "_runs"
@@ -96,6 +97,7 @@ def train_spec(spec: RunSpec, run_dir: Path, init: Path | None) -> dict[str, Any
     the same resolution step, banner, config.json and loop, in this process."""
     from ..train import TrainingDiverged, run  # the training loop: not imported by `vitlab --help`
 
+    raise_if_stopped(f"training {run_dir.name}")  # SIGTERM or Ctrl-C came before (experiments.stopping)
     flags = {**spec.settings, "out": str(run_dir), "resume": "auto", "precision": DESIGN_PRECISION}
     if not flags.get("save_every") and not flags.get("eval_every"):
         # A checkpoint every tenth of the run, set here and not in the spec (whose key it would change): a
@@ -212,6 +214,7 @@ class Runner:
         atomic_write(self.records / f"{record.run_dir.name}.json", lambda tmp: Path(tmp).write_text(text))
 
     def _evaluate(self, record: Record, name: str) -> None:
+        raise_if_stopped(f"evaluation {name} of {record.run_dir.name}")
         started = time.perf_counter()
         record.result["evals"][name] = evaluate(name, record.run_dir, self.scale)
         record.result.setdefault("wall_seconds", {})[name] = round(time.perf_counter() - started, 2)

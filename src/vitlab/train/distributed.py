@@ -4,15 +4,23 @@ itself knows nothing of DDP or FSDP), as torchtitan does."""
 
 from __future__ import annotations
 
+import functools
+import math
 import os
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import ParamSpec, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ..device import pick_device
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass
@@ -29,8 +37,66 @@ class Dist:
         return self.rank == 0
 
 
+TIMEOUT_ENV = "VITLAB_DIST_TIMEOUT"
+DEFAULT_TIMEOUT_S = 300.0  # longer than any step or checkpoint of the paper's models; gloo's own default is 30 min
+
+
+class PeerLost(RuntimeError):
+    """Another process of the job stopped answering (killed, crashed, stopped or cut off): this one cannot go on."""
+
+
+def collective_timeout() -> float:
+    """Seconds a collective (a gradient all-reduce, a barrier) waits for the other processes before the job fails:
+    $VITLAB_DIST_TIMEOUT, default 300. A peer that died or was stopped then ends the job in one line instead of
+    after gloo's 30 minutes; a phase where one process works alone longer (a few-shot evaluation of a large set
+    on rank 0) needs it raised."""
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and 1 <= seconds <= 86_400):
+        raise ValueError(f"{TIMEOUT_ENV}={text!r} is not a number of seconds from 1 to 86400; set it to the longest "
+                         "a process may wait for the others, e.g. 300")
+    return seconds
+
+
+def peer_failure(err: BaseException) -> str | None:
+    """What a collective's error says about the other processes, or None if it is not about them: gloo's
+    'Connection closed by peer' / 'Connection reset' (a peer died) and 'Timed out' (a peer stopped answering)."""
+    text = str(err)
+    if not (isinstance(err, getattr(dist, "DistError", ())) or "gloo" in text or "c10d" in text):
+        return None  # another part's error (a loader's own timeout, say)
+    if "Timed out" in text or "timed out" in text or "Timeout" in text:
+        return f"another process did not answer within {collective_timeout():g} s ({TIMEOUT_ENV})"
+    if any(s in text for s in ("closed by peer", "Connection reset", "Broken pipe", "Connection refused")):
+        return "another process of the job is gone (killed or crashed)"
+    return None
+
+
+def peers_in_one_line(run: Callable[P, R]) -> Callable[P, R]:
+    """`run` with the error of a collective whose peer died or stopped answering turned into `PeerLost`: one line
+    (vitlab train prints it and exits 1), never gloo's traceback; the job's checkpoints stay valid."""
+
+    @functools.wraps(run)
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return run(*args, **kwargs)
+        except RuntimeError as err:
+            reason = peer_failure(err) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+            if reason is None or isinstance(err, PeerLost):
+                raise
+            rank = os.environ.get("RANK", "0")
+            raise PeerLost(f"process {rank}: {reason}; the job stops here: start every process again with --resume "
+                           "to continue from the last checkpoint") from None
+
+    return guarded
+
+
 def setup(device_name: str = "auto") -> Dist:
-    """One process per device. Gloo on CPU, NCCL on CUDA."""
+    """One process per device. Gloo on CPU, NCCL on CUDA; collectives time out after `collective_timeout()`."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -39,7 +105,8 @@ def setup(device_name: str = "auto") -> Dist:
     owns = False
     if world > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None,
+                                timeout=timedelta(seconds=collective_timeout()))
         owns = True
     return Dist(rank, world, local_rank, local_world, device, owns)
 

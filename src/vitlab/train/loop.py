@@ -26,7 +26,7 @@ from ..rundir import METRICS
 from .banner import ConsoleLog, banner_lines
 from .checkpointer import Checkpointer, find_resume_point
 from .config import TrainConfig
-from .distributed import Dist, barrier, grad_sync, setup, teardown, wrap_model
+from .distributed import Dist, barrier, grad_sync, peers_in_one_line, setup, teardown, wrap_model
 from .mixup import draw_mixup
 from .objective import objective_for
 from .optim import Ema, build_optimizer, build_scheduler
@@ -63,6 +63,7 @@ class RunResult:
     skipped_images: list[str] = field(default_factory=list)
 
 
+@peers_in_one_line  # a peer of the job died or stopped answering: one line, no gloo traceback
 def run(config: TrainConfig | Resolved) -> RunResult:
     """Train as configured (a TrainConfig, or the Resolved settings of `vitlab.train.resolve` with their
     sources); in a torchrun job every process calls this and rank 0 writes."""

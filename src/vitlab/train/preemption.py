@@ -1,6 +1,7 @@
 """Stopping a run cleanly. SIGTERM (a preemption) and Ctrl-C ask the trainer to stop after the current step, or at
 once during an evaluation, and to save what resume needs; a second Ctrl-C aborts without saving. The processes of
-a job agree on the step they stop at, even if only some of them received the signal."""
+a job agree on the step they stop at, even if only some of them received the signal; one waiting for a peer that
+does not come (stopped, gone) exits instead (peerwatch.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,16 @@ import torch
 
 from ..device import all_reduce
 from .distributed import Dist
+from .peerwatch import PeerWatch
 from .runlog import log
+
+_RECEIVED: list[str] = []  # every stop signal a trainer of this process caught, in order
+
+
+def received_stops() -> tuple[str, ...]:
+    """The stop signals the trainers of this process caught so far (`vitlab experiment`: a run that completed its
+    last step anyway still means the command was asked to stop, and the signal sets its exit code)."""
+    return tuple(_RECEIVED)
 
 
 class StopDuringEvaluation(Exception):
@@ -43,13 +53,18 @@ class StopSignals:
         self.d = d
         self.requested: str | bool = False
         self._previous: dict[int, Any] = {}
+        self.watch = PeerWatch(d.rank) if d.world > 1 else None
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread only
             self._previous = {s: signal.signal(s, self._request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+            if self.watch is not None:
+                self.watch.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.watch is not None:
+            self.watch.stop()
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous = {}
@@ -59,6 +74,7 @@ class StopSignals:
         if signum == signal.SIGINT and self.requested:
             raise KeyboardInterrupt
         self.requested = self.requested or name
+        _RECEIVED.append(name)
         log.warning("%s: stopping after this step with a checkpoint (Ctrl-C again: stop without saving)", name)
 
     def stoppable(self, loader: Any) -> StoppableBatches:
@@ -68,6 +84,8 @@ class StopSignals:
 
     def agreed(self) -> bool:
         """Whether the job stops now: every process stops at the same step."""
+        if self.watch is not None:
+            self.watch.step()  # the typical step time: how long a stop may wait for the others
         flag = torch.tensor([1.0 if self.requested else 0.0])
         if self.d.world > 1:
             flag = all_reduce(flag.to(self.d.device), "max").cpu()
