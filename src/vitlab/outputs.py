@@ -25,9 +25,15 @@ import shutil
 import socket
 import stat
 import tempfile
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
+
+# The marks, re-exported: writers import the rule and the marks from one place.
+from .marks import WRITTEN_BY as WRITTEN_BY
+from .marks import mark as mark
+from .marks import mark_text as mark_text
+from .marks import mark_zip as mark_zip
+from .marks import written_by as written_by
 
 _TAG = "vitlab-tmp"
 # Failures of the storage rather than of vitlab: what the user can fix, and how.
@@ -252,7 +258,6 @@ def atomic_folder(folder: str | Path, write: Callable[[Path], None]) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-WRITTEN_BY = "written_by"  # the key of a verb's JSON record that names the verb: its outputs may be replaced
 _LEGACY = "a vitlab version from before written_by"
 
 
@@ -275,8 +280,6 @@ def check_replaceable(folder: str | Path, record: str, verb: str, others: tuple[
 
 
 def _written_by(path: Path, legacy_keys: frozenset[str]) -> str | None:
-    import json
-
     try:
         if not path.is_file() or path.stat().st_size > 1 << 20:  # a record is a few hundred bytes
             return None
@@ -291,9 +294,6 @@ def _written_by(path: Path, legacy_keys: frozenset[str]) -> str | None:
 
 
 # --- Which outputs vitlab may replace ----------------------------------------------------------------------------
-_TEXT_MARK = re.compile(rb"<!-- written_by: (vitlab[^>\n]{0,80}?) -->")  # Markdown (model cards), HTML
-_JSON_MARK = re.compile(rb'\A\s*\{\s*"written_by"\s*:\s*"(vitlab[^"\n]{0,80})"')  # the record's first key
-_HEAD = 4096  # bytes read to recognise a mark: marks sit at the start (JSON, text) or in a bounded header
 _KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
           (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"))
 FORCE_FIX = "pass --force to replace it, or choose a new name"
@@ -308,76 +308,6 @@ class OutputRefused(FileExistsError):
 
     def __str__(self) -> str:
         return f"{self.filename}: {self.strerror}"
-
-
-def mark(writer: str = "vitlab") -> dict[str, str]:
-    """The mark that makes a file recognisably vitlab's: {"written_by": writer}, the first key of a JSON record,
-    an entry of safetensors metadata or a PNG text chunk (matplotlib's `savefig(metadata=mark(...))`)."""
-    return {WRITTEN_BY: writer}
-
-
-def mark_text(writer: str = "vitlab") -> str:
-    """The mark as a comment line for Markdown and HTML (within their first 4 KiB)."""
-    return f"<!-- written_by: {writer} -->"
-
-
-def mark_zip(path: str | Path, writer: str = "vitlab") -> None:
-    """The mark as the zip comment of a written .npz or torch.save file (np.load and torch.load ignore it)."""
-    with zipfile.ZipFile(path, "a") as archive:
-        archive.comment = f"written_by: {writer}".encode()
-
-
-def written_by(path: str | Path) -> str | None:
-    """The writer a regular file's mark names ("vitlab convert", …), None when it has none. Reads at most a bounded
-    header and never blocks (a FIFO is not opened for reading). vitlab safetensors from before the mark count as
-    vitlab's by their `format` metadata."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
-            return _mark_in(f, f.read(_HEAD))
-        except (OSError, ValueError, AttributeError, zipfile.BadZipFile, RecursionError, EOFError):
-            return None  # unreadable or not a format with a mark: not recognisably vitlab's
-
-
-def _mark_in(f, head: bytes) -> str | None:
-    if head.startswith(b"\x89PNG\r\n\x1a\n"):
-        return _png_mark(f)
-    if head.startswith(b"PK"):
-        comment = zipfile.ZipFile(f).comment
-        return comment.split(b": ", 1)[1].decode() if comment.startswith(b"written_by: vitlab") else None
-    if len(head) > 8 and head[8:9] == b"{" and (size := int.from_bytes(head[:8], "little")) < 1 << 27:
-        f.seek(8)  # safetensors: 8 bytes of header size, then the JSON header (metadata included)
-        meta = json.loads(f.read(size)).get("__metadata__") or {}
-        if str(meta.get(WRITTEN_BY, "")).startswith("vitlab") or meta.get("format") == "vitlab":
-            return str(meta.get(WRITTEN_BY) or "vitlab")
-        return None
-    found = _JSON_MARK.match(head) or _TEXT_MARK.search(head)
-    return found.group(1).decode(errors="replace") if found else None
-
-
-def _png_mark(f) -> str | None:
-    """The `written_by` tEXt chunk of a PNG, looked for among its first chunks (matplotlib writes text first)."""
-    f.seek(8)
-    for _ in range(64):
-        header = f.read(8)
-        if len(header) < 8:
-            return None
-        size, kind = int.from_bytes(header[:4], "big"), header[4:]
-        if kind == b"IEND":
-            return None
-        if kind == b"tEXt" and size < _HEAD:
-            key, _, value = f.read(size).partition(b"\0")
-            f.seek(4, os.SEEK_CUR)
-            if key == WRITTEN_BY.encode() and value.startswith(b"vitlab"):
-                return value.decode("latin-1")
-        else:
-            f.seek(size + 4, os.SEEK_CUR)
-    return None
 
 
 def refuse_special(path: str | Path, what: str = "file") -> None:
