@@ -5,7 +5,8 @@ The file is a flat dict of arrays named by their place in the Flax parameter tre
 npz name(s) and a layout kind, and `_to_jax` / `_to_vitlab` convert one kind each way; reader and writer share
 them, so the two directions cannot drift apart. The reader infers the architecture from tensor names and
 shapes, builds that model on the meta device and demands exactly its tensors with exactly the shapes they
-take in the file: nothing missing, nothing extra, no partial loads.
+take in the file: nothing missing, nothing extra, no partial loads. Numerics other than the official ones travel
+in `vitlab/` arrays beside the tensors (npz_numerics.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..models.config import ResNetConfig, ViTConfig
 from ..models.registry import list_models, model_config
 from ..models.vit import VisionTransformer
 from .checkpoint import Checkpoint
+from .npz_numerics import numerics_arrays, pop_numerics
 from .tensors import atomic_savez, check_npz_tensor, read_npz_arrays, units_per_stage
 
 # Module names inside an encoder block. The 2020 releases (pre-Linen Flax) number modules in creation order
@@ -133,9 +135,10 @@ def read_jax_npz(path: str | os.PathLike, image_size: int | tuple[int, int] | No
     meta: "jax_numbering" ("pre-linen" | "linen"), "gn_4d" (GroupNorm params stored as (1, 1, 1, C)), "prefix".
     """
     arrays, prefix = _open(path)
+    numerics = pop_numerics(path, arrays)  # vitlab/gelu, vitlab/ln_eps: recorded when not the official ones
     numbering = _detect_numbering(path, arrays)
     gn_4d = "gn_root/scale" in arrays and arrays["gn_root/scale"].ndim == 4
-    config = _infer_config(path, arrays, numbering, image_size)
+    config = _infer_config(path, arrays, numbering, image_size).replace(**numerics)
     with torch.device("meta"):  # shapes and key names only, no memory
         expected = VisionTransformer(config).state_dict()
     plan = [(key, *_npz_names(key, numbering)) for key in expected]
@@ -309,7 +312,7 @@ def write_jax_npz(model: VisionTransformer, path: str | os.PathLike, numbering: 
                 if part.dtype == torch.bfloat16:  # numpy has no bfloat16; float32 holds it exactly
                     part = part.float()
                 arrays[name] = np.ascontiguousarray(part.numpy())
-    atomic_savez(Path(path), arrays)
+    atomic_savez(Path(path), {**arrays, **numerics_arrays(config)})
 
 
 def _exportable(model: VisionTransformer) -> ViTConfig:
@@ -328,5 +331,6 @@ def _exportable(model: VisionTransformer) -> ViTConfig:
         differs.append(f"ln_eps={config.ln_eps} (official: 1e-6)")
     if differs:
         warnings.warn(f"the model uses {' and '.join(differs)}; the official JAX code will compute slightly "
-                      "different outputs from these weights", stacklevel=3)
+                      "different outputs from these weights (the file records the values in vitlab/ arrays: "
+                      "vitlab reads them back, the official code ignores them)", stacklevel=3)
     return config
