@@ -324,7 +324,9 @@ def test_interrupted_pack_resumes_from_shard_sidecars(packed, tmp_path, monkeypa
     monkeypatch.setattr(pack_mod._Recorder, "add", add_then_die)
     with pytest.raises(KeyboardInterrupt):
         pack_shards(src, tmp_path / "out", parse_size("6KB"))
-    assert not (tmp_path / "out" / "_info.json").exists() and len(list((tmp_path / "out").glob("*.tar"))) == 3
+    # _info.json holds the settings from the start (a re-run with others is refused) but lists no shard yet
+    assert json.loads((tmp_path / "out" / "_info.json").read_text())["splits"] == {}
+    assert len(list((tmp_path / "out").glob("*.tar"))) == 3
     monkeypatch.setattr(pack_mod._Recorder, "add", real_add)
     resumed = pack_shards(src, tmp_path / "out", parse_size("6KB"))
     assert resumed.written == sum(first.shards.values()) - 3 and resumed.counts == first.counts

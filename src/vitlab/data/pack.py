@@ -32,6 +32,8 @@ from .datasets import scan_with_classes
 from .errors import DataError, describe_paths, log
 from .folder import BOMB, bomb_limit, class_folders, folder_layout, header_problem, scan_split
 from .hf_split import hf_split, is_hf_source, open_hf
+from .packlock import PackLock
+from .shardindex import fingerprint
 from .shards import INFO_NAME
 from .sources import DECODE_ERRORS, ImageSplit, stratified_holdout
 from .untrusted import parse_json, read_regular
@@ -186,17 +188,25 @@ def _read_info(out: Path, settings: dict) -> dict:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError) as err:
         raise DataError(f"{path} is not the info file of vitlab shards ({str(err).splitlines()[0]}); pack into an "
                         "empty folder or remove it") from None
-    if {k: info.get(k) for k in settings} != settings:
-        raise DataError(f"{out} holds shards packed with other settings ({info.get('source')}, "
-                        f"{info.get('shard_size')} bytes); pack into an empty folder")
+    differ = [k for k in settings if info.get(k) != settings[k]]
+    if differ:  # mixing them would give shards of two packings in one set (--shard-size: other boundaries)
+        key = differ[0]
+        raise DataError(f"{out} holds shards packed with {key} {info.get(key)!r}, this run asks for "
+                        f"{settings[key]!r}; pack into an empty folder, or re-run with the same settings to resume")
     for split in info["splits"].values():
         for k, name in enumerate(split["filenames"]):
-            entry = info["index"].get(name)
-            if entry is None or not (out / name).is_file() or (out / name).stat().st_size != entry["bytes"]:
+            if not _intact(out / name, info["index"].get(name)):
                 for field in ("filenames", "shard_lengths", "consumed"):
                     split[field] = split[field][:k]
                 break
     return info
+
+
+def _intact(path: Path, entry: object) -> bool:
+    """Whether the shard on disk is the one `entry` recorded: size, and content fingerprint when recorded."""
+    if not isinstance(entry, dict) or not path.is_file() or path.stat().st_size != entry.get("bytes"):
+        return False
+    return "fingerprint" not in entry or fingerprint(path) == entry["fingerprint"]
 
 
 def _write_shard(path: Path, members: list[tuple[str, bytes, int]]) -> dict:
@@ -220,6 +230,7 @@ def _write_shard(path: Path, members: list[tuple[str, bytes, int]]) -> dict:
 
     atomic_write(path, write)
     entry["bytes"] = path.stat().st_size
+    entry["fingerprint"] = fingerprint(path)  # a shard replaced later is told apart (data.shards checks it)
     return entry
 
 
@@ -314,7 +325,7 @@ def _adopt_pending(out: Path, info: dict, split_names: list[str]) -> None:
             filename = f"{name}-{len(split['filenames']):06d}.tar"
             try:
                 record = parse_json((out / PENDING / f"{filename}.json").read_text(), filename)
-                complete = (out / filename).stat().st_size == record["entry"]["bytes"]
+                complete = _intact(out / filename, record["entry"])
             except (OSError, ValueError, KeyError, TypeError):  # ValueError: not JSON, or too deep
                 complete = False
             if not complete:
@@ -349,11 +360,20 @@ def _pack(src: Path, out: Path, names: list[str], splits: dict, bad: list[str], 
           val_fraction: float | None) -> PackResult:
     splits = {k: _shuffled(paths, labels) for k, (paths, labels) in splits.items()}  # (paths, labels, ids)
     out.mkdir(parents=True, exist_ok=True)
+    with PackLock(out):  # one packer per folder
+        return _pack_locked(src, out, names, splits, bad, shard_size, val_fraction)
+
+
+def _pack_locked(src: Path, out: Path, names: list[str], splits: dict, bad: list[str], shard_size: int,
+                 val_fraction: float | None) -> PackResult:
     settings = {"source": str(src.resolve()), "shard_size": shard_size, "val_fraction": val_fraction,
                 "class_names": names, "order": f"shuffled, seed {PACK_SEED}"}
+    fresh = not (out / INFO_NAME).is_file()
     info = _read_info(out, settings)
     _adopt_pending(out, info, list(splits))
     recorder = _Recorder(out, info)
+    if fresh:  # the settings on disk before the first shard: a re-run with others is refused, never mixed in
+        recorder.save()
     total = sum(len(p) for p, _, _ in splits.values())
     written = 0
     with progress(total=total, desc="packing", unit="img") as bar:

@@ -2,8 +2,11 @@
 not read, labels are a few bytes) and cached as `_vitlab_index.json` beside the shards, or, when that folder
 cannot be written (read-only storage), in the vitlab cache (`$VITLAB_CACHE/shard-index/`).
 
-A cached entry is used only while its shard's size, modification time and inode are those it was built from: a
-shard replaced by another of the same size is indexed again instead of training on its predecessor's labels.
+A cached entry is used only while its shard's size, modification time, inode and content fingerprint (SHA-256 of
+its size and first and last 64 KiB: `fingerprint`) are those it was built from: a shard replaced by another of the
+same size, even by `cp -p` in place, is indexed again instead of training on its predecessor's labels. The
+fingerprint costs two reads per shard at every start (measured: README, "What vitlab promises"); it sees any
+replacement by another shard (their first samples differ), not an edit in the middle that keeps the size.
 
 Samples are grouped as WebDataset groups them: consecutive members sharing a key (the member name up to the first
 dot of its base name) form one sample, so a key that comes back later is another sample, and a member repeated
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tarfile
 from collections import Counter
 from pathlib import Path
@@ -25,7 +29,21 @@ from .untrusted import MAX_LABEL_BYTES, check_label_range, not_regular, parse_js
 
 INDEX_NAME = "_vitlab_index.json"
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp")
-_STAMP = ("bytes", "mtime_ns", "inode")  # what a cached entry must match to be used
+_STAMP = ("bytes", "mtime_ns", "inode")  # what a cached entry must match to be used, with its fingerprint
+FINGERPRINT_BYTES = 1 << 16  # read from each end of a shard
+
+
+def fingerprint(path: Path) -> str:
+    """SHA-256 of the file's size and its first and last FINGERPRINT_BYTES: what tells one shard from another of
+    the same size (their first keys, headers and images differ) at the cost of two small reads."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        h = hashlib.sha256(f"vitlab-shard {size}\n".encode())
+        h.update(f.read(FINGERPRINT_BYTES))
+        if size > FINGERPRINT_BYTES:
+            f.seek(max(FINGERPRINT_BYTES, size - FINGERPRINT_BYTES))
+            h.update(f.read(FINGERPRINT_BYTES))
+    return h.hexdigest()
 
 
 def _label_of(member_name: str, payload: bytes, where: str) -> int:
@@ -105,7 +123,7 @@ def scan_shard(path: Path) -> dict:
     if again:
         log.warning("%s: %d sample key(s) come back after other samples (%s); read as separate samples, as "
                     "WebDataset reads them", path, len(again), describe_paths(again))
-    return {**stamp, "keys": keys, "offsets": [e["image"][0] for _, e in samples],
+    return {**stamp, "fingerprint": fingerprint(path), "keys": keys, "offsets": [e["image"][0] for _, e in samples],
             "sizes": [e["image"][1] for _, e in samples], "labels": [e["label"] for _, e in samples]}
 
 
@@ -129,13 +147,14 @@ def _read_cache(path: Path) -> dict[str, dict]:
     return shards if isinstance(shards, dict) else {}
 
 
-def _fresh(entry: object, stamp: dict) -> bool:
-    return isinstance(entry, dict) and all(entry.get(k) == stamp[k] for k in _STAMP)
+def _fresh(entry: object, stamp: dict, path: Path) -> bool:
+    return (isinstance(entry, dict) and all(entry.get(k) == stamp[k] for k in _STAMP)
+            and entry.get("fingerprint") == fingerprint(path))
 
 
 def _write_cache(folder: Path, cache: dict[str, dict]) -> None:
     """Beside the shards, else in the vitlab cache; read-only everywhere only costs a scan at every start."""
-    text = json.dumps({"format": "vitlab-shard-index", "version": 2, "folder": str(folder.resolve()),
+    text = json.dumps({"format": "vitlab-shard-index", "version": 3, "folder": str(folder.resolve()),
                        "shards": cache})
     beside = folder / INDEX_NAME
     try:
@@ -155,7 +174,7 @@ def _write_cache(folder: Path, cache: dict[str, dict]) -> None:
 
 def cached_index(folder: Path, names: list[str]) -> dict[str, dict]:
     """Index entries of `names` (files in `folder`), built once per shard and cached; an entry is rebuilt when its
-    shard's size, modification time or inode changed."""
+    shard's size, modification time, inode or fingerprint changed."""
     cache = _read_cache(folder / INDEX_NAME)
     try:
         other = _read_cache(fallback_index_path(folder))
@@ -170,8 +189,8 @@ def cached_index(folder: Path, names: list[str]) -> dict[str, dict]:
         if why:
             raise DataError(f"{why}; shards must be regular .tar files")
         stamp = _stamp(path)
-        if not _fresh(cache.get(name), stamp):
-            cache[name] = other[name] if _fresh(other.get(name), stamp) else scan_shard(path)
+        if not _fresh(cache.get(name), stamp, path):
+            cache[name] = other[name] if _fresh(other.get(name), stamp, path) else scan_shard(path)
             changed = changed or cache[name] is not other.get(name)
     if changed:
         _write_cache(folder, cache)

@@ -254,14 +254,20 @@ def _vitlab_info(folder: Path) -> dict | None:
     return info if isinstance(info, dict) and isinstance(info.get("index"), dict) else None
 
 
-def _check_sizes(paths: list[Path], entries: dict[Path, dict]) -> None:
-    """One stat per shard: a shard shorter than its index says was truncated after indexing."""
+def _check_shards(paths: list[Path], entries: dict[Path, dict]) -> None:
+    """One stat and, where the index records one, a fingerprint per shard: a shard shorter than its index says was
+    truncated after indexing; one whose first or last 64 KiB differ was replaced (`cp train-5.tar train-0.tar`
+    would otherwise read 5's images under 0's labels). Indexes written before fingerprints get the size check."""
     for p in paths:
         if not p.is_file():
             raise DataError(f"missing shard {p}; re-copy it or re-run vitlab shards")
         if p.stat().st_size < entries[p]["bytes"]:
             raise DataError(f"truncated shard {p}: {p.stat().st_size} bytes, its index says {entries[p]['bytes']}; "
                             "re-copy or re-pack it")
+        expected = entries[p].get("fingerprint")
+        if expected is not None and shardindex.fingerprint(p) != expected:
+            raise DataError(f"shard {p} is not the shard its index describes (its content differs: replaced or "
+                            "modified after packing); restore it, or re-pack the shards into a new folder")
 
 
 @dataclass
@@ -307,7 +313,7 @@ def shard_split(shard_set: ShardSet, split: str, class_names: list[str] | None =
                         "hold out part of train with --val-fraction 0.1")
     paths = shard_set.splits[split]
     arrays = [_entry_arrays(p, shard_set.entries[p]) for p in paths]  # before any value of an entry is used
-    _check_sizes(paths, shard_set.entries)
+    _check_shards(paths, shard_set.entries)
     labels = np.concatenate([np.zeros(0, np.int64)] + [a.labels for a in arrays])
     keys = np.concatenate([np.zeros(0, str)] + [a.keys for a in arrays])
     shard_of = np.concatenate([np.zeros(0, np.int32)] + [np.full(len(a.keys), k, np.int32)
