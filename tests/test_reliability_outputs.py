@@ -298,3 +298,22 @@ def test_a_whole_path_over_path_max_is_not_called_a_long_name(tmp_path, weights,
     err = capsys.readouterr().err
     assert "Path too long" in err and "for the temporary" in err and "255 bytes per name" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["sweep.json", "sweep.png"])
+def test_lr_sweep_keeps_a_users_file_in_out_and_replaces_its_own(tmp_path, monkeypatch, name):
+    from vitlab.train import resolve_config
+    from vitlab.train import sweep as sweep_module
+
+    monkeypatch.setattr(sweep_module, "_fine_tune", lambda resolved: (0.5, 0.4))  # the sweep's runs, faked
+    out = tmp_path / "s"
+    out.mkdir()
+    (out / name).write_bytes(PRECIOUS)
+    cfg = resolve_config("finetune", data="digits", out=str(out), lr_sweep=(0.01, 0.03), dev_fraction=0.1)
+    with pytest.raises(ValueError, match=f"{name} was not written by vitlab train --lr-sweep; choose another --out"):
+        sweep_module.run_sweep(cfg)
+    assert (out / name).read_bytes() == PRECIOUS and sorted(p.name for p in out.iterdir()) == [name]
+    (out / name).unlink()
+    sweep_module.run_sweep(cfg)
+    assert written_by(out / "sweep.json") == written_by(out / "sweep.png") == "vitlab train --lr-sweep"
+    sweep_module.run_sweep(cfg)  # its own record and figure: replaced

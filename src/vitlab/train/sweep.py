@@ -25,7 +25,7 @@ from ..data import is_embedded
 from ..data.datasets import has_val_split
 from ..data.errors import DataError
 from ..eval.classify import evaluate_weights
-from ..outputs import atomic_write
+from ..outputs import WRITTEN_BY, atomic_write, check_replaceable, mark
 from .config import TrainConfig
 from .loop import run
 from .resolve import Resolved
@@ -120,6 +120,8 @@ def run_sweep(settings: TrainConfig | Resolved) -> SweepResult:
     check_sweep(cfg)
     start = time.perf_counter()
     out = Path(cfg.out)
+    # before hours of fine-tuning: the sweep's record and figure go into --out, never over a file of the user's
+    check_replaceable(out, "sweep.json", SWEEP, ("sweep.png",), legacy_keys=SWEEP_RECORD_KEYS)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for lr in sorted(cfg.lr_sweep):
@@ -138,8 +140,13 @@ def run_sweep(settings: TrainConfig | Resolved) -> SweepResult:
     return result
 
 
+SWEEP = "vitlab train --lr-sweep"
+SWEEP_RECORD_KEYS = frozenset({"protocol", "dev_fraction", "rows", "chosen_lr"})  # sweep.json before written_by
+
+
 def write_sweep(result: SweepResult) -> None:
     record = {
+        WRITTEN_BY: SWEEP,
         "protocol": "paper Appendix B.1.1: learning rate chosen on a dev split held out from train",
         "dev_fraction": result.dev_fraction,
         "rows": [asdict(r) for r in result.rows],
@@ -175,7 +182,7 @@ def plot_sweep(result: SweepResult, path: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=90))
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=90, metadata=mark(SWEEP)))
     plt.close(fig)
     return path
 
