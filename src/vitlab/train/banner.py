@@ -8,6 +8,7 @@ processes. The banner and the run's later console lines are also kept in `<run>/
 from __future__ import annotations
 
 import logging
+import math
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -54,8 +55,27 @@ def banner_lines(resolved: Resolved, model: Any, data: Any, device: Any, world: 
         f"devices {device.type} × {world} process{'es' if world > 1 else ''}, {threads} compute thread"
         f"{'s' if threads != 1 else ''} and {workers} loader worker{'s' if workers != 1 else ''} per process",
         f"compute {cfg.precision} ({resolved.sources.get('precision', 'given')})",
+        *([_wrap(line)] if (line := loss_line(cfg, data.num_classes)) else []),
     ]
     return lines + ["settings " + line if i == 0 else line for i, line in enumerate(settings_lines(resolved))]
+
+
+def loss_line(cfg: Any, num_classes: int) -> str | None:
+    """What a sigmoid loss implies for this run's classes, which a practitioner used to softmax would misread: the
+    first loss (the head starts at zero, so every logit is the head bias b: softplus(−b) for the image's class plus
+    softplus(b) for each other, whatever the label smoothing or mixing) and softmax's log K beside it."""
+    if cfg.loss != "sigmoid":
+        return None
+    bias = 0.0 if cfg.init else float(cfg.head_bias_init)  # fine-tuning replaces the head with a zero one
+    first = _softplus(-bias) + (num_classes - 1) * _softplus(bias)
+    return (f"loss    sigmoid cross-entropy summed over {num_classes} classes, head bias {bias:g}: the first steps' "
+            f"loss is about {first:.2f}, not softmax's log {num_classes} = {math.log(num_classes):.2f} (the "
+            "upstream pre-training loss of the paper's ImageNet-21k and JFT models, each class a yes/no); for "
+            "one label per image, --loss softmax is the usual choice")
+
+
+def _softplus(x: float) -> float:
+    return max(x, 0.0) + math.log1p(math.exp(-abs(x)))  # log(1 + e^x) without overflow
 
 
 def _count(n: float) -> str:
