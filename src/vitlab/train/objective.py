@@ -94,7 +94,7 @@ class MaskedPatches(Classification):
             if not valid.any():  # an all-padding evaluation shard
                 continue
             x = normalize(batch["images"].to(device)[valid], c.mean, c.std)
-            with autocast_for(device, cfg.precision):
+            with autocast_for(device, getattr(cfg, "precision", "fp32")):  # a bare settings object: float32
                 pred, target = module.predictions(x, generator)
             pred = pred.float()
             if self.target == "pixels":
