@@ -287,7 +287,6 @@ CONFIGS = {
     "steps as text": ({"steps": "4"}, "config.json: steps must be an integer, got '4' (a string)"),
     "lr edited": ({"lr": 0.5}, "config.json says lr 0.5 but checkpoint"),
     "model edited": ({"model_args": {**TINY["model_args"], "width": 64}}, "config.json says model_args"),
-    "safe setting edited": ({"log_every": 2}, "pass --log-every 2 with --resume instead"),
 }
 
 
@@ -307,11 +306,23 @@ def test_an_edited_lr_is_never_credited_to_the_recipe_in_the_banner(copy, caplog
     assert "config.json was edited after the run started; put 0.002 back" in capsys.readouterr().err
 
 
-def test_a_setting_changed_by_a_resume_flag_is_not_an_edit(copy):
+def test_an_edited_setting_a_resume_may_change_is_kept_and_said(copy, caplog):
+    """log_every decides what is reported, not what is computed: an edit is used, with a warning naming it."""
+    edit_json(copy / "config.json", log_every=2)
+    caplog.set_level(logging.INFO, logger="vitlab")
+    assert main(["train", "--out", str(copy), "--resume", "--steps", "6"]) == 0
+    said = f"{copy / 'config.json'} says log_every 2, checkpoint {copy / LAST} was trained with 1 (edited"
+    assert said in caplog.text
+    assert [r["step"] for r in rows(copy, "train")] == [1, 2, 3, 4, 6]
+
+
+def test_a_setting_changed_by_a_resume_flag_is_not_an_edit(copy, caplog):
     """--log-every on resume (a safe change, recorded as such in config.json) resumes again without complaint,
     also from a checkpoint written before the change."""
     assert main(["train", "--out", str(copy), "--resume", "--steps", "5", "--log-every", "2", "--save-every",
                  "100"]) == 0
     shutil.rmtree(copy / "checkpoints" / "step_00000005")  # back to the step-4 checkpoint (log_every 1)
     (copy / "model.safetensors").unlink()
+    caplog.set_level(logging.INFO, logger="vitlab")
     assert main(["train", "--out", str(copy), "--resume", "--steps", "5"]) == 0
+    assert "edited" not in caplog.text

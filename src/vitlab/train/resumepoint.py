@@ -82,9 +82,10 @@ def _stored_record(run_dir: Path) -> dict[str, Any]:
 
 
 def _check_settings(run_dir: Path, record: dict[str, Any], ckpt: Path) -> None:
-    """config.json against the settings the checkpoint was trained with: a value may differ only where a resume
-    flag changed it (its source says so); any other difference is an edit, refused before it is trained with and
-    credited, in the banner, to the source of the value it replaced."""
+    """config.json against the settings the checkpoint was trained with: a setting that changes what the run
+    computes (lr, model, data, …) must be the checkpoint's, or the edit is refused before it is trained with and
+    credited, in the banner, to the source of the value it replaced; one a resume may change (steps, workers, …)
+    may differ, with a warning unless a resume flag changed it."""
     trained = checkpoint_settings(ckpt) or {}
     sources = record.get("sources") if isinstance(record.get("sources"), dict) else {}
     for key, before in trained.items():
@@ -93,12 +94,15 @@ def _check_settings(run_dir: Path, record: dict[str, Any], ckpt: Path) -> None:
         now = record[key]
         if json.dumps(now, sort_keys=True) == json.dumps(before, sort_keys=True):
             continue
-        if key in SAFE_ON_RESUME and sources.get(key) == "flag (on resume)":
+        if key in SAFE_ON_RESUME:  # how long the run goes and what it reports, not what it computes: said, kept
+            if sources.get(key) != "flag (on resume)":
+                log.warning("%s says %s %s, checkpoint %s was trained with %s (edited, or changed by a resume that "
+                            "did not record it): continuing with %s; a resume flag (--%s) is the way to change it",
+                            run_dir / CONFIG, key, _show(now), ckpt, _show(before), _show(now), key.replace("_", "-"))
             continue
-        fix = (f"put {_show(before)} back and pass --{key.replace('_', '-')} {_show(now)} with --resume instead"
-               if key in SAFE_ON_RESUME else f"put {_show(before)} back, or start a new run with another --out")
         raise ValueError(f"{run_dir / CONFIG} says {key} {_show(now)} but checkpoint {ckpt} was trained with "
-                         f"{key} {_show(before)}: config.json was edited after the run started; {fix}")
+                         f"{key} {_show(before)}: config.json was edited after the run started; put "
+                         f"{_show(before)} back, or start a new run with another --out")
 
 
 def _show(value: Any) -> str:
