@@ -203,19 +203,20 @@ def test_experiment_report_without_results_keeps_the_report(tmp_path, capsys):
 def test_experiment_report_keeps_the_sections_it_has_no_results_for(tmp_path):
     """Results for one experiment only (runs/ is not committed; a new machine has few): the other sections keep
     their measured text and summary rows instead of turning into "pending"."""
+    from vitlab.experiments.experiment import write_results
     from vitlab.experiments.report import write_report
 
     report = tmp_path / "REPRODUCTION.md"
     everything = tmp_path / "earlier-machine"  # a report measured in full, with the current designs
     for name in ("pilot", "data-scaling", "compute", "pos-embed", "token-vs-gap", "attention-distance", "mpp"):
         (everything / name).mkdir(parents=True)
-        (everything / name / "results.json").write_text(json.dumps(_fake_results(name, f"MEASURED-{name}")))
+        write_results(everything / name / "results.json", _fake_results(name, f"MEASURED-{name}"))  # sealed
     write_report(everything, report)
     previous = report.read_text()
     out = tmp_path / "results"
     results = _fake_results("mpp")
     (out / "mpp").mkdir(parents=True)
-    (out / "mpp" / "results.json").write_text(json.dumps(results))
+    write_results(out / "mpp" / "results.json", results)
     write_report(out, report)
     text = report.read_text()
     assert "MEASURED-BY-THE-TEST" in text

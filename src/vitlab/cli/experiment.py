@@ -46,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--report", metavar="PATH",
                    help=f"the Markdown report to rewrite from OUT's full results (default {DEFAULT_REPORT} for "
                         "full runs, none for --quick)")
+    p.add_argument("--force", action="store_true",
+                   help="let --report replace a file that is not a report vitlab wrote (a report starts with the "
+                        "line `<!-- written_by: vitlab experiment report -->`)")
     p.add_argument("--records", metavar="DIR",
                    help=f"where every finished run's result.json is also written, to be committed (default "
                         f"{DEFAULT_RECORDS} for full runs, none for --quick): on a new machine a run recorded there "
@@ -82,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
     assumed = {} if args.estimate and len(names) > 1 else None  # `all --estimate`: each after the ones before
     report = None if args.estimate else args.report or (None if args.quick else DEFAULT_REPORT)
     jobs = args.jobs or cpu_count()
+    if report:  # before any run: a file the report may not replace is said now, not after hours of training
+        from ..experiments.report import previous_report
+
+        previous_report(Path(report), args.force)
     # one pool of workers for the whole command: a later experiment's run goes on across the hand-over
     one_pool = jobs > 1 and len(names) > 1 and not args.estimate
     # SIGTERM and Ctrl-C stop every run at its next step with a checkpoint, then the command (experiments.stopping)
@@ -92,19 +99,19 @@ def run(args: argparse.Namespace) -> int:
                     pool.halt()
                 return stopping.exit_code(stop.signal)
             if report:  # after each experiment: its results and figures are ready to commit before the next ends
-                _write_report(out, report)
+                _write_report(out, report, args.force)
     if stop.signal:  # it came while the last runs of a later experiment were finishing: they stopped
         _say_stopped(stop.signal)
         return stopping.exit_code(stop.signal)
     if report and not names:  # `report`: only rewrite it
-        _write_report(out, report)
+        _write_report(out, report, args.force)
     return 0
 
 
-def _write_report(out: Path, report: str) -> None:
+def _write_report(out: Path, report: str, force: bool) -> None:
     from ..experiments.report import write_report
 
-    write_report(out, Path(report))
+    write_report(out, Path(report), force=force)
     print(f"wrote {report} from the results in {out}")
 
 

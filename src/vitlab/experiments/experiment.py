@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -14,9 +13,9 @@ from typing import Any
 import torch
 
 from .. import __version__
-from ..outputs import atomic_write
 from .design import Design
 from .parallel import Pool, run_parallel
+from .records import read_results_file, write_json
 from .runner import Context, Progress, Runner, Todo, format_seconds
 from .scale import FULL, QUICK, Scale
 
@@ -209,12 +208,11 @@ def _versions() -> dict[str, str]:
 
 
 def write_results(path: Path, results: dict[str, Any]) -> None:
-    text = json.dumps(results, indent=1)
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+    """Write results.json with its checksum (`experiments.records`): an edit by hand is detected, not reported."""
+    write_json(path, dict(results))
 
 
-def read_results(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
+def read_results(path: Path, name: str | None = None) -> dict[str, Any] | None:
+    """A results.json (of experiment `name`), its checksum and fields verified; None if there is none. A file
+    that is not what vitlab wrote there raises a RecordError naming it."""
+    return read_results_file(path, name)

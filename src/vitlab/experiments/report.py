@@ -12,20 +12,24 @@ and `reproduction/` is itself an OUT the report can be rebuilt from on a machine
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
-from ..outputs import atomic_write
+from ..outputs import OutputRefused, atomic_write, mark_text, refuse_special
 from ..train.recipes import RECIPES
 from . import NAMES, PILOT, experiments
 from .design import describe
 from .experiment import RESULTS, describe_setup, read_results
 from .families import model_table
 from .recipes import PRETRAIN_SMALL
+from .records import KEY, RecordError, read_bytes, read_record
+from .runner import RESULT, RUNS
 from .scale import FULL
 
 FIGURES = "reproduction"
+MARK = mark_text("vitlab experiment report")  # the report's first line: the mark of a file it may replace
+MAX_REPORT_BYTES = 16 << 20  # REPRODUCTION.md is about 100 KB
+MAX_FIGURE_BYTES = 64 << 20  # a figure is under 100 KB
 NOT_RUN = ("**Verdict: pending.** No full run yet; `{command}` produces the numbers, the figure and the measured "
            "comparison that replace this line.")
 
@@ -55,12 +59,13 @@ This file is written by `vitlab experiment NAME` (and `vitlab experiment report`
 """
 
 
-def write_report(out: str | Path, path: str | Path, allow_pending: bool = False) -> Path:
+def write_report(out: str | Path, path: str | Path, allow_pending: bool = False, force: bool = False) -> Path:
     """Rewrite the report at `path` from the results under `out` (the --out of the experiments). With no results
-    at all the report is left alone unless `allow_pending` (a new design replacing every section's)."""
+    at all the report is left alone unless `allow_pending` (a new design replacing every section's). A file at
+    `path` that is not a report vitlab wrote is replaced only with `force` (`previous_report`)."""
     out, path, table = Path(out), Path(path), experiments()
-    previous = path.read_text(encoding="utf-8") if path.is_file() else ""
-    found = {name: _full_results(out, name, table[name]) for name in (PILOT, *NAMES)}
+    previous = previous_report(path, force)
+    found = {name: _full_results(out, name, table[name], path.parent) for name in (PILOT, *NAMES)}
     if previous and not any(found.values()) and not allow_pending:
         raise ValueError(f"no full results under {out} (runs/ is not committed: run `vitlab experiment NAME` "
                          f"first); {path} left unchanged")
@@ -72,15 +77,32 @@ def write_report(out: str | Path, path: str | Path, allow_pending: bool = False)
             sections.append(kept[0])
             rows.append(kept[1])
             continue
-        figures = _archive(full, out / name, path.parent) if full else []
+        figures = _archive(name, full, out / name, path.parent) if full else []
         sections.append(section(number, name, full, figures, _notes(previous, name)))
         rows.append(_summary_row(name, full, table[name].paper))
     summary = ["## Summary", "", "| experiment | paper | measured: verdict (by the rule in its section) | wall "
                "time of its runs |", "|---|---|---|---|", *rows, "", "A run shared by two experiments (compute re-uses "
                "data-scaling's size-M runs, for example) counts in both times; it was trained once.", ""]
-    text = "\n".join([INTRO, *summary, shared_setup(), *sections]).rstrip() + "\n"
+    text = "\n".join([MARK, INTRO, *summary, shared_setup(), *sections]).rstrip() + "\n"
+    previous_report(path, force)  # again: the path may have changed while the sections were built
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     return path
+
+
+def previous_report(path: Path, force: bool = False) -> str:
+    """The text of the report at `path` ('' if there is none), which the rewrite replaces. vitlab's output rule
+    (vitlab.outputs): never a special file or link (refused, `force` or not); a regular file only if it is a
+    report vitlab wrote, recognisably (its first line is MARK; a report from before the mark starts with INTRO's
+    title), unless `force`; else OutputRefused, one line. The text read is bounded."""
+    refuse_special(path)
+    data = read_bytes(path, MAX_REPORT_BYTES)
+    if data is None:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    if not force and not text.startswith((MARK + "\n", INTRO.split("\n", 1)[0] + "\n")):
+        raise OutputRefused(path, f"exists and is not a report vitlab wrote (its first line is not `{MARK}`)",
+                            "pass --force to replace it, or choose another --report")
+    return text
 
 
 def shared_setup() -> str:
@@ -208,32 +230,65 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
-def _archive(results: dict[str, Any], folder: Path, report_dir: Path) -> list[tuple[str, str]]:
+def _archive(name: str, results: dict[str, Any], folder: Path, report_dir: Path) -> list[tuple[str, str]]:
     """Copy an experiment's results.json and figures from its OUT folder to `reproduction/NAME/` beside the report
-    (nothing to copy when the report is being rebuilt from there); (path, caption) of each figure found."""
-    target = Path(FIGURES) / results["experiment"]
+    (nothing to copy when the report is being rebuilt from there); (path, caption) of each figure found. `name`
+    is the experiment's, from the known set: results.json says which figures, as plain names (records.FIGURE),
+    and only regular files are copied, never through a link."""
+    target = Path(FIGURES) / name
     archive = report_dir / target
+    for part in (report_dir / FIGURES, archive):  # a link committed in their place would send the copies elsewhere
+        if part.is_symlink() or part.exists() and not part.is_dir():
+            raise RecordError(f"{part} is not a folder (a link or a file); the report copies results into a "
+                              "folder of its own there: remove it")
     same = archive.is_dir() and archive.resolve() == folder.resolve()
+    files = [(RESULTS, None)] + [(f["file"], f["caption"]) for f in results["figures"]]
+    # every file read (and refused if it is not a regular file) before the first is written
+    contents = [(file, caption, read_bytes(folder / file, MAX_FIGURE_BYTES)) for file, caption in files]
     copied = []
-    for file, caption in [(RESULTS, None)] + [(f["file"], f["caption"]) for f in results["figures"]]:
-        source = folder / file
-        if not source.is_file():
+    for file, caption, content in contents:
+        if content is None:
             continue
         if not same:
             archive.mkdir(parents=True, exist_ok=True)
-            atomic_write(archive / file, lambda tmp, source=source: shutil.copyfile(source, tmp))
+            atomic_write(archive / file, lambda tmp, content=content: Path(tmp).write_bytes(content))
         if caption is not None:
             copied.append(((target / file).as_posix(), caption))
     return copied
 
 
-def _full_results(out: Path, name: str, experiment: Any) -> dict[str, Any] | None:
-    """The full results of the experiment's current design (none for a result of another design version)."""
-    results = read_results(out / name / RESULTS)
+def _full_results(out: Path, name: str, experiment: Any, report_dir: Path) -> dict[str, Any] | None:
+    """The full results of the experiment's current design (none for a result of another design version),
+    checked: results.json as vitlab wrote it (records.read_results_file) and every run it lists that has a
+    record here as recorded (`_check_runs`)."""
+    path = out / name / RESULTS
+    results = read_results(path, name)
     if not results or results.get("mode") != "full":
         return None
     version = (results.get("design") or {}).get("version")
-    return results if version == (experiment.design.version if experiment.design else None) else None
+    if version != (experiment.design.version if experiment.design else None):
+        return None
+    _check_runs(results, path, [out / RUNS, out / "records", report_dir / FIGURES / "records"])
+    return results
+
+
+def _check_runs(results: dict[str, Any], path: Path, folders: list[Path]) -> None:
+    """Each run results.json lists whose record is found in `folders` (run folders `<key>-<label>/result.json`,
+    records `<key>-<label>.json`): the record verified (records.read_record) and its final top-1 the one
+    results.json was computed from; else a RecordError naming both files."""
+    found: dict[str, list[Path]] = {}
+    for folder in dict.fromkeys(folders):
+        for entry in sorted(folder.iterdir()) if folder.is_dir() else ():
+            record = entry / RESULT if entry.is_dir() and not entry.is_symlink() else entry
+            if record.name.endswith(".json") and KEY.fullmatch(entry.name[:12]):
+                found.setdefault(entry.name[:12], []).append(record)
+    for run in results.get("runs", []):
+        for record_path in found.get(run["key"], []):
+            record = read_record(record_path, run["key"])
+            if record and run.get("val_top1") is not None and record["train"]["val"]["top1"] != run["val_top1"]:
+                raise RecordError(f"{record_path} gives run {run['key']} a final top-1 of "
+                                  f"{record['train']['val']['top1']!r}, {path} {run['val_top1']!r}: one of them was "
+                                  "changed after the run; restore both from their commit")
 
 
 def _measured_section(previous: str, number: int, name: str, experiment: Any) -> tuple[str, str] | None:

@@ -17,6 +17,9 @@ run found only there counts as finished, with its outcome and evaluations: nothi
 its weights are wanted (an evaluation it does not have yet, or a fine-tuning that starts from it still to run).
 Then it is trained again from its spec; its recorded outcome and evaluations are kept and the new outcome is
 stored beside them as `retrained` (the same seed and settings: a check that training is repeatable).
+
+Both copies carry a checksum of their content and are read as untrusted input (experiments.records): an edited,
+mistyped or special file is refused in one line naming it, never used as measured.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from ..train.resolve import resolve
 from ..train.runlog import read_metrics
 from .estimate import CostModel, render_seconds
 from .evals import evaluate
+from .records import read_record, seal, write_json
 from .spec import DESIGN_PRECISION, RunSpec
 from .stopping import raise_if_stopped
 
@@ -200,16 +204,15 @@ class Runner:
         return record
 
     def save(self, record: Record) -> None:
-        """Write the run's result.json, and its copy in the records folder if there is one."""
-        text = json.dumps(record.result, indent=1)
-        atomic_write(record.run_dir / RESULT, lambda tmp: Path(tmp).write_text(text))
-        self.keep_record(record, text)
+        """Write the run's result.json, and its copy in the records folder if there is one (both sealed with the
+        checksum of their content: experiments.records)."""
+        self.keep_record(record, write_json(record.run_dir / RESULT, record.result))
 
     def keep_record(self, record: Record, text: str | None = None) -> None:
         """Write (or refresh) the run's copy in the records folder, if there is one (`text`: its JSON)."""
         if self.records is None or record.pending:
             return
-        text = text if text is not None else json.dumps(record.result, indent=1)
+        text = text if text is not None else json.dumps(seal(record.result), indent=1)
         self.records.mkdir(parents=True, exist_ok=True)
         atomic_write(self.records / f"{record.run_dir.name}.json", lambda tmp: Path(tmp).write_text(text))
 
@@ -251,12 +254,9 @@ def keep_curve_weights(run_dir: Path) -> None:
 
 
 def _read_result(path: Path, key: str) -> dict[str, Any]:
-    """A stored result.json (or its record) if it is the run with this key; else {}."""
-    try:
-        result = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return result if isinstance(result, dict) and result.get("spec", {}).get("key") == key else {}
+    """A stored result.json (or its record) of the run with this key, its checksum, spec and values verified
+    (experiments.records: anything else there is refused in one line, never used as measured); {} if none."""
+    return read_record(path, key)
 
 
 class Context:
