@@ -128,17 +128,37 @@ def _register_predict(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", type=precision_name(int8=True), default="auto", help=INFER_PRECISION_HELP)
     p.add_argument("--json", action="store_true",
                    help="one JSON document with every image's predictions (probabilities as fractions in [0, 1])")
+    _register_predict_serving(p)
     p.set_defaults(func=_predict)
 
 
-def _predict(args: argparse.Namespace) -> int:
-    from ..eval.prediction import predict
+def _register_predict_serving(p: argparse.ArgumentParser) -> None:
+    from .types import int_range
 
-    results = predict(args.weights, args.images, args.top_k, args.device, precision=args.precision)
+    p.add_argument("--batch-size", type=int_range(1, 65536), default=32,
+                   help="images per forward pass (default 32)")
+    p.add_argument("--csv", metavar="PATH", help="write one row per image (image, class_1, probability_1, ...) "
+                   "instead of printing them; replacing an existing CSV takes --force")
+    p.add_argument("--json-out", metavar="PATH",
+                   help="write the predictions and the skipped images as one JSON record instead of printing them")
+    p.add_argument("--force", action="store_true", help="replace --csv/--json-out files vitlab did not write")
+
+
+def _predict(args: argparse.Namespace) -> int:
+    """Predictions on stdout (text or --json), or into --csv / --json-out files; then one summary line on stderr
+    (images, skipped, img/s). Unreadable files under a folder are skipped with a warning each."""
+    from ..eval.prediction import predict_images
+    from ..eval.prediction_files import check_destinations, write_csv, write_json
+
+    check_destinations(args.csv, args.json_out, args.force)  # before any work: never a file of the user's
+    run = predict_images(args.weights, args.images, args.top_k, args.device, args.precision, args.batch_size)
+    written = [write_csv(run, args.csv, args.force)] if args.csv else []
+    written += [write_json(run, args.json_out, args.weights, args.force)] if args.json_out else []
     if args.json:
-        print(json.dumps(results, indent=1))
-        return 0
-    for r in results:
-        tops = ", ".join(f"{t['class']} {100 * t['probability']:.1f}%" for t in r["top"])
-        print(f"{r['image']}: {tops}")
+        print(json.dumps(run.results, indent=1))
+    elif not written:
+        for r in run.results:
+            tops = ", ".join(f"{t['class']} {100 * t['probability']:.1f}%" for t in r["top"])
+            print(f"{r['image']}: {tops}")
+    print(run.summary() + "".join(f"; written to {path}" for path in written), file=sys.stderr)
     return 0

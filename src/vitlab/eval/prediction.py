@@ -1,20 +1,29 @@
-"""Top-k classes of image files with trained weights: the library side of `vitlab predict`."""
+"""Top-k classes of image files with trained weights: the library side of `vitlab predict`.
+
+Images are decoded exactly (as `vitlab eval` and timm decode them) and classified in batches. An image named on
+the command line that cannot be read is an error; one found inside a folder is skipped with a warning, as `vitlab
+eval` skips it, so that one broken file does not stop a folder of thousands. Results can be written as CSV or JSON
+(`prediction_files`)."""
 
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from PIL import UnidentifiedImageError
 
 from ..data import EvalTransform, normalize
 from ..data.errors import DataError
 from ..data.folder import IMAGE_EXTENSIONS
-from ..data.sources import DECODE_ERRORS, ImageSplit
+from ..data.sources import DECODE_ERRORS, decode_rgb
 from ..device import pick_device
 from ..models.timm_compat import eval_resize_of
-from ..precision import autocast_for
+from ..precision import Precision, autocast_for
 from ..progress import progress as progress_bar
 from .inference import load_for_inference, with_precision
 
@@ -34,41 +43,102 @@ def expand_images(paths: list[str | Path]) -> list[str]:
     return images
 
 
-@torch.no_grad()
+log = logging.getLogger("vitlab")
+
+
+@dataclass
+class Predictions:
+    """What `predict_images` did: one result per image read (`image`, `top`: class, index, probability), the
+    images skipped with why, and the time from the first decode to the last prediction."""
+
+    results: list[dict[str, Any]]
+    skipped: list[dict[str, str]] = field(default_factory=list)  # {"image": path, "reason": "OSError: ..."}
+    seconds: float = 0.0
+    precision: Precision | None = None
+
+    @property
+    def images_per_second(self) -> float:
+        return len(self.results) / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self) -> str:
+        """'predicted 997 images, skipped 3 unreadable, in 12.3 s: 81.1 img/s'."""
+        return (f"predicted {len(self.results):,} image{'s' if len(self.results) != 1 else ''}, skipped "
+                f"{len(self.skipped):,} unreadable, in {self.seconds:.1f} s: {self.images_per_second:.1f} img/s")
+
+
 def predict(weights: str | Path, images: list[str], top_k: int | None = None, device: str = "auto",
-            precision: str = "auto") -> list[dict[str, Any]]:
-    """`vitlab predict`: for each image (a folder: every image under it), the top-k classes with softmax
-    probabilities. `top_k` None: 5, or all classes of a model with fewer; a given `top_k` above the class count
-    shows all of them, with a warning. `precision`: auto, fp32, bf16 or int8 (vitlab.precision; the choice is
-    logged)."""
+            precision: str = "auto", batch_size: int = 32) -> list[dict[str, Any]]:
+    """`vitlab predict`'s results: for each image read (a folder: every image under it), the top-k classes with
+    softmax probabilities. See `predict_images` for the rules; this returns its `results`."""
+    return predict_images(weights, images, top_k, device, precision, batch_size).results
+
+
+@torch.no_grad()
+def predict_images(weights: str | Path, images: list[str], top_k: int | None = None, device: str = "auto",
+                   precision: str = "auto", batch_size: int = 32) -> Predictions:
+    """For each image (a folder: every image under it), the top-k classes with softmax probabilities, computed
+    `batch_size` images at a time. `top_k` None: 5, or all classes of a model with fewer; a given `top_k` above
+    the class count shows all of them, with a warning. `precision`: auto, fp32, bf16 or int8 (vitlab.precision;
+    the choice is logged). A named file that cannot be read is a DataError; an unreadable file under a folder is
+    skipped with a warning (DataError if nothing could be read)."""
     dev = pick_device(device)
     model, names = load_for_inference(weights, dev)
     model, chosen = with_precision(model, dev, precision)
-    logging.getLogger("vitlab").info("precision %s (%s)", chosen.name, chosen.reason)
-    images = expand_images(images)
+    log.info("precision %s (%s)", chosen.name, chosen.reason)
+    named = {str(p) for p in images if not Path(p).is_dir()}
+    paths = expand_images(images)
     if top_k is None:
         top_k = min(5, len(names))
     elif top_k > len(names):
-        logging.getLogger("vitlab").warning("top-k %d is more than the model's %d classes: showing all %d",
-                                            top_k, len(names), len(names))
+        log.warning("top-k %d is more than the model's %d classes: showing all %d", top_k, len(names), len(names))
     transform = EvalTransform(model.config.image_size, eval_resize_of(model))
-    split = ImageSplit("predict", torch.zeros(len(images), dtype=torch.long).numpy(), names, paths=list(images))
-    results = []
-    for i, path in enumerate(progress_bar(images, desc="predict", unit="img")):
-        try:
-            arr = transform(split.load(i, transform.min_source_size))
-        except (FileNotFoundError, *DECODE_ERRORS) as err:
-            raise DataError(f"cannot read image {path}: {type(err).__name__}: {err}") from None
-        x = torch.tensor(arr).permute(2, 0, 1)[None].to(dev)  # (1, 3, H, W) uint8
+    out = Predictions([], precision=chosen)
+    start = time.perf_counter()
+    batches = [paths[lo : lo + batch_size] for lo in range(0, len(paths), batch_size)]
+    for batch in progress_bar(batches, desc="predict", unit="batch"):
+        arrays, kept = _decode_batch(batch, transform, named, out.skipped)
+        if not kept:
+            continue
+        x = torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).to(dev)  # (N, 3, H, W) uint8
         with autocast_for(dev, chosen):
             logits = model(normalize(x, model.config.mean, model.config.std))
-        probs = logits.float().softmax(-1)[0]
-        if not torch.isfinite(probs).all():
+        probs = logits.float().softmax(-1)
+        finite = torch.isfinite(probs).all(-1)
+        if not finite.all():
+            path = kept[int((~finite).nonzero()[0])]
             raise ValueError(f"the model's output for {path} is not finite (NaN or inf); check the weights")
-        top = probs.topk(min(top_k, probs.numel()))
-        results.append({
-            "image": str(path),
-            "top": [{"class": names[j], "index": int(j), "probability": float(p)}
-                    for p, j in zip(top.values.tolist(), top.indices.tolist(), strict=True)],
-        })
-    return results
+        top = probs.topk(min(top_k, probs.shape[-1]))
+        for path, values, indices in zip(kept, top.values.tolist(), top.indices.tolist(), strict=True):
+            out.results.append({"image": path, "top": [{"class": names[j], "index": int(j), "probability": float(p)}
+                                                       for p, j in zip(values, indices, strict=True)]})
+    out.seconds = time.perf_counter() - start
+    if not out.results:
+        raise DataError(f"none of the {len(paths)} images could be read (first: {out.skipped[0]['image']}: "
+                        f"{out.skipped[0]['reason']}); check the files")
+    return out
+
+
+def _decode_batch(batch: list[str], transform: EvalTransform, named: set[str], skipped: list[dict[str, str]]
+                  ) -> tuple[list[np.ndarray], list[str]]:
+    """The batch's images through the evaluation transform, and their paths; unreadable ones appended to `skipped`
+    with a warning, or a DataError for a file the user named."""
+    arrays, kept = [], []
+    for path in batch:
+        try:
+            arrays.append(transform(decode_rgb(path)))
+        except (FileNotFoundError, *DECODE_ERRORS) as err:
+            reason = _reason(err)
+            if path in named:
+                raise DataError(f"cannot read image {path}: {reason}") from None
+            log.warning("skipping unreadable image %s (%s)", path, reason)
+            skipped.append({"image": path, "reason": reason})
+            continue
+        kept.append(path)
+    return arrays, kept
+
+
+def _reason(err: BaseException) -> str:
+    """Why a file could not be read, in one line: Pillow names an unidentified file by its descriptor."""
+    if isinstance(err, UnidentifiedImageError):
+        return "UnidentifiedImageError: not an image format Pillow can decode"
+    return f"{type(err).__name__}: {err}"

@@ -1,0 +1,50 @@
+"""`vitlab predict --csv PATH` / `--json-out PATH`: the predictions as files, written atomically under the output
+rule (vitlab.outputs.check_output: a file vitlab did not write is replaced only with --force).
+
+CSV: one row per image read, `image, class_1, probability_1, …, class_k, probability_k` (probabilities as
+fractions in [0, 1]), for spreadsheets and pandas. A CSV has nowhere to carry vitlab's mark, so replacing an
+existing one always takes --force. JSON: one record, `written_by` first (so a later run may replace it), then the
+weights, the images skipped with why, and every image's top-k."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from ..outputs import WRITTEN_BY, atomic_write, check_output
+from .prediction import Predictions
+
+WRITER = "vitlab predict"
+
+
+def check_destinations(csv_path: str | Path | None, json_path: str | Path | None, force: bool = False) -> None:
+    """Before any work: each destination may be written (OutputRefused otherwise)."""
+    if csv_path and json_path and Path(csv_path).resolve() == Path(json_path).resolve():
+        raise ValueError(f"--csv and --json-out both name {csv_path}; give them different files")
+    for path in (csv_path, json_path):
+        if path:
+            check_output(path, force)
+
+
+def write_csv(predictions: Predictions, path: str | Path, force: bool = False) -> Path:
+    k = max((len(r["top"]) for r in predictions.results), default=0)
+    header = ["image"] + [f"{name}_{i}" for i in range(1, k + 1) for name in ("class", "probability")]
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            out = csv.writer(f)
+            out.writerow(header)
+            for r in predictions.results:
+                out.writerow([r["image"]] + [v for t in r["top"] for v in (t["class"], f"{t['probability']:.6g}")])
+
+    atomic_write(path, write, user_named=True, force=force)
+    return Path(path)
+
+
+def write_json(predictions: Predictions, path: str | Path, weights: str | Path, force: bool = False) -> Path:
+    record = {WRITTEN_BY: WRITER, "weights": str(weights), "images": len(predictions.results),
+              "skipped": predictions.skipped, "predictions": predictions.results}
+    text = json.dumps(record, indent=1) + "\n"
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), user_named=True, force=force)
+    return Path(path)
