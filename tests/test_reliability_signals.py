@@ -297,7 +297,7 @@ busy = sys.argv[1] == "busy"
 with StopSignals(Dist(0, 2, 0, 2, torch.device("cpu"), False)) as stops:
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
     if busy:  # a step that keeps computing: given the time, and the stop is the trainer's
-        end = time.monotonic() + 4
+        end = time.monotonic() + 3  # three times the grace
         while time.monotonic() < end:
             sum(range(1000))
     else:  # one call that never returns, as a collective whose peer is stopped
