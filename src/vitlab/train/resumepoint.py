@@ -207,9 +207,10 @@ def _from_final_weights(run_dir: Path, record: dict[str, Any], objective: Any, c
     model = _load(objective, weights, {}, f"final weights {path}", advice)
     model.class_names = list(class_names)
     if is_main:
-        log.warning("no intact checkpoint in %s: continuing from its final weights %s (step %d) with a fresh optimizer "
-                    "state (moments and momentum start at zero, the learning-rate schedule is placed at step %d)",
-                    run_dir, path, step, step)
+        ema = " (its EMA weights, which the EMA then starts from)" if record.get("ema") else ""
+        log.warning("no intact checkpoint in %s: continuing from its final weights %s%s (step %d) with a fresh "
+                    "optimizer state (moments and momentum start at zero, the learning-rate schedule is placed at step "
+                    "%d)", run_dir, path, ema, step, step)
     state = {"step": step, "best": _best(run_dir, objective), "class_names": list(class_names)}
     return ResumePoint(path, model.train(), state)
 
