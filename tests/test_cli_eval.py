@@ -58,8 +58,8 @@ def test_run_directory_gets_the_figure_and_the_cwd_nothing(weights, in_empty_cwd
     assert main(["eval", "--weights", str(weights["run"]), "--data", "digits"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("top-1 ") and "%" in out[0]  # the numbers come first
-    assert out[1] == f"confusion matrix: {weights['run'] / 'confusion.png'}"
-    assert (weights["run"] / "confusion.png").stat().st_size > 1000
+    assert out[-1] == f"confusion matrix: {weights['run'] / 'confusion-digits-val.png'}"  # after the per-class table
+    assert (weights["run"] / "confusion-digits-val.png").stat().st_size > 1000
     assert list(in_empty_cwd.iterdir()) == []
 
 
@@ -80,7 +80,7 @@ def test_out_folder_holds_metrics_and_figure_matching_a_reference(weights, tmp_p
     assert saved["top1"] == pytest.approx(reference_top1(weights["model"]), abs=1e-12)  # fractions in JSON
     assert saved["count"] == 359 and saved["split"] == "val" and saved["data"] == "digits"
     assert f"top-1 {100 * saved['top1']:.2f}%" in printed  # percentages for people
-    assert (out / "confusion.png").stat().st_size > 1000
+    assert (out / "confusion-digits-val.png").stat().st_size > 1000
 
 
 def test_unwritable_destination_keeps_the_numbers(weights, tmp_path, capsys):
@@ -103,7 +103,7 @@ def test_json_output_is_fractions_and_names_the_figure(weights, tmp_path, capsys
     assert doc["confusion_png"] is None and 0.0 <= doc["top1"] <= doc["top5"] <= 1.0
     assert main([*argv, "--out", str(tmp_path / "o")]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["confusion_png"] == str(tmp_path / "o" / "confusion.png")
+    assert doc["confusion_png"] == str(tmp_path / "o" / "confusion-digits-val.png")
 
 
 def test_run_directory_rules(weights, tmp_path):

@@ -36,10 +36,10 @@ def _register_eval(sub: argparse._SubParsersAction) -> None:
                    help="cpu, cuda or cuda:N (default auto: CUDA when available)")
     p.add_argument("--precision", type=precision_name(int8=True), default="auto", help=INFER_PRECISION_HELP)
     p.add_argument("--confusion", metavar="PATH",
-                   help="write the confusion-matrix PNG here (default: confusion.png in --out, else in the run "
-                        "directory the weights come from, else no figure)")
+                   help="write the confusion-matrix PNG here (default: confusion-DATA-SPLIT.png in --out, else in "
+                        "the run directory the weights come from, else no figure)")
     p.add_argument("--out", metavar="DIR",
-                   help="folder for metrics.json and confusion.png (created if needed)")
+                   help="folder for metrics.json and confusion-DATA-SPLIT.png (created if needed)")
     p.add_argument("--strict", action="store_true", help="unreadable images are fatal")
     p.add_argument("--force", action="store_true",
                    help="let --confusion replace a file vitlab did not write (devices, FIFOs and links: never)")
@@ -54,24 +54,33 @@ EVAL_RECORD_KEYS = frozenset({"top1", "top5", "loss", "count", "eval_resize", "w
 
 def _eval(args: argparse.Namespace) -> int:
     """Metrics first, files after: a destination that cannot be written costs the figure, never the numbers."""
-    from ..eval.classify import confusion_destination, evaluate_weights
+    from ..eval.classify import (
+        confusion_destination,
+        confusion_name,
+        evaluate_weights,
+        per_class_lines,
+        per_class_metrics,
+    )
     from ..outputs import check_output, check_replaceable
 
     if args.confusion:  # before any work, as for --out: a file of the user's is never replaced unasked
         check_output(args.confusion, args.force)
     if args.out:  # before any work: a metrics.json or figure of the user's is never replaced
-        check_replaceable(args.out, "metrics.json", "vitlab eval", () if args.confusion else ("confusion.png",),
+        check_replaceable(args.out, "metrics.json", "vitlab eval",
+                          () if args.confusion else (confusion_name(args.data, args.split),),
                           legacy_keys=EVAL_RECORD_KEYS)
     r = evaluate_weights(args.weights, args.data, args.split, args.batch_size, args.workers, args.device,
                          None, args.strict, args.eval_resize, precision=args.precision)
     record = {**r.metrics, "eval_resize": r.eval_resize, "weights": str(args.weights), "data": args.data,
-              "split": args.split, "precision": r.precision.to_dict()}
+              "split": args.split, "precision": r.precision.to_dict(),
+              "per_class": per_class_metrics(r.confusion, r.class_names)}
     m = r.metrics
     if not args.json:
         print(f"top-1 {100 * m['top1']:.2f}%  top-5 {100 * m['top5']:.2f}%  loss {m['loss']:.4f}  "
               f"({m['count']} images)  eval resize: {r.eval_resize}  precision {r.precision.name} "
               f"({r.precision.reason})", flush=True)
-    png = confusion_destination(args.weights, args.confusion, args.out)
+        print("\n".join(per_class_lines(record["per_class"])), flush=True)
+    png = confusion_destination(args.weights, args.confusion, args.out, args.data, args.split)
     failures = _write_outputs(args, r, record, png)
     if args.json:
         print(json.dumps({**record, "confusion_png": None if r.confusion_png is None else str(r.confusion_png)}))

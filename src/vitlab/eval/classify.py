@@ -3,6 +3,7 @@ on a dataset split with its confusion matrix (the library side of `vitlab eval`)
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,16 +81,53 @@ class EvalResult:
     precision: Precision | None = None  # what it computed in, and why
 
 
-def confusion_destination(weights: str | Path, confusion: str | Path | None, out: str | Path | None) -> Path | None:
-    """Where `vitlab eval` writes its confusion-matrix figure: --confusion PATH if given, else DIR/confusion.png
-    for --out DIR, else confusion.png in the run directory the weights come from; None (no figure) otherwise:
-    never the working directory unless asked."""
+def confusion_name(data: str, split: str) -> str:
+    """'confusion-photos-val.png': the figure's name says which data it shows (a path's last part, a named set as
+    written), so that evaluating the same run on another dataset or split adds a figure beside the earlier one."""
+    text = str(data).rstrip("/")
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(text).name if "/" in text else text).strip("._") or "data"
+    return f"confusion-{slug[:60]}-{split}.png"
+
+
+def confusion_destination(weights: str | Path, confusion: str | Path | None, out: str | Path | None,
+                          data: str | None = None, split: str = "val") -> Path | None:
+    """Where `vitlab eval` writes its confusion-matrix figure: --confusion PATH if given, else DIR/NAME for --out
+    DIR, else NAME in the run directory the weights come from; None (no figure) otherwise: never the working
+    directory unless asked. NAME is `confusion_name(data, split)` (confusion.png without `data`)."""
     if confusion:
         return Path(confusion)
+    name = confusion_name(data, split) if data else "confusion.png"
     if out:
-        return Path(out) / "confusion.png"
+        return Path(out) / name
     run = run_dir_of(weights)
-    return run / "confusion.png" if run is not None else None
+    return run / name if run is not None else None
+
+
+def per_class_metrics(confusion: torch.Tensor, class_names: list[str]) -> list[dict[str, Any]]:
+    """Per class (rows of `confusion`: the true class): precision = correct / predicted as the class (None if never
+    predicted), recall = correct / images of the class (None if it has none), and the image count."""
+    c = confusion.to(torch.float64).cpu()
+    correct, predicted, support = c.diagonal().tolist(), c.sum(0).tolist(), c.sum(1).tolist()
+    return [{"class": name, "precision": correct[k] / predicted[k] if predicted[k] else None,
+             "recall": correct[k] / support[k] if support[k] else None, "images": int(support[k])}
+            for k, name in enumerate(class_names)]
+
+
+def per_class_lines(rows: list[dict[str, Any]], limit: int = 30) -> list[str]:
+    """A table for the terminal: every class up to `limit`, else the `limit` with the lowest recall."""
+    shown = rows
+    if len(rows) > limit:
+        shown = sorted(rows, key=lambda r: (r["recall"] is None, r["recall"] or 0.0))[:limit]
+    width = max(12, *(len(r["class"]) for r in shown))
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{100 * v:.1f}%"
+
+    head = f"{'class':<{width}}  precision  recall  images"
+    if len(rows) > limit:
+        head += f"   ({limit} of {len(rows)} classes, lowest recall first; all in --json and --out)"
+    return [head] + [f"{r['class']:<{width}}  {pct(r['precision']):>9}  {pct(r['recall']):>6}  {r['images']:>6,}"
+                     for r in shown]
 
 
 def write_confusion(result: EvalResult, path: str | Path, title: str = "Confusion matrix", *, user_named: bool = True,
