@@ -166,7 +166,7 @@ def test_timm_keywords_build_what_timm_builds():
 
 @pytest.mark.parametrize("kwargs, needle", [
     (dict(foo=1), "takes no keyword 'foo'; use a config field"),
-    (dict(global_pool="avg", class_token=True), "'avg' (GAP) has none"),
+    (dict(global_pool="token", class_token=False), "global_pool='token' needs a class token"),
     (dict(global_pool="map"), "global_pool='map'"),
     (dict(img_size=64, image_size=64), "img_size and image_size name the same setting"),
     (dict(out_indices=(1,)), "out_indices applies only with features_only=True"),

@@ -1,8 +1,8 @@
 """vitlab: Vision Transformers exact to the paper (Dosovitskiy et al., ICLR 2021)."""
 
 from .data.transforms import model_transform
-from .factory import create_model
-from .models import BiTConfig, ResNetConfig, ViTConfig, list_models
+from .factory import create_model, list_models
+from .models import BiTConfig, ResNetConfig, ViTConfig
 from .weights.load import load as load_weights
 from .weights.load import preprocessing
 from .weights.vitlab_format import save as save_weights

@@ -19,10 +19,13 @@ from .models.config import BiTConfig, ModelConfig
 from .models.registry import build_model, model_config
 from .models.timm_compat import FeatureExtractor
 from .weights.load import load
+from .weights.timm_arch import LAYER_SCALE_NAMES, timm_config
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 # timm keyword -> vitlab config field (global_pool and class_token choose `classifier`, mlp_ratio `mlp_dim`)
 TIMM_KEYWORDS = {"img_size": "image_size", "drop_rate": "dropout", "attn_drop_rate": "attn_dropout",
-                 "embed_dim": "width"}  # fmt: skip
+                 "embed_dim": "width", "init_values": "layer_scale"}  # fmt: skip
 # Settings that change no parameter: a loaded model takes them without touching its weights.
 REGULARISATION = ("dropout", "attn_dropout", "drop_path_rate")
 POOLS = {"token": "token", "avg": "gap"}
@@ -52,7 +55,11 @@ def create_model(
 
 def vitlab_overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
     """timm's keywords as vitlab config fields; the pooling keywords as vitlab's `classifier`."""
-    out = {TIMM_KEYWORDS.get(k, k): v for k, v in kwargs.items() if k not in ("global_pool", "class_token")}
+    # dynamic_img_size: vitlab models take any input size divisible by the patch size, with it or without it
+    skip = ("global_pool", "class_token", "dynamic_img_size", "no_embed_class")
+    out = {TIMM_KEYWORDS.get(k, k): v for k, v in kwargs.items() if k not in skip}
+    if "no_embed_class" in kwargs:
+        out["pos_embed_prefix"] = not kwargs["no_embed_class"]
     both = [k for k in kwargs if k in TIMM_KEYWORDS and TIMM_KEYWORDS[k] in kwargs]
     if both:
         raise ValueError(f"{both[0]} and {TIMM_KEYWORDS[both[0]]} name the same setting; pass one")
@@ -64,17 +71,20 @@ def vitlab_overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
     pool, cls = kwargs.get("global_pool"), kwargs.get("class_token")
     if pool is not None or cls is not None:
         out["classifier"] = _classifier(pool, cls)
+        if out["classifier"] == "gap" and cls:
+            out["class_token"] = True  # timm's class_token=True, global_pool="avg": the mean skips the class token
     return out
 
 
 def _classifier(pool: str | None, class_token: bool | None) -> str:
+    """global_pool="avg" is the paper's GAP (final LayerNorm, then the mean: timm's fc_norm=False; pass
+    fc_norm=True for timm's default order), without a class token unless class_token=True."""
     if pool is not None and pool not in POOLS:
-        raise ValueError(f"global_pool={pool!r}: vitlab pools with 'token' (class token) or 'avg' (GAP)")
+        raise ValueError(f"global_pool={pool!r}: vitlab pools with 'token' (class token) or 'avg' (the mean)")
     if pool is None:
         return "token" if class_token else "gap"
-    if class_token is not None and bool(class_token) != (pool == "token"):
-        raise ValueError(f"global_pool={pool!r} with class_token={class_token}: the paper's 'token' classifier "
-                         "has a class token and its 'avg' (GAP) has none")  # fmt: skip
+    if pool == "token" and class_token is not None and not class_token:
+        raise ValueError("global_pool='token' needs a class token: use class_token=True, or global_pool='avg'")
     return POOLS[pool]
 
 
@@ -82,11 +92,15 @@ def model_config_for(name: str, overrides: dict[str, Any]) -> ModelConfig:
     """The config of a vitlab or timm name with vitlab-field overrides; ValueError naming a bad keyword."""
     timm = timm_name(name)
     base = name
+    if timm is None and name.split(".", 1)[0] in LAYER_SCALE_NAMES:  # timm's register / layer-scale models
+        return _timm_only_config(name, overrides)
     if timm is not None:
         base = timm.model
         overrides = {"num_classes": timm.num_classes, **overrides}
         if not timm.arch.startswith("resnetv2_"):
             overrides = {"image_size": timm.resolution, **overrides}
+    if timm is not None and timm.arch.startswith("deit_"):  # DeiT normalises with ImageNet's mean and std
+        overrides = {"mean": IMAGENET_MEAN, "std": IMAGENET_STD, **overrides}
     if overrides.get("classifier") == "gap" and base.startswith("ViT-") and not base.endswith("-gap"):
         base, overrides = base + "-gap", {k: v for k, v in overrides.items() if k != "classifier"}
     if isinstance(model_config(base), BiTConfig):
@@ -95,6 +109,19 @@ def model_config_for(name: str, overrides: dict[str, Any]) -> ModelConfig:
         return model_config(base, **overrides)
     except TypeError as e:
         raise ValueError(_unknown_keyword(base, overrides, e)) from None
+
+
+def _timm_only_config(name: str, overrides: dict[str, Any]) -> ModelConfig:
+    """A timm architecture outside the paper's table (registers, layer scale), as timm defines it, with vitlab-field
+    overrides. Its published weights load by their hub name (`vitlab.load("hf-hub:timm/NAME.TAG")`)."""
+    arch = name.split(".", 1)[0]
+    if "." in name:
+        raise ValueError(f"{name}: load timm's published weights of {arch} with vitlab.load('hf-hub:timm/{name}')")
+    config = timm_config(arch)
+    try:
+        return config.replace(**overrides)
+    except TypeError as e:
+        raise ValueError(_unknown_keyword("ViT-B/16", overrides, e)) from None
 
 
 def _bit_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
@@ -128,6 +155,9 @@ def _unknown_keyword(name: str, overrides: dict[str, Any], err: TypeError) -> st
 def _load_pretrained(name: str, pretrained: bool | str, overrides: dict[str, Any]) -> nn.Module:
     """Published weights by name (vitlab.weights.load); image_size / num_classes resize or re-head them, regularisation
     settings (dropout, drop_path_rate) apply as given; anything that would change the weights is refused."""
+    if name.split(".", 1)[0] in LAYER_SCALE_NAMES:
+        raise ValueError(f"{name}: vitlab builds this timm architecture but does not list its published weights; "
+                         f"load them by hub name: vitlab.load('hf-hub:timm/{name.split('.', 1)[0]}.TAG')")
     overrides = dict(overrides)
     image_size, num_classes = overrides.pop("image_size", None), overrides.pop("num_classes", None)
     regularisation = {k: overrides.pop(k) for k in REGULARISATION if k in overrides}
@@ -156,3 +186,27 @@ def with_settings(model: nn.Module, settings: dict[str, Any]) -> nn.Module:
         if hasattr(model, attr):
             setattr(new, attr, getattr(model, attr))
     return new.train(model.training)
+
+
+def list_models(filter: str | list[str] = "", pretrained: bool = False) -> list[str]:
+    """Model names. Without arguments: every vitlab variant (the ViTs of paper Table 1 and the official configs,
+    their GAP versions, the hybrids, the BiT ResNetV2s). `filter`: shell-style patterns (timm's), matched against
+    vitlab's names and the timm names vitlab builds ("vit_*", "*reg4*", "ViT-B/*"). `pretrained=True`: names with
+    published weights instead, each loadable by `vitlab.load` / `create_model(..., pretrained=True)`: catalogue names
+    ("i21k:ViT-B/16") and timm's "ARCH.TAG" names, as timm lists them."""
+    import fnmatch
+
+    from .hub import catalogue
+    from .models.registry import list_models as registry_models
+
+    patterns = [p for p in ([filter] if isinstance(filter, str) else list(filter)) if p]
+    if pretrained:  # (name, the architecture a pattern may also name)
+        named = [(e.name, e.model) for e in catalogue.entries() if e.model and not (e.repo or "").startswith("timm/")]
+        named += [(f"{arch}.{tag}", arch) for arch, spec in catalogue.timm_models().items() for tag in spec["tags"]]
+    elif not patterns:
+        return registry_models()
+    else:
+        named = [(n, n) for n in registry_models() + list(catalogue.timm_models()) + list(LAYER_SCALE_NAMES)]
+    if patterns:
+        named = [(n, a) for n, a in named if any(fnmatch.fnmatchcase(s, p) for p in patterns for s in (n, a))]
+    return list(dict.fromkeys(n for n, _ in named))

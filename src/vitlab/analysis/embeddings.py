@@ -38,7 +38,7 @@ def position_embedding_similarity(model: nn.Module, grid: tuple[int, int] | None
     grid = tuple(grid or vit.native_grid)
     with torch.no_grad():
         pos = vit.position_embedding(grid).detach()  # (1, P + G, D); native grid returns the parameter itself
-    return similarity_from_embeddings(pos[0, cfg.num_prefix_tokens :], grid)
+    return similarity_from_embeddings(pos[0, cfg.pos_prefix_tokens :], grid)
 
 
 def principal_filters(weight: torch.Tensor, k: int) -> EmbeddingFilters:

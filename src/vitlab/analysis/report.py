@@ -126,7 +126,7 @@ def _attention_figures(model: nn.Module, x: torch.Tensor, stats: AttentionStats,
     fusion, ratio = summary["rollout"]["head_fusion"], summary["rollout"]["discard_ratio"]
     figures.plot_rollout(images, stats.rollout, out / "attention_rollout.png",
                          f"Attention rollout ({fusion} over heads, discard ratio {ratio:g})", labels)
-    pooled = "class-token" if cfg.num_prefix_tokens else "mean-over-tokens"
+    pooled = "class-token" if cfg.classifier == "token" else "mean-over-tokens"
     figures.plot_head_maps(images, stats.last_layer_heads, out / "last_layer_heads.png",
                            f"Last layer (layer {cfg.depth}): {pooled} attention per head", labels)
     summary["uniform_attention_distance_px"] = round(uniform, 4)

@@ -107,7 +107,7 @@ def timm_name(name: str) -> TimmName | None:
         have = ", ".join(spec["tags"]) or "none"
         raise ValueError(f"timm publishes no {arch}.{tag}; its tags: {have}")
     m = re.search(r"_(\d+)$", arch)
-    resolution = int(m.group(1)) if m and arch.startswith("vit_") else 224
+    resolution = int(m.group(1)) if m and arch.startswith(("vit_", "deit_")) else 224
     classes = spec["tags"][tag] if tag is not None else 1000
     return TimmName(arch=arch, model=spec["model"], resolution=resolution, tag=tag, num_classes=classes)
 

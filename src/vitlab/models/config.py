@@ -118,6 +118,14 @@ class ViTConfig:
     attn_dropout: float = 0.0
     drop_path_rate: float = 0.0  # stochastic depth of the last block; linear from 0 at the first (timm, DeiT)
     resnet: ResNetConfig | None = None  # hybrid stem
+    # After the paper (timm's options of the same meaning; the defaults are the paper's ViT):
+    reg_tokens: int = 0  # register tokens after the class token (Darcet et al. 2024; timm reg_tokens, DINOv2)
+    class_token: bool | None = None  # None: a class token exactly when classifier == "token"; True with "gap":
+    # timm's class_token=True, global_pool="avg" (the mean skips the prefix tokens)
+    pos_embed_prefix: bool = True  # the position embedding covers the prefix tokens (False: timm no_embed_class)
+    fc_norm: bool = False  # LayerNorm after pooling instead of on the tokens (timm fc_norm, its "avg" default)
+    layer_scale: float | None = None  # LayerScale on both residual branches, initialised to this (timm init_values)
+    dynamic_img_pad: bool = False  # inputs not divisible by the patch size are zero-padded right and bottom (timm's)
     mean: tuple[float, float, float] = OFFICIAL_MEAN  # input normalisation the weights expect
     std: tuple[float, float, float] = OFFICIAL_STD
     name: str = ""
@@ -140,12 +148,41 @@ class ViTConfig:
             raise ValueError(f"pos_embed must be none, learned, 2d or relative, not {self.pos_embed!r}")
         if self.gelu not in ("exact", "tanh"):
             raise ValueError(f"gelu must be 'exact' or 'tanh', not {self.gelu!r}")
+        self._check_after_paper_fields()
         h, w = self.image_size
         if h % self.total_stride or w % self.total_stride:
             raise ValueError(
                 f"image size {h}x{w} is not divisible by the effective patch size {self.total_stride}; "
                 f"use a multiple of {self.total_stride}"
             )
+
+    def _check_after_paper_fields(self) -> None:
+        if isinstance(self.reg_tokens, bool) or not isinstance(self.reg_tokens, int) or not 0 <= self.reg_tokens <= 256:
+            raise ValueError(f"reg_tokens must be an integer from 0 to 256, got {self.reg_tokens!r}")
+        if self.class_token is not None and not isinstance(self.class_token, bool):
+            raise ValueError(f"class_token must be True, False or None, got {self.class_token!r}")
+        if self.class_token == (self.classifier == "token"):  # one spelling per model: the derived value is None
+            object.__setattr__(self, "class_token", None)
+        if self.classifier == "token" and self.class_token is False:
+            raise ValueError("classifier='token' needs a class token; use classifier='gap' without one")
+        if self.layer_scale is not None and not (isinstance(self.layer_scale, int | float) and
+                                                 math.isfinite(self.layer_scale)):
+            raise ValueError(f"layer_scale must be a number (the LayerScale init) or None, got {self.layer_scale!r}")
+        if self.dynamic_img_pad is True and self.resnet is not None:
+            raise ValueError("dynamic_img_pad pads the pixels to a multiple of the patch size: a ViT option, not a "
+                             "hybrid's (pad or crop the input to a multiple of the effective patch size instead)")
+        for name in ("pos_embed_prefix", "fc_norm", "dynamic_img_pad"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+
+    def after_paper_features(self) -> list[str]:
+        """The features this architecture uses that the paper's ViT (and so the official .npz and HF formats)
+        lacks, described for an error message; [] for the paper's ViT."""
+        found = [f"{self.reg_tokens} register tokens"] if self.reg_tokens else []
+        found += ["a class token with average pooling"] if self.classifier == "gap" and self.has_class_token else []
+        found += ["no position-embedding entries for the prefix tokens"] if not self.pos_embed_prefix else []
+        found += ["a LayerNorm after pooling (fc_norm)"] if self.fc_norm else []
+        return found + (["layer scale"] if self.layer_scale is not None else [])
 
     @property
     def head_dim(self) -> int:
@@ -162,13 +199,29 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        return 1 if self.classifier == "token" else 0
+        """Tokens before the patches: the class token (if any), then the registers."""
+        return int(self.has_class_token) + self.reg_tokens
+
+    @property
+    def has_class_token(self) -> bool:
+        return self.classifier == "token" if self.class_token is None else self.class_token
+
+    @property
+    def pos_prefix_tokens(self) -> int:
+        """Prefix tokens that have a position-embedding entry (all of them, or none with pos_embed_prefix=False)."""
+        return self.num_prefix_tokens if self.pos_embed_prefix else 0
 
     def replace(self, **changes: Any) -> ViTConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"arch": "vit", **_plain(dataclasses.asdict(self))}
+        # Fields added after the paper are written only when they differ from the paper's ViT, so that the files
+        # of ordinary models stay readable by earlier vitlab versions.
+        d = _plain(dataclasses.asdict(self))
+        for name, default in _AFTER_PAPER_DEFAULTS.items():
+            if d[name] == default:
+                del d[name]
+        return {"arch": "vit", **d}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -219,6 +272,8 @@ class BiTConfig:
 
 
 ModelConfig = ViTConfig | BiTConfig
+_AFTER_PAPER_DEFAULTS = {"reg_tokens": 0, "class_token": None, "pos_embed_prefix": True, "fc_norm": False,
+                         "layer_scale": None, "dynamic_img_pad": False}
 
 
 def _plain(value: Any) -> Any:

@@ -56,3 +56,19 @@ def relative_position_index(num_query: int, num_key: int, query_offset: int, dev
     qi = torch.arange(query_offset, query_offset + num_query, device=device)[:, None]
     kj = torch.arange(num_key, device=device)[None, :]
     return qi - kj + (num_key - 1)  # (Tq, T)
+
+
+def resample_patch_kernel(kernel: torch.Tensor, new_size: int) -> torch.Tensor:
+    """(D, C, P, P) -> (D, C, P', P') for another patch size, by the pseudo-inverse resize of FlexiViT (Beyer et
+    al. 2023, "FlexiViT", Sec. 3.4): with B the matrix that resizes a P×P patch to P'×P' (bicubic, antialiased: the
+    resize timm applies), the new kernel ŵ solves Bᵀŵ = w in the least-squares sense, so that a patch and its
+    resized copy give the same projection where the resize is invertible (P' >= P)."""
+    d, c, p, _ = kernel.shape
+    if p == new_size:
+        return kernel
+    basis = torch.eye(p * p, dtype=torch.float32).reshape(p * p, 1, p, p)  # every one-pixel patch
+    resized = F.interpolate(basis, size=(new_size, new_size), mode="bicubic", antialias=True, align_corners=False)
+    resize = resized.reshape(p * p, new_size * new_size).T  # B: (P'², P²), column i is pixel i's resized patch
+    flat = kernel.reshape(d * c, p * p).float()  # (D·C, P²)
+    new = flat @ torch.linalg.pinv(resize)  # ŵᵀ = wᵀ · pinv(B), i.e. ŵ = pinv(Bᵀ) w
+    return new.reshape(d, c, new_size, new_size).to(kernel.dtype)

@@ -150,9 +150,37 @@ class TimmCompatMixin:
 
 
 class ViTTimmMixin(TimmCompatMixin):
+    # timm's attribute names for what the config says; dynamic_img_size: vitlab takes any multiple of the patch size
+    dynamic_img_size = True
+
     @property
     def global_pool(self) -> str:
         return "token" if self.config.classifier == "token" else "avg"
+
+    @property
+    def embed_dim(self) -> int:
+        return self.config.width
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return self.config.num_prefix_tokens
+
+    @property
+    def has_class_token(self) -> bool:
+        return self.config.has_class_token
+
+    @property
+    def no_embed_class(self) -> bool:
+        return not self.config.pos_embed_prefix
+
+    @property
+    def dynamic_img_pad(self) -> bool:
+        return self.config.dynamic_img_pad
+
+    def __prepare_scriptable__(self) -> Any:
+        # torch.jit.script calls this first: one clear line instead of TorchScript's opaque AttributeError
+        raise RuntimeError("vitlab models are not TorchScript-scriptable; use torch.jit.trace(model, x), "
+                           "torch.export.export(model, (x,)) or vitlab's ONNX export instead")
 
     @property
     def _first_conv(self) -> str:  # type: ignore[override]

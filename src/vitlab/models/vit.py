@@ -13,7 +13,13 @@ from torch import nn
 
 from .config import ViTConfig
 from .droppath import DropPath, drop_path_rates
-from .posembed import relative_position_index, resample_1d, resample_pos_embed, resample_relative_table
+from .posembed import (
+    relative_position_index,
+    resample_1d,
+    resample_patch_kernel,
+    resample_pos_embed,
+    resample_relative_table,
+)
 from .resnet import ResNetStem
 from .timm_compat import ViTTimmMixin
 
@@ -24,6 +30,7 @@ class PatchEmbed(nn.Module):
     def __init__(self, patch_size: int, in_chans: int, width: int):
         super().__init__()
         self.proj = nn.Conv2d(in_chans, width, kernel_size=patch_size, stride=patch_size)
+        self.patch_size = (patch_size, patch_size)  # timm's attribute
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         x = self.proj(x)  # (N, D, gh, gw)
@@ -96,9 +103,20 @@ class Mlp(nn.Module):
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
 
 
+class LayerScale(nn.Module):
+    """A learned per-channel scale of a residual branch (Touvron et al. 2021; timm's `init_values`, DINOv2)."""
+
+    def __init__(self, width: int, init: float):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((width,), float(init)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
 class Block(nn.Module):
     """Pre-norm encoder block: z' = MSA(LN(z)) + z ; z = MLP(LN(z')) + z'. With stochastic depth each branch
-    is dropped per sample with probability `drop_path` in training."""
+    is dropped per sample with probability `drop_path` in training; with layer scale each is scaled first."""
 
     def __init__(self, cfg: ViTConfig, num_tokens: int, drop_path: float = 0.0):
         super().__init__()
@@ -108,6 +126,9 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(cfg.width, eps=cfg.ln_eps)
         self.mlp = Mlp(cfg)
         self.drop_path = DropPath(drop_path) if drop_path else nn.Identity()
+        scaled = cfg.layer_scale is not None
+        self.ls1 = LayerScale(cfg.width, cfg.layer_scale) if scaled else nn.Identity()
+        self.ls2 = LayerScale(cfg.width, cfg.layer_scale) if scaled else nn.Identity()
 
     def forward(
         self, x: torch.Tensor, num_queries: int | None = None, need_weights: bool = False
@@ -115,8 +136,8 @@ class Block(nn.Module):
         y, weights = self.attn(self.norm1(x), num_queries, need_weights)
         if num_queries is not None:
             x = x[:, :num_queries]
-        x = x + self.drop_path(self.drop(y))
-        return x + self.drop_path(self.mlp(self.norm2(x))), weights
+        x = x + self.drop_path(self.ls1(self.drop(y)))
+        return x + self.drop_path(self.ls2(self.mlp(self.norm2(x)))), weights
 
 
 class VisionTransformer(ViTTimmMixin, nn.Module):
@@ -127,19 +148,23 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
         embed_in = self.stem.out_channels if self.stem is not None else cfg.in_chans
         self.patch_embed = PatchEmbed(cfg.patch_size, embed_in, cfg.width)
         gh, gw = self.native_grid = cfg.grid_size()
-        prefix = cfg.num_prefix_tokens
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.width)) if prefix else None
+        prefix, pos_prefix = cfg.num_prefix_tokens, cfg.pos_prefix_tokens
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.width)) if cfg.has_class_token else None
+        # Registers start near zero, as timm initialises them (normal, std 1e-6).
+        self.reg_token = nn.Parameter(torch.randn(1, cfg.reg_tokens, cfg.width) * 1e-6) if cfg.reg_tokens else None
         if cfg.pos_embed == "learned":
-            self.pos_embed = nn.Parameter(torch.randn(1, prefix + gh * gw, cfg.width) * 0.02)
+            self.pos_embed = nn.Parameter(torch.randn(1, pos_prefix + gh * gw, cfg.width) * 0.02)
         elif cfg.pos_embed == "2d":  # X and Y tables of width D/2, concatenated per patch
             self.pos_embed_x = nn.Parameter(torch.randn(1, gw, cfg.width // 2) * 0.02)
             self.pos_embed_y = nn.Parameter(torch.randn(1, gh, cfg.width // 2) * 0.02)
-            self.pos_embed_cls = nn.Parameter(torch.randn(1, prefix, cfg.width) * 0.02) if prefix else None
+            self.pos_embed_cls = nn.Parameter(torch.randn(1, pos_prefix, cfg.width) * 0.02) if pos_prefix else None
         self.pos_drop = nn.Dropout(cfg.dropout)
         rates = drop_path_rates(cfg.drop_path_rate, cfg.depth)
         self.blocks = nn.ModuleList(Block(cfg, prefix + gh * gw, rate) for rate in rates)
         self.grad_checkpointing = False  # set_grad_checkpointing(): blocks recomputed in the backward
-        self.norm = nn.LayerNorm(cfg.width, eps=cfg.ln_eps)
+        # fc_norm (timm's default for average pooling): the LayerNorm moves from the tokens to the pooled vector
+        self.norm = nn.Identity() if cfg.fc_norm else nn.LayerNorm(cfg.width, eps=cfg.ln_eps)
+        self.fc_norm = nn.LayerNorm(cfg.width, eps=cfg.ln_eps) if cfg.fc_norm else None
         rep = cfg.representation_size
         self.pre_logits = nn.Sequential(nn.Linear(cfg.width, rep), nn.Tanh()) if rep else None
         self.num_features = rep or cfg.width
@@ -161,7 +186,7 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
             if key in self._pos_cache:
                 return self._pos_cache[key]
         if cfg.pos_embed == "learned":
-            pos = resample_pos_embed(self.pos_embed, grid, self.native_grid, cfg.num_prefix_tokens)
+            pos = resample_pos_embed(self.pos_embed, grid, self.native_grid, cfg.pos_prefix_tokens)
         else:
             pos = self._pos_embed_2d(grid)
         if key is not None:
@@ -169,7 +194,7 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
         return pos
 
     def parameters_of_pos(self) -> list[nn.Parameter]:
-        names = ("pos_embed", "pos_embed_x", "pos_embed_y", "pos_embed_cls")
+        names = ("pos_embed", "pos_embed_x", "pos_embed_y", "pos_embed_cls")  # (registers have no position)
         return [p for p in (getattr(self, n, None) for n in names) if isinstance(p, nn.Parameter)]
 
     def _pos_embed_2d(self, grid: tuple[int, int]) -> torch.Tensor:
@@ -190,7 +215,9 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
     def embed_patches(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """Pixels -> patch embeddings x_p·E (after the ResNet stem for hybrids): (N, gh*gw, D), (gh, gw)."""
         s = self.config.total_stride
-        if x.shape[-2] % s or x.shape[-1] % s:
+        if (x.shape[-2] % s or x.shape[-1] % s) and self.config.dynamic_img_pad:
+            x = F.pad(x, (0, -x.shape[-1] % s, 0, -x.shape[-2] % s))  # zeros right and bottom, as timm pads
+        elif x.shape[-2] % s or x.shape[-1] % s:
             raise ValueError(
                 f"input size {tuple(x.shape[-2:])} is not divisible by the effective patch size {s}; "
                 f"resize or crop to a multiple of {s}"
@@ -202,13 +229,18 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
     def add_prefix_and_position(
         self, tokens: torch.Tensor, grid: tuple[int, int]
     ) -> tuple[torch.Tensor, tuple[int, int]]:
-        """Patch embeddings -> z0: class token prepended, position embedding added, dropout. Separate from
+        """Patch embeddings -> z0: class token and registers prepended ([cls, reg…, patches]), position embedding
+        added (before the prefix is prepended when it has no entries for it), dropout. Separate from
         `embed_patches` so that masked patch prediction can corrupt the patch embeddings in between."""
-        if self.cls_token is not None:
-            tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)
+        prefix = [t.expand(tokens.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        pos = self.position_embedding(grid)
+        if pos is not None and not self.config.pos_prefix_tokens:
+            tokens = tokens + pos  # (N, gh*gw, D): a fresh, contiguous tensor
+            pos = None
+        if prefix:
+            tokens = torch.cat([*prefix, tokens], dim=1)
         else:  # the conv's layout transposed: copy once, or every later op inherits (and re-copies) the strides
             tokens = tokens.contiguous()
-        pos = self.position_embedding(grid)
         if pos is not None:
             tokens = tokens + pos
         return self.pos_drop(tokens), grid
@@ -222,8 +254,12 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
         return self.norm(z)
 
     def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Pool (class token or mean), then the representation layer; the classifier unless pre_logits."""
-        pooled = tokens[:, 0] if self.config.classifier == "token" else tokens.mean(dim=1)
+        """Pool (class token, or the mean of the patch tokens), the LayerNorm after pooling where the model has
+        one (fc_norm), then the representation layer; the classifier unless pre_logits."""
+        cfg = self.config
+        pooled = tokens[:, 0] if cfg.classifier == "token" else tokens[:, cfg.num_prefix_tokens:].mean(dim=1)
+        if self.fc_norm is not None:
+            pooled = self.fc_norm(pooled)
         if self.pre_logits is not None:
             pooled = self.pre_logits(pooled)
         return pooled if pre_logits else self.head(pooled)
@@ -258,13 +294,50 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
         return out
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Fine-tuning rule (paper Section 3.2): drop the representation layer, attach a zero-initialised head.
-        `global_pool` (timm's argument) may only name the pooling the architecture has ("token" or "avg")."""
-        self.check_global_pool(global_pool)
+        """Fine-tuning rule (paper Section 3.2): drop the representation layer, attach a zero-initialised head
+        (0 classes: none, `forward` returns the pooled representation). `global_pool` (timm's argument) changes
+        the pooling: "avg" (the mean of the patch tokens; a class token, if any, stays in the sequence) or
+        "token" (needs a class token in the weights)."""
+        changes = {"num_classes": num_classes, "representation_size": None}
+        if global_pool not in (None, self.global_pool):
+            if global_pool not in ("token", "avg"):
+                raise ValueError(f"global_pool={global_pool!r}: vitlab pools with 'token' or 'avg'")
+            if global_pool == "token" and not self.config.has_class_token:
+                raise ValueError("global_pool='token' needs a class token, and these weights have none; use 'avg'")
+            changes.update(classifier="token" if global_pool == "token" else "gap",
+                           class_token=self.config.has_class_token)
         self.pre_logits = None
         self.num_features = self.config.width
-        self.head = zero_head(self.num_features, num_classes, self.norm.weight)
-        self.config = self.config.replace(num_classes=num_classes, representation_size=None)
+        self.head = zero_head(self.num_features, num_classes, self.patch_embed.proj.weight)
+        self.config = self.config.replace(**changes)
+
+    @torch.no_grad()
+    def set_input_size(self, img_size: int | tuple[int, int] | None = None, patch_size: int | None = None) -> None:
+        """timm's method: make `img_size` the native size (the position embedding resampled in place, the official
+        way: bilinear, corners aligned, prefix entries kept; timm resamples bicubically) and/or `patch_size` the
+        patch size (the patch-embedding kernel resampled by FlexiViT's pseudo-inverse, as timm does)."""
+        cfg = self.config
+        if patch_size is not None:
+            if cfg.resnet is not None:
+                raise ValueError("a hybrid's patch size applies to its ResNet feature map; it cannot be resampled")
+            p = patch_size[0] if isinstance(patch_size, tuple | list) and len(set(patch_size)) == 1 else patch_size
+            if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+                raise ValueError(f"patch_size must be a positive integer (square patches), got {patch_size!r}")
+            size = img_size if img_size is not None else cfg.image_size
+            new_cfg = cfg.replace(patch_size=p, image_size=size)  # checks the size is a multiple of the patch
+            old = self.patch_embed.proj
+            self.patch_embed = PatchEmbed(p, old.in_channels, cfg.width).to(old.weight.device, old.weight.dtype)
+            self.patch_embed.proj.weight.copy_(resample_patch_kernel(old.weight, p))
+            self.patch_embed.proj.bias.copy_(old.bias)
+        else:
+            new_cfg = cfg.replace(image_size=img_size) if img_size is not None else cfg
+        old_grid, new_grid = self.native_grid, new_cfg.grid_size()
+        if cfg.pos_embed == "learned":
+            self.pos_embed = nn.Parameter(resample_pos_embed(self.pos_embed, new_grid, old_grid, cfg.pos_prefix_tokens))
+        elif cfg.pos_embed == "2d":
+            self.pos_embed_x = nn.Parameter(resample_1d(self.pos_embed_x, new_grid[1]))
+            self.pos_embed_y = nn.Parameter(resample_1d(self.pos_embed_y, new_grid[0]))
+        self.native_grid, self.config, self._pos_cache = new_grid, new_cfg, {}
 
 
 def zero_head(in_features: int, num_classes: int, like: torch.Tensor) -> nn.Module:

@@ -183,6 +183,8 @@ def check_hf_representable(config: ModelConfig, where: str | Path = "model") -> 
         problem = f"pos_embed={config.pos_embed!r}"
     elif config.representation_size and config.num_classes:
         problem = "a representation layer (pre_logits) before the classifier"
+    elif config.after_paper_features():
+        problem = config.after_paper_features()[0]
     if problem:
         raise WeightsError(where, f"transformers' ViT has no equivalent of {problem}",
                            "save in vitlab's format, or timm's where it fits")  # fmt: skip

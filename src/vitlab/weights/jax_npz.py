@@ -326,6 +326,9 @@ def _exportable(model: VisionTransformer) -> ViTConfig:
                          "learned or none); save this model with vitlab.save")
     if not config.qkv_bias:
         raise ValueError("the official .npz format needs query/key/value biases (qkv_bias=True)")
+    if config.after_paper_features():
+        raise ValueError(f"the official .npz format has no {config.after_paper_features()[0]}; save this model with "
+                         "vitlab.save (or to timm's format)")
     differs = [f"gelu={config.gelu!r} (official: 'tanh')"] if config.gelu != "tanh" else []
     if config.ln_eps != 1e-6:
         differs.append(f"ln_eps={config.ln_eps} (official: 1e-6)")

@@ -205,7 +205,7 @@ def change_image_size(
     state = dict(state)
     prefix = config.num_prefix_tokens
     if config.pos_embed == "learned" and "pos_embed" in state:
-        state["pos_embed"] = resample_pos_embed(state["pos_embed"], new_grid, old_grid, prefix)
+        state["pos_embed"] = resample_pos_embed(state["pos_embed"], new_grid, old_grid, config.pos_prefix_tokens)
     elif config.pos_embed == "2d":
         state["pos_embed_x"] = resample_1d(state["pos_embed_x"], new_grid[1])
         state["pos_embed_y"] = resample_1d(state["pos_embed_y"], new_grid[0])

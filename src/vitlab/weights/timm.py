@@ -58,8 +58,7 @@ HYBRID_NOTE = (
 
 # Tensors of timm features vitlab cannot represent: key pattern -> what it is.
 _UNSUPPORTED_TENSORS = [
-    (r"^reg_token$", "register tokens (reg_tokens)"), (r"\.ls[12]\.gamma$", "layer scale (init_values)"),
-    (r"\.attn\.[qk]_norm\.", "qk_norm"), (r"^fc_norm\.", "fc_norm (LayerNorm after pooling)"),
+    (r"\.attn\.[qk]_norm\.", "qk_norm"),
     (r"^norm_pre\.", "pre_norm (LayerNorm before the blocks)"), (r"^attn_pool\.", "attention pooling ('map')"),
     (r"^(dist_token|head_dist\.)", "a distillation token (DeiT)"), (r"^patch_embed\.norm\.", "embed_norm_layer"),
     (r"\.(attn|mlp)\.norm\.", "scale_attn_norm / scale_mlp_norm"), (r"\.mlp\.(fc1_[gx]|w12)\.", "a gated MLP"),
@@ -240,10 +239,16 @@ def timm_model_args(config: ViTConfig) -> dict[str, Any]:
         "img_size": list(config.image_size), "patch_size": config.patch_size, "in_chans": config.in_chans,
         "num_classes": config.num_classes, "embed_dim": config.width, "depth": config.depth,
         "num_heads": config.num_heads, "mlp_ratio": config.mlp_dim / config.width, "qkv_bias": config.qkv_bias,
-        "class_token": not gap, "global_pool": "avg" if gap else "token",
+        "class_token": config.has_class_token, "global_pool": "avg" if gap else "token",
     }  # fmt: skip
-    if gap:
-        args["fc_norm"] = False  # the paper's GAP: final LayerNorm, then the mean
+    if gap or config.fc_norm:
+        args["fc_norm"] = config.fc_norm  # the paper's GAP: final LayerNorm, then the mean (fc_norm=False)
+    if config.reg_tokens:
+        args["reg_tokens"] = config.reg_tokens
+    if not config.pos_embed_prefix:
+        args["no_embed_class"] = True
+    if config.layer_scale is not None:
+        args["init_values"] = config.layer_scale
     if config.gelu == "tanh":
         args["act_layer"] = "gelu_tanh"
     if config.pos_embed == "none":

@@ -36,17 +36,38 @@ HYBRID_NAMES = {
 }  # fmt: skip
 # timm definitions that differ from the size table (vit_base_patch16_gap_224 really has 16 heads).
 NAME_OVERRIDES = {"vit_base_patch16_gap_224": {"num_heads": 16}, "vit_base_patch16_224_miil": {"qkv_bias": False}}
+# timm's models with register tokens and/or layer scale that vitlab builds exactly (Darcet et al. 2024 "Vision
+# Transformers Need Registers"; DINOv2), as timm's vision_transformer.py defines them: name -> (patch, width, depth,
+# heads, mlp_ratio, resolution, options). The gated-MLP (giant), RoPE and attention-pool ('map') ones are not here.
+_REG_GAP = {"class_token": False, "no_embed_class": True, "reg_tokens": 4, "global_pool": "avg", "init_values": 1e-5}
+_SO150M = {"class_token": False, "reg_tokens": 4, "global_pool": "avg", "fc_norm": False}
+_DINOV2 = {"init_values": 1e-5}
+LAYER_SCALE_NAMES: dict[str, tuple[int, int, int, int, float, int, dict[str, Any]]] = {
+    "vit_base_patch16_reg4_gap_256": (16, 768, 12, 12, 4.0, 256, {**_REG_GAP, "init_values": None}),
+    "vit_medium_patch16_reg4_gap_256": (16, 512, 12, 8, 4.0, 256, _REG_GAP),
+    "vit_mediumd_patch16_reg4_gap_256": (16, 512, 20, 8, 4.0, 256, _REG_GAP),
+    "vit_mediumd_patch16_reg4_gap_384": (16, 512, 20, 8, 4.0, 384, _REG_GAP),
+    "vit_betwixt_patch16_reg4_gap_256": (16, 640, 12, 10, 4.0, 256, _REG_GAP),
+    "vit_betwixt_patch16_reg4_gap_384": (16, 640, 12, 10, 4.0, 384, _REG_GAP),
+    "vit_little_patch16_reg4_gap_256": (16, 320, 14, 5, 5.6, 256, _REG_GAP),
+    "vit_so150m_patch16_reg4_gap_256": (16, 896, 18, 14, 2.572, 256, _SO150M),
+    "vit_so150m_patch16_reg4_gap_384": (16, 896, 18, 14, 2.572, 384, _SO150M),
+    "vit_small_patch14_reg4_dinov2": (14, 384, 12, 6, 4.0, 518, {**_DINOV2, "reg_tokens": 4, "no_embed_class": True}),
+    "vit_base_patch14_reg4_dinov2": (14, 768, 12, 12, 4.0, 518, {**_DINOV2, "reg_tokens": 4, "no_embed_class": True}),
+    "vit_large_patch14_reg4_dinov2": (14, 1024, 24, 16, 4.0, 518, {**_DINOV2, "reg_tokens": 4, "no_embed_class": True}),
+    "vit_small_patch14_dinov2": (14, 384, 12, 6, 4.0, 518, _DINOV2),
+    "vit_base_patch14_dinov2": (14, 768, 12, 12, 4.0, 518, _DINOV2),
+    "vit_large_patch14_dinov2": (14, 1024, 24, 16, 4.0, 518, _DINOV2),
+}  # fmt: skip
 HEADS_BY_WIDTH = {width: heads for _, width, _, heads in VIT_SIZES.values()}
 _PLAIN_NAME = re.compile(r"^vit_(tiny|small|base|large|huge)_patch(\d+)(_gap)?_(\d+)(_miil)?(_in21k)?$")
+_DEIT_NAME = re.compile(r"^deit_(tiny|small|base)_patch16_(224|384)$")  # DeiT without distillation: a plain ViT
 _HYBRID_NAME = re.compile(r"^(vit_[a-z0-9_]+?)_(224|384)(_in21k)?$")
 USE_TIMM = "vitlab implements the paper's ViT only; use timm for this model"
 
 # timm options vitlab cannot represent: option -> (is it switched on?, what it does).
 _UNSUPPORTED_OPTIONS: dict[str, tuple[Any, str]] = {
-    "init_values": (lambda v: v is not None, "layer scale"),
-    "reg_tokens": (bool, "register tokens"),
     "qk_norm": (bool, "LayerNorm on queries and keys"),
-    "no_embed_class": (bool, "position embeddings without class-token entry"),
     "dynamic_img_pad": (bool, "padding inputs to a multiple of the patch size"),
     "pre_norm": (bool, "a LayerNorm before the blocks"),
     "final_norm": (lambda v: not v, "no final LayerNorm"),
@@ -61,7 +82,7 @@ _UNSUPPORTED_OPTIONS: dict[str, tuple[Any, str]] = {
        ("embed_norm_layer", "mlp_layer", "block_fn", "attn_layer", "embed_layer")},
 }  # fmt: skip
 _MODEL_OPTIONS = {"img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_ratio",
-                  "qkv_bias", "class_token", "fc_norm"}  # fmt: skip
+                  "qkv_bias", "class_token", "fc_norm", "reg_tokens", "no_embed_class", "init_values"}  # fmt: skip
 # Training-time or runtime-only options: they do not change the computation at the native input size.
 _HARMLESS_OPTIONS = {"drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate", "attn_drop_rate",
                      "drop_path_rate", "weight_init", "fix_init", "dynamic_img_size",
@@ -72,12 +93,19 @@ def timm_name_options(name: str, source: str | Path = "arch") -> dict[str, Any]:
     """timm's constructor options for a model name (a ".tag" is ignored) as timm defines it, plus "_resnet" for
     hybrids and "_img_size", the name's resolution (used only when the file does not tell)."""
     base = name.split(".", 1)[0]
-    hybrid, plain = _HYBRID_NAME.match(base), _PLAIN_NAME.match(base)
+    hybrid, plain = _HYBRID_NAME.match(base), _PLAIN_NAME.match(base) or _DEIT_NAME.match(base)
+    if base in LAYER_SCALE_NAMES:
+        patch, width, depth, heads, ratio, res, extra = LAYER_SCALE_NAMES[base]
+        return {"_img_size": res, "patch_size": patch, "embed_dim": width, "depth": depth, "num_heads": heads,
+                "mlp_ratio": ratio, **extra}
     if hybrid and hybrid.group(1) in HYBRID_NAMES:
         cfg = model_config(HYBRID_NAMES[hybrid.group(1)][0])
         opts: dict[str, Any] = {"_resnet": cfg.resnet, "_img_size": int(hybrid.group(2))}
     elif plain:
-        size, patch, gap, res = plain.group(1, 2, 3, 4)
+        if plain.re is _PLAIN_NAME:
+            size, patch, gap, res = plain.group(1, 2, 3, 4)
+        else:  # deit_{size}_patch16_{res}
+            size, patch, gap, res = plain.group(1), "16", None, plain.group(2)
         cfg = model_config(f"ViT-{TIMM_SIZES[size]}/{patch}")
         opts = {"_img_size": int(res), "class_token": not gap, "global_pool": "avg" if gap else "token"}
         opts.update({"fc_norm": False} if gap else {})
@@ -85,8 +113,8 @@ def timm_name_options(name: str, source: str | Path = "arch") -> dict[str, Any]:
         raise WeightsError(
             source,
             f"unknown timm architecture {name!r}",
-            "vitlab reads timm's vit_{tiny,small,base,large,huge}_patch{P}[_gap]_{res} and the hybrids "
-            + ", ".join(HYBRID_NAMES),
+            "vitlab reads timm's vit_{tiny,small,base,large,huge}_patch{P}[_gap]_{res}, the hybrids "
+            + ", ".join(HYBRID_NAMES) + " and the register / layer-scale models " + ", ".join(LAYER_SCALE_NAMES),
         )
     opts.update(patch_size=cfg.patch_size, embed_dim=cfg.width, depth=cfg.depth, num_heads=cfg.num_heads,
                 mlp_ratio=cfg.mlp_dim / cfg.width)  # fmt: skip
@@ -111,12 +139,15 @@ def infer_timm_options(tensors: dict[str, torch.Tensor], path: str | Path) -> di
             "pass arch=<timm model name>, or read a hub folder whose config.json has model_args.num_heads",
         )  # fmt: skip
     fc1 = tensors.get("blocks.0.mlp.fc1.weight")
-    has_cls = "cls_token" in tensors
+    has_cls, reg = "cls_token" in tensors, tensors.get("reg_token")
     opts = {
         "patch_size": ph, "embed_dim": width, "depth": max(blocks) + 1, "num_heads": HEADS_BY_WIDTH[width],
         "_mlp_dim": fc1.shape[0] if fc1 is not None else 4 * width, "class_token": has_cls,
-        "global_pool": "token" if has_cls else "avg", "fc_norm": False,
+        "global_pool": "token" if has_cls else "avg", "fc_norm": "fc_norm.weight" in tensors,
         "qkv_bias": "blocks.0.attn.qkv.bias" in tensors, "pos_embed": "learn" if "pos_embed" in tensors else "none",
+        "reg_tokens": reg.shape[1] if reg is not None and reg.ndim == 3 else 0,
+        # the value is an initialisation only: the file's gammas replace it
+        "init_values": 1e-5 if "blocks.0.ls1.gamma" in tensors else None,
     }  # fmt: skip
     resnet = _infer_resnet(tensors, path)
     return {**opts, "_resnet": resnet} if resnet else opts
@@ -144,22 +175,14 @@ def check_timm_options(opts: dict[str, Any], path: str | Path) -> None:
         if switched_on(value):
             raise WeightsError(path, f"timm option {key}={value!r} ({what}) has no vitlab equivalent", USE_TIMM)
     pool, cls = opts.get("global_pool", "token"), opts.get("class_token", True)
-    if pool == "avg" and cls:
-        raise WeightsError(path, "timm option global_pool='avg' with a class token", "the paper's GAP has none")
     if pool == "token" and not cls:
         raise WeightsError(path, "timm option global_pool='token' without a class token", "the file is inconsistent")
-    fc_norm = opts.get("fc_norm")
-    if fc_norm or (fc_norm is None and pool == "avg"):  # timm's default for "avg" is a LayerNorm after pooling
-        raise WeightsError(
-            path, "timm option fc_norm (LayerNorm after average pooling) has no vitlab equivalent",
-            "only timm's fc_norm=False GAP models (e.g. vit_base_patch16_gap_224) are the paper's GAP classifier",
-        )  # fmt: skip
 
 
 def config_from_timm_options(opts: dict[str, Any], path: str | Path, mean: Any = None, std: Any = None) -> ViTConfig:
     """The vitlab config for complete timm options (img_size, num_classes, … all present)."""
     check_timm_options(opts, path)
-    width, patch = opts["embed_dim"], opts["patch_size"]
+    width, patch, pool = opts["embed_dim"], opts["patch_size"], opts.get("global_pool", "token")
     if not isinstance(patch, int):
         patch = patch[0] if patch[0] == patch[1] else -1
     try:
@@ -167,7 +190,11 @@ def config_from_timm_options(opts: dict[str, Any], path: str | Path, mean: Any =
             image_size=opts["img_size"], patch_size=patch, width=width, depth=opts["depth"],
             mlp_dim=opts.get("_mlp_dim") or int(width * opts.get("mlp_ratio", 4.0)), num_heads=opts["num_heads"],
             num_classes=opts["num_classes"],
-            classifier="token" if opts.get("global_pool", "token") == "token" else "gap",
+            classifier="token" if pool == "token" else "gap", class_token=bool(opts.get("class_token", True)),
+            reg_tokens=int(opts.get("reg_tokens") or 0), pos_embed_prefix=not opts.get("no_embed_class", False),
+            # timm's default: a LayerNorm after pooling exactly when the pooling is "avg"
+            fc_norm=bool(pool == "avg" if opts.get("fc_norm") is None else opts["fc_norm"]),
+            layer_scale=opts.get("init_values"),
             representation_size=opts.get("_representation_size"),
             pos_embed="learned" if opts.get("pos_embed", "learn") == "learn" else "none",
             gelu="tanh" if opts.get("act_layer") == "gelu_tanh" else "exact", ln_eps=1e-6,
@@ -201,14 +228,18 @@ def _image_size(opts: dict[str, Any], pos_embed: torch.Tensor | None, has_cls: b
         return opts.get("_img_size", 224)
     resnet, patch = opts.get("_resnet"), opts["patch_size"]
     stride = (patch if isinstance(patch, int) else patch[0]) * (resnet.reduction if resnet else 1)
-    # (1, prefix + gh*gw, D); a file without class token read under a class-token name has no prefix entry, and
-    # the key check then reports the missing 'cls_token' rather than a confusing size
-    n, prefix = pos_embed.shape[1], 1 if opts.get("class_token", True) and has_cls else 0
-    side = math.isqrt(max(n - prefix, 0))
-    if side > 0 and side * side == n - prefix:
-        return side * stride
-    if prefix and math.isqrt(n) ** 2 == n:
-        raise WeightsError(path, "'pos_embed' has no class-token entry (timm no_embed_class=True)", USE_TIMM)
+    # (1, prefix + gh*gw, D), or (1, gh*gw, D) where the prefix tokens have no entry (timm's no_embed_class, told
+    # by the name or the folder, else read from the shape); a file without class token read under a class-token
+    # name has no prefix entry, and the key check then reports the missing 'cls_token' rather than a confusing size
+    n = pos_embed.shape[1]
+    prefix = (1 if opts.get("class_token", True) and has_cls else 0) + int(opts.get("reg_tokens") or 0)
+    declared = opts.get("no_embed_class")
+    for entries in ([0 if declared else prefix] if declared is not None else [prefix, 0]):
+        side = math.isqrt(max(n - entries, 0))
+        if side > 0 and side * side == n - entries:
+            if prefix and not entries:
+                opts["no_embed_class"] = True
+            return side * stride
     raise WeightsError(
         path, f"'pos_embed' has {n} entries, not {prefix} prefix + a square grid",
         "for non-square inputs read a hub folder whose config.json has model_args.img_size",
