@@ -1,7 +1,8 @@
 """torch.hub entry points: `torch.hub.load("path/to/vitlab", "vit_b16", source="local", num_classes=10)`.
 
 Each entry builds the named vitlab model (`vitlab.create_model`), or with `weights=` loads any file or folder
-`vitlab.load` reads (official .npz, timm, HF transformers, vitlab safetensors, a run directory). Nothing is
+`vitlab.load` reads (official .npz, timm, HF transformers, vitlab safetensors, a run directory) and holds the
+architecture the entry names (another is refused: ValueError). Nothing is
 downloaded: published checkpoints are files you pass.
 """
 
@@ -23,10 +24,24 @@ def _entry_name(model_name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", model_name.lower().replace("/", "")).strip("_")
 
 
+def _load_as(model_name: str, weights, **kwargs):
+    """vitlab.load(weights), refused in one line (ValueError) when the file holds another architecture than the
+    entry point names: `vit_b16(weights="vit_s16.safetensors")` must not return a ViT-S."""
+    from vitlab.models.registry import architecture_differences, describe_architecture, model_config
+
+    model = vitlab.load(weights, **kwargs)
+    differences = architecture_differences(model_config(model_name), model.config)
+    if differences:
+        raise ValueError(f"{_entry_name(model_name)}: {weights} holds {describe_architecture(model.config)} "
+                         f"({'; '.join(differences)}), not {model_name}; use that architecture's entry point, "
+                         "or vitlab.load")
+    return model
+
+
 def _make_entry(model_name: str):
     def entry(weights=None, **kwargs):
         if weights is not None:
-            return vitlab.load(weights, **kwargs)
+            return _load_as(model_name, weights, **kwargs)
         return vitlab.create_model(model_name, **kwargs)
 
     entry.__name__ = _entry_name(model_name)

@@ -39,6 +39,11 @@ def create_model(
     name, else timm's default tag; vitlab names: the catalogue's default tags; a string: that vitlab tag).
     `features_only=True` returns timm's feature extractor: a list of (N, C, H, W) maps at `out_indices`
     (ViT: the last 3 blocks by default; BiT: the root and every stage), described by `.feature_info`."""
+    if not isinstance(name, str):
+        raise TypeError(f"create_model takes a model name (a str such as 'ViT-B/16'; vitlab.list_models() lists "
+                        f"them), got {type(name).__name__}")
+    if not isinstance(pretrained, bool | str):
+        raise TypeError(f"pretrained must be True, False or a tag name (str), got {pretrained!r}")
     overrides = vitlab_overrides(kwargs)
     if pretrained:
         model = _load_pretrained(name, pretrained, overrides)
@@ -67,6 +72,10 @@ def vitlab_overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
         ratio, width = out.pop("mlp_ratio"), out.get("width")
         if width is None:
             raise ValueError("mlp_ratio needs embed_dim (or width) beside it; or pass mlp_dim")
+        if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio < float("inf"):
+            raise ValueError(f"mlp_ratio must be a positive number (e.g. 4.0), got {ratio!r}")
+        if isinstance(width, bool) or not isinstance(width, int):
+            raise ValueError(f"embed_dim (width) must be a positive integer, got {width!r}")
         out["mlp_dim"] = int(width * ratio)
     pool, cls = kwargs.get("global_pool"), kwargs.get("class_token")
     if pool is not None or cls is not None:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..data import EMBEDDED, DataError, is_embedded, load_split
-from ..data.sources import DECODE_ERRORS
+from ..data.sources import DECODE_ERRORS, to_rgb
 from ..data.untrusted import open_regular
 from ..models.config import ViTConfig
 
@@ -49,7 +49,7 @@ def _to_input(img, mode: str, image_size: tuple[int, int]) -> torch.Tensor:
     from PIL import Image
 
     h, w = image_size
-    img = img.convert(mode).resize((w, h), Image.Resampling.BILINEAR)  # PIL sizes are (W, H)
+    img = to_rgb(img).convert(mode).resize((w, h), Image.Resampling.BILINEAR)  # 16-bit, float: scaled, not clipped
     arr = np.asarray(img, dtype=np.float32) / 255.0
     arr = arr[:, :, None] if arr.ndim == 2 else arr  # (H, W, C)
     return torch.from_numpy(arr.copy()).permute(2, 0, 1)

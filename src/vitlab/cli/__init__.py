@@ -10,7 +10,7 @@ import sys
 
 # Each module defines `register(subparsers)`; its parsers set `func` to a callable taking the parsed args.
 VERB_MODULES = ["models", "bench", "weights", "train", "evaluate", "recipes", "fewshot", "analyze", "download",
-                "shards", "experiment"]
+                "shards", "experiment", "export"]
 
 
 class UserError(Exception):
@@ -33,12 +33,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def say_warnings(verb: str) -> None:
+    """Python warnings (vitlab's own and its libraries') as vitlab says things, `vitlab <verb>: warning: <first
+    line>`, instead of a source path, a category name and the line of code that warned."""
+    import warnings
+
+    def one_line(message, category, filename, lineno, line=None) -> str:  # noqa: ANN001 - warnings' signature
+        text = str(message).strip().splitlines()
+        return f"vitlab {verb}: warning: {text[0] if text else category.__name__}\n"
+
+    # the formatter, not showwarning: warnings recorded (catch_warnings(record=True), pytest.warns) stay recorded
+    warnings.formatwarning = one_line
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from ..errors import WeightsError
     from ..progress import set_verbosity
 
     set_verbosity(args.verbosity)
+    say_warnings(args.verb)
 
     try:
         result = args.func(args)

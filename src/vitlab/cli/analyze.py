@@ -10,8 +10,8 @@ from .types import (
     device_name,
     float_range,
     image_size,
+    int_range,
     new_or_folder,
-    positive_int,
     precision_name,
 )
 
@@ -33,13 +33,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", default="digits",
                    help="without --images: its val or test split (a plain folder tree: the whole tree) of "
                         + DATA_SOURCES + ", or an image file (default digits)")
-    p.add_argument("--num-images", type=positive_int, default=8,
+    p.add_argument("--num-images", type=int_range(1, 1024), default=8,
                    help="images of --data to use, one per class in turn (default 8; figures show the first 8)")
     p.add_argument("--head-fusion", choices=["mean", "max", "min"], default="mean",
                    help="how rollout combines heads (default mean, as in the paper)")
     p.add_argument("--discard-ratio", type=float_range(0.0, 1.0, high_open=True), default=0.0,
                    help="share of the lowest attention weights rollout drops per layer (default 0)")
-    p.add_argument("--components", type=positive_int, default=28,
+    p.add_argument("--components", type=int_range(1, 1024), default=28,
                    help="principal components of the filters (default 28)")
     p.add_argument("--device", type=device_name, default="auto",
                    help="cpu, cuda or cuda:N (default auto: CUDA when available)")

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .types import device_name, float_range, image_size, new_file, non_negative_int, positive_int
+from .types import batch_size, device_name, float_range, image_size, int_range, new_file, workers
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,12 +21,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "batch (opening the source included) and decode failures; --compare timm "
                                    "times timm's loader on the same source, repeats alternating.")
     p.add_argument("--model", default="ViT-S/16", help="a name from `vitlab models` (default ViT-S/16)")
-    p.add_argument("--batch-size", type=positive_int, default=32, help="images per step (default 32)")
+    p.add_argument("--batch-size", type=batch_size, default=32, help="images per step (default 32)")
     p.add_argument("--image-size", type=image_size, default=224, help="input size in pixels (default 224)")
-    p.add_argument("--threads", type=positive_int, help="intra-op CPU threads (default: torch's current setting)")
-    p.add_argument("--repeats", type=positive_int, default=3,
+    p.add_argument("--threads", type=int_range(1, 1024), help="intra-op CPU threads (default: torch's current setting)")
+    p.add_argument("--repeats", type=int_range(1, 10_000), default=3,
                    help="timed repeats per implementation and mode (default 3)")
-    p.add_argument("--warmup", type=non_negative_int, default=2,
+    p.add_argument("--warmup", type=int_range(0, 10_000), default=2,
                    help="untimed steps before timing, compilation happens here (default 2)")
     p.add_argument("--min-time", type=float_range(0.0, 3600.0), default=1.0,
                    help="seconds each timed repeat lasts at least (default 1)")
@@ -44,9 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     d = p.add_argument_group("data loading (--data)")
     d.add_argument("--data", metavar="SRC", help="time the training loader on this source instead of a model: an "
                                                  "image folder, WebDataset shards or any other --data of vitlab train")
-    d.add_argument("--workers", type=non_negative_int,
+    d.add_argument("--workers", type=workers,
                    help="loader worker processes (default: as vitlab train, one fewer than the CPUs, at most 8)")
-    d.add_argument("--images", type=positive_int, default=2048,
+    d.add_argument("--images", type=int_range(1, 1_000_000), default=2048,
                    help="images per repeat, rounded up to whole batches (default 2048)")
     d.add_argument("--val-fraction", type=float_range(0.0, 1.0, low_open=True, high_open=True),
                    help="for a source without a validation split: hold out this share, as vitlab train does")

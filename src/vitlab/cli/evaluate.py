@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .train import EVAL_RESIZE_HELP
-from .types import DATA_SOURCES, PRECISION_HELP, device_name, non_negative_int, positive_int, precision_name
+from .types import DATA_SOURCES, PRECISION_HELP, batch_size, class_count, device_name, precision_name, workers
 
 INFER_PRECISION_HELP = PRECISION_HELP + ", or int8 (dynamic int8 Linear layers, CPU)"
 
@@ -29,8 +29,8 @@ def _register_eval(sub: argparse._SubParsersAction) -> None:
                    help="split to evaluate (default val; embedded sets: their test split)")
     p.add_argument("--eval-resize", choices=EVAL_RESIZES,
                    help=EVAL_RESIZE_HELP + ". Default: the one recorded with vitlab weights, else official")
-    p.add_argument("--batch-size", type=positive_int, default=256, help="images per forward pass (default 256)")
-    p.add_argument("--workers", type=non_negative_int, default=0,
+    p.add_argument("--batch-size", type=batch_size, default=256, help="images per forward pass (default 256)")
+    p.add_argument("--workers", type=workers, default=0,
                    help="data-loading processes (default 0: in this process)")
     p.add_argument("--device", type=device_name, default="auto",
                    help="cpu, cuda or cuda:N (default auto: CUDA when available)")
@@ -130,7 +130,7 @@ def _register_predict(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="top-5 classes of images", description="Classify images with weights.")
     p.add_argument("--weights", required=True, help="weights file, checkpoint directory or run directory")
     p.add_argument("images", nargs="+", help="image files or folders (every image under a folder, sorted)")
-    p.add_argument("--top-k", type=positive_int,
+    p.add_argument("--top-k", type=class_count,
                    help="classes shown per image (default 5, or all of a model with fewer classes)")
     p.add_argument("--device", type=device_name, default="auto",
                    help="cpu, cuda or cuda:N (default auto: CUDA when available)")

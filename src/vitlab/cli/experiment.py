@@ -8,7 +8,7 @@ import sys
 from contextlib import nullcontext
 from pathlib import Path
 
-from .types import non_negative_int, positive_int, precision_name
+from .types import jobs, precision_name, seed
 
 DEFAULT_OUT = "runs/experiments"
 QUICK_OUT = "runs/experiments-quick"
@@ -35,12 +35,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the pipeline in seconds (tiny sets, a few steps, one seed): checks that it runs, not "
                         "what it finds")
     p.add_argument("--out", help=f"where runs and results go (default {DEFAULT_OUT}; with --quick {QUICK_OUT})")
-    p.add_argument("--seeds", type=non_negative_int, nargs="+", metavar="SEED",
+    p.add_argument("--seeds", type=seed, nargs="+", metavar="SEED",
                    help="seeds of the compared runs (default: the experiment's, 0 1 2 for most; --quick: 0)")
     p.add_argument("--estimate", action="store_true",
                    help="measure step times, print what is left to run and how long it will take, run nothing "
                         "(all: each experiment after the ones before it)")
-    p.add_argument("--jobs", type=positive_int, metavar="N",
+    p.add_argument("--jobs", type=jobs, metavar="N",
                    help="runs trained side by side, each on its share of the cores (default: one per core; small "
                         "models use a core better alone than two threads do)")
     p.add_argument("--report", metavar="PATH",

@@ -8,13 +8,17 @@ from .train import EVAL_RESIZE_HELP
 from .types import (
     DATA_SOURCES,
     PRECISION_HELP,
+    batch_size,
     device_name,
+    float_range,
     fraction,
+    int_range,
     new_file,
-    positive_float,
-    positive_int,
     precision_name,
 )
+
+MAX_SHOTS = 1_000_000  # examples per class
+l2_value = float_range(0.0, 1e12, low_open=True)  # the ridge penalty: big_vision sweeps 2^-20 to 2^10
 
 
 def parse_shots(text: str) -> tuple[int | str, ...]:
@@ -24,21 +28,21 @@ def parse_shots(text: str) -> tuple[int | str, ...]:
         part = part.strip()
         if part == "all":
             shots.append("all")
-        elif part.isdigit() and int(part) > 0:
+        elif part.isdigit() and 0 < int(part) <= MAX_SHOTS:
             shots.append(int(part))
         else:
             raise argparse.ArgumentTypeError(
-                f"must be integers >= 1 or 'all', comma-separated (e.g. 1,5,10,25), got {text!r}")
+                f"must be integers from 1 to {MAX_SHOTS:,} or 'all', comma-separated (e.g. 1,5,10,25), got {text!r}")
     return tuple(shots)
 
 
 def parse_floats(text: str) -> list[float]:
     """argparse type of --l2-sweep: numbers > 0, comma-separated."""
     try:
-        return [positive_float(v) for v in text.split(",")]
+        return [l2_value(v) for v in text.split(",")]
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
-            f"must be numbers (finite, > 0), comma-separated (e.g. 1,32,1024), got {text!r}") from None
+            f"must be numbers (> 0 and <= 1e12), comma-separated (e.g. 1,32,1024), got {text!r}") from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,8 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", default="digits", help=DATA_SOURCES + " (default digits)")
     p.add_argument("--shots", default="1,5,10,25", type=parse_shots,
                    help="shots per class, comma-separated; 'all' = linear probe (default 1,5,10,25)")
-    p.add_argument("--seeds", type=positive_int, default=3, help="random draws per shot count (default 3)")
-    p.add_argument("--l2", type=positive_float, default=2.0**10, help="ridge L2 (default 1024: big_vision's 2^10)")
+    p.add_argument("--seeds", type=int_range(1, 1000), default=3, help="random draws per shot count (default 3)")
+    p.add_argument("--l2", type=l2_value, default=2.0**10, help="ridge L2 (default 1024: big_vision's 2^10)")
     p.add_argument("--l2-sweep", type=parse_floats,
                    help="also report the best of these L2 values (chosen on test: optimistic)")
     p.add_argument("--random-init", action="store_true",
@@ -61,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-resize", default=FEWSHOT_RESIZE, choices=[FEWSHOT_RESIZE, *EVAL_RESIZES],
                    help="fewshot (default; big_vision common_fewshot: resize to 256x256 ignoring the aspect ratio, "
                         "central crop 224, scaled by 8/7 for other sizes), or an " + EVAL_RESIZE_HELP)
-    p.add_argument("--batch-size", type=positive_int, default=256, help="images per forward pass (default 256)")
+    p.add_argument("--batch-size", type=batch_size, default=256, help="images per forward pass (default 256)")
     p.add_argument("--device", type=device_name, default="auto",
                    help="cpu, cuda or cuda:N (default auto: CUDA when available)")
     p.add_argument("--precision", type=precision_name(int8=False), default="auto",

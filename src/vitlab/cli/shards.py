@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from .types import fraction
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("shards", help="pack an image folder or Hugging Face dataset into WebDataset tar shards",
@@ -21,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("out", metavar="OUT", help="the folder the shards go to (created; resumed if it holds shards)")
     p.add_argument("--shard-size", default="1GB",
                    help="bytes per shard: 1GB, 256MB, 512MiB or a number of bytes (default 1GB)")
-    p.add_argument("--val-fraction", type=float,
+    p.add_argument("--val-fraction", type=fraction,
                    help="pack a stratified share of each class of train/ as the val split (seed 0) instead of "
                         "SRC/val/")
     p.set_defaults(func=run_shards)

@@ -17,18 +17,24 @@ from . import UserError
 from .recipes import RecipeHelp
 from .types import (
     DATA_SOURCES,
+    MODEL_SIZES,
     PRECISION_HELP,
+    batch_size,
     class_count,
     device_name,
-    finite_float,
     float_range,
     fraction,
     image_size,
-    non_negative_float,
+    int_range,
+    learning_rate,
+    mix_alpha,
     non_negative_int,
-    positive_float,
     positive_int,
     precision_name,
+    randaug_ops,
+    representation_size,
+    seed,
+    workers,
 )
 
 EVAL_RESIZE_HELP = ("evaluation pre-processing: official (whole image to the input size, aspect ignored; vit_jax), "
@@ -77,7 +83,7 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
     g.add_argument("--val-fraction", type=fraction, help="hold out this fraction of train for validation")
     g.add_argument("--strict", action="store_true", default=None, help="unreadable images are fatal")
     g.add_argument("--num-classes", type=class_count, help="expected class count (checked against the data)")
-    g.add_argument("--workers", type=non_negative_int,
+    g.add_argument("--workers", type=workers,
                    help="data-loading processes (default: CPUs - 1; on CPU at most 8)")
     g.add_argument("--crop-scale", type=float_range(0.0, 1.0, low_open=True), nargs=2, metavar=("MIN", "MAX"),
                    help="inception-crop area range")
@@ -93,7 +99,7 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
     m = p.add_argument_group("model")
     m.add_argument("--model", help="variant name, e.g. ViT-B/16 (`vitlab models`)")
     for flag in ("depth", "width", "heads", "mlp-dim"):
-        m.add_argument(f"--{flag}", type=positive_int, help=f"override the variant's {flag}")
+        m.add_argument(f"--{flag}", type=MODEL_SIZES[flag], help=f"override the variant's {flag}")
     m.add_argument("--image-size", type=image_size, help="training resolution")
     m.add_argument("--dropout", type=float_range(0.0, 1.0, high_open=True),
                    help="dropout after the position embedding and each Dense (fine-tuning: the official model "
@@ -101,51 +107,52 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
     m.add_argument("--drop-path-rate", type=float_range(0.0, 1.0, high_open=True), metavar="RATE",
                    help="stochastic depth: the last block's residual branches are dropped with this probability, "
                         "linearly less in earlier blocks (DeiT: 0.1; AugReg: 0 or 0.1)")
-    m.add_argument("--representation-size", type=non_negative_int, metavar="N",
+    m.add_argument("--representation-size", type=representation_size, metavar="N",
                    help="`pre_logits` Dense(N) + tanh before the head of a model built from scratch (0: none; "
                         "pre-training recipes: the model's width)")
-    m.add_argument("--mean", type=finite_float, nargs=3, help="input mean (default: what the weights expect)")
-    m.add_argument("--std", type=positive_float, nargs=3, help="input std")
+    m.add_argument("--mean", type=float_range(-10.0, 10.0), nargs=3,
+                   help="input mean (default: what the weights expect)")
+    m.add_argument("--std", type=float_range(0.0, 10.0, low_open=True), nargs=3, help="input std")
     o = p.add_argument_group("optimisation")
     o.add_argument("--optimizer", choices=["adam", "sgd"],
                    help="adam (decoupled weight decay; pre-training) or sgd with momentum (fine-tuning)")
-    o.add_argument("--lr", type=non_negative_float, help="base learning rate")
-    o.add_argument("--wd", type=non_negative_float, help="decoupled weight decay")
+    o.add_argument("--lr", type=learning_rate, help="base learning rate")
+    o.add_argument("--wd", type=learning_rate, help="decoupled weight decay")
     o.add_argument("--betas", type=float_range(0.0, 1.0, high_open=True), nargs=2, help="Adam betas")
     o.add_argument("--momentum", type=float_range(0.0, 1.0, high_open=True), help="SGD momentum")
     o.add_argument("--warmup", type=non_negative_int, help="linear warm-up steps")
     o.add_argument("--decay", choices=["linear", "cosine", "step"],
                    help="after warm-up: linear (to --linear-end), cosine (to 0), or step (x0.1 at --lr-drops)")
-    o.add_argument("--linear-end", type=non_negative_float,
+    o.add_argument("--linear-end", type=learning_rate,
                    help="LR at the end of linear decay (official pre-training: 1e-5)")
     o.add_argument("--lr-drops", type=fraction, nargs="*", metavar="F",
                    help="step decay: fractions of --steps after which the LR drops x0.1 (BiT-HyperRule 0.3 0.6 0.9)")
-    o.add_argument("--clip", type=non_negative_float, help="global gradient-norm clipping (0: off)")
+    o.add_argument("--clip", type=float_range(0.0, 1e6), help="global gradient-norm clipping (0: off)")
     o.add_argument("--objective", choices=["classify", "mpp"],
                    help="classify (default) or mpp: masked patch prediction, self-supervised (recipe mpp)")
     o.add_argument("--mpp-target", choices=["mean-color", "mean-color-4x4", "pixels"],
                    help="mpp: 3-bit mean colour (paper), its 4x4 downsized variant, or L2 on the pixels")
     o.add_argument("--loss", choices=["softmax", "sigmoid"],
                    help="softmax cross-entropy, or sigmoid cross-entropy summed over classes (upstream pre-training)")
-    o.add_argument("--head-bias-init", type=finite_float, metavar="B",
+    o.add_argument("--head-bias-init", type=float_range(-100.0, 100.0), metavar="B",
                    help="initial classifier bias of a model built from scratch (pre-training recipes: -10)")
     o.add_argument("--label-smoothing", type=float_range(0.0, 1.0, high_open=True),
                    help="label smoothing in [0, 1) (the paper: 0)")
-    o.add_argument("--mixup", type=non_negative_float, metavar="ALPHA",
+    o.add_argument("--mixup", type=mix_alpha, metavar="ALPHA",
                    help="MixUp: λ ~ Beta(α, α) per step (BiT-HyperRule: 0.1 above 20k images); 0: off")
-    o.add_argument("--cutmix", type=non_negative_float, metavar="ALPHA",
+    o.add_argument("--cutmix", type=mix_alpha, metavar="ALPHA",
                    help="CutMix: a box of 1 - λ of the image from another, λ ~ Beta(α, α), labels mixed by its "
                         "pixels (DeiT: 1.0); with --mixup, each step is one of the two at random; 0: off")
-    o.add_argument("--randaug-ops", type=non_negative_int, metavar="N",
+    o.add_argument("--randaug-ops", type=randaug_ops, metavar="N",
                    help="RandAugment: operations per image (AugReg, DeiT: 2; torchvision's RandAugment); 0: off")
     o.add_argument("--randaug-magnitude", type=float_range(0.0, 20.0), metavar="M",
                    help="RandAugment level on TF's 0-10 scale, to 20 (AugReg 0/10/15/20, DeiT 9)")
-    o.add_argument("--randaug-mstd", type=non_negative_float, metavar="STD",
+    o.add_argument("--randaug-mstd", type=float_range(0.0, 20.0), metavar="STD",
                    help="per-image standard deviation of the RandAugment level (DeiT: 0.5)")
     o.add_argument("--random-erasing", type=float_range(0.0, 1.0), metavar="P",
                    help="probability of replacing one random box of the image with noise (DeiT: 0.25)")
-    o.add_argument("--batch-size", type=positive_int, help="global batch size (all processes, all accumulation steps)")
-    o.add_argument("--accum", type=positive_int, help="gradient accumulation steps")
+    o.add_argument("--batch-size", type=batch_size, help="global batch size (all processes, all accumulation steps)")
+    o.add_argument("--accum", type=batch_size, help="gradient accumulation steps")
     o.add_argument("--steps", type=positive_int, help="optimiser steps")
     o.add_argument("--ema", type=fraction, help="Polyak/EMA decay for the evaluated weights, e.g. 0.9999")
     r0 = p.add_argument_group("tracking")
@@ -159,7 +166,7 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
     r.add_argument("--resume", nargs="?", const=True, default=None, type=_resume_mode, metavar="auto",
                    help="continue the run in --out (refused if it holds none: a typo in --out starts nothing); "
                         "--resume auto: continue it, or start it when there is none (supervisors, make demo)")
-    r.add_argument("--seed", type=non_negative_int,
+    r.add_argument("--seed", type=seed,
                    help="seed of the initialisation, data order and augmentation (default 0)")
     r.add_argument("--device", type=device_name, help="auto, cpu, cuda, cuda:N (default auto: CUDA when available)")
     r.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
@@ -168,11 +175,11 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
                         "Recorded in config.json; --resume keeps the run's")
     r.add_argument("--fsdp", action="store_true", default=None, help="shard parameters (FSDP2) instead of DDP")
     r.add_argument("--eval-every", type=non_negative_int, help="evaluate every N steps (0: at the end)")
-    r.add_argument("--eval-batch-size", type=positive_int, help="images per evaluation batch (default 256)")
+    r.add_argument("--eval-batch-size", type=batch_size, help="images per evaluation batch (default 256)")
     r.add_argument("--fewshot-every", type=non_negative_int,
                    help="5-shot linear accuracy of the representation every N steps (the paper's pre-training signal)")
     r.add_argument("--save-every", type=non_negative_int, help="checkpoint every N steps (default: with evaluations)")
-    r.add_argument("--keep-last", type=positive_int, help="step checkpoints to keep")
+    r.add_argument("--keep-last", type=int_range(1, 1_000_000), help="step checkpoints to keep")
     r.add_argument("--log-every", type=positive_int, help="steps between training log lines and metrics.jsonl records")
 
 
@@ -266,9 +273,9 @@ def _result_line(result: Any, verb: str) -> str:
 
 def _lr_list(text: str) -> tuple[float, ...]:
     try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected learning rates like 0.003,0.01, got {text!r}") from None
+        return tuple(learning_rate(x) for x in text.split(",") if x.strip())
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected learning rates in [0, 100] like 0.003,0.01, got {text!r}") from None
 
 
 def _protocol_flags(p: argparse.ArgumentParser) -> None:

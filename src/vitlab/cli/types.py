@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from ..models.limits import MAX_DEPTH, MAX_HEADS, MAX_MLP_DIM, MAX_WIDTH
+
 # Upper bounds where a typo would make vitlab allocate for it: a 4096-px ViT/16 already has 65,536 tokens.
 MAX_IMAGE_SIZE = 4096
 MAX_CLASSES = 1_000_000  # ImageNet-21k has 21,843, JFT-300M 18,291
@@ -68,11 +70,30 @@ def float_range(
     return parse
 
 
-positive_int = int_range(1)
-non_negative_int = int_range(0)
+# Every count has an upper bound, so that a slip of the keyboard is refused while parsing instead of starting
+# 1,000 processes, allocating for 10^8 images or drawing 10^9 augmentations per image (issue 35 item 10).
+MAX_COUNT = 10**9  # steps, intervals, images: beyond any run on one machine
+MAX_BATCH = 65536  # images per batch (the paper's largest is 4096; SigLIP's 32k)
+MAX_WORKERS = 256  # data-loading processes or jobs: more than the cores of any one machine
+MAX_SEED = 2**32 - 1  # numpy's seed range
+MAX_RANDAUG_OPS = 16  # operations per image (AugReg and DeiT use 2; RandAugment has 14 to pick from)
+
+positive_int = int_range(1, MAX_COUNT)
+non_negative_int = int_range(0, MAX_COUNT)
 image_size = int_range(1, MAX_IMAGE_SIZE)
 class_count = int_range(1, MAX_CLASSES)
+batch_size = int_range(1, MAX_BATCH)
+workers = int_range(0, MAX_WORKERS)
+jobs = int_range(1, MAX_WORKERS)
+seed = int_range(0, MAX_SEED)
+randaug_ops = int_range(0, MAX_RANDAUG_OPS)
+# --depth/--width/--heads/--mlp-dim: the architecture's bounds (models.limits), so a flag fails as the config would
+MODEL_SIZES = {"depth": int_range(1, MAX_DEPTH), "width": int_range(1, MAX_WIDTH), "heads": int_range(1, MAX_HEADS),
+               "mlp-dim": int_range(1, MAX_MLP_DIM)}
+representation_size = int_range(0, MAX_WIDTH)
 finite_float = float_range()
+learning_rate = float_range(0.0, 100.0)  # also weight decay and the linear decay's end value
+mix_alpha = float_range(0.0, 100.0)  # Beta(α, α) of MixUp / CutMix: above ~10 λ is 0.5 every time
 positive_float = float_range(0.0, low_open=True)
 non_negative_float = float_range(0.0)
 probability = float_range(0.0, 1.0)
@@ -126,9 +147,10 @@ def new_file(text: str) -> str:
 
 
 __all__ = [
-    "MAX_CLASSES", "MAX_IMAGE_SIZE", "OneLineParser", "class_count", "device_name", "finite_float", "float_range",
-    "fraction", "image_size", "int_range", "new_file", "new_or_folder", "non_negative_float", "non_negative_int",
-    "positive_float", "positive_int", "precision_name", "probability",
+    "MAX_CLASSES", "MAX_IMAGE_SIZE", "MODEL_SIZES", "OneLineParser", "batch_size", "class_count", "device_name",
+    "finite_float", "float_range", "fraction", "image_size", "int_range", "jobs", "learning_rate", "mix_alpha",
+    "new_file", "new_or_folder", "non_negative_float", "non_negative_int", "positive_float", "positive_int",
+    "precision_name", "probability", "randaug_ops", "representation_size", "seed", "workers",
 ]
 
 

@@ -49,7 +49,34 @@ def _decode(source: Any, min_size: int | None, owned: bool) -> Image.Image:
     if img.mode == "RGB" and (owned or getattr(img, "fp", None) is None):  # loaded: the file is no longer read
         return img
     with img:
+        return to_rgb(img)
+
+
+# Pillow's modes for more than 8 bits per channel: 16-bit greyscale (PNG, TIFF; "I" where older Pillow widened it)
+# and 32-bit float (TIFF). Pillow's own convert("RGB") clips them to 0-255: a 16-bit PNG saturates to white, a
+# float TIFF in [0, 1] comes out black. They are scaled to 8 bits here instead, or refused.
+WIDE_INT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """`img` as 8-bit RGB: 16-bit greyscale scaled by 255/65535 (rounded), float images with values in [0, 1]
+    by 255 (rounded); ValueError (one of DECODE_ERRORS) for other float or 32-bit ranges."""
+    if img.mode == "RGB":
+        return img
+    if img.mode not in (*WIDE_INT_MODES, "F"):
         return img.convert("RGB")
+    values = np.asarray(img)
+    if img.mode == "F":
+        if values.size and (not np.isfinite(values).all() or values.min() < 0 or values.max() > 1):
+            raise ValueError(f"a floating-point image with values from {values.min():g} to {values.max():g}: vitlab "
+                             "reads float images in [0, 1]; scale it to [0, 1] or save it as 8-bit")
+        grey = np.round(values.astype(np.float64) * 255)
+    else:
+        if values.size and (values.min() < 0 or values.max() > 65535):
+            raise ValueError(f"a 32-bit integer image with values from {values.min()} to {values.max()}: vitlab reads "
+                             "8- and 16-bit images; save it as 16-bit")
+        grey = (values.astype(np.int64) * 255 + 32767) // 65535  # 0 -> 0, 65535 -> 255, rounded to nearest
+    return Image.fromarray(grey.astype(np.uint8), mode="L").convert("RGB")
 
 
 @dataclass

@@ -45,7 +45,7 @@ import torch
 from PIL import Image
 
 from ..eval_resize import EVAL_RESIZES, FEWSHOT_RESIZE, resize_before_crop
-from .sources import ImageSplit
+from .sources import ImageSplit, to_rgb
 
 Size = tuple[int, int]  # (height, width)
 Box = tuple[float, float, float, float]  # (left, top, right, bottom) in source pixels, as PIL takes it
@@ -165,6 +165,15 @@ def _crop_of_resized(img: Image.Image, resized: Size, top: int, left: int, size:
     return img.crop((left, top, left + size[1], top + size[0]))
 
 
+def _check_range(name: str, value: object, high: float) -> None:
+    """A (low, high) pair of numbers with 0 < low <= high <= `high`, else ValueError naming it."""
+    pair = tuple(value) if isinstance(value, tuple | list) else ()
+    if not (len(pair) == 2 and all(isinstance(v, int | float) and not isinstance(v, bool) for v in pair)
+            and 0 < pair[0] <= pair[1] <= high and math.isfinite(pair[1])):
+        bound = "" if math.isinf(high) else f" <= {high:g}"
+        raise ValueError(f"{name} must be two numbers (low, high) with 0 < low <= high{bound}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class TrainTransform:
     """Random crop (`crop`: one of TRAIN_CROPS) + random horizontal flip. Digits must not be flipped, so
@@ -183,6 +192,8 @@ class TrainTransform:
             raise ValueError(f"unknown train crop {self.crop!r}; use one of {', '.join(TRAIN_CROPS)}")
         if self.resize not in TRAIN_RESIZES:
             raise ValueError(f"unknown train resize {self.resize!r}; use one of {', '.join(TRAIN_RESIZES)}")
+        _check_range("crop_scale", self.crop_scale, 1.0)
+        _check_range("crop_ratio", self.crop_ratio, math.inf)
         if self.resize == "tensor" and self.crop == "inception-subpixel":
             raise ValueError("train resize 'tensor' resamples integer crop boxes; the inception-subpixel crop draws "
                              "fractional ones: use train resize 'pil' or another train crop")
@@ -306,7 +317,7 @@ def as_pil_image(image: object, min_size: int | None = None) -> Image.Image:
     if isinstance(image, (str, Path)):
         return ImageSplit("image", np.zeros(1, dtype=np.int64), [], paths=[str(image)]).load(0, min_size)
     if isinstance(image, Image.Image):
-        return image if image.mode in ("RGB", "L") else image.convert("RGB")
+        return image if image.mode in ("RGB", "L") else to_rgb(image)
     if isinstance(image, np.ndarray):
         if image.dtype != np.uint8 or not (image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 3)):
             raise ValueError(f"expected a uint8 (H, W, 3) or (H, W) array, got {image.dtype} {image.shape}; "

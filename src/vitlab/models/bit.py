@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import BiTConfig
+from .inputs import check_pixels
 from .timm_compat import BiTTimmMixin
 from .vit import zero_head
 
@@ -113,6 +114,7 @@ class BiT(BiTTimmMixin, nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Feature map after the final GroupNorm and ReLU: (N, C, H/32, W/32)."""
+        check_pixels(x, self.config.in_chans, self.stem.conv.weight)
         x = self.stem.conv(x)  # (N, 64·wf, H/2, W/2)
         x = F.max_pool2d(F.pad(x, (1, 1, 1, 1)), 3, 2)  # zero padding, then VALID pooling: (N, 64·wf, H/4, W/4)
         for stage in self.stages:

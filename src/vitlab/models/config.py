@@ -13,6 +13,8 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .limits import check_limits
+
 PosEmbedKind = Literal["none", "learned", "2d", "relative"]
 Classifier = Literal["token", "gap"]
 GeluKind = Literal["exact", "tanh"]
@@ -39,8 +41,11 @@ def _normalize_common_fields(cfg: Any) -> None:
     """Accept lists/ints/dicts (from JSON or users) and store tuples and dataclasses, so equal configs compare equal;
     refuse sizes, class counts and normalisations no model can have."""
     object.__setattr__(cfg, "image_size", _pair(cfg.image_size))
-    object.__setattr__(cfg, "mean", tuple(float(v) for v in cfg.mean))
-    object.__setattr__(cfg, "std", tuple(float(v) for v in cfg.std))
+    for name in ("mean", "std"):  # three numbers, one per RGB channel
+        try:
+            object.__setattr__(cfg, name, tuple(float(v) for v in getattr(cfg, name)))
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be 3 numbers (R, G, B), got {getattr(cfg, name)!r}") from None
     if min(cfg.image_size) < 1:
         raise ValueError(f"image_size must be positive, got {cfg.image_size[0]}x{cfg.image_size[1]}")
     if not isinstance(cfg.num_classes, int) or cfg.num_classes < 0:
@@ -134,6 +139,7 @@ class ViTConfig:
         _normalize_common_fields(self)
         check_ranges(self, positive=("patch_size", "width", "depth", "mlp_dim", "num_heads", "in_chans"),
                      unit=("dropout", "attn_dropout", "drop_path_rate"))
+        check_limits(self)
         if self.representation_size is not None:
             check_ranges(self, positive=("representation_size",))
         if not (math.isfinite(self.ln_eps) and self.ln_eps > 0):
@@ -249,6 +255,7 @@ class BiTConfig:
         if not self.layers or min(self.layers) < 1:
             raise ValueError(f"BiT layers must be one or more positive unit counts per stage, got {self.layers}")
         check_ranges(self, positive=("width_factor", "in_chans"))
+        check_limits(self)
         if not (self.gn_eps > 0 and self.ws_eps > 0):
             raise ValueError(f"gn_eps and ws_eps must be positive, got {self.gn_eps} and {self.ws_eps}")
 

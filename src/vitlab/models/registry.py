@@ -14,6 +14,7 @@ from torch import nn
 
 from .bit import BiT
 from .config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
+from .limits import check_blocks
 from .vit import VisionTransformer
 
 # size: (depth L, width D, mlp_dim, heads)
@@ -117,6 +118,7 @@ def architecture_differences(expected: ModelConfig, got: ModelConfig) -> list[st
 
 
 def build_model(config: ModelConfig) -> nn.Module:
+    check_blocks(config)  # before a million blocks are built
     return VisionTransformer(config) if isinstance(config, ViTConfig) else BiT(config)
 
 

@@ -25,6 +25,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..eval_resize import FEWSHOT_RESIZE, resize_before_crop
+from .inputs import check_pixels
+from .limits import is_int
 
 # How closely timm's transforms reproduce each vitlab evaluation resize (the cfg's "vitlab_eval_resize_in_timm").
 TIMM_EXACTNESS = {
@@ -73,7 +75,10 @@ def feature_take_indices(num_features: int, indices: int | list[int] | tuple[int
     absolute indices and the largest; ValueError for indices out of range."""
     if indices is None:
         indices = num_features
-    if isinstance(indices, int):
+    if not (is_int(indices) or isinstance(indices, list | tuple | range) and all(is_int(i) for i in indices)):
+        raise TypeError(f"indices must be an integer (the last n) or a list of integers, got {indices!r}")
+    if is_int(indices):
+        indices = int(indices)
         if not 0 < indices <= num_features:
             raise ValueError(f"last-n indices={indices} is out of range: use 1 to {num_features}")
         take = list(range(num_features - indices, num_features))
@@ -239,13 +244,22 @@ class ViTTimmMixin(TimmCompatMixin):
 
     def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False,
                                   prune_head: bool = True) -> list[int]:
-        """timm's: drop the blocks after the last index taken (and the head, and the final norm if asked)."""
+        """timm's: drop the blocks after the last index taken (and the head, and the final norm if asked). The
+        config follows (depth, no head), so that `vitlab.save` writes a file `load` rebuilds; a pruned final norm
+        has no config field, and `save` refuses that model."""
         take, max_index = feature_take_indices(len(self.blocks), indices)
+        cfg, depth = self.config, len(self.blocks)
         self.blocks = self.blocks[: max_index + 1]
+        # the kept blocks' stochastic-depth rates, rate·i/(depth-1), are the new config's rate'·i/max_index
+        rate = cfg.drop_path_rate * max_index / (depth - 1) if depth > 1 else cfg.drop_path_rate
+        changes = {"depth": max_index + 1, "drop_path_rate": rate}
         if prune_norm:
             self.norm = nn.Identity()
         if prune_head:
             self.pre_logits, self.head = None, nn.Identity()
+            self.num_features = cfg.width
+            changes.update(num_classes=0, representation_size=None)
+        self.config = cfg.replace(**changes)
         return take
 
 
@@ -278,6 +292,7 @@ class BiTTimmMixin(TimmCompatMixin):
             raise ValueError(f"output_fmt={output_fmt!r}: a CNN's features are maps, use 'NCHW'")
         last = len(self.stages)
         take, max_index = feature_take_indices(last + 1, indices)
+        check_pixels(x, self.config.in_chans, self.stem.conv.weight)
         x = self.stem.conv(x)  # (N, 64·wf, H/2, W/2)
         inter = [x] if 0 in take else []
         x = F.max_pool2d(F.pad(x, (1, 1, 1, 1)), 3, 2)

@@ -13,6 +13,8 @@ from torch import nn
 
 from .config import ViTConfig
 from .droppath import DropPath, drop_path_rates
+from .inputs import check_pixels, check_tokens
+from .limits import MAX_CLASSES, is_int
 from .posembed import (
     relative_position_index,
     resample_1d,
@@ -214,6 +216,7 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
 
     def embed_patches(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """Pixels -> patch embeddings x_p·E (after the ResNet stem for hybrids): (N, gh*gw, D), (gh, gw)."""
+        check_pixels(x, self.config.in_chans, self.patch_embed.proj.weight)
         s = self.config.total_stride
         if (x.shape[-2] % s or x.shape[-1] % s) and self.config.dynamic_img_pad:
             x = F.pad(x, (0, -x.shape[-1] % s, 0, -x.shape[-2] % s))  # zeros right and bottom, as timm pads
@@ -257,6 +260,7 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
         """Pool (class token, or the mean of the patch tokens), the LayerNorm after pooling where the model has
         one (fc_norm), then the representation layer; the classifier unless pre_logits."""
         cfg = self.config
+        check_tokens(tokens, cfg.width)
         pooled = tokens[:, 0] if cfg.classifier == "token" else tokens[:, cfg.num_prefix_tokens:].mean(dim=1)
         if self.fc_norm is not None:
             pooled = self.fc_norm(pooled)
@@ -342,6 +346,9 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
 
 def zero_head(in_features: int, num_classes: int, like: torch.Tensor) -> nn.Module:
     """A zero-initialised classifier on the device and dtype of `like` (the paper's fine-tuning head)."""
+    if not is_int(num_classes) or not 0 <= num_classes <= MAX_CLASSES:
+        raise ValueError(f"num_classes must be an integer from 0 (no classifier) to {MAX_CLASSES:,}, "
+                         f"got {num_classes!r}")
     if not num_classes:
         return nn.Identity()
     head = nn.Linear(in_features, num_classes, device=like.device, dtype=like.dtype)

@@ -51,6 +51,18 @@ def architecture_words(config: ModelConfig) -> str:
             f"{config.num_heads} heads, MLP {config.mlp_dim})")  # fmt: skip
 
 
+_MARKDOWN_SPECIAL = "\\`*_{}[]()#+-.!|~"
+_HTML_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}
+
+
+def markdown_text(text: str) -> str:
+    """`text` (a class name from the user's data) as literal Markdown text: on one line, HTML's special
+    characters as entities and Markdown's backslash-escaped, so that a name like `<script>`, `[x](javascript:…)`
+    or `a | b` shows as written instead of becoming markup, a link or a table cell."""
+    flat = " ".join(text.split())  # newlines and tabs would end the paragraph or the table row
+    return "".join(_HTML_ENTITIES.get(c) or (f"\\{c}" if c in _MARKDOWN_SPECIAL else c) for c in flat)
+
+
 def _model_rows(model: nn.Module) -> list[tuple[str, str]]:
     config = model.config
     h, w = config.image_size
@@ -140,7 +152,8 @@ def model_card(model: nn.Module, fmt: str, dest: str | Path, source: str | Path 
            "## Model", "", "| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in _model_rows(model)], ""]  # fmt: skip
     names = getattr(model, "class_names", None)
     if names:
-        shown = ", ".join(names[:10]) + (f", … ({len(names)} in all)" if len(names) > 10 else "")
+        shown = ", ".join(markdown_text(n) for n in names[:10]) + (
+            f", … ({len(names)} in all)" if len(names) > 10 else "")
         out += [f"Classes in label order: {shown}.", ""]
     src = f"Converted from `{source}`." if source else "Saved from a model in memory (no source file recorded)."
     out += ["## Source", "", src, "", "## Pre-processing", "", *preprocessing_lines(config, eval_resize, fmt), "",

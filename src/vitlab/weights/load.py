@@ -23,6 +23,7 @@ from ..models.config import BiTConfig, ModelConfig, ViTConfig
 from ..models.posembed import resample_1d, resample_pos_embed, resample_relative_table
 from ..models.registry import architecture_differences, build_model, describe_architecture, model_config
 from ..models.timm_compat import eval_resize_of
+from .arguments import check_load_sizes, check_source
 from .bit_npz import is_bit_npz, read_bit_npz
 from .checkpoint import Checkpoint
 from .hf import read_hf
@@ -123,6 +124,8 @@ def load(
     its shapes alone do not determine it; `pretrained` a published tag for a model name ("augreg-i21k", True: the
     default). A published checkpoint gets `model.hub_entry` (its catalogue record) and, for ImageNet-1k
     classifiers, `model.class_names`; weights without names get the class indices as text."""
+    check_source(name_or_path)
+    check_load_sizes(image_size, num_classes)
     entry, path = locate_published(name_or_path, pretrained)
     ck = read_weights(path, arch)
     if entry is not None and entry.model and entry.repo is not None:  # files in vitlab's cache are checked on read
@@ -227,6 +230,7 @@ def preprocessing(model_or_weights: nn.Module | str | Path) -> tuple[ModelConfig
             raise ValueError(f"{type(model_or_weights).__name__} is not a vitlab model (it has no vitlab config); "
                              "pass a vitlab model or a weights path")  # fmt: skip
         return config, eval_resize_of(model_or_weights)
+    check_source(model_or_weights, "vitlab.transforms")
     entry, path = locate_published(model_or_weights)
     ck = read_weights(path)
     published = (published_info(entry, path) or {}).get("eval_resize")

@@ -1,0 +1,59 @@
+"""The checks a model's pixel input passes before its first layer, so that an ordinary mistake (a uint8 image, a
+missing batch dimension, channels last, a float64 array) is one line naming the fix instead of a convolution's
+message about bias types or group sizes.
+
+Only attributes are read (type, dim, one size, dtype): no pass over the values, nothing that breaks graph capture.
+Under torch.export / ONNX tracing the channel count is static, so the comparisons add no guards on dynamic sizes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_pixels(x: object, in_chans: int, weight: torch.Tensor | None = None) -> None:
+    """TypeError / ValueError for a `model(x)` input that is not a floating-point (N, in_chans, H, W) tensor of the
+    model's dtype (another dtype is fine under autocast, which casts it). `weight`: the first layer's weight."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"model input must be a torch.Tensor of shape (N, {in_chans}, H, W), got "
+                        f"{type(x).__name__}; convert images with vitlab.transforms(model) and stack them")
+    if x.dim() != 4:
+        shape = tuple(x.shape)
+        fix = "add the batch dimension with x[None]" if x.dim() == 3 else "pass a batch of shape (N, C, H, W)"
+        raise ValueError(f"model input must be 4-D (N, {in_chans}, H, W), got shape {shape}; {fix}")
+    if x.shape[1] != in_chans:
+        raise ValueError(f"model input must have {in_chans} channels in dimension 1, got shape {tuple(x.shape)}; "
+                         + _channel_fix(x, in_chans))
+    if not x.is_floating_point():
+        raise TypeError(f"model input must be floating point, got {x.dtype}; pre-process images with "
+                        "vitlab.transforms(model), or scale with x.float() / 255 and normalise with the model's "
+                        "config.mean and config.std")
+    if weight is not None and x.dtype != weight.dtype and not _autocast(x):
+        raise TypeError(f"model input is {x.dtype} but the model's weights are {weight.dtype}; convert the input "
+                        f"with x.to({weight.dtype}) (or the model with model.to({x.dtype}))")
+
+
+def _channel_fix(x: torch.Tensor, in_chans: int) -> str:
+    if x.shape[-1] == in_chans:
+        return "it looks channels-last (N, H, W, C): use x.permute(0, 3, 1, 2)"
+    if x.shape[1] == 1 and in_chans == 3:
+        return "a grey image: repeat it with x.expand(-1, 3, -1, -1)"
+    if x.shape[1] == 4 and in_chans == 3:
+        return "drop the alpha channel with x[:, :3]"
+    return f"convert the images to {in_chans} channels"
+
+
+def _autocast(x: torch.Tensor) -> bool:
+    device = x.device.type if x.device.type in ("cpu", "cuda", "xpu", "mps") else "cpu"
+    try:
+        return torch.is_autocast_enabled(device)
+    except TypeError:  # torch < 2.4 takes no argument and answers for CUDA
+        return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
+
+
+def check_tokens(tokens: object, width: int) -> None:
+    """ValueError for a `forward_head` input that is not (N, T, width) tokens (what forward_features returns)."""
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 3 or tokens.shape[-1] != width:
+        shape = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        raise ValueError(f"forward_head takes the tokens forward_features returns, (N, T, {width}), got {shape}; "
+                         "call model.forward_head(model.forward_features(x))")
