@@ -4,6 +4,7 @@ model trained here (a zero-initialised or random model has no margins to keep, s
 from __future__ import annotations
 
 import copy
+import functools
 import subprocess
 import sys
 
@@ -27,8 +28,9 @@ def _digits(split: str) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy((x - 0.5) / 0.5).permute(0, 3, 1, 2).contiguous(), torch.as_tensor(s.labels).long()
 
 
-@pytest.fixture(scope="module")
-def trained() -> tuple[VisionTransformer, torch.Tensor, torch.Tensor]:
+@functools.lru_cache(maxsize=1)
+def trained_digits_vit() -> tuple[VisionTransformer, torch.Tensor, torch.Tensor]:
+    """(model trained on the digits' training split, validation images, labels); shared with test_export."""
     torch.manual_seed(0)
     model = VisionTransformer(CFG)
     x, y = _digits("train")
@@ -42,6 +44,11 @@ def trained() -> tuple[VisionTransformer, torch.Tensor, torch.Tensor]:
         opt.step()
     xv, yv = _digits("val")
     return model.eval(), xv, yv
+
+
+@pytest.fixture(scope="module")
+def trained() -> tuple[VisionTransformer, torch.Tensor, torch.Tensor]:
+    return trained_digits_vit()
 
 
 def test_int8_keeps_the_trained_models_predictions(trained):

@@ -1,5 +1,7 @@
 """vitlab: Vision Transformers exact to the paper (Dosovitskiy et al., ICLR 2021)."""
 
+import os
+
 from .data.transforms import model_transform
 from .factory import create_model, list_models
 from .models import BiTConfig, ResNetConfig, ViTConfig
@@ -39,6 +41,18 @@ def save(model, path, *, force=False) -> None:
     save_weights(model, path, meta={"eval_resize": resize} if resize else None, force=force)
 
 
+def export_onnx(model_or_weights, path, *, precision="fp32", batch_size=2, opset=None, force=False):
+    """Write a model (or weights: path, run directory, published name) as ONNX with a dynamic batch dimension,
+    after checking ONNX Runtime's output against PyTorch's (vitlab.deploy; `pip install 'vitlab[onnx]'`).
+    precision: fp32 (auto) or int8. Returns the report (`.line()`, `.check.error`); a failed check raises
+    ValueError and writes nothing."""
+    from .deploy import export_onnx as export_model
+    from .deploy import export_weights
+
+    export = export_weights if isinstance(model_or_weights, str | os.PathLike) else export_model
+    return export(model_or_weights, path, precision=precision, batch_size=batch_size, opset=opset, force=force)
+
+
 def transforms(model_or_weights, train=False, seed=0, **train_options):
     """The pre-processing of a model (or of weights: path, run directory, published name) as a callable
     image -> float32 (3, H, W) tensor; the image is a PIL image, a uint8 (H, W, 3) array or a file path.
@@ -54,5 +68,5 @@ def transforms(model_or_weights, train=False, seed=0, **train_options):
     return model_transform(config.image_size, config.mean, config.std, eval_resize, train, seed, **train_options)
 
 
-__all__ = ["BiTConfig", "ResNetConfig", "ViTConfig", "create_model", "list_models", "load", "save", "transforms",
-           "__version__"]
+__all__ = ["BiTConfig", "ResNetConfig", "ViTConfig", "create_model", "export_onnx", "list_models", "load", "save",
+           "transforms", "__version__"]

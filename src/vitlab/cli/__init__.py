@@ -10,7 +10,7 @@ import sys
 
 # Each module defines `register(subparsers)`; its parsers set `func` to a callable taking the parsed args.
 VERB_MODULES = ["models", "bench", "weights", "train", "evaluate", "recipes", "fewshot", "analyze", "download",
-                "shards", "experiment"]
+                "shards", "experiment", "export"]
 
 
 class UserError(Exception):

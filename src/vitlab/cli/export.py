@@ -1,0 +1,45 @@
+"""`vitlab export`: weights as an ONNX file, checked against ONNX Runtime before it is written."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .types import int_range
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="write weights as ONNX (checked against ONNX Runtime)",
+                       description="Write weights as an ONNX file with a dynamic batch dimension: input 'pixels' "
+                                   "(N, 3, H, W) normalised as the weights expect, output 'logits'. ONNX Runtime "
+                                   "runs the file on sample images at two batch sizes before it is written; its "
+                                   "output must agree with PyTorch's float32 (fp32: 1e-5 relative, int8: 10%%), "
+                                   "otherwise nothing is written. Needs pip install 'vitlab[onnx]'.")
+    p.add_argument("weights", help="weights file or folder, run or checkpoint directory, or a published name")
+    p.add_argument("out", help="the .onnx file to write")
+    p.add_argument("--precision", choices=["auto", "fp32", "int8", "bf16"], default="auto",
+                   help="fp32 (auto: fp32, the runtime then picks its own precision) or int8: ONNX Runtime's "
+                        "dynamic quantization of the encoder's MatMul weights, head kept float32 (bf16 is refused: "
+                        "ONNX Runtime's CPU provider has no bf16 kernels to check it with)")
+    p.add_argument("--batch-size", type=int_range(1, 1024), default=2,
+                   help="batch of the traced sample; the check also runs batch + 1 (default 2)")
+    p.add_argument("--opset", type=int_range(9, 30), help="ONNX opset (default: torch's exporter's)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing file vitlab did not write (vitlab's own exports are replaced anyway)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=run_export)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from ..deploy import export_weights
+
+    report = export_weights(args.weights, args.out, precision=args.precision, batch_size=args.batch_size,
+                            opset=args.opset, force=args.force)
+    if args.json:
+        c = report.check
+        print(json.dumps({"path": str(report.path), "precision": report.precision, "bytes": report.bytes,
+                          "batch_sizes": list(c.batch_sizes), "relative_error": c.error, "bound": c.bound,
+                          "float32_rounding": c.float32_rounding, "note": report.note}))
+    else:
+        print(report.line())
+    return 0
