@@ -154,7 +154,7 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
     o.add_argument("--batch-size", type=batch_size, help="global batch size (all processes, all accumulation steps)")
     o.add_argument("--accum", type=batch_size, help="gradient accumulation steps")
     o.add_argument("--steps", type=positive_int, help="optimiser steps")
-    o.add_argument("--ema", type=fraction, help="Polyak/EMA decay for the evaluated weights, e.g. 0.9999")
+    _tuning_flags(p)
     r0 = p.add_argument_group("tracking")
     r0.add_argument("--tb", action="store_true",
                     help="write TensorBoard events into RUN/tensorboard (pip install 'vitlab[tb]'); off unless given")
@@ -181,6 +181,35 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
     r.add_argument("--save-every", type=non_negative_int, help="checkpoint every N steps (default: with evaluations)")
     r.add_argument("--keep-last", type=int_range(1, 1_000_000), help="step checkpoints to keep")
     r.add_argument("--log-every", type=positive_int, help="steps between training log lines and metrics.jsonl records")
+
+
+def _lora_targets(text: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
+def _tuning_flags(p: argparse.ArgumentParser) -> None:
+    """Fine-tuning tools: EMA weights, layer-wise lr decay, a frozen backbone, LoRA (README: Fine-tuning tools)."""
+    from ..train.tuning import FREEZE_CHOICES
+
+    f = p.add_argument_group("fine-tuning tools")
+    f.add_argument("--ema-decay", "--ema", dest="ema", type=fraction, metavar="D",
+                   help="EMA of the weights (timm ModelEmaV3): validation, best.safetensors and model.safetensors "
+                        "hold them, e.g. 0.9998")
+    f.add_argument("--ema-warmup", action="store_true", default=None,
+                   help="warm the EMA decay up as timm does: min(D, 1 - (1 + s)^(-2/3)) at update s + 1")
+    f.add_argument("--layer-decay", type=float_range(0.0, 1.0, low_open=True), metavar="F",
+                   help="layer-wise lr decay (BEiT/MAE/timm): the head at --lr, block i of L at lr * F^(L - i), the "
+                        "embeddings at lr * F^(L + 1); e.g. 0.75")
+    f.add_argument("--freeze", choices=FREEZE_CHOICES,
+                   help="backbone: train the classifier only (head, and pre_logits if any), a linear probe; the "
+                        "backbone runs without dropout")
+    f.add_argument("--lora", dest="lora_rank", type=positive_int, metavar="RANK",
+                   help="LoRA adapters of this rank on the blocks' Linear layers, via peft (pip install "
+                        "'vitlab[lora]'); the head trains too, the rest is frozen; saved weights are merged")
+    f.add_argument("--lora-alpha", type=float_range(0.0, 1e6, low_open=True), metavar="A",
+                   help="LoRA alpha: the adapters are scaled by A / RANK (default RANK: scale 1)")
+    f.add_argument("--lora-targets", type=_lora_targets, metavar="qkv,proj,...",
+                   help="the Linear layers of each block LoRA adapts: qkv, proj, fc1, fc2 (default qkv)")
 
 
 def training_overrides(args: argparse.Namespace) -> dict[str, Any]:

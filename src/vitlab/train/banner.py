@@ -40,7 +40,8 @@ def settings_lines(resolved: Resolved) -> list[str]:
 
 
 def banner_lines(resolved: Resolved, model: Any, data: Any, device: Any, world: int, workers: int,
-                 threads: int, start_step: int) -> list[str]:
+                 threads: int, start_step: int, training: list[str] | None = None) -> list[str]:
+    """`training`: the trainer's lines on what trains, layer decay and EMA (after the compute line)."""
     cfg = resolved.config
     config = model.config
     params = sum(p.numel() for p in model.parameters())
@@ -56,6 +57,7 @@ def banner_lines(resolved: Resolved, model: Any, data: Any, device: Any, world: 
         f"{'s' if threads != 1 else ''} and {workers} loader worker{'s' if workers != 1 else ''} per process",
         f"compute {cfg.precision} ({resolved.sources.get('precision', 'given')})",
         *([_wrap(line)] if (line := loss_line(cfg, data.num_classes)) else []),
+        *(_wrap(line) for line in training or ()),
     ]
     return lines + ["settings " + line if i == 0 else line for i, line in enumerate(settings_lines(resolved))]
 

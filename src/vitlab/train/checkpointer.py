@@ -23,7 +23,8 @@ from ..rundir import step_dir
 from .checkpoint import prune_checkpoints, save_weights, weights_meta, write_checkpoint
 from .config import TrainConfig
 from .distributed import Dist, all_gather_objects, barrier
-from .optim import Ema, replan_schedule
+from .ema import Ema
+from .optim import replan_schedule
 from .resumepoint import ResumePoint, find_resume_point
 from .runlog import log
 from .setup import rng_state, set_rng_state
@@ -38,7 +39,8 @@ class Checkpointer:
     schedule and EMA. `last` is the newest checkpoint written or resumed from."""
 
     def __init__(self, cfg: TrainConfig, d: Dist, objective: Any, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 scheduler: Any, ema: Ema | None, class_names: list[str], last: Path | None = None):
+                 scheduler: Any, ema: Ema | None, class_names: list[str], last: Path | None = None,
+                 tuning: Any = None):
         self.cfg, self.d, self.objective = cfg, d, objective
         self.run_dir = Path(cfg.out)
         self.model, self.optimizer, self.scheduler, self.ema = model, optimizer, scheduler, ema
@@ -46,6 +48,7 @@ class Checkpointer:
         # The class names the saved weights carry: none for an encoder without a head (self-supervision).
         self.class_names = self.data_class_names if model.config.num_classes else None
         self.last = last
+        self.tuning = tuning  # vitlab.train.tuning: LoRA's weights are saved merged, its adapters kept for resume
 
     def restore(self, state: dict[str, Any]) -> None:
         """Optimizer, schedule, EMA and this process's random streams as `state` saved them; a state without an
@@ -81,12 +84,15 @@ class Checkpointer:
 
     def save(self, step: int, training: dict[str, Any]) -> Path:
         """The checkpoint of `step`; `training`: the trainer's own state to resume (best, logged-loss window)."""
-        weights, extras = self.objective.split_state(get_model_state_dict(self.model, options=_FULL))
+        full = get_model_state_dict(self.model, options=_FULL)
+        weights, extras = self.objective.split_state(self._plain(full))
         optimizer = get_optimizer_state_dict(self.model, self.optimizer, options=_FULL)
         ema = None
         if self.ema is not None:
+            # Cloned: on CPU the state dict holds the live parameters, which leaving the block sets back to the
+            # trained weights (checkpoints held those as "ema", and a resumed EMA restarted from them).
             with self.ema.applied(self.model):
-                ema = get_model_state_dict(self.model, options=_FULL)
+                ema = {k: v.clone() for k, v in get_model_state_dict(self.model, options=_FULL).items()}
         rngs = all_gather_objects(rng_state())
         path = step_dir(self.run_dir, step)
         if self.d.is_main:
@@ -96,6 +102,7 @@ class Checkpointer:
                 "scheduler": self.scheduler.state_dict(), "ema": ema, "rng": rngs,
                 "class_names": self.data_class_names, "world_size": self.d.world,
                 "objective": extras,  # self-supervision: mask token and prediction head, not in the weights file
+                **self._tuning_state(full),  # LoRA's adapters and the W0 they add to
                 **training,
             }
             path = write_checkpoint(self.run_dir, step, weights, self.model.config, self.class_names, state,
@@ -108,11 +115,19 @@ class Checkpointer:
     def save_weights(self, path: Path, step: int | None = None) -> None:
         """The weights as currently loaded in the model (EMA inside `ema.applied`), gathered from shards; `step`
         recorded in their metadata (the final weights': a run whose checkpoints were deleted continues from them)."""
-        weights, _ = self.objective.split_state(get_model_state_dict(self.model, options=_FULL))
+        weights, _ = self.objective.split_state(self._plain(get_model_state_dict(self.model, options=_FULL)))
         if self.d.is_main:
             meta = {**weights_meta(self.cfg), **({"step": step} if step is not None else {})}
             save_weights(path, weights, self.model.config, self.class_names, meta)
         barrier()
+
+    def _tuning_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        saved = self.tuning.resume_state(state) if self.tuning is not None else None
+        return {"tuning": saved} if saved is not None else {}
+
+    def _plain(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The model's state as plain vitlab weights (LoRA's adapters merged by peft)."""
+        return self.tuning.weights(state) if self.tuning is not None else state
 
 
 def _place_schedule(scheduler: Any, step: int) -> None:

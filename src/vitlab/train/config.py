@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from ..data.transforms import EVAL_RESIZES, TRAIN_CROPS, TRAIN_RESIZES
 from ..precision import check_precision
+from .tuning import tuning_problems
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,13 @@ class TrainConfig:
     accum: int = 1  # gradient accumulation steps per optimiser step
     steps: int = 1000
     ema: float | None = None  # Polyak/EMA decay of the weights used for evaluation, e.g. 0.9999
+    ema_warmup: bool = False  # timm ModelEmaV3's decay warm-up: min(ema, 1 - (1 + s)^(-2/3)) (vitlab.train.ema)
+    # fine-tuning tools (vitlab.train.layer_decay, vitlab.train.tuning, vitlab.train.lora)
+    layer_decay: float | None = None  # layer-wise lr decay: block i trains at lr * d^(depth - i); None: off
+    freeze: str | None = None  # "backbone": only the head trains (a linear probe)
+    lora_rank: int = 0  # LoRA adapters of this rank via peft, the base weights frozen; 0: off
+    lora_alpha: float | None = None  # LoRA's alpha (scale alpha / rank); None: the rank (scale 1)
+    lora_targets: tuple[str, ...] = ("qkv",)  # the blocks' Linear layers LoRA adapts: qkv, proj, fc1, fc2
     mixup: float = 0.0  # MixUp α: λ ~ Beta(α, α) per step (BiT-HyperRule: 0.1 above 20k images); 0: off
     cutmix: float = 0.0  # CutMix α (DeiT: 1.0); with MixUp too, each step is one of the two with p = 1/2; 0: off
     randaug_ops: int = 0  # RandAugment: operations per image (AugReg, DeiT: 2); 0: off
@@ -108,7 +116,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 
 
 def _flag(name: str) -> str:
-    return "--" + {"weight_decay": "wd", "grad_clip": "clip"}.get(name, name).replace("_", "-")
+    return "--" + {"weight_decay": "wd", "grad_clip": "clip", "lora_rank": "lora"}.get(
+        name, name).replace("_", "-")
 
 
 def _range_problems(cfg: TrainConfig) -> list[str]:
@@ -154,6 +163,11 @@ def _range_problems(cfg: TrainConfig) -> list[str]:
                                                                                and 0 <= cfg.drop_path_rate < 1),
          "in [0, 1)"),
         ("ema", cfg.ema, cfg.ema is None or (finite(cfg.ema) and 0 < cfg.ema < 1), "in (0, 1)"),
+        ("layer_decay", cfg.layer_decay, cfg.layer_decay is None or (finite(cfg.layer_decay)
+                                                                       and 0 < cfg.layer_decay <= 1), "in (0, 1]"),
+        ("lora_rank", cfg.lora_rank, isinstance(cfg.lora_rank, int) and cfg.lora_rank >= 0, "an integer >= 0"),
+        ("lora_alpha", cfg.lora_alpha, cfg.lora_alpha is None or (finite(cfg.lora_alpha) and cfg.lora_alpha > 0),
+         "a positive number"),
         ("val_fraction", cfg.val_fraction, cfg.val_fraction is None or (finite(cfg.val_fraction)
                                                                          and 0 < cfg.val_fraction < 1), "in (0, 1)"),
         ("dev_fraction", cfg.dev_fraction, cfg.dev_fraction is None or (finite(cfg.dev_fraction)
@@ -208,7 +222,7 @@ def _choice_problems(cfg: TrainConfig) -> list[str]:
         (_valid_device(cfg.device), f"unknown --device {cfg.device!r}; use auto, cpu, cuda or cuda:N"),
         (cfg.precision in ("auto", "fp32", "bf16"), _precision_problem(cfg.precision)),
     ]
-    return [message for ok, message in checks if not ok]
+    return [message for ok, message in checks if not ok] + tuning_problems(cfg)
 
 
 def _precision_problem(precision: str) -> str:

@@ -27,14 +27,17 @@ from .banner import ConsoleLog, banner_lines
 from .checkpointer import Checkpointer, find_resume_point
 from .config import TrainConfig
 from .distributed import Dist, barrier, grad_sync, peers_in_one_line, setup, teardown, wrap_model
+from .ema import Ema
+from .layer_decay import describe as describe_layer_decay
 from .mixup import draw_mixup
 from .objective import objective_for
-from .optim import Ema, build_optimizer, build_scheduler
+from .optim import build_optimizer, build_scheduler
 from .preemption import StopDuringEvaluation, StopSignals
 from .resolve import Resolved
 from .runlock import prepare_run_dir
 from .runlog import RunLog, StepWindow, log, plot_curves, to_float
 from .setup import build_model, check_classes, make_loaders, write_run_config
+from .tuning import Tuning
 
 # A write into the run directory failed for a reason the user can fix: full disk or quota, file too large,
 # read-only file system or permissions.
@@ -117,6 +120,9 @@ class Trainer:
             self.model = self.objective.wrap(model)
         else:
             self.model = resume.model
+        self.tuning = Tuning(self.model, cfg)  # --freeze / --lora: what trains, set before the optimizer sees it
+        if resume is not None:
+            self.tuning.restore(self.model, resume.state, resume.path)
         self.model_config = self.model.config  # of the saved ViT (the encoder, for self-supervision)
         resolved = self._decide_precision(resolved)
         cfg = self.cfg
@@ -124,9 +130,9 @@ class Trainer:
         self.train_module = wrap_model(self.model, d, cfg.compile, cfg.fsdp)
         self.optimizer = build_optimizer(self.model, cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg)
-        self.ema = Ema(self.model, cfg.ema) if cfg.ema else None
+        self.ema = Ema(self.model, cfg.ema, cfg.ema_warmup) if cfg.ema else None
         self.checkpoints = Checkpointer(cfg, d, self.objective, self.model, self.optimizer, self.scheduler, self.ema,
-                                        self.data.class_names, resume.path if resume else None)
+                                        self.data.class_names, resume.path if resume else None, self.tuning)
         if resume is not None:
             self.checkpoints.restore(resume.state)
             self.step, self.best = int(resume.state["step"]), resume.state.get("best")
@@ -139,7 +145,7 @@ class Trainer:
         self.stops = StopSignals(d)
         if d.is_main:
             lines = banner_lines(resolved, self.saved_model(), self.data, d.device, d.world, self.workers,
-                                 torch.get_num_threads(), self.step)
+                                 torch.get_num_threads(), self.step, self._tuning_lines())
             for line in lines:
                 log.info(line)
             write_run_config(self.run_dir / "config.json", cfg, resolved.record(), self.saved_model(),
@@ -147,6 +153,13 @@ class Trainer:
         self.log = RunLog(self.run_dir, cfg.steps, self.step, d.is_main)
         if resolved.resumed_changes:
             self.log.record({"step": self.step, "split": "resume", "changed": resolved.resumed_changes})
+
+    def _tuning_lines(self) -> list[str]:
+        """The banner's lines on what trains, at which learning rates, and the EMA."""
+        lines = [self.tuning.describe()]
+        if self.cfg.layer_decay is not None:
+            lines.append(describe_layer_decay(self.model, self.cfg.layer_decay))
+        return lines + ([self.ema.describe()] if self.ema is not None else [])
 
     def _decide_precision(self, resolved: Resolved) -> Resolved:
         """A TrainConfig given directly with precision auto (the command line's is decided by resolve): decided
@@ -222,7 +235,7 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:
-            self.ema.update(self.model)
+            self.ema.update(self.model, self.step + 1)  # this is update step + 1 (warm-up counts updates)
         seconds = time.perf_counter() - t0
         return {"loss": loss_value, "lr": lr, "grad_norm": to_float(grad_norm), "images": images * d.world,
                 "seconds": seconds, "wait": wait, "load": load, "local_images": images}

@@ -1,16 +1,17 @@
-"""Optimisers, the learning-rate schedule, the losses and Polyak/EMA weights (paper Appendix B.1, Tables 3-4)."""
+"""Optimisers, the learning-rate schedule and the losses (paper Appendix B.1, Tables 3-4); EMA weights are
+vitlab.train.ema's (re-exported here)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 from torch import nn
 
 from ..eval.classify import per_image_loss
 from .config import TrainConfig
+from .ema import Ema  # noqa: F401  (re-exported: it lived here)
+from .layer_decay import layer_decay_groups
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -25,6 +26,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """`adam`: Adam with decoupled weight decay (AdamW: p -= lr·wd·p, like optax's adamw); `sgd`: momentum."""
     groups = param_groups(model, cfg.weight_decay)
+    if cfg.layer_decay is not None:  # per-block learning rates (vitlab.train.layer_decay)
+        groups = layer_decay_groups(model, groups, cfg.lr, cfg.layer_decay)
     if cfg.optimizer == "adam":
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8, foreach=True)
     return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, foreach=True)
@@ -88,37 +91,3 @@ def replan_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, steps: int) ->
 def classification_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str, smoothing: float) -> torch.Tensor:
     """The training loss: the validation's `per_image_loss` averaged over the batch (float32 under autocast)."""
     return per_image_loss(logits, labels, kind, smoothing).mean()
-
-
-class Ema:
-    """Polyak/EMA weights: ema = decay·ema + (1 - decay)·w after every optimiser step. Kept as tensors
-    parallel to `model.parameters()` (local shards under FSDP), swapped in for evaluation."""
-
-    def __init__(self, model: nn.Module, decay: float):
-        self.decay = decay
-        self.params = [p.detach().clone() for p in model.parameters()]
-
-    @torch.no_grad()
-    def update(self, model: nn.Module) -> None:
-        torch._foreach_lerp_(self.params, [p.detach() for p in model.parameters()], 1.0 - self.decay)
-
-    @torch.no_grad()
-    def capture(self, model: nn.Module) -> None:
-        """Set the EMA to the model's current weights (used when restoring a checkpoint)."""
-        for e, p in zip(self.params, model.parameters(), strict=True):
-            e.copy_(p.detach())
-
-    @contextmanager
-    def applied(self, model: nn.Module) -> Iterator[None]:
-        """The model holds the EMA weights inside the block and its own weights again after it."""
-        params = list(model.parameters())
-        backup = [p.detach().clone() for p in params]
-        with torch.no_grad():
-            for p, e in zip(params, self.params, strict=True):
-                p.copy_(e)
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for p, b in zip(params, backup, strict=True):
-                    p.copy_(b)

@@ -36,6 +36,7 @@ from .data_rules import follow_data
 from .model_settings import check_against_init, check_model_args
 from .presets import BIT_DATA_FIELDS, FINETUNE_PRESETS, finetune_dropout, hyperrule_from_data
 from .recipes import MODEL_ROWS, RECIPES
+from .tuning import frozen_backbone_settings
 
 # Settings a resumed run may change: they decide how long the run goes on and what it reports, not what it
 # computes. Everything else must equal the stored run.
@@ -121,6 +122,8 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
     data = _data_rules(layers, name, auto, data)
     data = follow_data(layers, name, data)  # a recipe written for other data: steps, size from it
     _warmup_rule(layers, name)
+    for key, (value, source) in frozen_backbone_settings(layers.values, layers.sources).items():
+        layers.apply({key: value}, source)
     _precision_rule(layers, checkpoint)
     if checkpoint is not None:
         _note_resolution_change(layers, checkpoint)
