@@ -53,6 +53,19 @@ def export_onnx(model_or_weights, path, *, precision="fp32", batch_size=2, opset
     return export(model_or_weights, path, precision=precision, batch_size=batch_size, opset=opset, force=force)
 
 
+def fit(recipe=None, **settings):
+    """Train, or fine-tune with `init=WEIGHTS`, as `vitlab train` / `vitlab finetune` do, showing the same progress;
+    returns the result with the trained model (vitlab.train.fit): `settings` are the command line's flags as
+    keywords (`data`, `init`, `out`, `epochs` or `steps`, `lr`, …).
+
+        result = vitlab.fit("finetune", init="vit.npz", data="photos/", epochs=10, out="runs/photos")
+        result.metrics["top1"], result.out_dir, result.model
+    """
+    from .train.fit import fit as fit_run
+
+    return fit_run(recipe, **settings)
+
+
 def transforms(model_or_weights, train=False, seed=0, **train_options):
     """The pre-processing of a model (or of weights: path, run directory, published name) as a callable
     image -> float32 (3, H, W) tensor; the image is a PIL image, a uint8 (H, W, 3) array or a file path.
@@ -69,4 +82,4 @@ def transforms(model_or_weights, train=False, seed=0, **train_options):
 
 
 __all__ = ["BiTConfig", "ResNetConfig", "ViTConfig", "create_model", "export_onnx", "list_models", "load", "save",
-           "transforms", "__version__"]
+           "fit", "transforms", "__version__"]

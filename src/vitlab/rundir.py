@@ -62,6 +62,8 @@ def run_dir_of(weights: str | Path) -> Path | None:
     (run/checkpoints/step_N), or a file in either (run/best.safetensors, run/checkpoints/step_N/model.safetensors);
     None for anything else."""
     path = Path(weights)
+    if is_sweep_dir(path):  # a sweep: the run it chose
+        path = sweep_choice(path)[0] or path
     if path.is_file():
         path = path.parent
     if path.parent.name == CHECKPOINTS and is_checkpoint_dir(path):
@@ -151,3 +153,43 @@ def latest_valid_checkpoint(run_dir: Path) -> Path | None:
             return path
         log.warning("checkpoint %s is damaged (%s); falling back to the previous one", path, problem)
     return None
+
+
+# A learning-rate sweep's folder (`vitlab finetune --lr-sweep … --out DIR`, train/sweep.py): one run per learning
+# rate in lr_<lr>/, with --refit the chosen one again on all of train in final/, and sweep.json (its table and
+# choice) written when the sweep ends. Weights readers resolve the folder to the run it chose.
+SWEEP_RECORD = "sweep.json"
+REFIT_RUN = "final"
+
+
+def sweep_run_name(lr: float) -> str:
+    """The folder of one learning rate's run in a sweep."""
+    return f"lr_{lr:g}"
+
+
+def is_sweep_dir(path: Path) -> bool:
+    """A sweep's folder (not itself a run): sweep.json, or a run in an lr_*/ folder."""
+    path = Path(path)
+    return path.is_dir() and not is_run_dir(path) and (
+        (path / SWEEP_RECORD).is_file() or any(is_run_dir(p) for p in path.glob("lr_*")))
+
+
+def sweep_choice(path: Path) -> tuple[Path | None, str]:
+    """(the run a finished sweep chose: its refit in final/ if it made one, else the chosen learning rate's
+    run; "") or (None, why not, naming the runs there are)."""
+    path = Path(path)
+    runs = sorted(p.name for p in path.glob("lr_*") if is_run_dir(p))
+    listed = ", ".join(str(path / name) for name in runs) or "none yet"
+    try:
+        record = json.loads((path / SWEEP_RECORD).read_text())
+        chosen = float(record["chosen_lr"])
+    except FileNotFoundError:
+        return None, f"a learning-rate sweep that has not finished (no {SWEEP_RECORD}); pass one of its runs: {listed}"
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return None, f"{SWEEP_RECORD} is damaged (no chosen_lr); pass one of its runs: {listed}"
+    if record.get("refit_test_top1") is not None and is_run_dir(path / REFIT_RUN):
+        return path / REFIT_RUN, ""
+    run = path / sweep_run_name(chosen)
+    if not is_run_dir(run):
+        return None, f"the chosen run {run} is missing; pass one of its runs: {listed}"
+    return run, ""

@@ -7,6 +7,7 @@ only the flags a user types change anything.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -42,9 +43,9 @@ EVAL_RESIZE_HELP = ("evaluation pre-processing: official (whole image to the inp
                     "resize-short-crop (short side to the input size, central crop)")
 
 # flag dest -> TrainConfig field, where the names differ
-_RENAMED = {"wd": "weight_decay", "clip": "grad_clip"}
+_RENAMED = {"wd": "weight_decay", "clip": "grad_clip", "tb": "tensorboard", "wandb": "wandb_project"}
 _MODEL_ARGS = {"depth": "depth", "width": "width", "heads": "num_heads", "mlp_dim": "mlp_dim"}
-_NOT_CONFIG = {"func", "verb", "verbosity", "wandb", "tb", "recipe", "flip", "no_flip", "config", "print_config",
+_NOT_CONFIG = {"func", "verb", "verbosity", "recipe", "flip", "no_flip", "config", "print_config",
                *_MODEL_ARGS}
 
 
@@ -76,8 +77,10 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
            "sources)")
     a("--config", metavar="FILE",
       help="replay a run: its config.json (or a JSON/YAML file of settings); flags still override it")
-    a("--print-config", action="store_true",
-      help="print every resolved setting with where its value came from (recipe, weights, preset, flag), then exit")
+    a("--print-config", nargs="?", const="text", choices=["text", "json"],
+      help="check the settings and data as the run would, print every resolved setting with where its value came "
+           "from (recipe, weights, preset, flag) and the schedule in steps and epochs, then exit; `json`: the "
+           "config.json the run would write")
     g = p.add_argument_group("data")
     g.add_argument("--data", help=DATA_SOURCES)
     g.add_argument("--val-fraction", type=fraction, help="hold out this fraction of train for validation")
@@ -154,13 +157,17 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
     o.add_argument("--batch-size", type=batch_size, help="global batch size (all processes, all accumulation steps)")
     o.add_argument("--accum", type=batch_size, help="gradient accumulation steps")
     o.add_argument("--steps", type=positive_int, help="optimiser steps")
+    o.add_argument("--epochs", type=float_range(0.0, 1e6, low_open=True), metavar="N",
+                   help="the run's length in passes over the training set: steps = N × training images / batch "
+                        "(rounded up); the recipe's warm-up keeps its share; instead of --steps")
     _tuning_flags(p)
     r0 = p.add_argument_group("tracking")
-    r0.add_argument("--tb", action="store_true",
-                    help="write TensorBoard events into RUN/tensorboard (pip install 'vitlab[tb]'); off unless given")
+    r0.add_argument("--tb", action="store_true", default=None,
+                    help="write TensorBoard events into RUN/tensorboard (pip install 'vitlab[tb]'); off unless given; "
+                         "recorded in config.json, so --resume goes on writing them")
     r0.add_argument("--wandb", nargs="?", const="vitlab", metavar="PROJECT",
                     help="also log to Weights & Biases (offline unless WANDB_MODE says otherwise; "
-                         "pip install 'vitlab[wandb]')")
+                         "pip install 'vitlab[wandb]'); recorded in config.json, --resume continues the W&B run")
     r = p.add_argument_group("run")
     r.add_argument("--out", help="run directory (default runs/<recipe>-<time>)")
     r.add_argument("--resume", nargs="?", const=True, default=None, type=_resume_mode, metavar="auto",
@@ -254,16 +261,17 @@ def _train(args: argparse.Namespace) -> int:
 
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
-    resolved = build_config(args)
-    from ..train.runlog import enable_tensorboard, enable_wandb
+    from ..train.preview import planned_lines, planned_record, prepare
 
-    enable_tensorboard(bool(getattr(args, "tb", False)))  # every call: an earlier --tb in this process must not stay on
-    if args.wandb:
-        enable_wandb(args.wandb)
+    resolved = prepare(build_config(args))  # the run's checks on the settings and data, before anything starts
+    if args.print_config == "json":
+        if resolved.config.lr_sweep:
+            raise UserError("--print-config json prints the config.json of one run; a sweep writes one per learning "
+                            "rate (lr_*/config.json): use --print-config")
+        print(json.dumps(planned_record(resolved), indent=1))  # what config.json will hold
+        return 0
     if args.print_config:
-        from ..train.banner import settings_lines
-
-        print("\n".join(settings_lines(resolved)))
+        print("\n".join(planned_lines(resolved)))
         return 0
     if resolved.config.lr_sweep:
         return _sweep(resolved, rank)
@@ -278,26 +286,12 @@ def _train(args: argparse.Namespace) -> int:
         return 1
     if rank != 0:
         return 0
-    from ..train.banner import append_to_console_log
+    from ..train.banner import append_to_console_log, result_line
 
-    line = _result_line(result, args.verb)
+    line = result_line(result, args.verb)
     print(line)
     append_to_console_log(result.out_dir, line)
     return 0
-
-
-def _result_line(result: Any, verb: str) -> str:
-    """The final line: what this invocation did (trained, or re-evaluated a run that had already finished)."""
-    if result.status == "preempted":
-        return f"preempted at step {result.step}; continue with: vitlab {verb} --out {result.out_dir} --resume"
-    m = result.metrics
-    scores = (f"val top-1 {100 * m.get('top1', 0):.2f}%, top-5 {100 * m.get('top5', 0):.2f}%, loss "
-              f"{m.get('loss', 0):.4f} ({m.get('count', 0)} images)")
-    if not result.images_per_s:  # no step ran: the run had finished before this invocation
-        return (f"done: {result.out_dir} had already finished its {result.step:,} steps; nothing trained, its final "
-                f"weights evaluated again in {result.seconds:.0f} s: {scores}; weights {result.weights}")
-    return (f"done: step {result.step}, {scores} in {result.seconds:.0f} s; {result.images_per_s:.0f} img/s model, "
-            f"{result.data_images_per_s:.0f} img/s data; weights {result.weights}")
 
 
 def _lr_list(text: str) -> tuple[float, ...]:

@@ -7,6 +7,7 @@ from .recipes import RECIPES
 from .resolve import Resolved, resolve, resolve_config
 
 _LOOP_NAMES = ("RunResult", "TrainingDiverged", "run")
+_FIT_NAMES = ("FitResult", "fit")  # training from Python (fit.py), over the loop
 
 
 def __getattr__(name: str) -> Any:
@@ -16,10 +17,14 @@ def __getattr__(name: str) -> Any:
         from . import loop
 
         return getattr(loop, name)
+    if name in _FIT_NAMES:
+        from . import fit as fit_module
+
+        return getattr(fit_module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
-    "RECIPES", "Resolved", "RunResult", "TrainConfig", "TrainingDiverged", "config_from_json", "resolve",
-    "resolve_config", "run",
+    "RECIPES", "FitResult", "Resolved", "RunResult", "TrainConfig", "TrainingDiverged", "config_from_json", "fit",
+    "resolve", "resolve_config", "run",
 ]

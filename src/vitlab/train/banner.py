@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..flops import count_macs
+from .epochs import proportion_warning, schedule_line
 from .resolve import Resolved
 from .runlog import FILE_ONLY
 
@@ -53,6 +54,7 @@ def banner_lines(resolved: Resolved, model: Any, data: Any, device: Any, world: 
         f"{cfg.image_size}×{cfg.image_size} image, mean {_fmt(config.mean)} std {_fmt(config.std)}",
         f"data    {data.source}: {data.num_classes} classes, {len(data.train):,} train / {len(data.val):,} val "
         f"images at {cfg.image_size} px; train {_train_preprocessing(cfg)}; eval resize {cfg.eval_resize}",
+        *schedule_lines(resolved, len(data.train)),
         f"devices {device.type} × {world} process{'es' if world > 1 else ''}, {threads} compute thread"
         f"{'s' if threads != 1 else ''} and {workers} loader worker{'s' if workers != 1 else ''} per process",
         f"compute {cfg.precision} ({resolved.sources.get('precision', 'given')})",
@@ -60,6 +62,14 @@ def banner_lines(resolved: Resolved, model: Any, data: Any, device: Any, world: 
         *(_wrap(line) for line in training or ()),
     ]
     return lines + ["settings " + line if i == 0 else line for i, line in enumerate(settings_lines(resolved))]
+
+
+def schedule_lines(resolved: Resolved, train_images: int) -> list[str]:
+    """The run's length in steps and epochs of this training set, and a warning when a recipe's schedule is far
+    out of proportion to it (vitlab.train.epochs); the banner and --print-config show them."""
+    cfg, source = resolved.config, resolved.sources.get("steps", "given")
+    warning = proportion_warning(cfg, source, train_images)
+    return [_wrap(schedule_line(cfg, source, train_images))] + ([_wrap(f"warning: {warning}")] if warning else [])
 
 
 def loss_line(cfg: Any, num_classes: int) -> str | None:
@@ -150,6 +160,22 @@ class ConsoleLog:
             FILE_ONLY.removeHandler(self.handler)
             self.handler.close()
             self.handler = None
+
+
+def result_line(result: Any, verb: str) -> str:
+    """The final line of `vitlab train` and `vitlab.train.fit`: what this call did (trained, or evaluated again
+    a run that had already finished)."""
+    if result.status == "preempted":
+        return f"preempted at step {result.step}; continue with: vitlab {verb} --out {result.out_dir} --resume"
+    m = result.metrics
+    scores = (f"val top-1 {100 * m.get('top1', 0):.2f}%, top-5 {100 * m.get('top5', 0):.2f}%, loss "
+              f"{m.get('loss', 0):.4f} ({m.get('count', 0)} images)")
+    if not result.images_per_s:  # no step ran: the run had finished before this invocation
+        return (f"done: {result.out_dir} had already finished its {result.step:,} steps; nothing trained, its final "
+                f"weights evaluated again in {result.seconds:.0f} s: {scores}; weights {result.weights}")
+    return (f"done: step {result.step}, {scores} in {result.seconds:.0f} s; {result.images_per_s:.0f} img/s model, "
+            f"{result.data_images_per_s:.0f} img/s data; weights {result.weights}")
+
 
 
 def append_to_console_log(run_dir: Path, text: str) -> None:

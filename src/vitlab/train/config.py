@@ -99,6 +99,8 @@ class TrainConfig:
     save_every: int = 0  # 0: with every evaluation
     keep_last: int = 2  # step checkpoints kept (best and final are extra)
     log_every: int = 10
+    tensorboard: bool = False  # TensorBoard events in <out>/tensorboard (--tb); a resumed run keeps logging
+    wandb_project: str | None = None  # a Weights & Biases run in this project (--wandb); None: off
 
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)

@@ -64,8 +64,10 @@ def scratch_defaults(num_images: int, image_hw: tuple[int, int], image_size: int
     if size >= 96:
         values.update(OFFICIAL_CROP)
         crop = "the official inception crop and flip"
+    schedule = (f"batch {batch}, steps as given" if steps_given  # by --steps, or --epochs after this rule
+                else f"{steps:,} steps of {batch} (the demo's ~{DEMO_EPOCHS:.0f} epochs)")
     note = (f"{size} px ({why}), the demo's 4×128 ViT on {patch}×{patch} patches, {crop}; {num_images:,} images → "
-            f"{steps:,} steps{' (given)' if steps_given else ''} of {batch} (the demo's ~{DEMO_EPOCHS:.0f} epochs)")
+            f"{schedule}")
     return values, note
 
 

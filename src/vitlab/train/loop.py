@@ -150,7 +150,8 @@ class Trainer:
                 log.info(line)
             write_run_config(self.run_dir / "config.json", cfg, resolved.record(), self.saved_model(),
                              self.data, d)
-        self.log = RunLog(self.run_dir, cfg.steps, self.step, d.is_main)
+        self.log = RunLog(self.run_dir, cfg.steps, self.step, d.is_main, tensorboard=cfg.tensorboard,
+                          wandb_project=cfg.wandb_project)
         if resolved.resumed_changes:
             self.log.record({"step": self.step, "split": "resume", "changed": resolved.resumed_changes})
 
@@ -252,6 +253,7 @@ class Trainer:
         cfg, step = self.cfg, self.step
         show = step % cfg.log_every == 0 or step == cfg.steps
         stats = window.summary(self.workers, self.d.world)
+        self.log.estimate(step, window.last, self.workers, cfg.log_every)  # once, before the first step line
         self.log.train(step, stats, show)
         if show:
             self.log.record({"step": step, "split": "train", **stats})

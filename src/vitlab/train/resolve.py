@@ -33,6 +33,7 @@ from ..weights.locate import locate
 from .config import TrainConfig, config_from_json, validate
 from .configfile import check_model_args_type, check_record, check_types, parse_settings
 from .data_rules import follow_data
+from .epochs import apply_epochs, check_epochs, mark_given, steps_on_resume
 from .model_settings import check_against_init, check_model_args
 from .presets import BIT_DATA_FIELDS, FINETUNE_PRESETS, finetune_dropout, hyperrule_from_data
 from .recipes import MODEL_ROWS, RECIPES
@@ -41,7 +42,8 @@ from .tuning import frozen_backbone_settings
 # Settings a resumed run may change: they decide how long the run goes on and what it reports, not what it
 # computes. Everything else must equal the stored run.
 SAFE_ON_RESUME = frozenset({"steps", "workers", "log_every", "eval_every", "save_every", "keep_last",
-                            "eval_batch_size", "fewshot_every", "device", "compile", "strict", "resume", "out"})
+                            "eval_batch_size", "fewshot_every", "device", "compile", "strict", "resume", "out",
+                            "tensorboard", "wandb_project"})
 # Pre-processing a vitlab run records, which fine-tuning from its weights keeps (the data is usually alike).
 PREPROCESSING = ("train_crop", "crop_scale", "crop_ratio", "flip", "eval_resize")
 # Keys of a run's config.json besides the TrainConfig fields (accepted, and ignored, by --config).
@@ -89,9 +91,12 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
     """Resolve a run's settings; `flags` are the TrainConfig fields given explicitly (None = not given).
     `data`: the Datasets, if already built (otherwise built here when a rule needs them)."""
     flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    epochs = check_epochs(flags)  # --epochs N: the steps once the data and batch are known (train/epochs.py)
     _check_known(flags, "training settings")
     if flags.get("resume"):
         if flags.get("out") and (Path(flags["out"]) / "config.json").exists():
+            if epochs is not None:
+                flags["steps"] = steps_on_resume(Path(flags["out"]), epochs)
             return _resume(Path(flags["out"]), flags, recipe)
         if flags["resume"] != "auto" and not _holds_sweep(flags.get("out")):  # a typo in --out starts nothing
             raise ValueError(f"--resume: {flags.get('out')} holds no run to continue (no config.json); check --out, "
@@ -115,12 +120,14 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
     if file_values:
         _file_layer(layers, file_values, f"config {config_file}")
     _flag_layer(layers, flags)
+    mark_given(layers, epochs)
     _check_model(layers, checkpoint)
     if "out" not in layers.values or layers.sources["out"] == "default":
         layers.apply({"out": f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S')}"}, "default (recipe and time)")
     _model_rules(layers, name, auto, checkpoint)
-    data = _data_rules(layers, name, auto, data)
     data = follow_data(layers, name, data)  # a recipe written for other data: steps, size from it
+    data = apply_epochs(layers, epochs, data)  # after the batch is decided, before BiT-HyperRule's warm-up
+    data = _data_rules(layers, name, auto, data)
     _warmup_rule(layers, name)
     for key, (value, source) in frozen_backbone_settings(layers.values, layers.sources).items():
         layers.apply({key: value}, source)
@@ -309,7 +316,7 @@ def _warmup_rule(layers: _Layers, recipe: str) -> None:
     if s["warmup"] == "flag" and warmup >= steps > 1:
         raise ValueError(f"--warmup {warmup} is not below --steps {steps}: the learning rate would still be "
                          f"rising when the run ends; lower --warmup (e.g. {steps // 10})")
-    chosen_steps = s["steps"] == "flag" or s["steps"].startswith(("preset ", "config "))
+    chosen_steps = s["steps"].startswith(("flag", "preset ", "config "))  # "flag --epochs 30 (…)" too
     if s["warmup"] in (s["steps"], "flag") or not warmup or not chosen_steps:
         return
     reference = _steps_of(layers, s["warmup"], recipe)

@@ -17,6 +17,7 @@ from typing import Any
 from ..outputs import atomic_write
 from ..progress import bars_enabled
 from ..rundir import METRICS
+from .eta import estimate_line, estimate_step
 
 log = logging.getLogger("vitlab.train")
 
@@ -32,21 +33,30 @@ def enable_tensorboard(enabled: bool = True) -> None:
     """Write TensorBoard events for every later run of this process (`vitlab train --tb`) into RUN/tensorboard.
     Never on merely because the package is installed. Needs tensorboard (`pip install vitlab[tb]`)."""
     if enabled:
+        check_trackers(tensorboard=True)
+    _TENSORBOARD["enabled"] = enabled
+
+
+def check_trackers(tensorboard: bool = False, wandb_project: str | None = None) -> None:
+    """One line when a tracker the run asks for (its config: `--tb`, `--wandb`, or a resumed run's) is not
+    installed, before anything runs."""
+    if tensorboard:
         try:
             from torch.utils.tensorboard import SummaryWriter  # noqa: F401
         except ImportError:
             raise ValueError("--tb needs the tensorboard package: pip install 'vitlab[tb]'") from None
-    _TENSORBOARD["enabled"] = enabled
+    if wandb_project:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise ValueError("--wandb needs the wandb package: pip install 'vitlab[wandb]'") from None
 
 
 def enable_wandb(project: str | None = None) -> None:
     """Log every later run of this process to Weights & Biases as well (`vitlab train --wandb`). Offline unless
     WANDB_MODE says otherwise: nothing is sent, nothing asks for a login; `wandb sync RUN/wandb/offline-run-*`
     uploads later. Needs the wandb package (`pip install vitlab[wandb]`)."""
-    try:
-        import wandb  # noqa: F401
-    except ImportError:
-        raise ValueError("--wandb needs the wandb package: pip install 'vitlab[wandb]'") from None
+    check_trackers(wandb_project=project or "vitlab")
     _WANDB.update(enabled=True, project=project)
 
 
@@ -60,7 +70,8 @@ def _tensorboard(run_dir: Path) -> Any:
 
 class WandbWriter:
     """The two calls RunLog makes of a TensorBoard writer, sent to a W&B run. The run's config is the run
-    directory's config.json; its files go under RUN/wandb."""
+    directory's config.json; its files go under RUN/wandb. The W&B run's id is kept in RUN/wandb/vitlab-run-id,
+    so a resumed vitlab run continues the same W&B run."""
 
     def __init__(self, run_dir: Path, project: str | None = None):
         import wandb
@@ -69,7 +80,7 @@ class WandbWriter:
         config = json.loads(config_path.read_text()) if config_path.exists() else {}
         mode = os.environ.get("WANDB_MODE", "offline")  # never online unless the user says so
         self.run = wandb.init(project=project or os.environ.get("WANDB_PROJECT", "vitlab"), name=run_dir.name,
-                              dir=str(run_dir), config=config, mode=mode)
+                              dir=str(run_dir), config=config, mode=mode, id=_wandb_id(run_dir), resume="allow")
         log.info("Weights & Biases: %s run in %s", mode, run_dir / "wandb")
 
     def add_scalar(self, tag: str, value: float, step: int) -> None:
@@ -77,6 +88,17 @@ class WandbWriter:
 
     def close(self) -> None:
         self.run.finish()
+
+
+def _wandb_id(run_dir: Path) -> str:
+    """The W&B run id of this vitlab run: made once (random, as W&B's own), then read back on every resume."""
+    path = run_dir / "wandb" / "vitlab-run-id"
+    if path.is_file():
+        return path.read_text().strip()
+    run_id = os.urandom(6).hex()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(run_id))
+    return run_id
 
 
 def scalar_writers(run_dir: Path, wandb_project: str | None = None, wandb: bool | None = None,
@@ -111,7 +133,10 @@ def truncate_metrics(path: Path, last_step: int) -> None:
 
 
 class RunLog:
-    def __init__(self, run_dir: Path, total_steps: int, start_step: int, enabled: bool):
+    def __init__(self, run_dir: Path, total_steps: int, start_step: int, enabled: bool, *,
+                 tensorboard: bool = False, wandb_project: str | None = None):
+        """`tensorboard` / `wandb_project`: the run's own trackers (its config); off, the process-wide
+        `enable_tensorboard` / `enable_wandb` still apply."""
         self.enabled, self.total, self.run_dir = enabled, total_steps, run_dir
         self.metrics_path = run_dir / METRICS
         self.bar = None
@@ -120,7 +145,8 @@ class RunLog:
         if not enabled:
             return
         truncate_metrics(self.metrics_path, start_step)
-        self.writers = scalar_writers(run_dir)
+        self.writers = scalar_writers(run_dir, wandb_project, wandb=True if wandb_project else None,
+                                      tensorboard=True if tensorboard else None)
         if bars_enabled():
             from tqdm import tqdm
 
@@ -154,6 +180,12 @@ class RunLog:
                 step, self.total, stats["loss"], stats["lr"], stats["images_per_s"],
                 stats["data_images_per_s"], 100 * stats["data_wait"], _duration(eta),
             )
+
+    def estimate(self, step: int, last: dict[str, float], workers: int, log_every: int) -> None:
+        """On the step vitlab.train.eta measures (step 2, or 1), before its log line: how long the run will take
+        at that step's pace."""
+        if self.enabled and step == estimate_step(self._step0, self.total, log_every):
+            self.message(estimate_line(last, workers, self.total - self._step0, step, self.total))
 
     def message(self, text: str) -> None:
         if not self.enabled:

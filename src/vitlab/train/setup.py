@@ -150,16 +150,22 @@ def write_run_config(path: Path, cfg: TrainConfig, record: dict[str, Any], model
                      d: Dist) -> None:
     """config.json: the resolved values, where each came from, and what the run was built from (atomic: a
     resume must never find it torn)."""
-    text = json.dumps({
+    text = json.dumps(run_record(cfg, record, model.config.to_dict(), data, d.world), indent=1)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def run_record(cfg: TrainConfig, record: dict[str, Any], model_config: dict[str, Any], data: Datasets,
+               world: int) -> dict[str, Any]:
+    """What config.json holds (`vitlab train --print-config json` prints the same before any run)."""
+    return {
         **cfg.to_dict(), **record,
-        "model_config": model.config.to_dict(),
+        "model_config": model_config,
         "class_names": data.class_names,
         "train_images": len(data.train),
         "val_images": len(data.val),
-        "world_size": d.world,
+        "world_size": world,
         "torch": torch.__version__,
-    }, indent=1)
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+    }
 
 
 def rng_state() -> dict[str, Any]:

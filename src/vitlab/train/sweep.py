@@ -26,6 +26,7 @@ from ..data.datasets import has_val_split
 from ..data.errors import DataError
 from ..eval.classify import evaluate_weights
 from ..outputs import WRITTEN_BY, atomic_write, check_replaceable, mark
+from ..rundir import REFIT_RUN, sweep_run_name
 from .config import TrainConfig
 from .loop import run
 from .resolve import Resolved
@@ -83,12 +84,26 @@ def sub_config(cfg: TrainConfig, lr: float, dev_fraction: float | None, name: st
 
 
 def run_name(lr: float) -> str:
-    return f"lr_{lr:g}"
+    return sweep_run_name(lr)
 
 
 def choose(rows: list[SweepRow]) -> SweepRow:
     """The best dev accuracy; a tie goes to the smaller learning rate."""
     return max(sorted(rows, key=lambda r: r.lr), key=lambda r: r.dev_top1)
+
+
+def grid_edge(rows: list[SweepRow], chosen: SweepRow) -> str | None:
+    """A warning when the chosen learning rate is the largest or smallest of a grid of several (the best may lie
+    beyond it), with the next value one step of the grid's ratio further; None inside the grid. The rule the
+    experiments apply to their own sweeps (vitlab.experiments.preconditions, condition c)."""
+    lrs = sorted(r.lr for r in rows)
+    if len(lrs) < 2 or chosen.lr not in (lrs[0], lrs[-1]):
+        return None
+    if chosen.lr == lrs[-1]:
+        return (f"chosen lr {chosen.lr:g} is the largest of the grid; extend the grid upward (e.g. add "
+                f"{chosen.lr * lrs[-1] / lrs[-2]:.2g})")
+    return (f"chosen lr {chosen.lr:g} is the smallest of the grid; extend the grid downward (e.g. add "
+            f"{chosen.lr * lrs[0] / lrs[1]:.2g})")
 
 
 def _fine_tune(resolved: Resolved) -> tuple[float, float]:
@@ -131,8 +146,10 @@ def run_sweep(settings: TrainConfig | Resolved) -> SweepResult:
         rows.append(SweepRow(lr, dev, test, sub.config.out))
     chosen = choose(rows)
     result = SweepResult(out, rows, chosen, cfg.dev_fraction, config=cfg.to_dict())
+    if (edge := grid_edge(rows, chosen)) is not None:
+        log.warning("sweep: %s", edge)
     if cfg.refit:
-        final = _sub_run(resolved, chosen.lr, None, "final")
+        final = _sub_run(resolved, chosen.lr, None, REFIT_RUN)
         log.info("sweep: lr %g chosen; fine-tuning on all of train -> %s", chosen.lr, final.config.out)
         result.refit_test_top1 = _fine_tune(final)[1]
     result.seconds = time.perf_counter() - start
@@ -154,6 +171,7 @@ def write_sweep(result: SweepResult) -> None:
         "dev_top1": result.chosen.dev_top1,
         "test_top1": result.test_top1,
         "refit_test_top1": result.refit_test_top1,
+        "warning": grid_edge(result.rows, result.chosen),
         "seconds": result.seconds,
         "config": result.config,
     }
@@ -197,6 +215,8 @@ def format_table(result: SweepResult) -> str:
         f"chosen lr {result.chosen.lr:g} (best on the {100 * result.dev_fraction:g}% dev split): "
         f"test top-1 {100 * result.chosen.test_top1:.2f}%"
     )
+    if (edge := grid_edge(result.rows, result.chosen)) is not None:
+        lines.append(f"warning: {edge}")
     if result.refit_test_top1 is not None:
         lines.append(
             f"refit on all of train at lr {result.chosen.lr:g}: test top-1 {100 * result.refit_test_top1:.2f}%"

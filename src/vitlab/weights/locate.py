@@ -4,17 +4,30 @@
 - a published name (`augreg-i21k:ViT-B/16`, `hf-hub:owner/name`, a timm name): its file in the download cache,
   fetched once (vitlab.hub);
 - a run directory: its final model.safetensors, else the one of its newest intact checkpoint;
+- a learning-rate sweep's folder (`finetune --lr-sweep`): the run it chose (its refit, if it made one), as a run;
 - a checkpoint directory: its model.safetensors, once its manifest checks (as resuming from it would);
 - anything else (a file, a timm or HF folder): itself.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from ..errors import WeightsError
 from ..hub import Entry, resolve
-from ..rundir import WEIGHTS, is_checkpoint_dir, is_run_dir, latest_valid_checkpoint, verify_checkpoint
+from ..rundir import (
+    WEIGHTS,
+    is_checkpoint_dir,
+    is_run_dir,
+    is_sweep_dir,
+    latest_valid_checkpoint,
+    sweep_choice,
+    verify_checkpoint,
+)
+
+log = logging.getLogger("vitlab.weights")
+_ANNOUNCED: set[str] = set()
 
 
 def locate(name_or_path: str | Path, pretrained: str | bool | None = None) -> Path:
@@ -37,6 +50,14 @@ def weights_path(path: str | Path) -> Path:
         if problem is not None:
             raise WeightsError(path, f"damaged checkpoint ({problem})", "pass the run directory or another checkpoint")
         return path / WEIGHTS
+    if is_sweep_dir(path):
+        chosen, why = sweep_choice(path)
+        if chosen is None:
+            raise WeightsError(path, why)
+        if str(path) not in _ANNOUNCED:  # once: a load asks for the weights' path several times
+            _ANNOUNCED.add(str(path))
+            log.info("%s: a learning-rate sweep; reading the run it chose, %s", path, chosen)
+        path = chosen
     if not is_run_dir(path):
         return path
     if (path / WEIGHTS).is_file():  # written when the run completed
