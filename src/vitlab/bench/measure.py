@@ -6,6 +6,7 @@ import gc
 import math
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 import torch.nn.functional as F
@@ -16,8 +17,10 @@ from ..flops import count_macs
 from ..models.config import BiTConfig, ViTConfig
 from ..models.registry import create_model, model_config
 from ..weights.timm_bit import to_timm_bit_state_dict
+from . import forms
 from .compare import timm_equivalent
 from .machine import environment, tune_malloc
+from .peaks import precision_peak
 from .result import MODES, BenchResult, BenchSettings, Measurement
 
 
@@ -59,9 +62,11 @@ def build_models(settings: BenchSettings) -> list[tuple[str, str, nn.Module]]:
     return models
 
 
-def make_step(model: nn.Module, mode: str, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
-    """One inference pass or one training step (forward, cross-entropy, backward, AdamW) as a closure."""
-    autocast = device_autocast(x.device)  # bf16 on CUDA, as training and evaluation compute
+def make_step(model: nn.Module, mode: str, x: torch.Tensor, y: torch.Tensor,
+              autocast: AbstractContextManager | None = None) -> Callable[[], None]:
+    """One inference pass or one training step (forward, cross-entropy, backward, AdamW) as a closure, under
+    `autocast` (default: bf16 on CUDA, nothing on CPU)."""
+    autocast = device_autocast(x.device) if autocast is None else autocast
     if mode == "infer":
         model.eval()
 
@@ -111,15 +116,23 @@ def run_benchmark(settings: BenchSettings, progress: Callable[[str], None] | Non
     try:
         torch.manual_seed(settings.seed)
         models = [(impl, name, m.to(device)) for impl, name, m in build_models(settings)]
-        if settings.compile:
-            models = [(impl, name, torch.compile(m)) for impl, name, m in models]
-        peak = gemm_peak_gflops(settings.device, settings.gemm_size)
-        result = BenchResult(settings, {**environment(settings), "malloc": malloc}, peak)
+        chosen = forms.resolve(settings)
+        peak, peaks = _peaks(settings, device, chosen.name)
+        env = {**environment(settings), "malloc": malloc, "precision": chosen.name}
+        result = BenchResult(settings, env, peak, precision={"requested": settings.precision, **chosen.to_dict(),
+                                                             "forms": forms.describe(chosen, settings.compare)},
+                             gemm_peaks=peaks)
         size = (settings.image_size, settings.image_size)
         x = torch.randn(settings.batch_size, 3, *size, device=device)
         y = torch.randint(0, settings.num_classes, (settings.batch_size,), device=device)
+        compiled: dict[int, nn.Module] = {}  # one compilation per distinct model object
         for mode in settings.modes:
-            steps = {impl: make_step(m, mode, x, y) for impl, _, m in models}
+            steps = {}
+            for impl, _, m in models:
+                m = forms.inference_model(impl, m, chosen) if mode == "infer" else m
+                if settings.compile:
+                    m = compiled.setdefault(id(m), torch.compile(m))
+                steps[impl] = make_step(m, mode, x, y, forms.autocast(device, chosen))
             times = _interleaved(steps, settings, device, mode, progress)
             for impl, name, _ in models:
                 n_steps, seconds = times[impl]
@@ -128,6 +141,18 @@ def run_benchmark(settings: BenchSettings, progress: Callable[[str], None] | Non
         return result
     finally:
         torch.set_num_threads(old_threads)
+
+
+def _peaks(settings: BenchSettings, device: torch.device, precision: str) -> tuple[float, dict[str, dict[str, float]]]:
+    """(the peak of `precision`, every peak measured): the default peak (fp32 on CPU, bf16 on CUDA) always, so that
+    runs at different precisions share one reference, and the precision's own where it differs."""
+    size = settings.gemm_size or (8192 if device.type == "cuda" else 4096)
+    base = "bf16" if device.type == "cuda" else "fp32"
+    peaks = {base: {"gflops": gemm_peak_gflops(settings.device, settings.gemm_size), "size": size}}
+    if precision != base:
+        gflops, side = precision_peak(precision, device, max_size=size)
+        peaks[precision] = {"gflops": gflops, "size": side}
+    return peaks[precision]["gflops"], peaks
 
 
 def _interleaved(

@@ -31,7 +31,8 @@ class BenchSettings:
     modes: tuple[str, ...] = MODES
     compare: str | None = None  # "timm"
     compile: bool = False
-    device: str = "cpu"  # "cuda" runs under bf16 autocast
+    device: str = "cpu"
+    precision: str = "auto"  # auto, fp32, bf16, int8 (vitlab.precision); both implementations compute in it
     num_classes: int = 1000
     seed: int = 0
     gemm_size: int | None = None  # side of the peak-measuring matmul (default 4096 on CPU, 8192 on CUDA)
@@ -82,8 +83,10 @@ class Measurement:
 class BenchResult:
     settings: BenchSettings
     environment: dict[str, Any]
-    gemm_peak_gflops: float
+    gemm_peak_gflops: float  # of the precision measured (the one every % peak is a share of)
     measurements: list[Measurement] = field(default_factory=list)
+    precision: dict[str, str] = field(default_factory=dict)  # requested, name (resolved), reason, forms
+    gemm_peaks: dict[str, dict[str, float]] = field(default_factory=dict)  # precision -> gflops, size
 
     def get(self, impl: str, mode: str) -> Measurement | None:
         return next((m for m in self.measurements if m.impl == impl and m.mode == mode), None)
@@ -120,9 +123,13 @@ class BenchResult:
     def table(self) -> str:
         """Markdown: a header line, one row per implementation and mode, then the ratios."""
         s, env = self.settings, self.environment
+        peaks = ", ".join(f"{k} {v['gflops']:.1f}" for k, v in self.gemm_peaks.items())
         lines = [
             f"{s.model}, batch {s.batch_size}, {s.image_size}x{s.image_size}, {s.device} {env['precision']}, "
-            f"{env['threads']} threads, compile={s.compile}; GEMM peak {self.gemm_peak_gflops:.1f} GFLOP/s",
+            f"{env['threads']} threads, compile={s.compile}; GEMM peak {self.gemm_peak_gflops:.1f} GFLOP/s"
+            + (f" ({peaks} GFLOP/s measured)" if len(self.gemm_peaks) > 1 else ""),
+            *([f"precision: {self.precision['name']} ({self.precision['reason']}); {self.precision['forms']}"]
+              if self.precision else []),
             "",
             "| impl | model | mode | img/s median | img/s min-max | GMACs/img | GFLOP/s | % peak | % peak executed |",
             "|---|---|---|---|---|---|---|---|---|",
@@ -138,5 +145,5 @@ class BenchResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"settings": dataclasses.asdict(self.settings), "environment": self.environment,
-                "gemm_peak_gflops": self.gemm_peak_gflops,
+                "gemm_peak_gflops": self.gemm_peak_gflops, "gemm_peaks": self.gemm_peaks, "precision": self.precision,
                 "measurements": [m.to_dict() for m in self.measurements], "ratios": self.ratios()}
