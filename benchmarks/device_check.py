@@ -63,6 +63,7 @@ class Plan:
     loader_batch: int
     loader_steps: int
     estimates: dict[str, float] = field(default_factory=dict)  # section -> seconds it needs at most
+    precision: str = "auto"  # the speed section's --precision (vitlab bench's); int8 times inference only
 
 
 def _run_args(steps: int, batch: int, workers: int) -> tuple[str, ...]:
@@ -186,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="tiny models and few steps: the CPU check of the script")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
     p.add_argument("--budget", type=float, help="seconds for the whole script (default: 480, dry run 120)")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8"], default="auto",
+                   help="what the speed section computes in, as vitlab bench --precision (default auto: bf16 on CUDA)")
     args = p.parse_args(argv)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           "cpu" if args.device == "auto" else args.device)
@@ -196,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = DRY_RUN if args.dry_run else FULL
     if args.budget:
         plan = Plan(**{**asdict(plan), "budget_s": args.budget})
+    plan = Plan(**{**asdict(plan), "precision": args.precision})
     args.out.mkdir(parents=True, exist_ok=True)
     if plan.threads:  # one thread: on a shared 2-core machine OpenMP's second thread waits for a core
         torch.set_num_threads(plan.threads)

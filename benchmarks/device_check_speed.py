@@ -48,8 +48,9 @@ def _bench(plan: Any, device: torch.device, compiled: bool) -> Any:
 
     settings = BenchSettings(model=plan.speed_model, batch_size=plan.speed_batch, image_size=plan.speed_image,
                              repeats=plan.speed_repeats, warmup=plan.speed_warmup, min_time=plan.speed_min_time,
-                             modes=("train", "infer"), compare="timm", compile=compiled, device=str(device),
-                             gemm_size=plan.gemm_size, threads=plan.threads)
+                             modes=("infer",) if plan.precision == "int8" else ("train", "infer"), compare="timm",
+                             compile=compiled, device=str(device), gemm_size=plan.gemm_size, threads=plan.threads,
+                             precision=plan.precision)
     return run_benchmark(settings)
 
 
@@ -109,7 +110,8 @@ def run(plan: Any, device: torch.device, report: Any) -> dict[str, Any]:
         rows += _rows(compiled, plan, True, peak)
         ratios["compiled"] = compiled.ratios()
     return {"model": plan.speed_model, "image_size": plan.speed_image, "batch": plan.speed_batch,
-            "precision": "bf16 autocast, fused AdamW" if device.type == "cuda" else "fp32, fused AdamW",
+            "precision": f"{eager.precision['name']} ({eager.precision['forms']}), fused AdamW",
+            "precision_reason": eager.precision["reason"], "gemm_peaks": eager.gemm_peaks,
             "peak_tflops": peak / 1e12, "peak_source": source, "measured_gemm_tflops": gemm / 1e12,
             "flops_per_train_image": model_flops_per_image(plan.speed_model, plan.speed_image, "train"),
             "rows": rows, "ratios_vitlab_over_timm": ratios, "targets": targets(rows), "skipped": skipped}

@@ -156,3 +156,17 @@ def test_the_gpu_plan_code_paths_on_cpu(tmp_path):
     runs = {c["name"]: c for c in sections["runs"]["checks"]}
     for name in ("DDP (gloo)", "FSDP2"):
         assert runs[f"torchrun --nproc-per-node 1 {name} vs 1 process: train losses"]["passed"]
+
+
+def test_the_speed_section_computes_in_the_precision_asked_for(monkeypatch):
+    """--precision reaches vitlab bench: int8 times inference only, both libraries in int8, and says so."""
+    from vitlab.bench import measure
+
+    monkeypatch.setattr(measure, "gemm_peak_gflops", lambda device, size=None, repeats=5: 100.0)
+    plan = device_check.Plan(**{**device_check.asdict(device_check.DRY_RUN), "precision": "int8", "speed_repeats": 1})
+    report = type("Report", (), {"elapsed": lambda self: 0.0})()
+    speed = device_check_speed.run(plan, torch.device("cpu"), report)
+    assert {(r["impl"], r["mode"]) for r in speed["rows"]} == {("vitlab", "infer"), ("timm", "infer")}
+    assert speed["precision"].startswith("int8 (dynamic int8 Linear layers") and "int8" in speed["gemm_peaks"]
+    assert "--precision" in subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True,
+                                           text=True, timeout=120).stdout
