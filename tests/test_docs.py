@@ -57,3 +57,23 @@ def test_every_page_in_the_navigation_exists_and_the_cli_page_is_generated():
     assert "<!-- cli-reference -->" in (ROOT / "docs" / "cli.md").read_text()
     listed = {p.name for p in (ROOT / "docs").glob("*.md")}
     assert listed == set(pages), f"pages outside the navigation: {listed - set(pages)}"
+
+
+def test_the_public_api_is_typed_and_documents_every_argument():
+    import inspect
+
+    import vitlab
+
+    for name in ("load", "save", "transforms", "export_onnx", "fit"):
+        fn = getattr(vitlab, name)
+        sig = inspect.signature(fn)
+        assert sig.return_annotation is not inspect.Signature.empty, name
+        doc = inspect.getdoc(fn)
+        for param in sig.parameters.values():
+            assert param.annotation is not inspect.Parameter.empty, f"{name}({param.name}) has no type"
+            shown = f"**{param.name}" if param.kind is param.VAR_KEYWORD else param.name
+            assert f"{shown}:" in doc, f"vitlab.{name}'s docstring does not describe {param.name}"
+    # help(vitlab) lists the entry points, not the config dataclasses' generated methods
+    assert set(vitlab.__all__) == {"create_model", "export_onnx", "fit", "list_models", "load", "save", "transforms",
+                                   "__version__"}
+    assert vitlab.ViTConfig is vitlab.models.ViTConfig
