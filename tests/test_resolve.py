@@ -134,7 +134,7 @@ def test_every_flag_of_every_verb_has_help():
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert set(sub.choices) == {"models", "bench", "info", "convert", "train", "finetune", "eval", "predict",
-                                "recipes", "fewshot", "analyze", "download", "shards", "experiment"}
+                                "recipes", "fewshot", "analyze", "download", "shards", "experiment", "export"}
     for verb, parser in sub.choices.items():
         missing = [a.option_strings[0] for a in parser._actions if a.option_strings and not a.help]
         assert missing == [], (verb, missing)

@@ -227,6 +227,7 @@ def test_predict_takes_a_folder_and_warns_about_top_k_only_when_given(tmp_path, 
         assert main(["predict", "--weights", str(three_class_weights), "--top-k", "5",
                      str(tmp_path / "imgs" / "a" / "1.png")]) == 0
     assert "top-k 5 is more than the model's 3 classes: showing all 3" in caplog.text
+    capsys.readouterr()  # the calls above end with their summary line on stderr
     (tmp_path / "empty").mkdir()
     assert main(["predict", "--weights", str(three_class_weights), str(tmp_path / "empty")]) == 2
     err = capsys.readouterr().err
