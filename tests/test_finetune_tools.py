@@ -121,7 +121,7 @@ def test_ema_equals_timm_model_ema_v3(warmup):
         reference.update(model, step=k if warmup else None)  # vitlab's --ema without warm-up: constant decay
         theirs = [p for p in reference.module.parameters()]
         assert all(torch.equal(a, b) for a, b in zip(ours.params, theirs, strict=True)), k
-    assert ours.decay_at(1) == (0.0 if warmup else 0.6) and ours.decay_at(2) == (1 - 2 ** (-2 / 3) if warmup else 0.6)
+    assert [ours.decay_at(k) for k in (1, 2, 4)] == ([0.0, 1 - 2 ** (-2 / 3), 0.6] if warmup else [0.6] * 3)
 
 
 def test_ema_averages_only_what_trains():
@@ -231,7 +231,7 @@ def test_ema_weights_are_what_the_run_exports(tmp_path):
     assert all(torch.equal(exported[k], state["ema"][k]) for k in exported)
     assert not torch.equal(exported["head.weight"], last["head.weight"])
     console = (tmp_path / "run" / "console.log").read_text()
-    assert "warm-up 1 − (1 + s)^−2/3 up to 0.9" in console and "model.safetensors hold the EMA weights" in console
+    assert "decay min(0.9, 1 − k^−2/3) at update k" in console and "model.safetensors hold the EMA weights" in console
 
 
 # --- the command line -----------------------------------------------------------------------------------------

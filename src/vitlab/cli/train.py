@@ -203,7 +203,7 @@ def _tuning_flags(p: argparse.ArgumentParser) -> None:
                    help="EMA of the weights (timm ModelEmaV3): validation, best.safetensors and model.safetensors "
                         "hold them, e.g. 0.9998")
     f.add_argument("--ema-warmup", action="store_true", default=None,
-                   help="warm the EMA decay up as timm does: min(D, 1 - (1 + s)^(-2/3)) at update s + 1")
+                   help="warm the EMA decay up as timm does: min(D, 1 - k^(-2/3)) at update k")
     f.add_argument("--layer-decay", type=float_range(0.0, 1.0, low_open=True), metavar="F",
                    help="layer-wise lr decay (BEiT/MAE/timm): the head at --lr, block i of L at lr * F^(L - i), the "
                         "embeddings at lr * F^(L + 1); e.g. 0.75")

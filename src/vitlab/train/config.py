@@ -58,7 +58,7 @@ class TrainConfig:
     accum: int = 1  # gradient accumulation steps per optimiser step
     steps: int = 1000
     ema: float | None = None  # Polyak/EMA decay of the weights used for evaluation, e.g. 0.9999
-    ema_warmup: bool = False  # timm ModelEmaV3's decay warm-up: min(ema, 1 - (1 + s)^(-2/3)) (vitlab.train.ema)
+    ema_warmup: bool = False  # timm ModelEmaV3's decay warm-up: min(ema, 1 - k^(-2/3)) at update k
     # fine-tuning tools (vitlab.train.layer_decay, vitlab.train.tuning, vitlab.train.lora)
     layer_decay: float | None = None  # layer-wise lr decay: block i trains at lr * d^(depth - i); None: off
     freeze: str | None = None  # "backbone": only the head trains (a linear probe)

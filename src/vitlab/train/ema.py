@@ -5,11 +5,12 @@ The update is timm's `ModelEmaV3`: ema = decay·ema + (1 − decay)·w after eve
 
 - without warm-up (`--ema-decay D`): D at every step, the EMA starting from the weights the run starts from
   (`ModelEmaV3.update(model)` without a step, which is what vitlab's `--ema` always did);
-- with warm-up (`--ema-decay D --ema-warmup`): at update k (1-based) with s = k − 1, 0 for s = 0 (the first
-  update copies the weights) and otherwise min(D, 1 − (1 + s)^(−2/3)) (timm's `use_warmup=True`, warmup_gamma 1,
-  warmup_power 2/3, min_decay 0, update_after_step 0: `model_ema.update(model, step=num_updates)` in timm's
-  train.py). Early steps therefore average over the few weights there are instead of the random start: the
-  warm-up reaches 0.999 after 31.6k steps, so a short fine-tune is averaged over a share of its own steps.
+- with warm-up (`--ema-decay D --ema-warmup`): update k (1-based) uses min(D, 1 − k^(−2/3)), which is 0 at the
+  first (it copies the weights): timm's `use_warmup=True` (warmup_gamma 1, warmup_power 2/3, min_decay 0,
+  update_after_step 0), where s = k − 1 and the decay is 0 for s = 0, else 1 − (1 + s)^(−2/3), with the step
+  timm's train.py passes (`model_ema.update(model, step=num_updates)`). Early updates average the few weights
+  there are rather than the start: the warm-up reaches 0.99 after 1,000 updates and 0.999 after 31.6k, so a short
+  fine-tune is averaged over a share of its own steps.
 
 Only tensors that train are averaged (a frozen backbone's, LoRA's base weights are their own average); vitlab
 models keep no floating-point buffers, so the parameters are the whole state (timm also averages buffers).
@@ -79,7 +80,7 @@ class Ema:
 
     def describe(self) -> str:
         """The banner's line: what the EMA is and which weights it decides."""
-        how = (f"warm-up 1 − (1 + s)^−2/3 up to {self.decay:g} (timm ModelEmaV3 use_warmup)" if self.warmup
+        how = (f"decay min({self.decay:g}, 1 − k^−2/3) at update k (timm ModelEmaV3 warm-up)" if self.warmup
                else f"decay {self.decay:g} from the start (timm ModelEmaV3 without warm-up)")
         return (f"ema     of the {sum(p.numel() for p in self.params):,} trained parameters, {how}: validation, "
                 "best.safetensors and model.safetensors hold the EMA weights")
