@@ -77,3 +77,23 @@ def test_the_public_api_is_typed_and_documents_every_argument():
     assert set(vitlab.__all__) == {"create_model", "export_onnx", "fit", "list_models", "load", "save", "transforms",
                                    "__version__"}
     assert vitlab.ViTConfig is vitlab.models.ViTConfig
+
+
+def test_readme_is_a_landing_page_whose_example_runs(tmp_path, monkeypatch):
+    import numpy as np
+    from PIL import Image
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) < 150
+    # every verb of the command line has a row with an example in README's table
+    verbs = set(_verbs(build_parser()))
+    listed = set(re.findall(r"^\| `(\w+)` \| .* \| `vitlab \w+", text, flags=re.M))
+    assert listed == verbs, verbs ^ listed
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) == 1
+    monkeypatch.chdir(tmp_path)
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)).save("photo.jpg")
+    namespace: dict = {}
+    exec(compile(blocks[0], "README.md", "exec"), namespace)
+    assert namespace["probs"].shape == (10,) and tuple(namespace["tokens"].shape) == (1, 197, 384)
+    assert len(namespace["attention"]) == 12 and tuple(namespace["attention"][0].shape) == (1, 6, 197, 197)

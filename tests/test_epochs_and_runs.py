@@ -287,8 +287,8 @@ def test_a_choice_at_the_edge_of_the_grid_warns(tmp_path):
 
 
 def _readme_block(title: str) -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text[text.index(f"\n### {title}\n"):]
+    text = (ROOT / "docs" / "training.md").read_text(encoding="utf-8")  # the README's section, moved to the docs
+    section = text[text.index(f"\n## {title}\n"):]
     return re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
 
 
@@ -296,7 +296,7 @@ def test_the_readme_training_from_python_example_runs(tmp_path, monkeypatch, cap
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(logging.getLogger(), "handlers", [])  # a script that set up no logging (pytest has)
     namespace: dict = {}
-    exec(compile(_readme_block("Training from Python"), "README.md", "exec"), namespace)
+    exec(compile(_readme_block("Training from Python"), "docs/training.md", "exec"), namespace)
     run, tuned = namespace["run"], namespace["tuned"]
     assert (run.status, run.step, run.out_dir) == ("completed", math.ceil(1438 / 128), Path("runs/py"))
     assert 0 <= run.metrics["top1"] <= 1 and run.metrics["count"] == 359  # digits' test split

@@ -150,9 +150,12 @@ def transforms(model_or_weights: nn.Module | str | os.PathLike, train: bool = Fa
         seed: the augmentation draws from random.Random(seed).
         **train_options: crop, crop_scale, crop_ratio, flip for the training augmentation.
 
+    Example:
+        ```python
         model = vitlab.load("runs/demo")
         x = vitlab.transforms(model)("digit.png")
         probs = model(x[None]).softmax(-1)[0]
+        ```
     """
     config, eval_resize = preprocessing(model_or_weights)
     return model_transform(config.image_size, config.mean, config.std, eval_resize, train, seed, **train_options)

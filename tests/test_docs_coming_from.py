@@ -1,4 +1,4 @@
-"""The README's "Coming from timm" and "Coming from transformers" sections: every `# vitlab` snippet runs (the hub
+"""The documentation's "Coming from timm" and "Coming from transformers" pages: every `# vitlab` snippet runs (the hub
 fetch is monkeypatched to serve local exports of a small random ViT: nothing downloads), the timm-names table is the
 catalogue's, and what the transformers section says of hidden states, attentions and pre-processing holds against
 transformers itself."""
@@ -18,14 +18,14 @@ from vitlab.hub import catalogue
 pytest.importorskip("timm")
 transformers = pytest.importorskip("transformers")
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+PAGES = {"Coming from timm": DOCS / "coming-from-timm.md",
+         "Coming from transformers": DOCS / "coming-from-transformers.md"}
 IMAGE = Image.fromarray(np.random.default_rng(0).integers(0, 256, (375, 500, 3), dtype=np.uint8))
 
 
 def section(title: str) -> str:
-    start = README.index(f"\n## {title}\n")
-    end = README.find("\n## ", start + 1)
-    return README[start:end]
+    return PAGES[title].read_text(encoding="utf-8")
 
 
 def vitlab_snippets(title: str) -> list[str]:
@@ -68,7 +68,7 @@ def fake_hub(exports, monkeypatch):
 
 def run(code: str) -> dict:
     namespace = {"image": IMAGE}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "docs", "exec"), namespace)
     return namespace
 
 
