@@ -411,8 +411,7 @@ def test_spread_check_on_closed_form_numbers():
 def test_report_drops_a_measured_section_of_another_design(tmp_path, monkeypatch):
     from vitlab.experiments import report
 
-    old = ("## 1. data-scaling: Pre-training data size (paper x)\n\nmeasured\n<!-- notes:data-scaling -->\n"
-           "<!-- /notes:data-scaling -->\n")
+    old = "## 1. data-scaling: Pre-training data size (paper x)\n\nmeasured\n<!-- /section:data-scaling -->\n"
     experiment = types.SimpleNamespace(design=Design(2, "q", "p", "r", {}))
     row = "| data-scaling | x | does not hold | 90 min |"
     assert report._measured_section(f"{row}\n{old}", 1, "data-scaling", experiment) is None  # no design marker

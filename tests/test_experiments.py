@@ -334,7 +334,8 @@ def test_reproduction_md_is_rebuilt_from_the_committed_copies_of_results_and_fig
     shutil.rmtree(out)
     report.unlink()
     write_report(tmp_path / "reproduction", report)
-    assert report.read_text() == first and "| pos-embed | Appendix D.4, Table 8 | holds |" in first
+    assert report.read_text() == first
+    assert "| pos-embed | Appendix D.4, Table 8 | 5-shot digits: none 41.2±1.3 %" in first
     assert sorted(p.name for p in archived.iterdir()) == ["pos_embed.png", "results.json"]  # no temporaries left
 
 
@@ -345,21 +346,25 @@ def test_reproduction_md_is_written_from_results_and_keeps_notes(tmp_path):
     write_report(out, report)
     text = report.read_text()
     pos = text[text.index("## 3. pos-embed"):text.index("## 4.")]
-    assert "| none | 41.2±1.3 % |" in pos and "- 5-shot digits: none 41.2±1.3 %, 1-D 45.0±0.8 %" in pos
+    assert "| none | 41.2±1.3 |" in pos and "| embedding | 5-shot digits (%) |" in pos  # the main table
     assert "At this scale the paper's ordering holds by the rule: none below the others." in pos
-    assert "![Bars.](reproduction/pos-embed/pos_embed.png)" in pos and "pending" not in pos
+    assert "![Bars](reproduction/pos-embed/pos_embed.png)" in pos and "pending" not in pos
     assert (tmp_path / "reproduction" / "pos-embed" / "pos_embed.png").read_bytes() == b"\x89PNG fake"
     other = text[text.index("## 1. data-scaling"):text.index("## 2.")]
     assert "**Verdict: pending.**" in other and "`vitlab experiment data-scaling`" in other
-    assert "| pos-embed | Appendix D.4, Table 8 | holds | 70 min |" in text  # its runs' time, not the last call's
-    assert "its runs took 70 min of wall time in all, training and evaluation, on this machine; the last " \
-           "invocation 30 min" in pos
-    # a person's notes survive the rewrite; rewriting again changes nothing else
-    noted = text.replace("<!-- notes:pos-embed -->\n", "<!-- notes:pos-embed -->\nAt 16 patches position matters "
-                                                       "less.\n")
-    report.write_text(noted)
+    assert ("| pos-embed | Appendix D.4, Table 8 | 5-shot digits: none 41.2±1.3 %, 1-D 45.0±0.8 % | **holds** | — | "
+            "70 min |") in text  # its runs' time, not the last call's
+    assert "`vitlab experiment pos-embed`, 70 min of runs (finished 2026-12-01 10:00:00)." in pos
+    # the measured lines and the notes are in the appendix; a person's notes there survive the rewrite, and
+    # rewriting again changes nothing else
+    appendix = tmp_path / "reproduction" / "HISTORY.md"
+    history = appendix.read_text()
+    assert "- 5-shot digits: none 41.2±1.3 %, 1-D 45.0±0.8 %" in history and "<!-- notes:" not in text
+    noted = history.replace("<!-- notes:pos-embed -->\n", "<!-- notes:pos-embed -->\nAt 16 patches position "
+                                                          "matters less.\n")
+    appendix.write_text(noted)
     write_report(out, report)
-    assert report.read_text() == noted
+    assert appendix.read_text() == noted and report.read_text() == text
 
 
 def test_quick_results_do_not_make_findings(tmp_path):
@@ -487,7 +492,9 @@ def test_data_scaling_upstream_verdict_rests_on_a_not_on_transfer(tmp_path):
     lines = _measured({"setup": "", "seeds": [0], "command": "x", "wall_seconds": 1, "finished": "now",
                            "versions": {"vitlab": "v", "torch": "t"}, "tables": [], "measured": [],
                            "verdict": verdict.to_dict(), "check": {"holds": True, "details": []}}, [])
-    assert sum("| no (a condition of the transfer verdicts only) |" in line for line in lines) == 3
+    row = next(line for line in lines if line.startswith("| (b) "))  # one row: the failing runs, (b)'s verdicts
+    assert row.startswith("| (b) pre-training helps transfer (a condition of the transfer verdicts only) |")
+    assert row.endswith(" | no |") and row.count("(+1.0; needs +2)") == 3 and "(the other 3 hold)" in row
 
 
 def test_data_scaling_slope_spread_over_seeds_is_its_standard_error():

@@ -228,7 +228,7 @@ def test_experiment_report_keeps_the_sections_it_has_no_results_for(tmp_path):
 
 def _section(text: str, name: str) -> str:
     start = text.index(f". {name}: ")
-    end = text.index(f"<!-- /notes:{name} -->", start)
+    end = text.index(f"<!-- /section:{name} -->", start)  # the report's sections end so (issue 38)
     return text[start:end]
 
 

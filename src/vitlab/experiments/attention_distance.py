@@ -10,11 +10,13 @@ from typing import Any
 import numpy as np
 
 from . import plots
+from .audit import audit, climbing, plateau
 from .design import Check, Design, Verdict
 from .measures import grid_checks, stat, top1
 from .plans import pretrain, tuned_pretrain_lr
 from .preconditions import LEARNS_TOP1, learns
 from .runner import Context
+from .sections import brief
 
 NAME = "attention-distance"
 TITLE = "Mean attention distance"
@@ -28,6 +30,7 @@ SETUP = ("The data-scaling ViT (size M: 6 layers, 2 heads, 8×8 patches of 4 px)
 
 
 LOCAL, FAR = 0.5, 0.8  # fractions of the uniform-attention distance: a local head, one attending to most of it
+PAPER_HEADS = 12  # ViT-B/16's heads per layer, the model of the paper's Fig. 7
 TRIVIAL = 0.1  # every head within this fraction of uniform: attention no more local than averaging
 
 DESIGN = Design(
@@ -91,7 +94,22 @@ def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
         "check": {"holds": verdict.finding_holds, "rule": DESIGN.rule, "details": [verdict.result]},
         "choices": {"pretrain_lr": planned["lr"]},
         "data": {name: [e["distance_px"] for e in evals] for name, evals in models.items()},
+        "audit": audit_of([planned["fractal"][s] for s in ctx.seeds], verdict),
     }
+
+
+def audit_of(records: list, verdict: Verdict) -> dict[str, Any]:
+    """The post-hoc audit (experiments.audit): the paper's claim is about many heads in trained models; these have
+    two heads per layer and (a′) says whether their pre-training had finished."""
+    args = records[0].spec.settings.get("model_args", {})
+    heads = args.get("num_heads")
+    p = plateau(f"ViT-M pre-trained on {records[0].spec.settings.get('data')}", records)
+    few = f"{heads} heads per layer (the paper's ViT-B/16: {PAPER_HEADS})" if heads and heads < PAPER_HEADS else ""
+    late = f"models {climbing([p])}" if p["holds"] is False else ""
+    reasons = f"{few} in {late}" if few and late else few or late
+    label = (f"not testable at this budget: {reasons}" if reasons else
+             f"testable at this budget: {verdict.state} stands")
+    return audit(label, [p], measured=brief(verdict.result))
 
 
 def _summary(evals: list[dict]) -> dict[str, Any]:

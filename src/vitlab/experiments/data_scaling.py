@@ -4,17 +4,20 @@ and downstream on MNIST (few-shot on two representations, fine-tuning against tr
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from . import plots
+from . import lineage, plots
+from .audit import audit, climbing, needed_seeds, plateau
 from .design import Check, Design, Verdict
 from .families import FAMILIES, model_table
-from .measures import describe_trend, fewshot, grid_checks, nearest_shots, show, stat, top1, trend, upstream
+from .measures import describe_trend, fewshot, grid_checks, nearest_shots, show, slope, stat, top1, trend, upstream
 from .plans import VERSION_3, VERSION_4, finetune, pretrain, tuned_pretrain_lr, untrained
 from .preconditions import HELPS_POINTS, LEARNS_TOP1, SPREAD_FACTOR, beyond_spread, helps, learns
 from .runner import Context
+from .stats import describe
 
 NAME = "data-scaling"
 TITLE = "Pre-training data size"
@@ -167,7 +170,9 @@ def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
                                title="Accuracy against pre-training set size (paper Figs. 3, 4); dashed: no "
                                "pre-training", references=[{}] + [{f: refs[f][key] for f in FAMILIES}
                                                                   for key, _ in names[1:]])
-    rows = [[f"{n:,}", f] + [show(cells[(f, n)][key]) for key, _ in names] for n in images for f in FAMILIES]
+    again = _retrained_cells(scale, planned, ctx.seeds)
+    rows = [[f"{n:,}", f] + [lineage.mark(show(cells[(f, n)][key]), again.get((f, n, key), False))
+                             for key, _ in names] for n in images for f in FAMILIES]
     rows += [["none", f, "—"] + [show(refs[f][key]) for key, _ in names[1:]] for f in FAMILIES]
     measured = [f"{caption}: " + "; ".join(f"{f} {show(cells[(f, images[0])][key])} at {images[0]:,} images → "
                                            f"{show(cells[(f, images[-1])][key])} at {images[-1]:,}" for f in FAMILIES)
@@ -175,7 +180,8 @@ def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
     measured += [f"without pre-training, {caption}: " + " vs ".join(f"{f} {show(refs[f][key])}" for f in FAMILIES)
                  for key, caption in names[1:]]
     return {
-        "tables": [{"title": "Upstream and transfer accuracy (mean ± std over seeds)",
+        "tables": [{"title": "Upstream and transfer accuracy (mean ± std over seeds)"
+                    + (f"; {lineage.FOOTNOTE}" if any(again.values()) else ""),
                     "columns": ["pre-training images", "family"] + [c for _, c in names], "rows": rows},
                    _models_table(scale)],
         "figures": [{"file": figure.name, "caption": "Left: upstream top-1 of every pre-trained model on the same "
@@ -188,7 +194,48 @@ def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
         "choices": {"pretrain_lr": planned["lr"]},  # fine-tuning and the references use the same lr
         "data": {"pre-trained": {f"{f}/{n}": cells[(f, n)] for f in FAMILIES for n in images},
                  "without pre-training": refs},
+        "audit": audit_of(planned, ctx.seeds, values, images, scale),
     }
+
+
+def _retrained_cells(scale: Any, planned: dict[str, Any], seeds: tuple[int, ...]) -> dict[tuple, bool]:
+    """(family, images, metric) -> whether a seed's value there was read from retrained weights (experiments.lineage:
+    the upstream metric never is, measures.upstream reads the original run's)."""
+    fs, _, _ = targets(scale)
+    out = {}
+    for f in FAMILIES:
+        for n in scale.per_class:
+            pairs = [planned["runs"][(f, n, s)] for s in seeds]
+            key = (f, scale.images(n))
+            out[(*key, "encoder")] = any(lineage.from_retrained(pre, f"fewshot-encoder/{fs}") for pre, _ in pairs)
+            out[(*key, "pre_logits")] = any(lineage.from_retrained(pre, f"fewshot/{fs}") for pre, _ in pairs)
+            out[(*key, "fine-tuned")] = any(lineage.started_from_retrained(ft, pre) for pre, ft in pairs)
+    return out
+
+
+def audit_of(planned: dict[str, Any], seeds: tuple[int, ...], values: dict, images: list[int],
+             scale: Any) -> dict[str, Any]:
+    """The post-hoc audit (experiments.audit): the primary slope per seed (ViT and BiT of one seed share its data
+    order) under the paired rule, the seeds it would need, and (a′) at the largest set."""
+    xs = [math.log2(n) for n in images]
+    slopes = [slope(xs, g) for g in _per_seed_gaps(values, "upstream", images)]
+    s, needed = needed_seeds(slopes)
+    line = describe("slope of the ViT − BiT upstream gap", s, "points per doubling")
+    largest = scale.per_class[-1]
+    plateaus = [plateau(f"{f}-M at {images[-1]:,} images", [planned["runs"][(f, largest, seed)][0] for seed in seeds])
+                for f in FAMILIES]
+    if s["holds"]:
+        label = "resolved by the paired rule: " + line
+    else:
+        count = f"about {needed}" if needed else "more than 1,000"
+        label = (f"underpowered: {count} seeds would detect its slope ({s['mean']:+.2f} ± {s['sd']:.2f} points "
+                 f"per doubling over {len(seeds)} seeds)")
+    late = climbing([p for p in plateaus if p["what"].startswith("ViT")])
+    t = trend(_per_seed_gaps(values, "upstream", images), images)
+    headline = (f"ViT − BiT upstream top-1 {t['first']['mean']:+.1f} points at {images[0]:,} images, "
+                f"{t['last']['mean']:+.1f} at {images[-1]:,} (slope {s['mean']:+.2f} per doubling)")
+    return audit(label + ("; the ViT-M still climbing" if late else ""), plateaus, [line],
+                 [f"the ViT-M is {late} at the largest set"] if late else [], measured=headline)
 
 
 def _columns(per_seed: list[dict[str, float]]) -> dict[str, list[float]]:

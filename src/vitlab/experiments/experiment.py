@@ -14,6 +14,7 @@ import torch
 
 from .. import __version__
 from .design import Design
+from .lineage import retrained_runs
 from .parallel import Pool, run_parallel
 from .records import read_results_file, write_json
 from .runner import Context, Progress, Runner, Todo, format_seconds
@@ -157,6 +158,7 @@ def run_experiment(experiment: Experiment, out: str | Path, quick: bool = False,
         "command": command(experiment.name, quick, seeds, experiment),
         **analysis,
         "runs": [_run_entry(r, out) for r in ctx.records.values()],
+        "retrained": retrained_runs(ctx.records.values()),  # runs trained twice: which numbers are the retrain's
         "estimated_seconds": round(estimated, 1), "wall_seconds": round(time.perf_counter() - started, 1),
         "run_seconds": run_seconds(ctx.records.values()),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "versions": _versions(),

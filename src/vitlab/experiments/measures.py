@@ -21,7 +21,12 @@ def fewshot(record: Record, data: str, shots: int, representation: str = "pre_lo
 
 
 def upstream(record: Record, data: str) -> float:
-    """Top-1 (%) of a pre-trained model's own classifier on `data`'s validation split (evals `upstream/<data>`)."""
+    """Top-1 (%) of a pre-trained model's own classifier on `data`'s validation split (evals `upstream/<data>`).
+    A run trained on `data` is scored on its own validation split, which is its final validation top-1: that
+    number, the one every other section reads, also for a run whose `upstream` evaluation was computed on weights
+    retrained on another machine (experiments.lineage: one run, one number)."""
+    if record.spec.settings.get("data") == data:
+        return top1(record)
     return 100 * record.evaluation(f"upstream/{data}")["top1"]
 
 

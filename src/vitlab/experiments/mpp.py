@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import plots
+from . import lineage, plots
+from .audit import audit, climbing, paired_line, plateau
 from .design import Check, Design, Verdict
 from .measures import fewshot, grid_checks, show, stat, top1
 from .plans import VERSION_3, VERSION_4, finetune, pretrain, transfer_evals, tuned_pretrain_lr
@@ -109,12 +110,16 @@ def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
                     upstream["MPP colour top-1, untrained"], grid_checks(ctx), target)
     panels = [(f"fine-tuned {target}", tuned)] + list(shots.items())
     figure = plots.bar_panels(out / "mpp.png", panels, title="Masked patch prediction (paper Section 4.6)")
-    rows = [[m, show(tuned[m])] + [show(shots[k][m]) if m in shots[k] else "—" for k in shots] for m in METHODS]
+    again = {m: any(lineage.started_from_retrained(planned["runs"][(m, s)][1], planned["runs"][(m, s)][0])
+                    for s in seeds) for m in METHODS}
+    rows = [[m, lineage.mark(show(tuned[m]), again[m])] + [show(shots[k][m]) if m in shots[k] else "—"
+                                                           for k in shots] for m in METHODS]
     measured = [f"fine-tuned {target}: " + " vs ".join(f"{m} {show(tuned[m])}" for m in METHODS)]
     measured += [f"{k}: " + " vs ".join(f"{m} {show(v)}" for m, v in shots[k].items()) for k in shots]
     measured += ["upstream: " + ", ".join(f"{k} {show(v)}" for k, v in upstream.items())]
     return {
-        "tables": [{"title": "Fine-tuned and few-shot accuracy (mean ± std over seeds)",
+        "tables": [{"title": "Fine-tuned and few-shot accuracy (mean ± std over seeds)"
+                    + (f"; {lineage.FOOTNOTE}" if any(again.values()) else ""),
                     "columns": ["method", f"fine-tuned {target}", *shots], "rows": rows}],
         "figures": [{"file": figure.name, "caption": f"Fine-tuned accuracy on {target} by initialisation, and "
                      "few-shot accuracy of the two pre-trained representations; bars are means over seeds, error "
@@ -124,4 +129,25 @@ def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
         "check": {"holds": verdict.finding_holds, "rule": DESIGN.rule, "details": [verdict.result]},
         "choices": {"pretrain_lr": planned["lr"]},
         "data": {"fine-tuned": tuned, "few-shot": shots, "upstream": upstream},
+        "audit": audit_of(planned, seeds, target),
     }
+
+
+def audit_of(planned: dict[str, Any], seeds: tuple[int, ...], target: str) -> dict[str, Any]:
+    """The post-hoc audit (experiments.audit): the three arms share seeds (the same fine-tuning data order), so
+    the gaps are paired; and whether the two pre-trainings had plateaued."""
+    tuned = {m: [top1(planned["runs"][(m, s)][1]) for s in seeds] for m in METHODS}
+    scratch, mpp_, sup = METHODS
+    short = {scratch: "scratch", mpp_: "MPP", sup: "supervised"}
+    pairs = [(short[a], short[b], *paired_line(f"{short[a]} − {short[b]}, fine-tuned {target}", tuned[a], tuned[b]))
+             for a, b in ((mpp_, scratch), (sup, mpp_), (sup, scratch))]
+    plateaus = [plateau(m, [planned["runs"][(m, s)][0] for s in seeds]) for m in METHODS[1:]]
+    held = [f"{a} − {b} {p['mean']:+.1f}" for a, b, p, _ in pairs if p["holds"]]
+    open_ = [f"{a} − {b}" for a, b, p, _ in pairs if not p["holds"]]
+    late = climbing(plateaus)
+    slow = " and ".join(p["what"] for p in plateaus if p["holds"] is False)
+    label = ("paired: " + "; ".join(filter(None, [f"{', '.join(held)} holds" if held else "",
+                                                  f"{', '.join(open_)} unresolved" if open_ else ""])))
+    means = ", ".join(f"{short[m]} {sum(tuned[m]) / len(tuned[m]):.1f}" for m in METHODS)
+    return audit(label, plateaus, [line for *_, line in pairs], [f"{slow} {late}"] if late else [],
+                 measured=f"fine-tuned {target}: {means} %")

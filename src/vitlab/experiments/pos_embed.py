@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from . import plots
+from .audit import audit, climbing, paired_line, plateau
 from .design import Check, Design, Verdict
 from .measures import grid_checks, metric_names, show, stat, top1, transfer, within_spread
 from .plans import VERSION_3, pretrain, transfer_evals, tuned_pretrain_lr
@@ -89,7 +90,31 @@ def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
         "check": {"holds": verdict.finding_holds, "rule": DESIGN.rule, "details": [verdict.result, *pairs]},
         "choices": {"pretrain_lr": planned["lr"]},
         "data": cells,
+        "audit": audit_of(planned, ctx.seeds),
     }
+
+
+# The pairs the audit reads, each as (higher, lower) in the paper's terms: none below 1-D, then the embeddings.
+PAIRS = (("1-D", "none"), ("2-D", "1-D"), ("relative", "1-D"), ("relative", "2-D"))
+
+
+def audit_of(planned: dict[str, Any], seeds: tuple[int, ...]) -> dict[str, Any]:
+    """The post-hoc audit (experiments.audit): the variants share seeds (the same initial draw of every shared
+    weight and the same data order), so each difference is paired; and whether pre-training had plateaued."""
+    records = {name: [planned["runs"][(name, s)][0] for s in seeds] for name in VARIANTS}
+    values = {name: [top1(r) for r in rs] for name, rs in records.items()}
+    plateaus = [plateau(name, rs) for name, rs in records.items()]
+    found = {pair: paired_line(f"{pair[0]} − {pair[1]}, upstream top-1", values[pair[0]], values[pair[1]])
+             for pair in PAIRS}
+    none = found[PAIRS[0]][0]
+    differ = [f"{a} > {b}" for (a, b), (p, _) in found.items() if (a, b) != PAIRS[0] and p["holds"]]
+    first = "none < 1-D" if none["holds"] and none["mean"] > 0 else "none vs 1-D unresolved"
+    second = ", ".join(differ) if differ else "no embedding pair resolved"
+    late = climbing(plateaus)
+    label = (f"{'before a plateau; ' if late else ''}paired: {first}; {second}")
+    means = ", ".join(f"{name} {sum(v) / len(v):.1f}" for name, v in values.items())
+    return audit(label, plateaus, [line for _, line in found.values()], [f"the ViTs are {late}"] if late else [],
+                 measured=f"upstream top-1: {means} %")
 
 
 def judge(upstream: dict[str, dict[str, Any]], lr_checks: list[Check]) -> tuple[Verdict, list[str]]:

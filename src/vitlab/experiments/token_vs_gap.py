@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from . import plots
+from .audit import audit, climbing, paired_line, plateau
 from .design import Check, Design, Verdict
 from .measures import fewshot, grid_checks, show, stat, top1, within_spread
 from .plans import TUNING_SEED, VERSION_3, pretrain, transfer_evals, tuned_pretrain_lr
@@ -99,7 +100,33 @@ def analyze(ctx: Context, planned: dict[str, Any], out: Path) -> dict[str, Any]:
             f"{k}: " + " vs ".join(f"{n} {show(finals[n][k])}" for n in names) for k in keys if k != UPSTREAM)]},
         "choices": {"lr_token": planned["lr_token"], "lr_gap": planned["lr_gap"]},
         "data": {"curves": {n: {"steps": c[0], "stats": c[1]} for n, c in curves.items()}, "finals": finals},
+        "audit": audit_of(planned, seeds, finals),
     }
+
+
+def audit_of(planned: dict[str, Any], seeds: tuple[int, ...], finals: dict[str, dict]) -> dict[str, Any]:
+    """The post-hoc audit (experiments.audit): GAP − token paired over seeds (the same seed: the same data order)
+    and the width of the tie it accepts; whether the paper's point (GAP at the token's lr does poorly) was tested."""
+    token, gap = planned["settings"][:2]
+    records = {name: [planned["runs"][(name, s)] for s in seeds] for name in (token, gap)}
+    p, line = paired_line("GAP − token, upstream top-1", *([top1(r) for r in records[name]] for name in (gap, token)))
+    registered = SPREAD_FACTOR * standard_error(finals[gap][UPSTREAM], finals[token][UPSTREAM])
+    plateaus = [plateau(name, rs) for name, rs in records.items()]
+    if planned["lr_gap"] == planned["lr_token"]:
+        untested = f"untested: both grids chose lr {planned['lr_gap']:g}"
+    else:
+        other = finals[planned["settings"][2]][UPSTREAM]
+        untested = f"GAP at the token's lr {other['mean']:.1f} %, reported, not ruled on by the design"
+    width = p["t"] * p["se"] if p["holds"] is not None else float("nan")
+    label = (f"a tie that accepts ±{width:.1f} points (paired rule; the registered 2 standard errors: "
+             f"±{registered:.1f}); the paper's point (GAP needs its own learning rate) {untested}")
+    notes = ["GAP at its own lr is GAP at the token's here, so no run shows GAP doing poorly at the token's lr"
+             if planned["lr_gap"] == planned["lr_token"] else ""]
+    late = climbing(plateaus)
+    means = {name: sum(top1(r) for r in rs) / len(rs) for name, rs in records.items()}
+    headline = f"upstream top-1: token {means[token]:.1f} %, GAP {means[gap]:.1f} % (each at its own lr)"
+    notes += [f"both classifiers {late}" if late else ""]
+    return audit(label, plateaus, [line], [n for n in notes if n], measured=headline)
 
 
 def _finals(scale: Any, records: list) -> dict[str, dict]:
