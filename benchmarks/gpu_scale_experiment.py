@@ -277,7 +277,8 @@ def judge(rows: list[dict[str, Any]], plan: Plan, metric: str) -> dict[str, Verd
     return {"data-scaling": data, "compute": compute}
 
 
-def results_of(plan: Plan, rows: list[dict[str, Any]], macs: float, seconds: float, device: str) -> dict[str, Any]:
+def results_of(plan: Plan, rows: list[dict[str, Any]], macs: float, seconds: float, device: str,
+               precision: str = "bf16") -> dict[str, Any]:
     metric = f"{plan.shots[0]}-shot pre_logits"
     verdicts = judge(rows, plan, metric)
     columns = ["family", "size", "set size", "steps", "images seen", "upstream top-1 (%)", "gain, last 1/6 (points)",
@@ -295,7 +296,7 @@ def results_of(plan: Plan, rows: list[dict[str, Any]], macs: float, seconds: flo
                     "matched pre-training compute, once far more images are seen than a CPU allows?"),
         "setup": (f"ViT/4 and BiT ResNetV2 at sizes S, M, L matched in multiply-adds, {plan.classes} synthetic "
                   f"classes drawn on the GPU, batch {plan.batch}, every run {macs:.3g} training multiply-adds "
-                  f"(steps scaled to matched compute), {device}, bf16; transfer: {plan.transfer_classes} other "
+                  f"(steps scaled to matched compute), {device}, {precision}; transfer: {plan.transfer_classes} other "
                   f"classes, few-shot ridge at {' and '.join(map(str, plan.shots))} shots. One seed."),
         "mode": plan.mode, "seeds": [0], "scale": {"budget_macs": macs, "batch": plan.batch,
                                                    "set_sizes": list(plan.set_sizes)},
@@ -315,7 +316,7 @@ def results_of(plan: Plan, rows: list[dict[str, Any]], macs: float, seconds: flo
                   "details": [f"data-scaling: {verdicts['data-scaling'].result}: {verdicts['data-scaling'].state}"]},
         "audit": {"label": "one seed, untuned learning rates: a first look, not a test" + (
                       f"; still climbing: {', '.join(late)}" if late else ""),
-                  "measured": f"{verdicts['data-scaling'].result}; {main.result}", "plateau": [], "paired": [],
+                  "measured": main.result, "plateau": [], "paired": [],
                   "notes": [f"data-scaling: {verdicts['data-scaling'].state}"]},
         "wall_seconds": round(seconds, 1), "run_seconds": round(sum(r["train_seconds"] for r in rows), 1),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -359,7 +360,7 @@ def _run(plan: Plan, out: Path) -> dict[str, Any]:
         rows.append(run_one(plan, family, size, set_size, steps, data, device, dtype))
         print(f"{family}-{size} on {set_size:,} images: {rows[-1]}", flush=True)
     name = torch.cuda.get_device_name() if cuda else "CPU (dry run)"
-    results = results_of(plan, rows, macs, time.perf_counter() - started, name)
+    results = results_of(plan, rows, macs, time.perf_counter() - started, name, str(dtype).removeprefix("torch."))
     folder = out / NAME
     folder.mkdir(parents=True, exist_ok=True)
     write_results(folder / "results.json", results)

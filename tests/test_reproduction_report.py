@@ -213,6 +213,8 @@ def test_gpu_scale_experiment_dry_runs_on_cpu_and_the_report_shows_its_results(g
     write_report(tmp_path / "out", report, allow_pending=True)
     text = report.read_text()
     gpu = section(text, "gpu-scale")
-    assert "*Every run (one seed)*" in gpu and "**Audit (post hoc): one seed, untuned learning rates" in gpu
+    assert "**Audit (post hoc): one seed, untuned learning rates" in gpu and found["verdict"]["result"] in gpu
     assert summary_row(text, "gpu-scale").count(found["audit"]["measured"]) == 1
+    appendix = (tmp_path / "reproduction" / "HISTORY.md").read_text()
+    assert "*Every run (one seed)*" in appendix and "float32; transfer" in appendix  # every run: the appendix
     assert json.loads((tmp_path / "reproduction" / "gpu-scale" / "results.json").read_text())["mode"] == "gpu"

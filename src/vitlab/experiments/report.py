@@ -180,14 +180,13 @@ def _gpu_section(number: int, results: dict[str, Any] | None, figures: list[tupl
     if results is None:
         lines += [GPU_PENDING, ""]
     else:
-        lines += [f"**The question.** {results['finding']}", "",
-                  *text_of.design_lines(GPU, number, results.get("design")), f"**Setup.** {results['setup']}", "",
-                  *_measured(results, figures)]
+        lines += [f"**The question.** {results['finding']} The setup, the design and every run's numbers: "
+                  f"{text_of.APPENDIX}, section {number}.", "", *_measured(results, figures, tables=False)]
     return "\n".join([*lines, f"<!-- /section:{GPU} -->", ""])
 
 
-def _measured(r: dict[str, Any], figures: list[tuple[str, str]]) -> list[str]:
-    return text_of.measured(r, figures, _minutes(_cost(r)))
+def _measured(r: dict[str, Any], figures: list[tuple[str, str]], tables: bool = True) -> list[str]:
+    return text_of.measured(r, figures, _minutes(_cost(r)), tables)
 
 
 def _summary_row(name: str, r: dict[str, Any] | None, paper: str) -> str:

@@ -60,21 +60,20 @@ def summary_row(name: str, r: dict[str, Any] | None, paper: str, minutes: str) -
 
 
 def design_lines(name: str, number: int | str, design: dict[str, Any] | None) -> list[str]:
-    """The short design: its question and primary metric (the decision rule, the preconditions and the changes: the
-    appendix; the verdict says what the rule found)."""
+    """The short design: its question (the primary metric, the decision rule, the preconditions and the changes:
+    the appendix; the verdict names the metric and says what the rule found)."""
     if not design:
         return []
     return [f"<!-- design:{name} v{design['version']} -->",
-            f"**Design (version {design['version']}, fixed before the full run).** {design['question']} Primary "
-            f"metric: {design['primary']}.", ""]
+            f"**Design (version {design['version']}, fixed before the full run).** {design['question']}", ""]
 
 
-def measured(r: dict[str, Any], figures: list[tuple[str, str]], minutes: str) -> list[str]:
-    """What a full run measured: the runs, its main table, the figures, the preconditions (one row per
-    precondition; each run's in the appendix), the verdict and the audit."""
+def measured(r: dict[str, Any], figures: list[tuple[str, str]], minutes: str, tables: bool = True) -> list[str]:
+    """What a full run measured: the runs, its main table (unless not `tables`), the figures, the preconditions
+    (one row per precondition; each run's in the appendix), the verdict and the audit."""
     lines = [f"**Runs.** Seeds {', '.join(str(s) for s in r['seeds'])}; `{r['command']}`, {minutes} of runs "
              f"(finished {r['finished']}).", ""]
-    for table in r["tables"][:1] if "decision" not in r else []:  # the pilot's tables: the appendix
+    for table in r["tables"][:1] if tables and "decision" not in r else []:  # the pilot's tables: the appendix
         lines += table_lines(table)
     for file, caption in figures:
         lines += [f"![{re.split(r'[.;:] ', caption)[0].rstrip('.')}]({file})", ""]

@@ -22,9 +22,8 @@ LEVEL = 0.95
 RULE = ("where two arms share seeds (the same initial draw and data order), a difference holds when its paired "
         "95 % t-interval excludes 0: |mean d| > t(0.975, n − 1) · sd(d) / √n, d the per-seed differences over n "
         "seeds (t = 4.30 for three)")
-SEEDS_RULE = ("the seeds an effect needs: the smallest n with |d̄| > t(0.975, n − 1) · s / √n, d̄ and s its "
-              "per-seed mean and sd (about (t · s / d̄)²; an effect of exactly that size is then detected half the "
-              "time)")
+SEEDS_RULE = ("the seeds an effect needs: the smallest n at which its measured per-seed mean d̄ and sd s pass that "
+              "rule (about (t · s / d̄)²; an effect of exactly that size is then found half the time)")
 
 
 def t_two_sided(t: float, dof: int) -> float:
