@@ -1,7 +1,7 @@
 """The scale questions on a GPU (issue 38 item 6): data-scaling (paper Figs. 3-4) and compute (Fig. 5) need far more
 images seen than a 2-core CPU gives; one H200 at bf16 sees more in minutes than the whole CPU campaign.
 
-    python benchmarks/gpu_scale_experiment.py --out reproduction       # one H200, bf16: about 7 minutes in all
+    python benchmarks/gpu_scale_experiment.py --out reproduction       # one H200, bf16: about 6.5 minutes
     python benchmarks/gpu_scale_experiment.py --dry-run --out /tmp/g   # anywhere: tiny sizes, a few seconds
 
 On the device tool's machine, as a sibling of the device check in the same call (repository root):
@@ -17,12 +17,12 @@ and BiT ResNetV2 at three sizes matched in multiply-adds (vitlab.flops; `MODELS`
 compute B (multiply-adds): steps = B / (training MACs per image × batch), so sizes and families are compared at
 matched compute; data-scaling: size M at three set sizes; compute: sizes S, M, L on the largest set. One seed.
 
-Time. A calibration times a few steps of each model first (about 20 s); B is then the largest budget for which every
-run, at its measured speed, fits the training share of `--budget-s` (default 420 s: 7 minutes, under the 8 the issue
-allows; evaluation and start-up take the rest). Expected on one H200: 20 s of start-up, 20 s of calibration, 340 s of
-training, 20 s of evaluation: about 7 minutes, bounded by the budget whatever the GPU's speed (a slower GPU gets a
-smaller B, which results.json records). The estimate assumes no speed at all; what it cannot bound is start-up
-(imports, CUDA context), measured at 10-20 s on the device check's runs.
+Time (expected: about 6.5 minutes on one H200; not yet measured, no GPU was lent when this was written). A
+calibration times 8 steps of each model; B is then the largest budget for which every run, at its measured speed,
+fits 80 % of `--budget-s` (default 420 s): training takes 336 s by construction on any GPU (a slower one gets a
+smaller B, recorded), and a run past 1.5× its calibrated time + 5 s stops there and says so. The rest: start-up
+about 20 s (the device check's runs), calibration about 10 s, evaluation about 2 s a run (4,096 held-out images
+twice, 500 + 1,000 transfer images through two representations): 20 + 10 + 336 + 20 s, under the 8 minutes allowed.
 
 Writes OUT/gpu-scale/results.json in the experiments' format, sealed (vitlab.experiments.records), so that `vitlab
 experiment report --out OUT` shows it beside the CPU runs; a --dry-run's results say mode "dry-run" and are not shown.
@@ -204,24 +204,33 @@ def top1(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, dty
 
 
 def run_one(plan: Plan, family: str, size: str, set_size: int, steps: int, data: dict, device: torch.device,
-            dtype: torch.dtype) -> dict[str, Any]:
+            dtype: torch.dtype, limit_s: float | None = None) -> dict[str, Any]:
     """Train one model `steps` steps (Adam, linear warm-up then cosine, weight decay 0.05 as AdamW) and score it:
-    upstream top-1 on held-out images at 5/6 of the steps and at the end ((a′): its gain), few-shot transfer."""
+    upstream top-1 on held-out images at 5/6 of the steps and at the end ((a′): its gain), few-shot transfer.
+    `limit_s`: training stops after this many seconds (the calibration was wrong by more than its margin), so
+    that the whole run keeps to its budget; the row says so (`stopped_at`), and its compute is no longer matched."""
     model = new_model(plan, family, size, device)
     opt = torch.optim.AdamW(model.parameters(), lr=LR[family], weight_decay=0.05)
     warm = max(1, steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (
         1 + math.cos(math.pi * min(1.0, max(0, s - warm) / max(1, steps - warm)))))
-    started, checkpoint = time.perf_counter(), None
+    started, checkpoint, stopped = time.perf_counter(), None, None
     for step in range(steps):
         _step(model, opt, *batch_of(data["up"], plan, 0, step, set_size, device), dtype)
         sched.step()
+        if limit_s is not None and step % 10 == 0 and time.perf_counter() - started > limit_s:
+            _sync(device)
+            if time.perf_counter() - started > limit_s:
+                stopped = step + 1
+                break
         if step + 1 == steps * 5 // 6:
             checkpoint = top1(model, *data["val"], dtype)
     _sync(device)
     seconds = time.perf_counter() - started
     final = top1(model, *data["val"], dtype)
-    out = {"family": family, "size": size, "set_size": set_size, "steps": steps, "images_seen": steps * plan.batch,
+    done = stopped or steps
+    out = {"family": family, "size": size, "set_size": set_size, "steps": done, "stopped_at": stopped,
+           "images_seen": done * plan.batch,
            "train_seconds": round(seconds, 2), "upstream": round(final, 2),
            "plateau_gain": round(final - checkpoint, 2) if checkpoint is not None else None}
     model.eval()
@@ -287,6 +296,8 @@ def results_of(plan: Plan, rows: list[dict[str, Any]], macs: float, seconds: flo
               f"{r['upstream']:.1f}", "—" if r["plateau_gain"] is None else f"{r['plateau_gain']:+.1f}",
               *(f"{r[f'{k}-shot {rep}']:.1f}" for rep in ("pre_logits", "encoder") for k in plan.shots),
               f"{r['train_seconds']:.0f}"] for r in rows]
+    cut = [f"{r['family']}-{r['size']} ({r['set_size']:,}) at step {r['stopped_at']:,}" for r in rows
+           if r["stopped_at"]]
     late = [f"{r['family']}-{r['size']} ({r['set_size']:,})" for r in rows
             if r["plateau_gain"] is not None and r["plateau_gain"] >= PLATEAU_POINTS]
     main = verdicts["compute"]
@@ -317,7 +328,8 @@ def results_of(plan: Plan, rows: list[dict[str, Any]], macs: float, seconds: flo
         "audit": {"label": "one seed, untuned learning rates: a first look, not a test" + (
                       f"; still climbing: {', '.join(late)}" if late else ""),
                   "measured": main.result, "plateau": [], "paired": [],
-                  "notes": [f"data-scaling: {verdicts['data-scaling'].state}"]},
+                  "notes": [f"data-scaling: {verdicts['data-scaling'].state}"] + ([
+                      f"stopped before its matched compute to keep the time budget: {', '.join(cut)}"] if cut else [])},
         "wall_seconds": round(seconds, 1), "run_seconds": round(sum(r["train_seconds"] for r in rows), 1),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
         "versions": {"vitlab": __version__, "torch": torch.__version__, "python": platform.python_version()},
@@ -344,6 +356,7 @@ def _run(plan: Plan, out: Path) -> dict[str, Any]:
     dtype = torch.bfloat16 if cuda else torch.float32
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True  # fixed shapes: the calibration's warm-up step chooses the kernels
     data = {"up": prototypes(plan.classes, 1, device)}
     data["val"] = held_out(data["up"], plan.classes, plan.val_images, plan.image_size, device)
     transfer = prototypes(plan.transfer_classes, 2, device)
@@ -357,7 +370,8 @@ def _run(plan: Plan, out: Path) -> dict[str, Any]:
     rows = []
     for family, size, set_size in runs:
         steps = steps_for(plan, macs, family, size)
-        rows.append(run_one(plan, family, size, set_size, steps, data, device, dtype))
+        limit = 1.5 * steps * per_step[(family, size)] + 5  # the calibration's margin, then the budget wins
+        rows.append(run_one(plan, family, size, set_size, steps, data, device, dtype, limit))
         print(f"{family}-{size} on {set_size:,} images: {rows[-1]}", flush=True)
     name = torch.cuda.get_device_name() if cuda else "CPU (dry run)"
     results = results_of(plan, rows, macs, time.perf_counter() - started, name, str(dtype).removeprefix("torch."))

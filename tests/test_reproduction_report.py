@@ -218,3 +218,20 @@ def test_gpu_scale_experiment_dry_runs_on_cpu_and_the_report_shows_its_results(g
     appendix = (tmp_path / "reproduction" / "HISTORY.md").read_text()
     assert "*Every run (one seed)*" in appendix and "float32; transfer" in appendix  # every run: the appendix
     assert json.loads((tmp_path / "reproduction" / "gpu-scale" / "results.json").read_text())["mode"] == "gpu"
+
+
+def test_gpu_scale_run_stops_at_its_time_limit_and_says_so(gpu_script):
+    """A calibration wrong by more than its margin cannot take the run past its budget: training stops, and the
+    row records where."""
+    import torch
+
+    plan = gpu_script.DRY
+    device = torch.device("cpu")
+    protos = gpu_script.prototypes(plan.classes, 1, device)
+    transfer = gpu_script.prototypes(plan.transfer_classes, 2, device)
+    data = {"up": protos, "val": gpu_script.held_out(protos, plan.classes, 8, plan.image_size, device),
+            "fs_train": gpu_script.held_out(transfer, plan.transfer_classes, 12, plan.image_size, device, 0),
+            "fs_test": gpu_script.held_out(transfer, plan.transfer_classes, 6, plan.image_size, device)}
+    row = gpu_script.run_one(plan, "ViT", "M", 64, 50, data, device, torch.float32, limit_s=0.0)
+    assert row["stopped_at"] == 1 and row["steps"] == 1 and row["images_seen"] == plan.batch
+
