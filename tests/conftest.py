@@ -30,3 +30,15 @@ def sigterm_during_step(monkeypatch):
             monkeypatch.setattr(loop.Trainer, "_train_step", real_step)
 
     return during
+
+
+@pytest.fixture(autouse=True)
+def _default_verbosity():
+    """`vitlab -q …` sets the process-wide verbosity (the `vitlab` logger at WARNING), as it should in a real
+    process; tests share one process per worker, so each test starts and ends at the default again (a run's
+    console.log lost its INFO lines in a later test otherwise)."""
+    from vitlab.progress import set_verbosity
+
+    set_verbosity(0)
+    yield
+    set_verbosity(0)
