@@ -12,12 +12,12 @@ The page cache is emptied per file with posix_fadvise(DONTNEED), which needs no 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import time
 from pathlib import Path
 
 from vitlab.data.shardindex import fingerprint
+from vitlab.rundir import sha256_file
 
 
 def _write(root: Path, shards: int, size: int) -> list[Path]:
@@ -41,14 +41,6 @@ def _evict(files: list[Path]) -> None:
         os.close(fd)
 
 
-def _full_hash(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dir", type=Path)
@@ -69,7 +61,7 @@ def main() -> None:
     _evict(sample)
     t = time.perf_counter()
     for path in sample:
-        _full_hash(path)
+        sha256_file(path)
     full = (time.perf_counter() - t) / len(sample)
     print(f"{len(files)} shards x {args.mib} MiB: fingerprint {1e3 * cold:.2f} ms/shard cold, {1e3 * warm:.3f} "
           f"ms/shard warm; full SHA-256 {1e3 * full:.0f} ms/shard cold ({full / (args.mib / 1024):.1f} s per GiB)")
