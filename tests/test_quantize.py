@@ -69,12 +69,27 @@ def test_int8_keeps_the_trained_models_predictions(trained):
 def test_encoder_linears_become_int8_and_the_head_stays_float(trained):
     q = quantize_int8(copy.deepcopy(trained[0]))
     assert is_int8(q) and not is_int8(trained[0])
-    kinds = {name: type(m).__module__ for name, m in q.named_modules()}
-    assert kinds["blocks.0.attn.qkv"].startswith("torch.ao.nn.quantized")
-    assert kinds["blocks.1.mlp.fc2"].startswith("torch.ao.nn.quantized")
-    assert kinds["head"] == "torch.nn.modules.linear" and q.head.weight.dtype == torch.float32
+    kinds = {name: type(m).__name__ for name, m in q.named_modules()}
+    assert kinds["blocks.0.attn.qkv"] == kinds["blocks.1.mlp.fc2"] == "Int8DynamicLinear"
+    assert kinds["head"] == "Linear" and q.head.weight.dtype == torch.float32
+    weights = q.blocks[0].attn.qkv.weight().int_repr()  # 7-bit, symmetric, the full range of each channel used
+    assert weights.min().item() >= -64 and weights.max().item() <= 63 and weights.abs().max().item() >= 63
     assert q.config == CFG  # still the vitlab model: its config and methods are untouched
     assert q.forward_head(q.forward_features(trained[1][:2])).shape == (2, 10)
+
+
+def test_large_activations_times_large_weights_do_not_saturate():
+    """The worst case for x86 without VNNI: every activation at the top of its 8-bit range times every weight at
+    the top of its range, summed in int16 pairs. Closed form: x = 1 everywhere, W = +-1 by row, so y = +-256.
+    8-bit weights with 8-bit activations saturate here (255 x 127 x 2 > 32767: y came out 129, half, on AVX2);
+    vitlab's 7-bit weights cannot (255 x 64 x 2 < 32767)."""
+    layer = torch.nn.Linear(256, 4, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([1.0, -1.0, 1.0, -1.0])[:, None].expand(4, 256))
+    q = quantize_int8(torch.nn.Sequential(layer))
+    with torch.inference_mode():
+        y = q(torch.ones(3, 256))
+    assert torch.allclose(y, torch.tensor([256.0, -256.0, 256.0, -256.0]).expand(3, 4), rtol=0.01), y[0]
 
 
 def test_bit_has_nothing_to_quantize_and_computes_as_before():
