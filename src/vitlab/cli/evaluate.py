@@ -11,6 +11,8 @@ from .train import EVAL_RESIZE_HELP
 from .types import DATA_SOURCES, PRECISION_HELP, batch_size, class_count, device_name, precision_name, workers
 
 INFER_PRECISION_HELP = PRECISION_HELP + ", or int8 (dynamic int8 Linear layers, CPU)"
+COMPILE_HELP = ("torch.compile the model before the first batch (off by default: on CPU the compilation takes "
+                "minutes and compiled inference was not faster than eager, BENCHMARKS.md)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,6 +37,7 @@ def _register_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", type=device_name, default="auto",
                    help="cpu, cuda or cuda:N (default auto: CUDA when available)")
     p.add_argument("--precision", type=precision_name(int8=True), default="auto", help=INFER_PRECISION_HELP)
+    p.add_argument("--compile", action="store_true", help=COMPILE_HELP)
     p.add_argument("--confusion", metavar="PATH",
                    help="write the confusion-matrix PNG here (default: confusion-DATA-SPLIT.png in --out, else in "
                         "the run directory the weights come from, else no figure)")
@@ -70,9 +73,9 @@ def _eval(args: argparse.Namespace) -> int:
                           () if args.confusion else (confusion_name(args.data, args.split),),
                           legacy_keys=EVAL_RECORD_KEYS)
     r = evaluate_weights(args.weights, args.data, args.split, args.batch_size, args.workers, args.device,
-                         None, args.strict, args.eval_resize, precision=args.precision)
+                         None, args.strict, args.eval_resize, precision=args.precision, compile=args.compile)
     record = {**r.metrics, "eval_resize": r.eval_resize, "weights": str(args.weights), "data": args.data,
-              "split": args.split, "precision": r.precision.to_dict(),
+              "split": args.split, "precision": r.precision.to_dict(), "compile": args.compile,
               "per_class": per_class_metrics(r.confusion, r.class_names)}
     m = r.metrics
     if not args.json:
@@ -135,6 +138,7 @@ def _register_predict(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", type=device_name, default="auto",
                    help="cpu, cuda or cuda:N (default auto: CUDA when available)")
     p.add_argument("--precision", type=precision_name(int8=True), default="auto", help=INFER_PRECISION_HELP)
+    p.add_argument("--compile", action="store_true", help=COMPILE_HELP)
     p.add_argument("--json", action="store_true",
                    help="one JSON document with every image's predictions (probabilities as fractions in [0, 1])")
     _register_predict_serving(p)
@@ -160,7 +164,8 @@ def _predict(args: argparse.Namespace) -> int:
     from ..eval.prediction_files import check_destinations, write_csv, write_json
 
     check_destinations(args.csv, args.json_out, args.force)  # before any work: never a file of the user's
-    run = predict_images(args.weights, args.images, args.top_k, args.device, args.precision, args.batch_size)
+    run = predict_images(args.weights, args.images, args.top_k, args.device, args.precision, args.batch_size,
+                         args.compile)
     written = [write_csv(run, args.csv, args.force)] if args.csv else []
     written += [write_json(run, args.json_out, args.weights, args.force)] if args.json_out else []
     if args.json:

@@ -143,15 +143,15 @@ def write_confusion(result: EvalResult, path: str | Path, title: str = "Confusio
 def evaluate_weights(
     weights: str | Path, data: str, split: str = "val", batch_size: int = 256, workers: int = 0,
     device: str = "auto", confusion_png: str | Path | None = None, strict: bool = False,
-    eval_resize: str | None = None, progress: bool = True, precision: str = "auto",
+    eval_resize: str | None = None, progress: bool = True, precision: str = "auto", compile: bool = False,
 ) -> EvalResult:
     """`vitlab eval`: top-1/top-5/loss of saved weights on a dataset split, and (with `confusion_png`) a
     confusion-matrix PNG. `eval_resize` None: the resize the weights were evaluated with in training (recorded
     in vitlab weights), else "official". `progress`: a bar on a terminal. `precision`: auto, fp32, bf16 or int8
-    (vitlab.precision; the choice is in the result)."""
+    (vitlab.precision; the choice is in the result). `compile`: torch.compile the model (`with_precision`)."""
     dev = pick_device(device)
     model, names = load_for_inference(weights, dev)
-    model, chosen = with_precision(model, dev, precision)
+    model, chosen = with_precision(model, dev, precision, compile)
     has_names = getattr(model, "class_names", None) is not None
     data_split: ImageSplit = load_split(data, split, names if has_names else None, strict)
     if len(data_split.class_names) != model.config.num_classes:

@@ -21,8 +21,15 @@ def load_for_inference(weights: str | Path, device: torch.device) -> tuple[nn.Mo
     return model, names
 
 
-def with_precision(model: nn.Module, device: torch.device, precision: str) -> tuple[nn.Module, Precision]:
+def with_precision(model: nn.Module, device: torch.device, precision: str,
+                   compile: bool = False) -> tuple[nn.Module, Precision]:
     """(the model in the fastest form of `precision` for inference, the resolved choice with its reason); the
-    caller computes under `precision.autocast_for(device, chosen)`. fp32 leaves the model as it is."""
+    caller computes under `precision.autocast_for(device, chosen)`. fp32 leaves the model as it is. `compile`:
+    wrap the prepared model with `torch.compile` (off by default: BENCHMARKS.md, "torch.compile for inference",
+    measured it slower than eager on CPU once its compile time is counted); the wrapper still exposes
+    `model.config` and `model.class_names`."""
     chosen = resolve_precision(precision, device, use="infer", width=model_width(model))
-    return prepare_for_inference(model, chosen), chosen
+    model = prepare_for_inference(model, chosen)
+    if compile:
+        model = torch.compile(model)
+    return model, chosen

@@ -67,23 +67,24 @@ class Predictions:
 
 
 def predict(weights: str | Path, images: list[str], top_k: int | None = None, device: str = "auto",
-            precision: str = "auto", batch_size: int = 32) -> list[dict[str, Any]]:
+            precision: str = "auto", batch_size: int = 32, compile: bool = False) -> list[dict[str, Any]]:
     """`vitlab predict`'s results: for each image read (a folder: every image under it), the top-k classes with
     softmax probabilities. See `predict_images` for the rules; this returns its `results`."""
-    return predict_images(weights, images, top_k, device, precision, batch_size).results
+    return predict_images(weights, images, top_k, device, precision, batch_size, compile).results
 
 
 @torch.no_grad()
 def predict_images(weights: str | Path, images: list[str], top_k: int | None = None, device: str = "auto",
-                   precision: str = "auto", batch_size: int = 32) -> Predictions:
+                   precision: str = "auto", batch_size: int = 32, compile: bool = False) -> Predictions:
     """For each image (a folder: every image under it), the top-k classes with softmax probabilities, computed
     `batch_size` images at a time. `top_k` None: 5, or all classes of a model with fewer; a given `top_k` above
     the class count shows all of them, with a warning. `precision`: auto, fp32, bf16 or int8 (vitlab.precision;
-    the choice is logged). A named file that cannot be read is a DataError; an unreadable file under a folder is
-    skipped with a warning (DataError if nothing could be read)."""
+    the choice is logged). `compile`: torch.compile the model (`with_precision`). A named file that cannot be read
+    is a DataError; an unreadable file under a folder is skipped with a warning (DataError if nothing could be
+    read)."""
     dev = pick_device(device)
     model, names = load_for_inference(weights, dev)
-    model, chosen = with_precision(model, dev, precision)
+    model, chosen = with_precision(model, dev, precision, compile)
     log.info("precision %s (%s)", chosen.name, chosen.reason)
     named = {str(p) for p in images if not Path(p).is_dir()}
     paths = expand_images(images)
