@@ -26,6 +26,7 @@ dynamic quantization covers Linear layers only, so BiT gains nothing from int8.
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -37,6 +38,12 @@ with warnings.catch_warnings():  # torch.ao.nn.quantized warns that it is deprec
         from torch.ao.nn.quantized.dynamic import Linear as _DynamicLinear
     except ImportError:  # a torch without it: quantize_int8 says so in one line (_torch_dynamic_quantization)
         _DynamicLinear = nn.Module
+
+# Whose kernels compute the int8 products. Measured interleaved on an AMD EPYC (AVX2, no VNNI), batch 16, 2 threads
+# (BENCHMARKS.md "int8 and compile on a quiet machine"): oneDNN 1.59x float32 on ViT-B/16, 1.48x on ViT-S/16, 1.33x
+# on ViT-Ti/16 against FBGEMM's (torch's default "x86" engine) 1.44x, 1.26x, 1.29x; at batch 1 FBGEMM 1.81x, oneDNN
+# 1.72x. Batches of 16 and more are what eval (256) and predict (32) run, so oneDNN packs where torch has it.
+PACKING_ENGINE = "onednn"
 
 _DEPRECATION_MESSAGES = (r"torch\.ao\.quantization is deprecated", r"torch\.quantize_per_tensor",
                          r".*quantized tensor creation", r".*is deprecated and will be removed")
@@ -56,7 +63,7 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     if not targets:
         return model  # nothing to quantize (BiT: its head is the only Linear): the float32 model unchanged
     model.eval()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _packing_engine(PACKING_ENGINE):
         for message in _DEPRECATION_MESSAGES:
             warnings.filterwarnings("ignore", message=message)
         quantize_dynamic(model, {name: qconfig for name in targets}, dtype=torch.qint8, inplace=True)
@@ -64,6 +71,21 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         if type(m) is _DynamicLinear:
             m.__class__ = Int8DynamicLinear  # the same packed weights; only forward differs
     return model
+
+
+@contextmanager
+def _packing_engine(name: str):
+    """torch's quantized engine set to `name` while weights are packed, then restored: the packed weights keep the
+    engine's kernels whatever the global setting is when they run, so nothing outside vitlab changes."""
+    previous = torch.backends.quantized.engine
+    if name not in torch.backends.quantized.supported_engines:  # e.g. ARM builds: the default engine packs
+        yield
+        return
+    torch.backends.quantized.engine = name
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = previous
 
 
 def is_int8(model: nn.Module) -> bool:
