@@ -11,7 +11,9 @@ MNIST images, BENCHMARKS.md "int8"): logits 0.58 % from float32 against 1.09 % w
 agreement 99.1 % against 98.8 %; same speed. ONNX files get the same split (`vitlab.deploy.onnx_check`).
 
 Which library (measured, BENCHMARKS.md "int8"): torch's FBGEMM/oneDNN dynamic linear kernels
-(`torch.ao.quantization.quantize_dynamic`) are fast on every x86 CPU with AVX2 and need nothing beyond torch.
+(`torch.ao.quantization.quantize_dynamic`) are fast on every x86 CPU with AVX2 and need nothing beyond torch;
+the weights are packed for oneDNN's (`PACKING_ENGINE`, the faster of the two at the batch sizes eval and predict
+run).
 torchao's `Int8DynamicActivationInt8WeightConfig`, the maintained successor, has no fast eager CPU kernel: one
 ViT-B/16 batch took 20x float32's time on the AMD EPYC we measured on, so it is not used. `torch.ao.quantization`
 warns that it is deprecated; the warning is vitlab's to handle, not the user's, so it is silenced here (and an
