@@ -33,13 +33,14 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-# The messages torch emits on the way (its module deprecation, quantized tensor creation): vitlab's concern.
 with warnings.catch_warnings():  # torch.ao.nn.quantized warns that it is deprecated: vitlab's concern
     warnings.simplefilter("ignore")
     try:
         from torch.ao.nn.quantized.dynamic import Linear as _DynamicLinear
     except ImportError:  # a torch without it: quantize_int8 says so in one line (_torch_dynamic_quantization)
-        _DynamicLinear = nn.Module
+
+        class _DynamicLinear(nn.Module):  # never instantiated: is_int8 is then False for every model
+            pass
 
 # Whose kernels compute the int8 products. Measured interleaved on an AMD EPYC (AVX2, no VNNI), batch 16, 2 threads
 # (BENCHMARKS.md "int8 and compile on a quiet machine"): oneDNN 1.59x float32 on ViT-B/16, 1.48x on ViT-S/16, 1.33x
@@ -47,6 +48,7 @@ with warnings.catch_warnings():  # torch.ao.nn.quantized warns that it is deprec
 # 1.72x. Batches of 16 and more are what eval (256) and predict (32) run, so oneDNN packs where torch has it.
 PACKING_ENGINE = "onednn"
 
+# The messages torch emits on the way (its module deprecation, quantized tensor creation): vitlab's concern.
 _DEPRECATION_MESSAGES = (r"torch\.ao\.quantization is deprecated", r"torch\.quantize_per_tensor",
                          r".*quantized tensor creation", r".*is deprecated and will be removed")
 

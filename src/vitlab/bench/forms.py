@@ -11,13 +11,12 @@ it (vitlab.precision), then each library in its own fastest form of it, which is
 from __future__ import annotations
 
 import copy
-from contextlib import AbstractContextManager
 
 import torch
 from torch import nn
 
 from ..models.registry import model_config
-from ..precision import Precision, autocast_for, config_width, prepare_for_inference, resolve_precision
+from ..precision import Precision, config_width, prepare_for_inference, resolve_precision
 from .result import BenchSettings
 
 
@@ -52,7 +51,3 @@ def inference_model(impl: str, model: nn.Module, precision: Precision) -> nn.Mod
         return prepare_for_inference(copy.deepcopy(model).eval(), precision)
     return model
 
-
-def autocast(device: torch.device, precision: Precision) -> AbstractContextManager:
-    """bf16 autocast for bf16 (training, timm's inference, vitlab's hybrids and BiT); nothing otherwise."""
-    return autocast_for(device, precision)

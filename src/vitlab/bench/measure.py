@@ -16,6 +16,7 @@ from ..device import autocast as device_autocast
 from ..flops import count_macs
 from ..models.config import BiTConfig, ViTConfig
 from ..models.registry import create_model, model_config
+from ..precision import autocast_for
 from ..weights.timm_bit import to_timm_bit_state_dict
 from . import forms
 from .compare import timm_equivalent
@@ -132,7 +133,7 @@ def run_benchmark(settings: BenchSettings, progress: Callable[[str], None] | Non
                 m = forms.inference_model(impl, m, chosen) if mode == "infer" else m
                 if settings.compile:
                     m = compiled.setdefault(id(m), torch.compile(m))
-                steps[impl] = make_step(m, mode, x, y, forms.autocast(device, chosen))
+                steps[impl] = make_step(m, mode, x, y, autocast_for(device, chosen))
             times = _interleaved(steps, settings, device, mode, progress)
             for impl, name, _ in models:
                 n_steps, seconds = times[impl]

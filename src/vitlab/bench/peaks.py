@@ -1,5 +1,5 @@
-"""The GEMM peak a benchmark's precision is set against, measured in the same run: a bf16 matmul for bf16, FBGEMM's
-dynamic int8 linear (the kernel `--precision int8` computes with, activation quantization included) for int8.
+"""The GEMM peak a benchmark's precision is set against, measured in the same run: a bf16 matmul for bf16, the
+dynamic int8 linear `--precision int8` computes with (`vitlab.quantize`, activation quantization included) for int8.
 
 Their speed differs by two orders of magnitude between processors (bf16: native with AMX or AVX512-BF16, emulated
 elsewhere: 0.15 GFLOP/s against float32's 10 on the loaded AMD EPYC of BENCHMARKS.md), so the size is found, not
