@@ -23,14 +23,14 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-from .data.transforms import model_transform
-from .factory import create_model, list_models
-from .models import BiTConfig as BiTConfig  # re-exported: vitlab.ViTConfig etc.
-from .models import ResNetConfig as ResNetConfig
-from .models import ViTConfig as ViTConfig
-from .weights.load import load as load_weights
-from .weights.load import preprocessing
-from .weights.vitlab_format import save as save_weights
+from vitlab.data.transforms import model_transform
+from vitlab.factory import create_model, list_models
+from vitlab.models import BiTConfig as BiTConfig  # re-exported: vitlab.ViTConfig etc.
+from vitlab.models import ResNetConfig as ResNetConfig
+from vitlab.models import ViTConfig as ViTConfig
+from vitlab.weights.load import load as load_weights
+from vitlab.weights.load import preprocessing
+from vitlab.weights.vitlab_format import save as save_weights
 
 __version__ = "0.1.0"
 
@@ -72,7 +72,7 @@ def load(
     model = load_weights(path, image_size=image_size, num_classes=num_classes, pretrained=pretrained, arch=arch)
     if precision is None:
         return model
-    from .precision import model_width, prepare_for_inference, resolve_precision
+    from vitlab.precision import model_width, prepare_for_inference, resolve_precision
 
     chosen = resolve_precision(precision, next(model.parameters()).device, use="infer", width=model_width(model))
     model = prepare_for_inference(model, chosen)
@@ -114,8 +114,8 @@ def export_onnx(model_or_weights: nn.Module | str | os.PathLike, path: str | os.
         The export report (`.line()` says what was checked and how close). A failed check raises ValueError
         and writes nothing.
     """
-    from .deploy import export_onnx as export_model
-    from .deploy import export_weights
+    from vitlab.deploy import export_onnx as export_model
+    from vitlab.deploy import export_weights
 
     export = export_weights if isinstance(model_or_weights, str | os.PathLike) else export_model
     return export(model_or_weights, path, precision=precision, batch_size=batch_size, opset=opset, force=force)
@@ -133,7 +133,7 @@ def fit(recipe: str | None = None, **settings: Any) -> Any:
         result = vitlab.fit("finetune", init="vit.npz", data="photos/", epochs=10, out="runs/photos")
         result.metrics["top1"], result.out_dir, result.model
     """
-    from .train.fit import fit as fit_run
+    from vitlab.train.fit import fit as fit_run
 
     return fit_run(recipe, **settings)
 

@@ -14,12 +14,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from .hub.catalogue import timm_name
-from .models.config import BiTConfig, ModelConfig
-from .models.registry import build_model, model_config
-from .models.timm_compat import FeatureExtractor
-from .weights.load import load
-from .weights.timm_arch import LAYER_SCALE_NAMES, timm_config
+from vitlab.hub.catalogue import timm_name
+from vitlab.models.config import BiTConfig, ModelConfig
+from vitlab.models.registry import build_model, model_config
+from vitlab.models.timm_compat import FeatureExtractor
+from vitlab.weights.load import load
+from vitlab.weights.timm_arch import LAYER_SCALE_NAMES, timm_config
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -205,8 +205,8 @@ def list_models(filter: str | list[str] = "", pretrained: bool = False) -> list[
     ("i21k:ViT-B/16") and timm's "ARCH.TAG" names, as timm lists them."""
     import fnmatch
 
-    from .hub import catalogue
-    from .models.registry import list_models as registry_models
+    from vitlab.hub import catalogue
+    from vitlab.models.registry import list_models as registry_models
 
     patterns = [p for p in ([filter] if isinstance(filter, str) else list(filter)) if p]
     if pretrained:  # (name, the architecture a pattern may also name)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from .models.config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
-from .models.registry import model_config
+from vitlab.models.config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
+from vitlab.models.registry import model_config
 
 
 @dataclass(frozen=True)

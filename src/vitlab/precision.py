@@ -169,7 +169,7 @@ def prepare_for_inference(model: nn.Module, precision: Precision | str) -> nn.Mo
     weights (weight standardisation) and rely on autocast; int8 `vitlab.quantize.quantize_int8`."""
     name = precision.name if isinstance(precision, Precision) else precision
     if name == "int8":
-        from .quantize import quantize_int8  # optional dependencies live there; import only when asked
+        from vitlab.quantize import quantize_int8  # optional dependencies live there; import only when asked
 
         return quantize_int8(model)
     if name != "bf16" or _has_weight_standardisation(model) or getattr(model, "_vitlab_bf16", False):

@@ -2,7 +2,7 @@
 attention distance, position-embedding similarity, principal components of the embedding filters, and
 `analyze`, which writes all of them as figures with an index page and a summary of the numbers."""
 
-from .attention import (
+from vitlab.analysis.attention import (
     attention_distance_from_attention,
     attention_maps,
     attention_rollout,
@@ -12,7 +12,7 @@ from .attention import (
     mean_attention_distance,
     rollout_from_attention,
 )
-from .embeddings import (
+from vitlab.analysis.embeddings import (
     EmbeddingFilters,
     embedding_filters,
     filter_diagnostics,
@@ -21,8 +21,15 @@ from .embeddings import (
     row_column_summary,
     similarity_from_embeddings,
 )
-from .images import AnalysisInputs, dataset_inputs, embedded_images, image_file_inputs, load_images, to_display
-from .report import analyze
+from vitlab.analysis.images import (
+    AnalysisInputs,
+    dataset_inputs,
+    embedded_images,
+    image_file_inputs,
+    load_images,
+    to_display,
+)
+from vitlab.analysis.report import analyze
 
 __all__ = [
     "AnalysisInputs", "EmbeddingFilters", "analyze", "attention_distance_from_attention", "attention_maps",

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from ..models.vit import VisionTransformer
+from vitlab.models.vit import VisionTransformer
 
 HEAD_FUSIONS = ("mean", "max", "min")
 

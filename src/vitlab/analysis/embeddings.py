@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import require_vit
+from vitlab.analysis.attention import require_vit
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..data import EMBEDDED, DataError, is_embedded, load_split
-from ..data.sources import DECODE_ERRORS, to_rgb
-from ..data.untrusted import open_regular
-from ..models.config import ViTConfig
+from vitlab.data import EMBEDDED, DataError, is_embedded, load_split
+from vitlab.data.sources import DECODE_ERRORS, to_rgb
+from vitlab.data.untrusted import open_regular
+from vitlab.models.config import ViTConfig
 
 
 def channel_stats(config: ViTConfig) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,10 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..outputs import WRITTEN_BY, atomic_write, check_replaceable, mark_text
-from ..progress import progress
-from . import figures
-from .attention import (
+from vitlab.analysis import figures
+from vitlab.analysis.attention import (
     attention_distance_from_attention,
     class_token_attention_from_attention,
     inference,
@@ -25,14 +23,16 @@ from .attention import (
     rollout_from_attention,
     run_attention,
 )
-from .embeddings import (
+from vitlab.analysis.embeddings import (
     diagnostic_messages,
     embedding_filters,
     filter_diagnostics,
     position_embedding_similarity,
     row_column_summary,
 )
-from .images import is_grey, to_display
+from vitlab.analysis.images import is_grey, to_display
+from vitlab.outputs import WRITTEN_BY, atomic_write, check_replaceable, mark_text
+from vitlab.progress import progress
 
 CHUNK = 16  # images per forward pass: bounds the (L, N, H, T, T) attention tensor held at once
 

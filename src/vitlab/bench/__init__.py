@@ -7,10 +7,10 @@ spell of a shared machine hits both. GFLOP/s = 2 × multiply-adds × images/s, w
 analytically (`vitlab.flops`), and is set against this machine's measured GEMM peak.
 """
 
-from .compare import TIMM_NAMES, timm_equivalent
-from .machine import environment, tune_malloc
-from .measure import build_models, gemm_peak_gflops, make_step, run_benchmark, time_steps
-from .result import MODES, BenchResult, BenchSettings, Measurement
+from vitlab.bench.compare import TIMM_NAMES, timm_equivalent
+from vitlab.bench.machine import environment, tune_malloc
+from vitlab.bench.measure import build_models, gemm_peak_gflops, make_step, run_benchmark, time_steps
+from vitlab.bench.result import MODES, BenchResult, BenchSettings, Measurement
 
 __all__ = [
     "MODES", "TIMM_NAMES", "BenchResult", "BenchSettings", "Measurement", "build_models", "environment",

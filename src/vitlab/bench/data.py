@@ -29,14 +29,14 @@ from typing import Any
 
 import torch
 
-from ..data import build_datasets
-from ..data.shards import ShardSplit
-from ..train.config import TrainConfig
-from ..train.distributed import Dist
-from ..train.setup import default_workers, make_loaders
-from .data_timm import timm_reader
-from .machine import environment
-from .result import BenchSettings, verdict
+from vitlab.bench.data_timm import timm_reader
+from vitlab.bench.machine import environment
+from vitlab.bench.result import BenchSettings, verdict
+from vitlab.data import build_datasets
+from vitlab.data.shards import ShardSplit
+from vitlab.train.config import TrainConfig
+from vitlab.train.distributed import Dist
+from vitlab.train.setup import default_workers, make_loaders
 
 
 @dataclass

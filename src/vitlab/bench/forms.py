@@ -15,9 +15,9 @@ import copy
 import torch
 from torch import nn
 
-from ..models.registry import model_config
-from ..precision import Precision, config_width, prepare_for_inference, resolve_precision
-from .result import BenchSettings
+from vitlab.bench.result import BenchSettings
+from vitlab.models.registry import model_config
+from vitlab.precision import Precision, config_width, prepare_for_inference, resolve_precision
 
 
 def resolve(settings: BenchSettings) -> Precision:
@@ -44,7 +44,7 @@ def inference_model(impl: str, model: nn.Module, precision: Precision) -> nn.Mod
     """The model `impl` runs inference with: a converted copy where the precision converts (the original stays
     float32 for the training mode that may follow)."""
     if precision.name == "int8":
-        from ..quantize import quantize_int8
+        from vitlab.quantize import quantize_int8
 
         return quantize_int8(copy.deepcopy(model).eval())
     if precision.name == "bf16" and impl == "vitlab":

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from ..device import cpu_name
-from .result import BenchSettings
+from vitlab.bench.result import BenchSettings
+from vitlab.device import cpu_name
 
 
 def environment(settings: BenchSettings) -> dict[str, Any]:

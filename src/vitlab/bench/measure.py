@@ -12,17 +12,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..device import autocast as device_autocast
-from ..flops import count_macs
-from ..models.config import BiTConfig, ViTConfig
-from ..models.registry import create_model, model_config
-from ..precision import autocast_for
-from ..weights.timm_bit import to_timm_bit_state_dict
-from . import forms
-from .compare import timm_equivalent
-from .machine import environment, tune_malloc
-from .peaks import precision_peak
-from .result import MODES, BenchResult, BenchSettings, Measurement
+from vitlab.bench import forms
+from vitlab.bench.compare import timm_equivalent
+from vitlab.bench.machine import environment, tune_malloc
+from vitlab.bench.peaks import precision_peak
+from vitlab.bench.result import MODES, BenchResult, BenchSettings, Measurement
+from vitlab.device import autocast as device_autocast
+from vitlab.flops import count_macs
+from vitlab.models.config import BiTConfig, ViTConfig
+from vitlab.models.registry import create_model, model_config
+from vitlab.precision import autocast_for
+from vitlab.weights.timm_bit import to_timm_bit_state_dict
 
 
 def gemm_peak_gflops(device: str = "cpu", size: int | None = None, repeats: int = 5) -> float:

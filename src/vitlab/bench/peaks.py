@@ -32,7 +32,7 @@ def _timed(fn: Callable[[], object], device: torch.device) -> float:
 def _product(precision: str, size: int, device: torch.device) -> Callable[[], object]:
     """One size x size x size product in `precision`, inputs allocated once."""
     if precision == "int8":
-        from ..quantize import quantize_int8
+        from vitlab.quantize import quantize_int8
 
         layer = quantize_int8(nn.Sequential(nn.Linear(size, size, bias=False)))  # no `head`: every Linear
         x = torch.randn(size, size)

@@ -18,7 +18,7 @@ class UserError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .types import OneLineParser  # argparse errors as one line, like the verbs' own
+    from vitlab.cli.types import OneLineParser  # argparse errors as one line, like the verbs' own
 
     parser = OneLineParser(prog="vitlab", description="Vision Transformers exact to the paper.")
     loud = parser.add_mutually_exclusive_group()
@@ -48,8 +48,8 @@ def say_warnings(verb: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from ..errors import WeightsError
-    from ..progress import set_verbosity
+    from vitlab.errors import WeightsError
+    from vitlab.progress import set_verbosity
 
     set_verbosity(args.verbosity)
     say_warnings(args.verb)
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as err:  # the storage: a full disk, a read-only target, a name too long
-        from ..outputs import os_error_line
+        from vitlab.outputs import os_error_line
 
         print(f"vitlab {args.verb}: error: {os_error_line(err)}", file=sys.stderr)
         return 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .types import (
+from vitlab.cli.types import (
     DATA_SOURCES,
     PRECISION_HELP,
     device_name,
@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _image_size(args: argparse.Namespace, native: tuple[int, int]) -> tuple[int, int]:
-    from . import UserError
+    from vitlab.cli import UserError
 
     if not args.image_size:
         return tuple(native)
@@ -61,11 +61,11 @@ def _inputs(args: argparse.Namespace, cfg, size: tuple[int, int], class_names):
     """AnalysisInputs: the images, each with its file and true class, and where they came from."""
     from pathlib import Path
 
-    from ..analysis.images import dataset_inputs, image_file_inputs
+    from vitlab.analysis.images import dataset_inputs, image_file_inputs
 
     if args.images:
         return image_file_inputs(args.images, cfg, size, class_names or ())
-    from ..data.hf_split import is_hf_source
+    from vitlab.data.hf_split import is_hf_source
 
     if Path(args.data).is_file() and not is_hf_source(args.data):  # --data photo.jpg: the image itself
         return image_file_inputs([args.data], cfg, size, class_names or ())
@@ -74,12 +74,11 @@ def _inputs(args: argparse.Namespace, cfg, size: tuple[int, int], class_names):
 
 def run_analyze(args: argparse.Namespace) -> int:
     import vitlab
-
-    from ..analysis import analyze
-    from ..device import pick_device
-    from ..models.vit import VisionTransformer
-    from ..precision import autocast_for, model_width, resolve_precision
-    from . import UserError
+    from vitlab.analysis import analyze
+    from vitlab.cli import UserError
+    from vitlab.device import pick_device
+    from vitlab.models.vit import VisionTransformer
+    from vitlab.precision import autocast_for, model_width, resolve_precision
 
     device = pick_device(args.device)
     model = vitlab.load(args.weights).to(device)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .types import batch_size, device_name, float_range, image_size, int_range, new_file, workers
+from vitlab.cli.types import batch_size, device_name, float_range, image_size, int_range, new_file, workers
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -60,13 +60,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from ..outputs import check_output
+    from vitlab.outputs import check_output
 
     if args.json:  # before the timing: a file of the user's is never replaced unasked
         check_output(args.json, args.force)
     if args.data is not None:
         return run_data_bench(args)
-    from ..bench import BenchSettings, run_benchmark
+    from vitlab.bench import BenchSettings, run_benchmark
 
     modes = ("infer", "train") if args.mode == "both" else (args.mode,)
     if args.precision == "int8" and args.mode == "both":
@@ -76,7 +76,7 @@ def run_bench(args: argparse.Namespace) -> int:
         repeats=args.repeats, warmup=args.warmup, min_time=args.min_time, modes=modes, compare=args.compare,
         compile=args.compile, device=args.device, tune_malloc=not args.no_malloc_tuning, precision=args.precision,
     )
-    from ..progress import progress, quiet
+    from vitlab.progress import progress, quiet
 
     # A bar over the timed repeats on a terminal; each repeat's img/s as a line on stderr unless -q.
     bar = progress(total=len(modes) * args.repeats * (2 if args.compare else 1), desc="bench", unit="repeat")
@@ -96,7 +96,7 @@ def run_bench(args: argparse.Namespace) -> int:
 def _report(result: Any, json_path: str | None, force: bool = False) -> int:
     """The table on stdout and, with --json, the result as JSON (atomic: never a half-written file), marked as
     vitlab's so that the next run may replace it (outputs.check_output)."""
-    from ..outputs import WRITTEN_BY, atomic_write
+    from vitlab.outputs import WRITTEN_BY, atomic_write
 
     print(result.table())
     if json_path:
@@ -106,8 +106,8 @@ def _report(result: Any, json_path: str | None, force: bool = False) -> int:
 
 
 def run_data_bench(args: argparse.Namespace) -> int:
-    from ..bench.data import DataBenchSettings, run_data_benchmark
-    from ..progress import progress, quiet
+    from vitlab.bench.data import DataBenchSettings, run_data_benchmark
+    from vitlab.progress import progress, quiet
 
     settings = DataBenchSettings(
         data=args.data, workers=args.workers, images=args.images, image_size=args.image_size,

@@ -26,9 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_download(args: argparse.Namespace) -> int:
-    from ..hub import find
-    from ..hub.fetch import fetch, verify_cached
-    from . import UserError
+    from vitlab.cli import UserError
+    from vitlab.hub import find
+    from vitlab.hub.fetch import fetch, verify_cached
 
     picked = [find(name) for name in args.names]  # every name checked before the first download starts
     failed = 0
@@ -57,8 +57,8 @@ def format_size(n: int | None) -> str:
 
 
 def _cached(entry: Any) -> bool:
-    from ..hub import entry_path
-    from ..hub.cache import problem
+    from vitlab.hub import entry_path
+    from vitlab.hub.cache import problem
 
     if entry.repo is None:
         return problem(entry_path(entry)) is None
@@ -71,7 +71,7 @@ def _cached(entry: Any) -> bool:
 
 def run_pretrained(args: argparse.Namespace) -> int:
     """`vitlab models --pretrained`: the catalogue, filtered."""
-    from ..hub import select, tags
+    from vitlab.hub import select, tags
 
     rows = select(model=args.model, dataset=args.dataset, resolution=args.resolution)
     if args.json:

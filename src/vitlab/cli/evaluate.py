@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from .train import EVAL_RESIZE_HELP
-from .types import DATA_SOURCES, PRECISION_HELP, batch_size, class_count, device_name, precision_name, workers
+from vitlab.cli.train import EVAL_RESIZE_HELP
+from vitlab.cli.types import DATA_SOURCES, PRECISION_HELP, batch_size, class_count, device_name, precision_name, workers
 
 INFER_PRECISION_HELP = PRECISION_HELP + ", or int8 (dynamic int8 Linear layers, CPU)"
 COMPILE_HELP = ("torch.compile the model before the first batch (off by default: on CPU compiling took about 20 s "
@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _register_eval(sub: argparse._SubParsersAction) -> None:
-    from ..data.transforms import EVAL_RESIZES
+    from vitlab.data.transforms import EVAL_RESIZES
 
     p = sub.add_parser("eval", help="top-1/top-5 and a confusion matrix of weights on a dataset",
                        description="Evaluate weights (file, checkpoint or run directory) on a dataset split.")
@@ -57,14 +57,14 @@ EVAL_RECORD_KEYS = frozenset({"top1", "top5", "loss", "count", "eval_resize", "w
 
 def _eval(args: argparse.Namespace) -> int:
     """Metrics first, files after: a destination that cannot be written costs the figure, never the numbers."""
-    from ..eval.classify import (
+    from vitlab.eval.classify import (
         confusion_destination,
         confusion_name,
         evaluate_weights,
         per_class_lines,
         per_class_metrics,
     )
-    from ..outputs import check_output, check_replaceable
+    from vitlab.outputs import check_output, check_replaceable
 
     if args.confusion:  # before any work, as for --out: a file of the user's is never replaced unasked
         check_output(args.confusion, args.force)
@@ -98,8 +98,8 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _write_outputs(args: argparse.Namespace, r, record: dict, png) -> list[str]:
     """Write metrics.json (--out) and the figure; returns one line per file that could not be written."""
-    from ..eval.classify import write_confusion
-    from ..outputs import WRITTEN_BY, atomic_write
+    from vitlab.eval.classify import write_confusion
+    from vitlab.outputs import WRITTEN_BY, atomic_write
 
     failures = []
     if args.out:
@@ -120,7 +120,7 @@ def _write_outputs(args: argparse.Namespace, r, record: dict, png) -> list[str]:
 
 
 def _why(err: OSError) -> str:
-    from ..outputs import OutputRefused
+    from vitlab.outputs import OutputRefused
 
     if isinstance(err, OutputRefused):
         return err.strerror
@@ -146,7 +146,7 @@ def _register_predict(sub: argparse._SubParsersAction) -> None:
 
 
 def _register_predict_serving(p: argparse.ArgumentParser) -> None:
-    from .types import int_range
+    from vitlab.cli.types import int_range
 
     p.add_argument("--batch-size", type=int_range(1, 65536), default=32,
                    help="images per forward pass (default 32)")
@@ -160,8 +160,8 @@ def _register_predict_serving(p: argparse.ArgumentParser) -> None:
 def _predict(args: argparse.Namespace) -> int:
     """Predictions on stdout (text or --json), or into --csv / --json-out files; then one summary line on stderr
     (images, skipped, img/s). Unreadable files under a folder are skipped with a warning each."""
-    from ..eval.prediction import predict_images
-    from ..eval.prediction_files import check_destinations, write_csv, write_json
+    from vitlab.eval.prediction import predict_images
+    from vitlab.eval.prediction_files import check_destinations, write_csv, write_json
 
     check_destinations(args.csv, args.json_out, args.force)  # before any work: never a file of the user's
     run = predict_images(args.weights, args.images, args.top_k, args.device, args.precision, args.batch_size,

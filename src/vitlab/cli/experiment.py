@@ -8,7 +8,7 @@ import sys
 from contextlib import nullcontext
 from pathlib import Path
 
-from .types import jobs, precision_name, seed
+from vitlab.cli.types import jobs, precision_name, seed
 
 DEFAULT_OUT = "runs/experiments"
 QUICK_OUT = "runs/experiments-quick"
@@ -17,7 +17,7 @@ DEFAULT_RECORDS = "reproduction/records"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..experiments import NAMES, PILOT
+    from vitlab.experiments import NAMES, PILOT
 
     p = sub.add_parser(
         "experiment", help="reproduce one of the paper's findings at small scale (results.json, figures)",
@@ -61,10 +61,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..experiments import NAMES, PILOT, experiments, stopping
-    from ..experiments.parallel import Pool, cpu_count
-    from ..experiments.spec import DESIGN_PRECISION
-    from . import UserError
+    from vitlab.cli import UserError
+    from vitlab.experiments import NAMES, PILOT, experiments, stopping
+    from vitlab.experiments.parallel import Pool, cpu_count
+    from vitlab.experiments.spec import DESIGN_PRECISION
 
     asked = [n for name in args.name for n in (NAMES if name == "all" else [] if name == "report" else [name])]
     names = list(dict.fromkeys(asked))  # each once, in the order first named
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     report = None if args.estimate else args.report or (None if args.quick else DEFAULT_REPORT)
     jobs = args.jobs or cpu_count()
     if report:  # before any run: a file the report may not replace is said now, not after hours of training
-        from ..experiments.report import previous_report
+        from vitlab.experiments.report import previous_report
 
         previous_report(Path(report), args.force)
     # one pool of workers for the whole command: a later experiment's run goes on across the hand-over
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_report(out: Path, report: str, force: bool) -> None:
-    from ..experiments.report import write_report
+    from vitlab.experiments.report import write_report
 
     write_report(out, Path(report), force=force)
     print(f"wrote {report} from the results in {out}")
@@ -119,9 +119,9 @@ def _run_one(experiment, out: Path, args: argparse.Namespace, assumed: dict | No
              pool) -> bool:
     """One experiment (the ones after it, `then`, fill the cores it leaves idle, on the command's `pool`);
     False if a run was stopped (SIGTERM, Ctrl-C) and the experiment with it."""
-    from ..experiments import run_experiment
-    from ..experiments.runner import Interrupted
-    from ..experiments.stopping import Stopped, interruptible, requested
+    from vitlab.experiments import run_experiment
+    from vitlab.experiments.runner import Interrupted
+    from vitlab.experiments.stopping import Stopped, interruptible, requested
 
     try:
         records = args.records or (None if args.quick else DEFAULT_RECORDS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .types import int_range
+from vitlab.cli.types import int_range
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from ..deploy import export_weights
+    from vitlab.deploy import export_weights
 
     report = export_weights(args.weights, args.out, precision=args.precision, batch_size=args.batch_size,
                             opset=args.opset, force=args.force)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from .train import EVAL_RESIZE_HELP
-from .types import (
+from vitlab.cli.train import EVAL_RESIZE_HELP
+from vitlab.cli.types import (
     DATA_SOURCES,
     PRECISION_HELP,
     batch_size,
@@ -46,7 +46,7 @@ def parse_floats(text: str) -> list[float]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..data.transforms import EVAL_RESIZES, FEWSHOT_RESIZE
+    from vitlab.data.transforms import EVAL_RESIZES, FEWSHOT_RESIZE
 
     p = sub.add_parser("fewshot", help="few-shot linear evaluation (closed-form ridge; paper Section 4.1)",
                        description="Few-shot linear evaluation of a frozen representation: draws k examples per "
@@ -84,12 +84,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..device import pick_device
-    from ..eval.fewshot_data import fewshot_weights, write_json
-    from ..eval.inference import load_for_inference
-    from ..models import build_model
-    from ..outputs import check_output
-    from ..precision import autocast_for, model_width, resolve_precision
+    from vitlab.device import pick_device
+    from vitlab.eval.fewshot_data import fewshot_weights, write_json
+    from vitlab.eval.inference import load_for_inference
+    from vitlab.models import build_model
+    from vitlab.outputs import check_output
+    from vitlab.precision import autocast_for, model_width, resolve_precision
 
     if args.json_out:  # before minutes of features: a file of the user's is never replaced unasked
         check_output(args.json_out, args.force)

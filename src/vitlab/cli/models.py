@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from .types import image_size
+from vitlab.cli.types import image_size
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,8 +27,8 @@ def model_rows(image_size: int = 224) -> list[dict[str, Any]]:
     """One row per registry name: parameters at 1000 classes, multiply-adds per image at image_size."""
     import torch
 
-    from ..flops import count_macs
-    from ..models import build_model, list_models, model_config
+    from vitlab.flops import count_macs
+    from vitlab.models import build_model, list_models, model_config
 
     rows = []
     for name in list_models():
@@ -44,10 +44,10 @@ def model_rows(image_size: int = 224) -> list[dict[str, Any]]:
 
 
 def run_models(args: argparse.Namespace) -> int:
-    from . import UserError
+    from vitlab.cli import UserError
 
     if args.pretrained:
-        from .download import run_pretrained
+        from vitlab.cli.download import run_pretrained
 
         return run_pretrained(args)
     if args.image_size < 1:

@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from . import UserError
+from vitlab.cli import UserError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,8 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _recipes(args: argparse.Namespace) -> int:
-    from ..train import RECIPES
-    from ..train.recipes import describe_recipe, recipe_record
+    from vitlab.train import RECIPES
+    from vitlab.train.recipes import describe_recipe, recipe_record
 
     unknown = [n for n in args.names if n not in RECIPES]
     if unknown:
@@ -50,8 +50,8 @@ class RecipeHelp(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        from ..train.recipes import describe_recipe
-        from ..train.resolve import DEFAULT_RECIPE
+        from vitlab.train.recipes import describe_recipe
+        from vitlab.train.resolve import DEFAULT_RECIPE
 
         verb = parser.prog.split()[-1]
         recipe = describe_recipe(getattr(namespace, "recipe", None) or DEFAULT_RECIPE.get(verb, "demo"))

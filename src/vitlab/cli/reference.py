@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import build_parser
+from vitlab.cli import build_parser
 
 _HIDDEN = {"-h", "--help"}
 

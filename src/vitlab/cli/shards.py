@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from .types import fraction
+from vitlab.cli.types import fraction
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_shards(args: argparse.Namespace) -> int:
-    from ..data.pack import pack_shards, parse_size
+    from vitlab.data.pack import pack_shards, parse_size
 
     result = pack_shards(args.src, args.out, parse_size(args.shard_size), args.val_fraction)
     for split, count in result.counts.items():

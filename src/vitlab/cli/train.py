@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import UserError
-from .recipes import RecipeHelp
-from .types import (
+from vitlab.cli import UserError
+from vitlab.cli.recipes import RecipeHelp
+from vitlab.cli.types import (
     DATA_SOURCES,
     MODEL_SIZES,
     PRECISION_HELP,
@@ -67,8 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
-    from ..data.transforms import EVAL_RESIZES, TRAIN_CROPS, TRAIN_RESIZES
-    from ..train import RECIPES
+    from vitlab.data.transforms import EVAL_RESIZES, TRAIN_CROPS, TRAIN_RESIZES
+    from vitlab.train import RECIPES
 
     a = p.add_argument
     a("-h", "--help", action=RecipeHelp)
@@ -196,7 +196,7 @@ def _lora_targets(text: str) -> tuple[str, ...]:
 
 def _tuning_flags(p: argparse.ArgumentParser) -> None:
     """Fine-tuning tools: EMA weights, layer-wise lr decay, a frozen backbone, LoRA (README: Fine-tuning tools)."""
-    from ..train.tuning import FREEZE_CHOICES
+    from vitlab.train.tuning import FREEZE_CHOICES
 
     f = p.add_argument_group("fine-tuning tools")
     f.add_argument("--ema-decay", "--ema", dest="ema", type=fraction, metavar="D",
@@ -243,7 +243,7 @@ def _resume_mode(text: str) -> str:
 def build_config(args: argparse.Namespace) -> Any:
     """The run's settings resolved in one step (vitlab.train.resolve): recipe, initial weights, preset,
     --config file and the flags typed here, or the stored run with --resume."""
-    from ..train.resolve import resolve
+    from vitlab.train.resolve import resolve
 
     flags = training_overrides(args)
     if args.resume and not args.out:
@@ -257,11 +257,11 @@ def build_config(args: argparse.Namespace) -> Any:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from ..train import TrainingDiverged, run
+    from vitlab.train import TrainingDiverged, run
 
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
-    from ..train.preview import planned_lines, planned_record, prepare
+    from vitlab.train.preview import planned_lines, planned_record, prepare
 
     resolved = prepare(build_config(args))  # the run's checks on the settings and data, before anything starts
     if args.print_config == "json":
@@ -275,7 +275,7 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     if resolved.config.lr_sweep:
         return _sweep(resolved, rank)
-    from ..train.distributed import PeerLost
+    from vitlab.train.distributed import PeerLost
 
     try:
         result = run(resolved)
@@ -286,7 +286,7 @@ def _train(args: argparse.Namespace) -> int:
         return 1
     if rank != 0:
         return 0
-    from ..train.banner import append_to_console_log, result_line
+    from vitlab.train.banner import append_to_console_log, result_line
 
     line = result_line(result, args.verb)
     print(line)
@@ -302,7 +302,7 @@ def _lr_list(text: str) -> tuple[float, ...]:
 
 
 def _protocol_flags(p: argparse.ArgumentParser) -> None:
-    from ..train.presets import FINETUNE_PRESETS, describe
+    from vitlab.train.presets import FINETUNE_PRESETS, describe
 
     g = p.add_argument_group("fine-tuning protocol (paper Appendix B.1.1, Table 4)")
     g.add_argument("--preset", choices=list(FINETUNE_PRESETS),
@@ -319,8 +319,8 @@ def _protocol_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _sweep(resolved: Any, rank: int) -> int:
-    from ..train import TrainingDiverged
-    from ..train.sweep import format_table, run_sweep
+    from vitlab.train import TrainingDiverged
+    from vitlab.train.sweep import format_table, run_sweep
 
     try:
         result = run_sweep(resolved)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from ..models.limits import MAX_DEPTH, MAX_HEADS, MAX_MLP_DIM, MAX_WIDTH
+from vitlab.models.limits import MAX_DEPTH, MAX_HEADS, MAX_MLP_DIM, MAX_WIDTH
 
 # Upper bounds where a typo would make vitlab allocate for it: a 4096-px ViT/16 already has 65,536 tokens.
 MAX_IMAGE_SIZE = 4096
@@ -114,7 +114,7 @@ def precision_name(int8: bool) -> Callable[[str], str]:
     """--precision: auto, fp32, bf16, and int8 where the verb only infers (eval, predict, bench)."""
 
     def parse(text: str) -> str:
-        from ..precision import check_precision
+        from vitlab.precision import check_precision
 
         try:
             check_precision(text, "infer" if int8 else "train")

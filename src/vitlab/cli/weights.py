@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .types import class_count, image_size
+from vitlab.cli.types import class_count, image_size
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from ..weights.convert import describe
+    from vitlab.weights.convert import describe
 
     info = describe(args.path, arch=args.arch)
     if args.json:
@@ -59,7 +59,7 @@ def run_info(args: argparse.Namespace) -> int:
 
 
 def run_convert(args: argparse.Namespace) -> int:
-    from ..weights.convert import convert
+    from vitlab.weights.convert import convert
 
     options = {"numbering": args.numbering} if (args.to == "jax-npz" or str(args.dst).endswith(".npz")) else {}
     fmt = convert(args.src, args.dst, to=args.to, image_size=args.image_size, num_classes=args.num_classes,

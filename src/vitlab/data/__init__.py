@@ -2,14 +2,14 @@
 pre-processing (inception crop as TF draws it, the named evaluation resizes, big_vision's few-shot resize) and
 deterministic loaders."""
 
-from .datasets import Datasets, build_datasets, load_split
-from .embedded import EMBEDDED, is_embedded
-from .errors import DataError
-from .fractal import fractal_splits
-from .loader import ShardSampler, StepSampler, TransformedSplit, make_loader
-from .shards import ShardSplit
-from .sources import ImageSplit
-from .transforms import EVAL_RESIZES, FEWSHOT_RESIZE, TRAIN_CROPS, EvalTransform, TrainTransform, normalize
+from vitlab.data.datasets import Datasets, build_datasets, load_split
+from vitlab.data.embedded import EMBEDDED, is_embedded
+from vitlab.data.errors import DataError
+from vitlab.data.fractal import fractal_splits
+from vitlab.data.loader import ShardSampler, StepSampler, TransformedSplit, make_loader
+from vitlab.data.shards import ShardSplit
+from vitlab.data.sources import ImageSplit
+from vitlab.data.transforms import EVAL_RESIZES, FEWSHOT_RESIZE, TRAIN_CROPS, EvalTransform, TrainTransform, normalize
 
 __all__ = [
     "EMBEDDED", "EVAL_RESIZES", "FEWSHOT_RESIZE", "TRAIN_CROPS", "DataError", "Datasets", "EvalTransform",

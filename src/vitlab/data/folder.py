@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .errors import DataError, describe_paths, log
-from .sources import DECODE_ERRORS, ImageSplit
-from .untrusted import open_regular
+from vitlab.data.errors import DataError, describe_paths, log
+from vitlab.data.sources import DECODE_ERRORS, ImageSplit
+from vitlab.data.untrusted import open_regular
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
 _EXT_TEXT = ", ".join(IMAGE_EXTENSIONS)

@@ -41,10 +41,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from . import synthetic
-from .errors import DataError, log
-from .sources import ImageSplit
-from .synthetic import SyntheticSpec
+from vitlab.data import synthetic
+from vitlab.data.errors import DataError, log
+from vitlab.data.sources import ImageSplit
+from vitlab.data.synthetic import SyntheticSpec
 
 RENDER_SIZE = 32
 SUPERSAMPLE = 4  # glyphs are drawn and warped at 4x, then averaged down: 16 samples per pixel

@@ -34,11 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from ..progress import progress
-from . import synthetic
-from .errors import log
-from .sources import ImageSplit
-from .synthetic import SyntheticSpec
+from vitlab.data import synthetic
+from vitlab.data.errors import log
+from vitlab.data.sources import ImageSplit
+from vitlab.data.synthetic import SyntheticSpec
+from vitlab.progress import progress
 
 RENDER_SIZE = 64  # px: ViTs on small machines train at 32-64 px, and the train transforms resize anyway
 POINTS = 20_480  # chaos-game points per image at RENDER_SIZE: about 5 per pixel of a frame the fractal fills

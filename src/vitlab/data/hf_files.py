@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from ..progress import bars_enabled
-from .errors import DataError, log
-from .shards import expand_braces
-from .untrusted import contained, parse_json
+from vitlab.data.errors import DataError, log
+from vitlab.data.shards import expand_braces
+from vitlab.data.untrusted import contained, parse_json
+from vitlab.progress import bars_enabled
 
 NEEDS_DATASETS = "reading Hugging Face datasets needs the datasets package: pip install 'vitlab[hf]'"
 CACHE_NAME = "_vitlab_arrow"  # Parquet converted to Arrow, beside the data

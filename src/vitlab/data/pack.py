@@ -26,17 +26,17 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from ..outputs import atomic_write
-from ..progress import progress
-from .datasets import scan_with_classes
-from .errors import DataError, describe_paths, log
-from .folder import BOMB, bomb_limit, class_folders, folder_layout, header_problem, scan_split
-from .hf_split import hf_split, is_hf_source, open_hf
-from .packlock import PackLock
-from .shardindex import fingerprint
-from .shards import INFO_NAME
-from .sources import DECODE_ERRORS, ImageSplit, stratified_holdout
-from .untrusted import parse_json, read_regular
+from vitlab.data.datasets import scan_with_classes
+from vitlab.data.errors import DataError, describe_paths, log
+from vitlab.data.folder import BOMB, bomb_limit, class_folders, folder_layout, header_problem, scan_split
+from vitlab.data.hf_split import hf_split, is_hf_source, open_hf
+from vitlab.data.packlock import PackLock
+from vitlab.data.shardindex import fingerprint
+from vitlab.data.shards import INFO_NAME
+from vitlab.data.sources import DECODE_ERRORS, ImageSplit, stratified_holdout
+from vitlab.data.untrusted import parse_json, read_regular
+from vitlab.outputs import atomic_write
+from vitlab.progress import progress
 
 PACK_SEED = 0  # the packing order's seed: shards are written in one fixed random order
 PENDING = "_pending"  # sidecars of shards completed since _info.json was last written

@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from . import shardindex
-from .errors import DataError
-from .folder import compressed_advice, is_compressed_tar
-from .shardindex import INDEX_NAME
-from .sources import ImageSplit, relabel_by_name, run_lengths
-from .untrusted import MAX_PATTERN_FILES, check_label_range, contained, parse_json, parse_yaml
+from vitlab.data import shardindex
+from vitlab.data.errors import DataError
+from vitlab.data.folder import compressed_advice, is_compressed_tar
+from vitlab.data.shardindex import INDEX_NAME
+from vitlab.data.sources import ImageSplit, relabel_by_name, run_lengths
+from vitlab.data.untrusted import MAX_PATTERN_FILES, check_label_range, contained, parse_json, parse_yaml
 
 INFO_NAME = "_info.json"
 INFO_NAMES = (INFO_NAME, "_info.yaml", "_info.yml")  # timm's wds datasets ship either; vitlab writes JSON

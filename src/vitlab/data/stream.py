@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import log
+from vitlab.data.errors import log
 
 LANES = 16  # blocks read at once per epoch; a global batch mixes this many shards
 WINDOW = 1024  # samples: how far the shuffle window moves a sample from its stored place

@@ -41,10 +41,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import synthetic
-from .errors import log
-from .sources import ImageSplit
-from .synthetic import SyntheticSpec
+from vitlab.data import synthetic
+from vitlab.data.errors import log
+from vitlab.data.sources import ImageSplit
+from vitlab.data.synthetic import SyntheticSpec
 
 RENDER_SIZE = 32  # px (see the module docstring)
 PREFIX = "strokes:"

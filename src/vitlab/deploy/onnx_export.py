@@ -28,9 +28,17 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..outputs import atomic_write, mark_text
-from ..quantize import is_int8
-from .onnx_check import FP32_BOUND, Agreement, compare, quantize_graph, require_onnx, sample_inputs, session
+from vitlab.deploy.onnx_check import (
+    FP32_BOUND,
+    Agreement,
+    compare,
+    quantize_graph,
+    require_onnx,
+    sample_inputs,
+    session,
+)
+from vitlab.outputs import atomic_write, mark_text
+from vitlab.quantize import is_int8
 
 EXPORT_PRECISIONS = ("auto", "fp32", "int8", "bf16")
 INT8_OPS = ("MatMulInteger", "DynamicQuantizeMatMul", "DynamicQuantizeLinear")  # what the int8 graph computes with
@@ -104,7 +112,7 @@ def _note(precision: str, check: Agreement, quantized: int) -> str:
 
 def export_weights(weights: str | Path, path: str | Path, **kwargs) -> ExportReport:
     """`export_onnx` of what `vitlab.load` reads from `weights` (a file, folder, run or published name)."""
-    from ..weights.load import load
+    from vitlab.weights.load import load
 
     require_onnx()  # before minutes of loading
     return export_onnx(load(weights), path, **kwargs)

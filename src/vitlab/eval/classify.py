@@ -12,17 +12,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data import EvalTransform, ShardSampler, TransformedSplit, load_split, make_loader, normalize
-from ..data.errors import DataError
-from ..data.loader import UnreadableImages
-from ..data.sources import ImageSplit
-from ..device import all_reduce, autocast, pick_device
-from ..models.timm_compat import eval_resize_of
-from ..precision import Precision, autocast_for
-from ..progress import progress as progress_bar
-from ..rundir import run_dir_of
-from .inference import load_for_inference, with_precision
-from .metrics import ClassificationMeter, plot_confusion_matrix, require_finite
+from vitlab.data import EvalTransform, ShardSampler, TransformedSplit, load_split, make_loader, normalize
+from vitlab.data.errors import DataError
+from vitlab.data.loader import UnreadableImages
+from vitlab.data.sources import ImageSplit
+from vitlab.device import all_reduce, autocast, pick_device
+from vitlab.eval.inference import load_for_inference, with_precision
+from vitlab.eval.metrics import ClassificationMeter, plot_confusion_matrix, require_finite
+from vitlab.models.timm_compat import eval_resize_of
+from vitlab.precision import Precision, autocast_for
+from vitlab.progress import progress as progress_bar
+from vitlab.rundir import run_dir_of
 
 
 def per_image_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str = "softmax",

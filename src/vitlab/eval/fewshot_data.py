@@ -14,14 +14,14 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
-from ..data import EvalTransform, ImageSplit, ShardSampler, TransformedSplit, load_split, make_loader, normalize
-from ..data.datasets import evaluation_splits
-from ..data.errors import DataError
-from ..data.loader import UnreadableImages
-from ..data.transforms import FEWSHOT_RESIZE, as_size
-from ..outputs import WRITTEN_BY, atomic_write
-from ..progress import progress as progress_bar
-from .fewshot_lsr import DEFAULT_L2, FewshotResult, fewshot_on_features, representations
+from vitlab.data import EvalTransform, ImageSplit, ShardSampler, TransformedSplit, load_split, make_loader, normalize
+from vitlab.data.datasets import evaluation_splits
+from vitlab.data.errors import DataError
+from vitlab.data.loader import UnreadableImages
+from vitlab.data.transforms import FEWSHOT_RESIZE, as_size
+from vitlab.eval.fewshot_lsr import DEFAULT_L2, FewshotResult, fewshot_on_features, representations
+from vitlab.outputs import WRITTEN_BY, atomic_write
+from vitlab.progress import progress as progress_bar
 
 
 def split_features(

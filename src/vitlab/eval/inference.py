@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..precision import Precision, model_width, prepare_for_inference, resolve_precision
-from ..weights.load import load
+from vitlab.precision import Precision, model_width, prepare_for_inference, resolve_precision
+from vitlab.weights.load import load
 
 
 def load_for_inference(weights: str | Path, device: torch.device) -> tuple[nn.Module, list[str]]:

@@ -17,15 +17,15 @@ import numpy as np
 import torch
 from PIL import UnidentifiedImageError
 
-from ..data import EvalTransform, normalize
-from ..data.errors import DataError
-from ..data.folder import IMAGE_EXTENSIONS
-from ..data.sources import DECODE_ERRORS, decode_rgb
-from ..device import pick_device
-from ..models.timm_compat import eval_resize_of
-from ..precision import Precision, autocast_for
-from ..progress import progress as progress_bar
-from .inference import load_for_inference, with_precision
+from vitlab.data import EvalTransform, normalize
+from vitlab.data.errors import DataError
+from vitlab.data.folder import IMAGE_EXTENSIONS
+from vitlab.data.sources import DECODE_ERRORS, decode_rgb
+from vitlab.device import pick_device
+from vitlab.eval.inference import load_for_inference, with_precision
+from vitlab.models.timm_compat import eval_resize_of
+from vitlab.precision import Precision, autocast_for
+from vitlab.progress import progress as progress_bar
 
 
 def expand_images(paths: list[str | Path]) -> list[str]:

@@ -12,8 +12,8 @@ import csv
 import json
 from pathlib import Path
 
-from ..outputs import WRITTEN_BY, atomic_write, check_output
-from .prediction import Predictions
+from vitlab.eval.prediction import Predictions
+from vitlab.outputs import WRITTEN_BY, atomic_write, check_output
 
 WRITER = "vitlab predict"
 

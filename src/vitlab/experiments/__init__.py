@@ -7,8 +7,8 @@ run cache keyed by what each run computes; `report` writes REPRODUCTION.md from 
 
 from __future__ import annotations
 
-from . import attention_distance, compute, data_scaling, mpp, pilot, pos_embed, token_vs_gap
-from .experiment import Experiment, read_results, run_experiment
+from vitlab.experiments import attention_distance, compute, data_scaling, mpp, pilot, pos_embed, token_vs_gap
+from vitlab.experiments.experiment import Experiment, read_results, run_experiment
 
 _MODULES = (pilot, data_scaling, compute, pos_embed, token_vs_gap, attention_distance, mpp)
 

@@ -9,14 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from . import plots
-from .audit import audit, climbing, plateau
-from .design import Check, Design, Verdict
-from .measures import grid_checks, stat, top1
-from .plans import pretrain, tuned_pretrain_lr
-from .preconditions import LEARNS_TOP1, learns
-from .runner import Context
-from .sections import brief
+from vitlab.experiments import plots
+from vitlab.experiments.audit import audit, climbing, plateau
+from vitlab.experiments.design import Check, Design, Verdict
+from vitlab.experiments.measures import grid_checks, stat, top1
+from vitlab.experiments.plans import pretrain, tuned_pretrain_lr
+from vitlab.experiments.preconditions import LEARNS_TOP1, learns
+from vitlab.experiments.runner import Context
+from vitlab.experiments.sections import brief
 
 NAME = "attention-distance"
 TITLE = "Mean attention distance"

@@ -8,15 +8,15 @@ from typing import Any
 
 import numpy as np
 
-from . import lineage, plots
-from .audit import PLATEAU_STEPS, audit, needed_seeds, plateau
-from .design import Check, Design, Verdict
-from .families import MODELS, SIZES, model_table
-from .measures import fewshot, grid_checks, nearest_shots, show, stat, top1
-from .plans import pretrain, tuned_pretrain_lr
-from .preconditions import LEARNS_TOP1, SPREAD_FACTOR, beyond_spread, learns
-from .runner import Context
-from .stats import describe
+from vitlab.experiments import lineage, plots
+from vitlab.experiments.audit import PLATEAU_STEPS, audit, needed_seeds, plateau
+from vitlab.experiments.design import Check, Design, Verdict
+from vitlab.experiments.families import MODELS, SIZES, model_table
+from vitlab.experiments.measures import fewshot, grid_checks, nearest_shots, show, stat, top1
+from vitlab.experiments.plans import pretrain, tuned_pretrain_lr
+from vitlab.experiments.preconditions import LEARNS_TOP1, SPREAD_FACTOR, beyond_spread, learns
+from vitlab.experiments.runner import Context
+from vitlab.experiments.stats import describe
 
 NAME = "compute"
 TITLE = "Performance against pre-training compute"

@@ -9,15 +9,26 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from . import lineage, plots
-from .audit import audit, climbing, needed_seeds, plateau
-from .design import Check, Design, Verdict
-from .families import FAMILIES, model_table
-from .measures import describe_trend, fewshot, grid_checks, nearest_shots, show, slope, stat, top1, trend, upstream
-from .plans import VERSION_3, VERSION_4, finetune, pretrain, tuned_pretrain_lr, untrained
-from .preconditions import HELPS_POINTS, LEARNS_TOP1, SPREAD_FACTOR, beyond_spread, helps, learns
-from .runner import Context
-from .stats import describe
+from vitlab.experiments import lineage, plots
+from vitlab.experiments.audit import audit, climbing, needed_seeds, plateau
+from vitlab.experiments.design import Check, Design, Verdict
+from vitlab.experiments.families import FAMILIES, model_table
+from vitlab.experiments.measures import (
+    describe_trend,
+    fewshot,
+    grid_checks,
+    nearest_shots,
+    show,
+    slope,
+    stat,
+    top1,
+    trend,
+    upstream,
+)
+from vitlab.experiments.plans import VERSION_3, VERSION_4, finetune, pretrain, tuned_pretrain_lr, untrained
+from vitlab.experiments.preconditions import HELPS_POINTS, LEARNS_TOP1, SPREAD_FACTOR, beyond_spread, helps, learns
+from vitlab.experiments.runner import Context
+from vitlab.experiments.stats import describe
 
 NAME = "data-scaling"
 TITLE = "Pre-training data size"

@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
-from ..data import fontglyphs, fractal, load_split, strokes, synthetic
-from ..device import pick_device
-from ..train.recipes import RECIPES
-from ..train.resolve import resolve
-from .evals import parse
-from .families import MODELS
-from .spec import RunSpec
+from vitlab.data import fontglyphs, fractal, load_split, strokes, synthetic
+from vitlab.device import pick_device
+from vitlab.experiments.evals import parse
+from vitlab.experiments.families import MODELS
+from vitlab.experiments.spec import RunSpec
+from vitlab.train.recipes import RECIPES
+from vitlab.train.resolve import resolve
 
 RUN_OVERHEAD_S = 2.5  # building datasets, writing config/metrics/checkpoints/curves.png: measured on 2 vCPUs
 RENDER_S_PER_IMAGE = 0.0035  # fractal rendering at 64 px, measured on 2 vCPUs (vitlab.data.fractal)
@@ -89,9 +89,9 @@ def _measure(spec: RunSpec, workers: int | None) -> StepTime:
     """A few optimiser steps of the model, loss, clipping and optimiser the run will build (the resolution step
     and the trainer's own builders), on random images; and one forward pass of the representation."""
     # the trainer's builders bring the data augmentations (torchvision) with them: not imported by `vitlab --help`
-    from ..train.objective import objective_for
-    from ..train.optim import build_optimizer
-    from ..train.setup import build_model
+    from vitlab.train.objective import objective_for
+    from vitlab.train.optim import build_optimizer
+    from vitlab.train.setup import build_model
 
     flags = {k: v for k, v in spec.settings.items() if k not in ("init", "resume")}
     cfg = resolve(spec.recipe, {**flags, "out": "unused"}, verb="train").config  # a fine-tuning run's: from scratch

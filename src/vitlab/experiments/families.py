@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..flops import count_macs
-from ..models.config import ViTConfig
-from ..models.registry import build_model, describe_architecture, model_config
-from .scale import Scale
+from vitlab.experiments.scale import Scale
+from vitlab.flops import count_macs
+from vitlab.models.config import ViTConfig
+from vitlab.models.registry import build_model, describe_architecture, model_config
 
 FAMILIES = ("ViT", "BiT", "hybrid")
 SIZES = ("S", "M", "L")

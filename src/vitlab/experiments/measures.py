@@ -7,10 +7,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .design import Check
-from .preconditions import SPREAD_FACTOR, inside_grid, standard_error
-from .runner import Context, Record
-from .scale import Scale
+from vitlab.experiments.design import Check
+from vitlab.experiments.preconditions import SPREAD_FACTOR, inside_grid, standard_error
+from vitlab.experiments.runner import Context, Record
+from vitlab.experiments.scale import Scale
 
 
 def fewshot(record: Record, data: str, shots: int, representation: str = "pre_logits") -> float:

@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from . import stopping
-from .runner import Context, Interrupted, Runner, Todo
+from vitlab.experiments import stopping
+from vitlab.experiments.runner import Context, Interrupted, Runner, Todo
 
 
 def cpu_count() -> int:

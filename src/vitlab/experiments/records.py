@@ -25,8 +25,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from ..outputs import atomic_write
-from .spec import RunSpec
+from vitlab.experiments.spec import RunSpec
+from vitlab.outputs import atomic_write
 
 CHECKSUM = "checksum"
 MAX_RECORD_BYTES = 1 << 20  # a record is 1-4 KB; a thousand times that is no record

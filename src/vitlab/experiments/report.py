@@ -18,16 +18,16 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..outputs import OutputRefused, atomic_write, mark_text, refuse_special
-from ..train.recipes import RECIPES
-from . import NAMES, PILOT, experiments, history
-from . import sections as text_of
-from .experiment import RESULTS, describe_setup, read_results
-from .families import model_table
-from .recipes import PRETRAIN_SMALL
-from .records import KEY, RecordError, read_bytes, read_record
-from .runner import RESULT, RUNS
-from .scale import FULL
+from vitlab.experiments import NAMES, PILOT, experiments, history
+from vitlab.experiments import sections as text_of
+from vitlab.experiments.experiment import RESULTS, describe_setup, read_results
+from vitlab.experiments.families import model_table
+from vitlab.experiments.recipes import PRETRAIN_SMALL
+from vitlab.experiments.records import KEY, RecordError, read_bytes, read_record
+from vitlab.experiments.runner import RESULT, RUNS
+from vitlab.experiments.scale import FULL
+from vitlab.outputs import OutputRefused, atomic_write, mark_text, refuse_special
+from vitlab.train.recipes import RECIPES
 
 FIGURES = "reproduction"
 HISTORY = "HISTORY.md"  # the appendix, in FIGURES beside the report

@@ -35,17 +35,17 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..device import cpu_name
-from ..outputs import atomic_write
-from ..progress import progress, quiet
-from ..rundir import CHECKPOINTS, METRICS, WEIGHTS, list_checkpoints
-from ..train.resolve import resolve
-from ..train.runlog import read_metrics
-from .estimate import CostModel, render_seconds
-from .evals import evaluate
-from .records import read_record, seal, write_json
-from .spec import DESIGN_PRECISION, RunSpec
-from .stopping import raise_if_stopped
+from vitlab.device import cpu_name
+from vitlab.experiments.estimate import CostModel, render_seconds
+from vitlab.experiments.evals import evaluate
+from vitlab.experiments.records import read_record, seal, write_json
+from vitlab.experiments.spec import DESIGN_PRECISION, RunSpec
+from vitlab.experiments.stopping import raise_if_stopped
+from vitlab.outputs import atomic_write
+from vitlab.progress import progress, quiet
+from vitlab.rundir import CHECKPOINTS, METRICS, WEIGHTS, list_checkpoints
+from vitlab.train.resolve import resolve
+from vitlab.train.runlog import read_metrics
 
 RESULT = "result.json"
 RUNS = "_runs"
@@ -99,7 +99,7 @@ CHECKPOINTS_PER_RUN = 10  # step checkpoints of a run whose spec saves only at t
 def train_spec(spec: RunSpec, run_dir: Path, init: Path | None) -> dict[str, Any]:
     """Train (or continue) one run as `vitlab train`/`vitlab finetune` would with the spec's settings as flags:
     the same resolution step, banner, config.json and loop, in this process."""
-    from ..train import TrainingDiverged, run  # the training loop: not imported by `vitlab --help`
+    from vitlab.train import TrainingDiverged, run  # the training loop: not imported by `vitlab --help`
 
     raise_if_stopped(f"training {run_dir.name}")  # SIGTERM or Ctrl-C came before (experiments.stopping)
     flags = {**spec.settings, "out": str(run_dir), "resume": "auto", "precision": DESIGN_PRECISION}

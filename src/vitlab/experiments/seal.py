@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from . import records as r
+from vitlab.experiments import records as r
 
 
 def main(argv: list[str] | None = None) -> int:

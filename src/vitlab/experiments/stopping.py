@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
-from ..train.preemption import received_stops
+from vitlab.train.preemption import received_stops
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

@@ -16,10 +16,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..cache import cache_dir
-from .cache import entry_path, offline, read_meta
-from .catalogue import Entry, default_tags, entries, find, is_catalogue_name, select, tags
-from .fetch import fetch
+from vitlab.cache import cache_dir
+from vitlab.hub.cache import entry_path, offline, read_meta
+from vitlab.hub.catalogue import Entry, default_tags, entries, find, is_catalogue_name, select, tags
+from vitlab.hub.fetch import fetch
 
 __all__ = ["Entry", "cache_dir", "default_tags", "entries", "entry_path", "fetch", "find", "imagenet_classes",
            "is_catalogue_name", "offline", "published_info", "resolve", "select", "tags"]

@@ -13,8 +13,8 @@ import difflib
 from functools import cache
 from pathlib import Path
 
-from .entry import Entry, index_entry
-from .fetch import fetch
+from vitlab.hub.entry import Entry, index_entry
+from vitlab.hub.fetch import fetch
 
 AUGREG_URL = "https://storage.googleapis.com/vit_models/augreg/"
 # Fine-tuning datasets whose class count vitlab knows (informative: the file's head is what counts).

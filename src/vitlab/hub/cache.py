@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from ..cache import cache_dir
-from ..outputs import atomic_write
-from .entry import Entry
+from vitlab.cache import cache_dir
+from vitlab.hub.entry import Entry
+from vitlab.outputs import atomic_write
 
 META_SUFFIX = ".vitlab.json"
 _TRUE = ("1", "true", "yes", "on")

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from .augreg import augreg_entry
-from .entry import Entry, document, index_entry
+from vitlab.hub.augreg import augreg_entry
+from vitlab.hub.entry import Entry, document, index_entry
 
 HF_PREFIX = "hf-hub:"
 # Units of the published sizes; the rounding a stated figure allows is half its last digit's unit.

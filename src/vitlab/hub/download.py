@@ -20,8 +20,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ..errors import WeightsError
-from .cache import readable
+from vitlab.errors import WeightsError
+from vitlab.hub.cache import readable
 
 CHUNK = 1 << 20
 USER_AGENT = "vitlab (https://github.com/google-research/vision_transformer checkpoints)"

@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..cache import file_lock
-from ..errors import WeightsError
-from . import hf
-from .cache import entry_path, meta_path, offline, problem, read_meta, readable, write_meta
-from .download import HostNotFound, download, sha256_of
-from .entry import Entry
+from vitlab.cache import file_lock
+from vitlab.errors import WeightsError
+from vitlab.hub import hf
+from vitlab.hub.cache import entry_path, meta_path, offline, problem, read_meta, readable, write_meta
+from vitlab.hub.download import HostNotFound, download, sha256_of
+from vitlab.hub.entry import Entry
 
 
 def fetch(entry: Entry, *, force: bool = False, progress: bool = True, retry_delay: float = 1.0) -> Path:

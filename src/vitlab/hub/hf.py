@@ -13,9 +13,9 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from ..errors import WeightsError
-from .cache import offline
-from .entry import Entry
+from vitlab.errors import WeightsError
+from vitlab.hub.cache import offline
+from vitlab.hub.entry import Entry
 
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 OPTIONAL = ("preprocessor_config.json",)

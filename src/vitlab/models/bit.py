@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import BiTConfig
-from .inputs import check_pixels
-from .timm_compat import BiTTimmMixin
-from .vit import zero_head
+from vitlab.models.config import BiTConfig
+from vitlab.models.inputs import check_pixels
+from vitlab.models.timm_compat import BiTTimmMixin
+from vitlab.models.vit import zero_head
 
 
 def standardize(weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -13,7 +13,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .limits import check_limits
+from vitlab.models.limits import check_limits
 
 PosEmbedKind = Literal["none", "learned", "2d", "relative"]
 Classifier = Literal["token", "gap"]

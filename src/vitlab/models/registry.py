@@ -12,10 +12,10 @@ from typing import Any
 
 from torch import nn
 
-from .bit import BiT
-from .config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
-from .limits import check_blocks
-from .vit import VisionTransformer
+from vitlab.models.bit import BiT
+from vitlab.models.config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
+from vitlab.models.limits import check_blocks
+from vitlab.models.vit import VisionTransformer
 
 # size: (depth L, width D, mlp_dim, heads)
 VIT_SIZES: dict[str, tuple[int, int, int, int]] = {

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ResNetConfig
+from vitlab.models.config import ResNetConfig
 
 GN_EPS = 1e-6
 WS_EPS = 1e-5

@@ -24,9 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..eval_resize import FEWSHOT_RESIZE, resize_before_crop
-from .inputs import check_pixels
-from .limits import is_int
+from vitlab.eval_resize import FEWSHOT_RESIZE, resize_before_crop
+from vitlab.models.inputs import check_pixels
+from vitlab.models.limits import is_int
 
 # How closely timm's transforms reproduce each vitlab evaluation resize (the cfg's "vitlab_eval_resize_in_timm").
 TIMM_EXACTNESS = {

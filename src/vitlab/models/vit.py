@@ -11,19 +11,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ViTConfig
-from .droppath import DropPath, drop_path_rates
-from .inputs import check_pixels, check_tokens
-from .limits import MAX_CLASSES, is_int
-from .posembed import (
+from vitlab.models.config import ViTConfig
+from vitlab.models.droppath import DropPath, drop_path_rates
+from vitlab.models.inputs import check_pixels, check_tokens
+from vitlab.models.limits import MAX_CLASSES, is_int
+from vitlab.models.posembed import (
     relative_position_index,
     resample_1d,
     resample_patch_kernel,
     resample_pos_embed,
     resample_relative_table,
 )
-from .resnet import ResNetStem
-from .timm_compat import ViTTimmMixin
+from vitlab.models.resnet import ResNetStem
+from vitlab.models.timm_compat import ViTTimmMixin
 
 
 class PatchEmbed(nn.Module):

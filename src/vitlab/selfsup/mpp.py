@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models.config import ViTConfig
-from ..models.vit import VisionTransformer
+from vitlab.models.config import ViTConfig
+from vitlab.models.vit import VisionTransformer
 
 Target = Literal["mean-color", "mean-color-4x4", "pixels"]
 

@@ -2,9 +2,9 @@
 
 from typing import Any
 
-from .config import TrainConfig, config_from_json
-from .recipes import RECIPES
-from .resolve import Resolved, resolve, resolve_config
+from vitlab.train.config import TrainConfig, config_from_json
+from vitlab.train.recipes import RECIPES
+from vitlab.train.resolve import Resolved, resolve, resolve_config
 
 _LOOP_NAMES = ("RunResult", "TrainingDiverged", "run")
 _FIT_NAMES = ("FitResult", "fit")  # training from Python (fit.py), over the loop
@@ -14,11 +14,11 @@ def __getattr__(name: str) -> Any:
     """The trainer (loop.py) on first use: `vitlab --help` reads the recipes and never trains, so its start-up
     does not pay for what the loop imports (torch.distributed.checkpoint, torchvision's transforms)."""
     if name in _LOOP_NAMES:
-        from . import loop
+        from vitlab.train import loop
 
         return getattr(loop, name)
     if name in _FIT_NAMES:
-        from . import fit as fit_module
+        from vitlab.train import fit as fit_module
 
         return getattr(fit_module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,10 +13,10 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from ..flops import count_macs
-from .epochs import proportion_warning, schedule_line
-from .resolve import Resolved
-from .runlog import FILE_ONLY
+from vitlab.flops import count_macs
+from vitlab.train.epochs import proportion_warning, schedule_line
+from vitlab.train.resolve import Resolved
+from vitlab.train.runlog import FILE_ONLY
 
 # Settings shown in the model/data/run lines instead of in the grouped list.
 _SHOWN_ELSEWHERE = {"out", "recipe", "data", "model", "model_args", "init"}

@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
-from ..errors import WeightsError
-from ..models.config import ModelConfig
-from ..outputs import storage_error
-from ..rundir import CHECKPOINTS, MANIFEST, STATE, WEIGHTS, list_checkpoints, sha256_file, step_dir
-from ..weights.vitlab_format import read_vitlab, save
+from vitlab.errors import WeightsError
+from vitlab.models.config import ModelConfig
+from vitlab.outputs import storage_error
+from vitlab.rundir import CHECKPOINTS, MANIFEST, STATE, WEIGHTS, list_checkpoints, sha256_file, step_dir
+from vitlab.weights.vitlab_format import read_vitlab, save
 
 _FILES = (WEIGHTS, STATE)
 

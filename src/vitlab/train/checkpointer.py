@@ -19,15 +19,15 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from ..rundir import step_dir
-from .checkpoint import prune_checkpoints, save_weights, weights_meta, write_checkpoint
-from .config import TrainConfig
-from .distributed import Dist, all_gather_objects, barrier
-from .ema import Ema
-from .optim import replan_schedule
-from .resumepoint import ResumePoint, find_resume_point
-from .runlog import log
-from .setup import rng_state, set_rng_state
+from vitlab.rundir import step_dir
+from vitlab.train.checkpoint import prune_checkpoints, save_weights, weights_meta, write_checkpoint
+from vitlab.train.config import TrainConfig
+from vitlab.train.distributed import Dist, all_gather_objects, barrier
+from vitlab.train.ema import Ema
+from vitlab.train.optim import replan_schedule
+from vitlab.train.resumepoint import ResumePoint, find_resume_point
+from vitlab.train.runlog import log
+from vitlab.train.setup import rng_state, set_rng_state
 
 __all__ = ["Checkpointer", "ResumePoint", "find_resume_point"]
 

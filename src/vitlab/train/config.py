@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..data.transforms import EVAL_RESIZES, TRAIN_CROPS, TRAIN_RESIZES
-from ..precision import check_precision
-from .tuning import tuning_problems
+from vitlab.data.transforms import EVAL_RESIZES, TRAIN_CROPS, TRAIN_RESIZES
+from vitlab.precision import check_precision
+from vitlab.train.tuning import tuning_problems
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .config import TrainConfig
+from vitlab.train.config import TrainConfig
 
 MAX_BYTES = 1 << 20  # a run's config.json is about 4 KB; a megabyte of settings is not a settings file
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..data import DataError, build_datasets
-from .presets import LARGE_DATASET, SMALL_DATASET, SMALL_IMAGES, typical_image_size
+from vitlab.data import DataError, build_datasets
+from vitlab.train.presets import LARGE_DATASET, SMALL_DATASET, SMALL_IMAGES, typical_image_size
 
 DEMO_DATA = "digits"
 DEMO_TRUNK = {"depth": 4, "width": 128, "num_heads": 4, "mlp_dim": 256}  # the demo recipe's model arguments

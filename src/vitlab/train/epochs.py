@@ -19,9 +19,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..data import build_datasets
-from .presets import FINETUNE_PRESETS
-from .recipes import EPOCHS, RECIPES
+from vitlab.data import build_datasets
+from vitlab.train.presets import FINETUNE_PRESETS
+from vitlab.train.recipes import EPOCHS, RECIPES
 
 OUT_OF_PROPORTION = 10  # the factor between planned epochs and the epochs a recipe's steps stand for
 FLAG = "flag --epochs"  # the source of steps --epochs sets (a flag: the warm-up rule keeps the warm-up's share)

@@ -22,11 +22,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..weights.load import load
-from .banner import append_to_console_log, result_line
-from .loop import RunResult, run
-from .preview import prepare
-from .resolve import resolve
+from vitlab.train.banner import append_to_console_log, result_line
+from vitlab.train.loop import RunResult, run
+from vitlab.train.preview import prepare
+from vitlab.train.resolve import resolve
+from vitlab.weights.load import load
 
 log = logging.getLogger("vitlab.train")
 
@@ -62,7 +62,7 @@ def fit(recipe: str | None = None, *, config_file: str | None = None, progress: 
 
 
 def _sweep(resolved: Any) -> FitResult:
-    from .sweep import format_table, run_sweep
+    from vitlab.train.sweep import format_table, run_sweep
 
     sweep = run_sweep(resolved)
     log.info("%s", format_table(sweep))

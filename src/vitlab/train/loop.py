@@ -17,27 +17,27 @@ from typing import Any
 
 import torch
 
-from ..data import build_datasets, normalize
-from ..data.errors import DataError, describe_paths
-from ..device import all_reduce
-from ..eval.fewshot_data import fewshot_weights
-from ..precision import autocast_for, model_width, resolve_precision
-from ..rundir import METRICS
-from .banner import ConsoleLog, banner_lines
-from .checkpointer import Checkpointer, find_resume_point
-from .config import TrainConfig
-from .distributed import Dist, barrier, grad_sync, peers_in_one_line, setup, teardown, wrap_model
-from .ema import Ema
-from .layer_decay import describe as describe_layer_decay
-from .mixup import draw_mixup
-from .objective import objective_for
-from .optim import build_optimizer, build_scheduler
-from .preemption import StopDuringEvaluation, StopSignals
-from .resolve import Resolved
-from .runlock import prepare_run_dir
-from .runlog import RunLog, StepWindow, log, plot_curves, to_float
-from .setup import build_model, check_classes, make_loaders, write_run_config
-from .tuning import Tuning
+from vitlab.data import build_datasets, normalize
+from vitlab.data.errors import DataError, describe_paths
+from vitlab.device import all_reduce
+from vitlab.eval.fewshot_data import fewshot_weights
+from vitlab.precision import autocast_for, model_width, resolve_precision
+from vitlab.rundir import METRICS
+from vitlab.train.banner import ConsoleLog, banner_lines
+from vitlab.train.checkpointer import Checkpointer, find_resume_point
+from vitlab.train.config import TrainConfig
+from vitlab.train.distributed import Dist, barrier, grad_sync, peers_in_one_line, setup, teardown, wrap_model
+from vitlab.train.ema import Ema
+from vitlab.train.layer_decay import describe as describe_layer_decay
+from vitlab.train.mixup import draw_mixup
+from vitlab.train.objective import objective_for
+from vitlab.train.optim import build_optimizer, build_scheduler
+from vitlab.train.preemption import StopDuringEvaluation, StopSignals
+from vitlab.train.resolve import Resolved
+from vitlab.train.runlock import prepare_run_dir
+from vitlab.train.runlog import RunLog, StepWindow, log, plot_curves, to_float
+from vitlab.train.setup import build_model, check_classes, make_loaders, write_run_config
+from vitlab.train.tuning import Tuning
 
 # A write into the run directory failed for a reason the user can fix: full disk or quota, file too large,
 # read-only file system or permissions.

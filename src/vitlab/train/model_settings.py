@@ -12,8 +12,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from ..models.config import BiTConfig
-from ..models.registry import architecture_differences, describe_architecture, model_config
+from vitlab.models.config import BiTConfig
+from vitlab.models.registry import architecture_differences, describe_architecture, model_config
 
 # model_args keys the command line sets, by their flags
 FLAGS = {"depth": "--depth", "width": "--width", "num_heads": "--heads", "mlp_dim": "--mlp-dim"}

@@ -12,17 +12,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..data import normalize
-from ..data.loader import UnreadableImages
-from ..device import all_reduce
-from ..eval.classify import evaluate, per_image_loss
-from ..eval.metrics import ClassificationMeter
-from ..precision import autocast_for
-from ..selfsup import MaskedPatchPredictor, MPPConfig
-from ..selfsup.mpp import validation_summary
-from .config import TrainConfig
-from .mixup import MixUp
-from .optim import classification_loss
+from vitlab.data import normalize
+from vitlab.data.loader import UnreadableImages
+from vitlab.device import all_reduce
+from vitlab.eval.classify import evaluate, per_image_loss
+from vitlab.eval.metrics import ClassificationMeter
+from vitlab.precision import autocast_for
+from vitlab.selfsup import MaskedPatchPredictor, MPPConfig
+from vitlab.selfsup.mpp import validation_summary
+from vitlab.train.config import TrainConfig
+from vitlab.train.mixup import MixUp
+from vitlab.train.optim import classification_loss
 
 
 class Classification:

@@ -8,10 +8,10 @@ import math
 import torch
 from torch import nn
 
-from ..eval.classify import per_image_loss
-from .config import TrainConfig
-from .ema import Ema  # noqa: F401  (re-exported: it lived here)
-from .layer_decay import layer_decay_groups
+from vitlab.eval.classify import per_image_loss
+from vitlab.train.config import TrainConfig
+from vitlab.train.ema import Ema  # noqa: F401  (re-exported: it lived here)
+from vitlab.train.layer_decay import layer_decay_groups
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:

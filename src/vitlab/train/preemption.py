@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from ..device import all_reduce
-from .distributed import Dist
-from .peerwatch import PeerWatch
-from .runlog import log
+from vitlab.device import all_reduce
+from vitlab.train.distributed import Dist
+from vitlab.train.peerwatch import PeerWatch
+from vitlab.train.runlog import log
 
 _RECEIVED: list[str] = []  # every stop signal a trainer of this process caught, in order
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..data.sources import DECODE_ERRORS
+from vitlab.data.sources import DECODE_ERRORS
 
 if TYPE_CHECKING:
-    from ..data import Datasets
-    from ..data.sources import ImageSplit
+    from vitlab.data import Datasets
+    from vitlab.data.sources import ImageSplit
 
 # Table 4 caption: "All models are fine-tuned with cosine learning rate decay, a batch size of 512, no weight
 # decay, and grad clipping at global norm 1. If not mentioned otherwise, fine-tuning resolution is 384."

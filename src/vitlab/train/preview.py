@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
-from ..data import build_datasets
-from ..rundir import CONFIG
-from .banner import schedule_lines, settings_lines
-from .objective import objective_for
-from .resolve import Resolved
-from .runlog import check_trackers
-from .setup import build_model, check_classes, run_record
+from vitlab.data import build_datasets
+from vitlab.rundir import CONFIG
+from vitlab.train.banner import schedule_lines, settings_lines
+from vitlab.train.objective import objective_for
+from vitlab.train.resolve import Resolved
+from vitlab.train.runlog import check_trackers
+from vitlab.train.setup import build_model, check_classes, run_record
 
 
 def prepare(resolved: Resolved) -> Resolved:
@@ -33,7 +33,7 @@ def prepare(resolved: Resolved) -> Resolved:
     check_trackers(cfg.tensorboard, cfg.wandb_project)
     val_fraction = cfg.val_fraction
     if cfg.lr_sweep:
-        from .sweep import check_sweep  # the sweep imports the loop: only when there is one
+        from vitlab.train.sweep import check_sweep  # the sweep imports the loop: only when there is one
 
         check_sweep(cfg)
         val_fraction = cfg.dev_fraction  # each of its runs validates on the dev split

@@ -14,9 +14,9 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-from .recipes_augreg import AUGREG_RECIPES, DEIT_RECIPE
-from .recipes_augreg import EPOCHS as AUGREG_EPOCHS
-from .recipes_augreg import RECIPE_SOURCES as AUGREG_SOURCES
+from vitlab.train.recipes_augreg import AUGREG_RECIPES, DEIT_RECIPE
+from vitlab.train.recipes_augreg import EPOCHS as AUGREG_EPOCHS
+from vitlab.train.recipes_augreg import RECIPE_SOURCES as AUGREG_SOURCES
 
 # Paper Tables 3 and 4, Appendix B.1. Values are the paper's; `pretrain` runs ~90 epochs of ImageNet-21k.
 RECIPES: dict[str, dict[str, Any]] = {

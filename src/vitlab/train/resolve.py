@@ -23,21 +23,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..data import build_datasets
-from ..models.config import ViTConfig
-from ..models.registry import describe_architecture, model_config
-from ..precision import config_width, device_kind, resolve_precision
-from ..rundir import CONFIG, run_dir_of
-from ..weights.load import read_weights
-from ..weights.locate import locate
-from .config import TrainConfig, config_from_json, validate
-from .configfile import check_model_args_type, check_record, check_types, parse_settings
-from .data_rules import follow_data
-from .epochs import apply_epochs, check_epochs, mark_given, steps_on_resume
-from .model_settings import check_against_init, check_model_args
-from .presets import BIT_DATA_FIELDS, FINETUNE_PRESETS, finetune_dropout, hyperrule_from_data
-from .recipes import MODEL_ROWS, RECIPES
-from .tuning import frozen_backbone_settings
+from vitlab.data import build_datasets
+from vitlab.models.config import ViTConfig
+from vitlab.models.registry import describe_architecture, model_config
+from vitlab.precision import config_width, device_kind, resolve_precision
+from vitlab.rundir import CONFIG, run_dir_of
+from vitlab.train.config import TrainConfig, config_from_json, validate
+from vitlab.train.configfile import check_model_args_type, check_record, check_types, parse_settings
+from vitlab.train.data_rules import follow_data
+from vitlab.train.epochs import apply_epochs, check_epochs, mark_given, steps_on_resume
+from vitlab.train.model_settings import check_against_init, check_model_args
+from vitlab.train.presets import BIT_DATA_FIELDS, FINETUNE_PRESETS, finetune_dropout, hyperrule_from_data
+from vitlab.train.recipes import MODEL_ROWS, RECIPES
+from vitlab.train.tuning import frozen_backbone_settings
+from vitlab.weights.load import read_weights
+from vitlab.weights.locate import locate
 
 # Settings a resumed run may change: they decide how long the run goes on and what it reports, not what it
 # computes. Everything else must equal the stored run.

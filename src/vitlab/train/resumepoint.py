@@ -23,10 +23,10 @@ from typing import Any
 
 from torch import nn
 
-from ..data.errors import DataError, describe_paths
-from ..errors import WeightsError
-from ..models.registry import build_model as build_from_config
-from ..rundir import (
+from vitlab.data.errors import DataError, describe_paths
+from vitlab.errors import WeightsError
+from vitlab.models.registry import build_model as build_from_config
+from vitlab.rundir import (
     CHECKPOINTS,
     CONFIG,
     METRICS,
@@ -35,10 +35,10 @@ from ..rundir import (
     latest_valid_checkpoint,
     list_checkpoints,
 )
-from ..weights.vitlab_format import read_vitlab
-from .checkpoint import read_training_checkpoint
-from .resolve import SAFE_ON_RESUME
-from .runlog import log
+from vitlab.train.checkpoint import read_training_checkpoint
+from vitlab.train.resolve import SAFE_ON_RESUME
+from vitlab.train.runlog import log
+from vitlab.weights.vitlab_format import read_vitlab
 
 
 @dataclass

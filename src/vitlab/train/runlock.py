@@ -18,7 +18,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from ..rundir import CHECKPOINTS, holds_run
+from vitlab.rundir import CHECKPOINTS, holds_run
 
 LOCK = ".vitlab.lock"
 OWN_FILES = {LOCK, "console.log"}  # what a run that failed before its first record leaves behind

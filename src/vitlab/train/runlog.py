@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..outputs import atomic_write
-from ..progress import bars_enabled
-from ..rundir import METRICS
-from .eta import estimate_line, estimate_step
+from vitlab.outputs import atomic_write
+from vitlab.progress import bars_enabled
+from vitlab.rundir import METRICS
+from vitlab.train.eta import estimate_line, estimate_step
 
 log = logging.getLogger("vitlab.train")
 

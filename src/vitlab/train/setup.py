@@ -13,19 +13,27 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..data import Datasets, EvalTransform, ShardSampler, StepSampler, TrainTransform, TransformedSplit, make_loader
-from ..data.augment import with_augmentation
-from ..data.errors import DataError, describe_paths
-from ..data.loader import PartsLoader
-from ..data.stream import training_order
-from ..models.config import ViTConfig
-from ..models.registry import build_model as build_from_config
-from ..models.registry import describe_architecture, model_config
-from ..outputs import atomic_write
-from ..weights.load import model_from_checkpoint
-from .config import TrainConfig
-from .distributed import Dist
-from .resolve import InitWeights, read_init
+from vitlab.data import (
+    Datasets,
+    EvalTransform,
+    ShardSampler,
+    StepSampler,
+    TrainTransform,
+    TransformedSplit,
+    make_loader,
+)
+from vitlab.data.augment import with_augmentation
+from vitlab.data.errors import DataError, describe_paths
+from vitlab.data.loader import PartsLoader
+from vitlab.data.stream import training_order
+from vitlab.models.config import ViTConfig
+from vitlab.models.registry import build_model as build_from_config
+from vitlab.models.registry import describe_architecture, model_config
+from vitlab.outputs import atomic_write
+from vitlab.train.config import TrainConfig
+from vitlab.train.distributed import Dist
+from vitlab.train.resolve import InitWeights, read_init
+from vitlab.weights.load import model_from_checkpoint
 
 
 def check_classes(cfg: TrainConfig, data: Datasets) -> None:

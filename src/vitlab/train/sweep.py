@@ -21,15 +21,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..data import is_embedded
-from ..data.datasets import has_val_split
-from ..data.errors import DataError
-from ..eval.classify import evaluate_weights
-from ..outputs import WRITTEN_BY, atomic_write, check_replaceable, mark
-from ..rundir import REFIT_RUN, sweep_run_name
-from .config import TrainConfig
-from .loop import run
-from .resolve import Resolved
+from vitlab.data import is_embedded
+from vitlab.data.datasets import has_val_split
+from vitlab.data.errors import DataError
+from vitlab.eval.classify import evaluate_weights
+from vitlab.outputs import WRITTEN_BY, atomic_write, check_replaceable, mark
+from vitlab.rundir import REFIT_RUN, sweep_run_name
+from vitlab.train.config import TrainConfig
+from vitlab.train.loop import run
+from vitlab.train.resolve import Resolved
 
 log = logging.getLogger("vitlab.train")
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .lora import LORA_TARGETS, LoraAdapters
+from vitlab.train.lora import LORA_TARGETS, LoraAdapters
 
 FREEZE_CHOICES = ("backbone",)  # backbone: everything but the classifier (head, and pre_logits when there is one)
 _HEAD = ("head", "pre_logits")

@@ -1,5 +1,5 @@
 """Reading and writing weights. Import the submodules directly (`vitlab.weights.load`, `.jax_npz`, …)."""
 
-from ..errors import WeightsError
+from vitlab.errors import WeightsError
 
 __all__ = ["WeightsError"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..models.config import BiTConfig, ViTConfig
-from ..models.limits import MAX_CLASSES, MAX_IMAGE_SIDE, is_int
+from vitlab.models.config import BiTConfig, ViTConfig
+from vitlab.models.limits import MAX_CLASSES, MAX_IMAGE_SIDE, is_int
 
 
 def check_source(value: Any, what: str = "vitlab.load") -> None:

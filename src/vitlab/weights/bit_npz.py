@@ -30,12 +30,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import WeightsError
-from ..models.config import BiTConfig
-from ..models.registry import RESNET_DEPTHS, list_models
-from .checkpoint import Checkpoint
-from .tensors import atomic_savez, check_npz_tensor, read_npz_arrays, units_per_stage
-from .validate import expected_shapes
+from vitlab.errors import WeightsError
+from vitlab.models.config import BiTConfig
+from vitlab.models.registry import RESNET_DEPTHS, list_models
+from vitlab.weights.checkpoint import Checkpoint
+from vitlab.weights.tensors import atomic_savez, check_npz_tensor, read_npz_arrays, units_per_stage
+from vitlab.weights.validate import expected_shapes
 
 __all__ = ["BIG_TRANSFER_WS_EPS", "bit_name", "is_bit_npz", "read_bit_npz", "warn_numerics", "write_bit_npz"]
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from torch import nn
 
-from ..eval_resize import resize_before_crop
-from ..models.config import BiTConfig, ModelConfig, ViTConfig
-from ..outputs import atomic_write, mark_text
-from .bit_npz import bit_name
-from .timm_arch import vitlab_name
+from vitlab.eval_resize import resize_before_crop
+from vitlab.models.config import BiTConfig, ModelConfig, ViTConfig
+from vitlab.outputs import atomic_write, mark_text
+from vitlab.weights.bit_npz import bit_name
+from vitlab.weights.timm_arch import vitlab_name
 
 CARD = "README.md"
 _FORMAT_WORDS = {

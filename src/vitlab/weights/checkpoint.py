@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..models.config import ModelConfig
+from vitlab.models.config import ModelConfig
 
 
 @dataclass

@@ -7,21 +7,21 @@ from typing import Any
 
 from torch import nn
 
-from ..errors import WeightsError
-from ..models.config import BiTConfig, ViTConfig
-from ..outputs import FORCE_FIX, check_output, check_output_folder
-from ..progress import progress
-from .bit_npz import write_bit_npz
-from .card import CARD, write_card
-from .hf import write_hf
-from .hf_folder import HF_FILES
-from .jax_npz import write_jax_npz
-from .load import detect_format, load, read_weights
-from .locate import locate
-from .tensors import PICKLE_SUFFIXES
-from .timm import HUB_FILES, write_timm
-from .validate import check_values
-from .vitlab_format import save
+from vitlab.errors import WeightsError
+from vitlab.models.config import BiTConfig, ViTConfig
+from vitlab.outputs import FORCE_FIX, check_output, check_output_folder
+from vitlab.progress import progress
+from vitlab.weights.bit_npz import write_bit_npz
+from vitlab.weights.card import CARD, write_card
+from vitlab.weights.hf import write_hf
+from vitlab.weights.hf_folder import HF_FILES
+from vitlab.weights.jax_npz import write_jax_npz
+from vitlab.weights.load import detect_format, load, read_weights
+from vitlab.weights.locate import locate
+from vitlab.weights.tensors import PICKLE_SUFFIXES
+from vitlab.weights.timm import HUB_FILES, write_timm
+from vitlab.weights.validate import check_values
+from vitlab.weights.vitlab_format import save
 
 TARGETS = ("vitlab", "jax-npz", "bit-npz", "timm", "hf")
 

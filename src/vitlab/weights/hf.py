@@ -14,15 +14,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import WeightsError
-from ..models.config import OFFICIAL_MEAN, OFFICIAL_STD, BiTConfig, ModelConfig, ViTConfig
-from .card import model_card
-from .checkpoint import Checkpoint
-from .hf_bit import read_hf_bit, write_hf_bit
-from .hf_folder import PREPROCESSOR, checkpoint_meta, hf_architecture, hf_num_classes, label_maps, write_hf_folder
-from .tensors import read_json, read_weights_folder
-from .timm_arch import vitlab_name
-from .validate import check_against, expected_shapes
+from vitlab.errors import WeightsError
+from vitlab.models.config import OFFICIAL_MEAN, OFFICIAL_STD, BiTConfig, ModelConfig, ViTConfig
+from vitlab.weights.card import model_card
+from vitlab.weights.checkpoint import Checkpoint
+from vitlab.weights.hf_bit import read_hf_bit, write_hf_bit
+from vitlab.weights.hf_folder import (
+    PREPROCESSOR,
+    checkpoint_meta,
+    hf_architecture,
+    hf_num_classes,
+    label_maps,
+    write_hf_folder,
+)
+from vitlab.weights.tensors import read_json, read_weights_folder
+from vitlab.weights.timm_arch import vitlab_name
+from vitlab.weights.validate import check_against, expected_shapes
 
 __all__ = ["config_from_hf", "hf_config", "read_hf", "to_hf_state_dict", "write_hf"]
 

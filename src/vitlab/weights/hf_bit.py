@@ -17,14 +17,21 @@ from typing import Any
 
 from torch import nn
 
-from ..errors import WeightsError
-from ..models.config import BiTConfig
-from .bit_npz import bit_name, warn_numerics
-from .card import model_card
-from .checkpoint import Checkpoint
-from .hf_folder import PREPROCESSOR, checkpoint_meta, hf_architecture, hf_num_classes, label_maps, write_hf_folder
-from .tensors import read_json, read_weights_folder
-from .validate import check_against, expected_shapes
+from vitlab.errors import WeightsError
+from vitlab.models.config import BiTConfig
+from vitlab.weights.bit_npz import bit_name, warn_numerics
+from vitlab.weights.card import model_card
+from vitlab.weights.checkpoint import Checkpoint
+from vitlab.weights.hf_folder import (
+    PREPROCESSOR,
+    checkpoint_meta,
+    hf_architecture,
+    hf_num_classes,
+    label_maps,
+    write_hf_folder,
+)
+from vitlab.weights.tensors import read_json, read_weights_folder
+from vitlab.weights.validate import check_against, expected_shapes
 
 __all__ = ["HF_GN_EPS", "HF_WS_EPS", "config_from_hf_bit", "hf_bit_config", "read_hf_bit", "write_hf_bit"]
 

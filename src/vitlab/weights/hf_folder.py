@@ -11,10 +11,10 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from ..errors import WeightsError
-from ..outputs import mark
-from .card import CARD
-from .tensors import write_folder_atomically
+from vitlab.errors import WeightsError
+from vitlab.outputs import mark
+from vitlab.weights.card import CARD
+from vitlab.weights.tensors import write_folder_atomically
 
 PREPROCESSOR = "preprocessor_config.json"
 HF_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", PREPROCESSOR, "README.md")

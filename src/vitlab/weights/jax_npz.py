@@ -22,13 +22,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import WeightsError
-from ..models.config import ResNetConfig, ViTConfig
-from ..models.registry import list_models, model_config
-from ..models.vit import VisionTransformer
-from .checkpoint import Checkpoint
-from .npz_numerics import numerics_arrays, pop_numerics
-from .tensors import atomic_savez, check_npz_tensor, read_npz_arrays, units_per_stage
+from vitlab.errors import WeightsError
+from vitlab.models.config import ResNetConfig, ViTConfig
+from vitlab.models.registry import list_models, model_config
+from vitlab.models.vit import VisionTransformer
+from vitlab.weights.checkpoint import Checkpoint
+from vitlab.weights.npz_numerics import numerics_arrays, pop_numerics
+from vitlab.weights.tensors import atomic_savez, check_npz_tensor, read_npz_arrays, units_per_stage
 
 # Module names inside an encoder block. The 2020 releases (pre-Linen Flax) number modules in creation order
 # across all types; Linen numbers each module type separately.

@@ -16,23 +16,23 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import WeightsError
-from ..hub import imagenet_classes, published_info
-from ..hub.cache import read_meta
-from ..models.config import BiTConfig, ModelConfig, ViTConfig
-from ..models.posembed import resample_1d, resample_pos_embed, resample_relative_table
-from ..models.registry import architecture_differences, build_model, describe_architecture, model_config
-from ..models.timm_compat import eval_resize_of
-from .arguments import check_load_sizes, check_source
-from .bit_npz import is_bit_npz, read_bit_npz
-from .checkpoint import Checkpoint
-from .hf import read_hf
-from .jax_npz import read_jax_npz
-from .locate import locate_published, weights_path
-from .tensors import read_json
-from .timm import read_timm
-from .validate import check_state_dict, check_values
-from .vitlab_format import is_vitlab_file, read_vitlab
+from vitlab.errors import WeightsError
+from vitlab.hub import imagenet_classes, published_info
+from vitlab.hub.cache import read_meta
+from vitlab.models.config import BiTConfig, ModelConfig, ViTConfig
+from vitlab.models.posembed import resample_1d, resample_pos_embed, resample_relative_table
+from vitlab.models.registry import architecture_differences, build_model, describe_architecture, model_config
+from vitlab.models.timm_compat import eval_resize_of
+from vitlab.weights.arguments import check_load_sizes, check_source
+from vitlab.weights.bit_npz import is_bit_npz, read_bit_npz
+from vitlab.weights.checkpoint import Checkpoint
+from vitlab.weights.hf import read_hf
+from vitlab.weights.jax_npz import read_jax_npz
+from vitlab.weights.locate import locate_published, weights_path
+from vitlab.weights.tensors import read_json
+from vitlab.weights.timm import read_timm
+from vitlab.weights.validate import check_state_dict, check_values
+from vitlab.weights.vitlab_format import is_vitlab_file, read_vitlab
 
 FORMATS = ("vitlab", "jax-npz", "bit-npz", "timm", "hf")
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..errors import WeightsError
-from ..hub import Entry, resolve
-from ..rundir import (
+from vitlab.errors import WeightsError
+from vitlab.hub import Entry, resolve
+from vitlab.rundir import (
     WEIGHTS,
     is_checkpoint_dir,
     is_run_dir,

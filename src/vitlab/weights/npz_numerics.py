@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import WeightsError
-from ..models.config import ViTConfig
+from vitlab.errors import WeightsError
+from vitlab.models.config import ViTConfig
 
 OFFICIAL = {"gelu": "tanh", "ln_eps": 1e-6}
 KEYS = {"gelu": "vitlab/gelu", "ln_eps": "vitlab/ln_eps"}

@@ -24,9 +24,9 @@ import torch
 from numpy.lib import format as npy
 from safetensors.torch import load_file
 
-from ..errors import WeightsError
-from ..outputs import atomic_folder, atomic_write, mark_zip
-from ..progress import progress
+from vitlab.errors import WeightsError
+from vitlab.outputs import atomic_folder, atomic_write, mark_zip
+from vitlab.progress import progress
 
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 # Training checkpoints nest the weights under one of these (timm: "state_dict", DeiT/MAE: "model").

@@ -19,20 +19,20 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from ..errors import WeightsError
-from ..models.config import BiTConfig, ModelConfig, ViTConfig
-from ..models.registry import HYBRIDS, VIT_SIZES
-from ..outputs import atomic_write, mark, mark_zip
-from .card import CARD, model_card
-from .checkpoint import Checkpoint
-from .tensors import (
+from vitlab.errors import WeightsError
+from vitlab.models.config import BiTConfig, ModelConfig, ViTConfig
+from vitlab.models.registry import HYBRIDS, VIT_SIZES
+from vitlab.outputs import atomic_write, mark, mark_zip
+from vitlab.weights.card import CARD, model_card
+from vitlab.weights.checkpoint import Checkpoint
+from vitlab.weights.tensors import (
     PICKLE_SUFFIXES,
     read_json,
     read_tensor_file,
     read_weights_folder,
     write_folder_atomically,
 )
-from .timm_arch import (
+from vitlab.weights.timm_arch import (
     GAP_NAMES,
     HYBRID_NAMES,
     PLAIN_RESOLUTIONS,
@@ -45,8 +45,8 @@ from .timm_arch import (
     timm_eval_crop,
     timm_name_options,
 )
-from .timm_bit import is_timm_bit, read_timm_bit, rename_key, timm_bit_hub_config, to_timm_bit_state_dict
-from .validate import check_against, expected_shapes
+from vitlab.weights.timm_bit import is_timm_bit, read_timm_bit, rename_key, timm_bit_hub_config, to_timm_bit_state_dict
+from vitlab.weights.validate import check_against, expected_shapes
 
 __all__ = ["read_timm", "timm_config", "timm_model_args", "timm_model_name", "to_timm_state_dict", "write_timm"]
 

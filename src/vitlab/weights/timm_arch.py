@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
-from ..errors import WeightsError
-from ..models.config import OFFICIAL_MEAN, OFFICIAL_STD, ResNetConfig, ViTConfig
-from ..models.registry import HYBRIDS, VIT_SIZES, model_config
-from ..models.timm_compat import crop_pct_for, timm_eval_crop  # noqa: F401  (re-exported: timm.py, timm_bit.py)
-from .tensors import units_per_stage
+from vitlab.errors import WeightsError
+from vitlab.models.config import OFFICIAL_MEAN, OFFICIAL_STD, ResNetConfig, ViTConfig
+from vitlab.models.registry import HYBRIDS, VIT_SIZES, model_config
+from vitlab.models.timm_compat import crop_pct_for, timm_eval_crop  # noqa: F401  (re-exported: timm.py, timm_bit.py)
+from vitlab.weights.tensors import units_per_stage
 
 TIMM_SIZES = {"tiny": "Ti", "small": "S", "base": "B", "large": "L", "huge": "H"}
 # Resolutions timm registers a plain name for, per (size, patch): "vit_base_patch16_384" exists, "…_512" does not.

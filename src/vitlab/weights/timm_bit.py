@@ -15,12 +15,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import WeightsError
-from ..models.config import OFFICIAL_MEAN, OFFICIAL_STD, BiTConfig
-from ..models.registry import RESNET_DEPTHS
-from .tensors import units_per_stage
-from .timm_arch import timm_eval_crop
-from .validate import check_against, expected_shapes
+from vitlab.errors import WeightsError
+from vitlab.models.config import OFFICIAL_MEAN, OFFICIAL_STD, BiTConfig
+from vitlab.models.registry import RESNET_DEPTHS
+from vitlab.weights.tensors import units_per_stage
+from vitlab.weights.timm_arch import timm_eval_crop
+from vitlab.weights.validate import check_against, expected_shapes
 
 __all__ = ["TIMM_BITS", "is_timm_bit", "read_timm_bit", "timm_bit_hub_config", "to_timm_bit_state_dict"]
 

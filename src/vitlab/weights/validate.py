@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from ..errors import WeightsError
-from ..models.config import ModelConfig
-from ..models.registry import build_model
+from vitlab.errors import WeightsError
+from vitlab.models.config import ModelConfig
+from vitlab.models.registry import build_model
 
 # The deepest published model has 66 units (BiT-R200x3: 3 + 24 + 36 + 3) and the widest stage count is four; a
 # file declaring more blocks than this is corrupt or crafted. Building even a meta-device model costs

@@ -11,13 +11,13 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from ..errors import WeightsError
-from ..models.config import config_from_dict
-from ..outputs import atomic_write, check_output, mark
-from .arguments import check_matches_config, check_model
-from .checkpoint import Checkpoint
-from .tensors import PICKLE_SUFFIXES, read_safetensors, safetensors_header
-from .validate import check_state_dict, expected_shapes
+from vitlab.errors import WeightsError
+from vitlab.models.config import config_from_dict
+from vitlab.outputs import atomic_write, check_output, mark
+from vitlab.weights.arguments import check_matches_config, check_model
+from vitlab.weights.checkpoint import Checkpoint
+from vitlab.weights.tensors import PICKLE_SUFFIXES, read_safetensors, safetensors_header
+from vitlab.weights.validate import check_state_dict, expected_shapes
 
 FORMAT_TAG = "vitlab"
 
