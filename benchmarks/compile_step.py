@@ -1,6 +1,6 @@
-"""One training step of the experiments' M models (ViT-M, BiT-M of experiments/families.py at 32 px, batch 64, 64
+"""One training step of the experiments' M models (ViT-M, BiT-M of reproduction/families.py at 32 px, batch 64, 64
 classes) on one thread, eager against `torch.compile` (inductor): whether compiling would shorten the experiments'
-runs, whose time is this step (experiments/estimate.py measures the same step inside the trainer).
+runs, whose time is this step (reproduction/estimate.py measures the same step inside the trainer).
 
     .venv/bin/python benchmarks/compile_step.py [--steps 15] [--families ViT BiT]
 
@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from vitlab.experiments.families import MODELS
+from reproduction.families import MODELS
 from vitlab.models.config import ViTConfig
 from vitlab.models.registry import build_model, model_config
 

@@ -24,7 +24,7 @@ smaller B, recorded), and a run past 1.5× its calibrated time + 5 s stops there
 about 20 s (the device check's runs), calibration about 10 s, evaluation about 2 s a run (4,096 held-out images
 twice, 500 + 1,000 transfer images through two representations): 20 + 10 + 336 + 20 s, under the 8 minutes allowed.
 
-Writes OUT/gpu-scale/results.json in the experiments' format, sealed (vitlab.experiments.records), so that `vitlab
+Writes OUT/gpu-scale/results.json in the experiments' format, sealed (reproduction.records), so that `vitlab
 experiment report --out OUT` shows it beside the CPU runs; a --dry-run's results say mode "dry-run" and are not shown.
 """
 
@@ -42,13 +42,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from reproduction.design import Check, Verdict
+from reproduction.experiment import write_results
+from reproduction.measures import slope
+from reproduction.preconditions import LEARNS_TOP1
+from reproduction.report.audit import PLATEAU_POINTS
 from vitlab import __version__
 from vitlab.eval.fewshot_lsr import fewshot_on_features, representations
-from vitlab.experiments.audit import PLATEAU_POINTS
-from vitlab.experiments.design import Check, Verdict
-from vitlab.experiments.experiment import write_results
-from vitlab.experiments.measures import slope
-from vitlab.experiments.preconditions import LEARNS_TOP1
 from vitlab.flops import count_macs
 from vitlab.models.config import ViTConfig
 from vitlab.models.registry import build_model, model_config

@@ -1,6 +1,6 @@
 """Two small training runs one after the other on all cores, against the same two runs side by side on one core
-each: what `vitlab experiment --jobs` is for (experiments/parallel.py). Both arms train the experiments' M models
-(ViT-M, BiT-M of experiments/families.py) on the same data with the same settings; only the scheduling differs.
+each: what `vitlab experiment --jobs` is for (reproduction/parallel.py). Both arms train the experiments' M models
+(ViT-M, BiT-M of reproduction/families.py) on the same data with the same settings; only the scheduling differs.
 
     .venv/bin/python benchmarks/parallel_runs.py [--steps 200] [--data strokes:64:256] [--out /tmp/parallel_runs]
 
@@ -17,11 +17,11 @@ import sys
 import time
 from pathlib import Path
 
-from vitlab.experiments.families import model_settings
-from vitlab.experiments.parallel import cpu_count
-from vitlab.experiments.recipes import PRETRAIN_SMALL, source_preprocessing
-from vitlab.experiments.runner import train_spec
-from vitlab.experiments.spec import RunSpec
+from reproduction.families import model_settings
+from reproduction.parallel import cpu_count
+from reproduction.recipes import PRETRAIN_SMALL, source_preprocessing
+from reproduction.runner import train_spec
+from reproduction.spec import RunSpec
 
 
 def command(family: str, data: str, steps: int, out: Path) -> list[str]:

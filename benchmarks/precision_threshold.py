@@ -24,8 +24,8 @@ from collections.abc import Callable
 
 import torch
 
+from reproduction.families import MODELS
 from vitlab.device import cpu_name
-from vitlab.experiments.families import MODELS
 from vitlab.models.registry import build_model, model_config
 from vitlab.precision import MIN_BF16_WIDTH, autocast_for, config_width, cpu_flags, native_bf16, prepare_for_inference
 

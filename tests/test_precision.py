@@ -249,7 +249,7 @@ EXPERIMENTS = ("data-scaling", "compute", "pos-embed", "token-vs-gap", "attentio
 
 
 def test_committed_records_keep_their_keys():
-    from vitlab.experiments.spec import RunSpec
+    from reproduction.spec import RunSpec
 
     paths = sorted(RECORDS.glob("*.json"))
     assert len(paths) > 100
@@ -260,8 +260,8 @@ def test_committed_records_keep_their_keys():
 
 
 def test_an_experiment_run_computes_in_float32_even_where_auto_would_not(tmp_path, monkeypatch):
-    from vitlab.experiments.runner import train_spec
-    from vitlab.experiments.spec import RunSpec
+    from reproduction.runner import train_spec
+    from reproduction.spec import RunSpec
 
     monkeypatch.setattr("vitlab.precision.cpu_flags", lambda text=None: cpu_flags(XEON_AMX))
     settings = {"model": "ViT-Ti/4", "model_args": {**TINY, "width": 384, "num_heads": 6}, "image_size": 8,

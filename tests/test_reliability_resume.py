@@ -203,8 +203,8 @@ def test_experiment_report_without_results_keeps_the_report(tmp_path, capsys):
 def test_experiment_report_keeps_the_sections_it_has_no_results_for(tmp_path):
     """Results for one experiment only (runs/ is not committed; a new machine has few): the other sections keep
     their measured text and summary rows instead of turning into "pending"."""
-    from vitlab.experiments.experiment import write_results
-    from vitlab.experiments.report import write_report
+    from reproduction.experiment import write_results
+    from reproduction.report.report import write_report
 
     report = tmp_path / "REPRODUCTION.md"
     everything = tmp_path / "earlier-machine"  # a report measured in full, with the current designs
@@ -238,7 +238,7 @@ def _summary(text: str, name: str) -> str:
 
 def _fake_results(name: str, measured: str = "MEASURED-BY-THE-TEST") -> dict:
     """Full results of `name`'s current design (a result of another design version is not reported as its)."""
-    from vitlab.experiments import experiments
+    from reproduction.experiments import experiments
 
     design = experiments()[name].design
     return {"experiment": name, "mode": "full", "paper": "Section 4.6", "setup": "A setup.", "seeds": [0],

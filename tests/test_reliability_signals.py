@@ -27,11 +27,11 @@ TINY = ("{'model': 'ViT-Ti/4', 'model_args': {'depth': 1, 'width': 32, 'num_head
 # `vitlab experiment pilot` with the pilot replaced by two runs too long to finish: the command line as users run it
 EXPERIMENT_SCRIPT = f"""
 import sys
-import vitlab.experiments as package
+import reproduction.experiments as package
 from vitlab.cli import main
-from vitlab.experiments.estimate import CostModel, StepTime
-from vitlab.experiments.experiment import Experiment
-from vitlab.experiments.spec import RunSpec
+from reproduction.estimate import CostModel, StepTime
+from reproduction.experiment import Experiment
+from reproduction.spec import RunSpec
 
 CostModel.step_time = lambda self, spec: StepTime(0.01, 0.001)  # no timing of models before the runs
 
@@ -102,7 +102,7 @@ def signal_the_experiment(tmp_path: Path, signum: int, jobs: int) -> tuple[subpr
     script = tmp_path / "experiment.py"
     script.write_text(EXPERIMENT_SCRIPT)
     out = tmp_path / "out"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}  # the campaign sits beside src/
     cmd = [sys.executable, str(script), "-q", "experiment", "pilot", "--quick", "--out", str(out), "--jobs", str(jobs)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

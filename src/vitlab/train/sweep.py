@@ -95,7 +95,7 @@ def choose(rows: list[SweepRow]) -> SweepRow:
 def grid_edge(rows: list[SweepRow], chosen: SweepRow) -> str | None:
     """A warning when the chosen learning rate is the largest or smallest of a grid of several (the best may lie
     beyond it), with the next value one step of the grid's ratio further; None inside the grid. The rule the
-    experiments apply to their own sweeps (vitlab.experiments.preconditions, condition c)."""
+    experiments apply to their own sweeps (reproduction.preconditions, condition c)."""
     lrs = sorted(r.lr for r in rows)
     if len(lrs) < 2 or chosen.lr not in (lrs[0], lrs[-1]):
         return None

@@ -1,6 +1,8 @@
 """Write a preempted run and its uninterrupted twin with the code of this commit (the fixture of the
 layout-compatibility test)."""
-import os, signal, sys
+import os
+import signal
+
 import vitlab.train.loop as loop
 from vitlab.train import resolve_config, run
 

@@ -15,17 +15,17 @@ from pathlib import Path
 import pytest
 from scipy import stats as scipy_stats
 
-from vitlab.experiments import lineage
-from vitlab.experiments.audit import last_gain
-from vitlab.experiments.experiment import read_results, write_results
-from vitlab.experiments.measures import upstream
-from vitlab.experiments.records import read_record
-from vitlab.experiments.report import write_report
-from vitlab.experiments.runner import Record
-from vitlab.experiments.spec import RunSpec
-from vitlab.experiments.stats import RULE, paired, seeds_to_detect, t_quantile
+from reproduction.experiment import read_results, write_results
+from reproduction.measures import upstream
+from reproduction.records import read_record
+from reproduction.report import lineage
+from reproduction.report.audit import last_gain
+from reproduction.report.report import write_report
+from reproduction.runner import Record
+from reproduction.spec import RunSpec
+from reproduction.stats import RULE, paired, seeds_to_detect, t_quantile
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 REPRODUCTION = REPO / "reproduction"
 BENCHMARKS = REPO / "benchmarks"
 VIT_M_LARGEST = ("a020514e7b37", "f6d1e1f2da85", "cb1dec08d676")  # pre-ViT-M-fonts:64:2048, seeds 0, 1, 2

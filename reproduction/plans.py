@@ -21,11 +21,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from vitlab.experiments.families import model_settings
-from vitlab.experiments.recipes import ABLATION, DIGITS_PREPROCESSING, PRETRAIN_SMALL, source_preprocessing
-from vitlab.experiments.runner import Context
-from vitlab.experiments.scale import Scale
-from vitlab.experiments.spec import RunSpec
+from reproduction.families import model_settings
+from reproduction.recipes import ABLATION, DIGITS_PREPROCESSING, PRETRAIN_SMALL, source_preprocessing
+from reproduction.runner import Context
+from reproduction.scale import Scale
+from reproduction.spec import RunSpec
 
 # Why design version 3 (recorded in each design it changed, before any full run of it)
 VERSION_3 = ("version 3 (2026-12-01, before any full run): fine-tuning follows the pilot's version-3 protocol "

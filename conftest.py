@@ -1,4 +1,4 @@
-"""Shared test helpers."""
+"""Fixtures shared by the library's tests (tests/) and the reproduction campaign's (reproduction/tests/)."""
 
 import os
 import signal

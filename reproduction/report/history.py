@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from vitlab.experiments.design import Design, describe
-from vitlab.experiments.sections import table_lines
+from reproduction.design import Design, describe
+from reproduction.report.sections import table_lines
 
 TITLE = "# Reproduction: designs, histories and notes (appendix of REPRODUCTION.md)"
 INTRO = """Each experiment's full design (as committed before its run, with every change made to it and the rule that

@@ -8,15 +8,16 @@ import time
 
 import pytest
 
+from reproduction import NAMES, PILOT
+from reproduction.estimate import CostModel, StepTime
+from reproduction.experiment import Experiment, read_results, run_experiment, write_results
+from reproduction.experiments import experiments
+from reproduction.families import MODELS, model_table
+from reproduction.plans import pretrain
+from reproduction.runner import Context, Runner
+from reproduction.scale import FULL, QUICK
+from reproduction.spec import RunSpec
 from vitlab.cli import main
-from vitlab.experiments import NAMES, PILOT, experiments, run_experiment
-from vitlab.experiments.estimate import CostModel, StepTime
-from vitlab.experiments.experiment import Experiment, read_results, write_results
-from vitlab.experiments.families import MODELS, model_table
-from vitlab.experiments.plans import pretrain
-from vitlab.experiments.runner import Context, Runner
-from vitlab.experiments.scale import FULL, QUICK
-from vitlab.experiments.spec import RunSpec
 
 TINY = {"model": "ViT-Ti/4", "model_args": {"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64},
         "data": "digits", "image_size": 16, "batch_size": 16, "steps": 4, "eval_every": 0, "log_every": 1,
@@ -44,7 +45,7 @@ def fake_experiment(specs, name="fake"):
 
 
 def counting_trainer(calls, fail_on=None, seconds=0.0):
-    from vitlab.experiments.runner import Interrupted
+    from reproduction.runner import Interrupted
 
     def train(spec, run_dir, init):
         calls.append(spec.label)
@@ -59,7 +60,7 @@ def counting_trainer(calls, fail_on=None, seconds=0.0):
 
 
 def test_second_invocation_trains_nothing(tmp_path, monkeypatch, fixed_step_times):
-    import vitlab.experiments.runner as runner
+    import reproduction.runner as runner
 
     calls = []
     monkeypatch.setattr(runner, "train_spec", counting_trainer(calls, seconds=0.2))
@@ -76,7 +77,7 @@ def test_second_invocation_trains_nothing(tmp_path, monkeypatch, fixed_step_time
 
 
 def test_interrupted_experiment_continues_with_the_unfinished_run(tmp_path, monkeypatch, fixed_step_times):
-    import vitlab.experiments.runner as runner
+    import reproduction.runner as runner
 
     calls = []
     specs = [RunSpec("a", "demo", {**TINY, "seed": 0}), RunSpec("b", "demo", {**TINY, "seed": 1})]
@@ -94,7 +95,7 @@ def test_interrupted_experiment_continues_with_the_unfinished_run(tmp_path, monk
 def test_a_preempted_run_resumes_from_its_checkpoint(tmp_path, sigterm_during_step):
     """The real trainer: SIGTERM during step 3 stops the experiment; the next invocation resumes that run with
     the trainer's --resume machinery (from the step-3 checkpoint), not from the start."""
-    from vitlab.experiments.runner import Interrupted
+    from reproduction.runner import Interrupted
 
     spec = RunSpec("tiny", "demo", {**TINY, "seed": 0, "steps": 5, "save_every": 1})
     experiment = fake_experiment([spec])
@@ -115,7 +116,7 @@ def test_a_preempted_run_resumes_from_its_checkpoint(tmp_path, sigterm_during_st
 
 
 def test_results_json_schema(tmp_path, monkeypatch, fixed_step_times):
-    import vitlab.experiments.runner as runner
+    import reproduction.runner as runner
 
     monkeypatch.setattr(runner, "train_spec", counting_trainer([]))
     specs = [RunSpec("a", "demo", {**TINY, "seed": 0}), RunSpec("b", "demo", {**TINY, "seed": 1})]
@@ -202,7 +203,7 @@ def test_full_size_figures_stay_small(tmp_path):
     """Five panels of three noisy series (what data-scaling and compute draw in full runs), at dpi 100."""
     import random
 
-    from vitlab.experiments import plots
+    from reproduction.report import plots
 
     rng = random.Random(0)
     for xs in ([1024, 4096, 16384, 65536], [2.1e11, 2.3e11, 2.5e11, 5e11, 5.1e11, 5.4e11, 1.3e12, 1.4e12]):
@@ -220,8 +221,8 @@ def test_untrained_reference_keeps_the_initial_weights(tmp_path, family):
     the check can fail."""
     from safetensors.torch import load_file
 
-    from vitlab.experiments.plans import untrained
-    from vitlab.experiments.runner import train_spec
+    from reproduction.plans import untrained
+    from reproduction.runner import train_spec
 
     spec = untrained(QUICK, family, "S", seed=1)
     assert spec.settings["lr"] == 0.0 and spec.steps == 1
@@ -241,8 +242,8 @@ def test_untrained_reference_keeps_the_initial_weights(tmp_path, family):
 def test_a_run_that_saves_only_at_its_end_checkpoints_every_tenth_outside_its_key(tmp_path):
     """A killed session lost whole fine-tuning runs (they saved only at the end); the runner now has them save a
     checkpoint every tenth of their steps, a flag of the launch and not of the spec, so cached keys stay."""
-    from vitlab.experiments import pilot
-    from vitlab.experiments.runner import train_spec
+    from reproduction.experiments import pilot
+    from reproduction.runner import train_spec
 
     spec = pilot.finetune_run(pilot.PILOT_QUICK, None, "ViT", 20)
     assert "save_every" not in spec.settings and spec.settings["eval_every"] == 0
@@ -260,7 +261,7 @@ def test_bad_name_is_one_line_listing_the_names(capsys):
 
 
 def test_several_experiments_run_in_the_order_named_each_once(monkeypatch, capsys):
-    import vitlab.experiments as experiments
+    import reproduction.experiment as experiments
 
     ran = []
     monkeypatch.setattr(experiments, "run_experiment",
@@ -278,8 +279,8 @@ def test_several_experiments_run_in_the_order_named_each_once(monkeypatch, capsy
 
 
 def test_several_full_experiments_rewrite_the_report_after_each(monkeypatch, tmp_path):
-    import vitlab.experiments as experiments
-    import vitlab.experiments.report as report
+    import reproduction.experiment as experiments
+    import reproduction.report.report as report
 
     events = []
     monkeypatch.setattr(experiments, "run_experiment", lambda exp, out, *a, **k: events.append(exp.name))
@@ -324,7 +325,7 @@ def stored_pos_embed_results(tmp_path):
 def test_reproduction_md_is_rebuilt_from_the_committed_copies_of_results_and_figures(tmp_path):
     """runs/ is not committed: the report copies each results.json and figure to reproduction/NAME/, and that
     folder alone (a fresh clone, another machine) rebuilds the same report."""
-    from vitlab.experiments.report import write_report
+    from reproduction.report.report import write_report
 
     out, report = stored_pos_embed_results(tmp_path)
     write_report(out, report)
@@ -340,7 +341,7 @@ def test_reproduction_md_is_rebuilt_from_the_committed_copies_of_results_and_fig
 
 
 def test_reproduction_md_is_written_from_results_and_keeps_notes(tmp_path):
-    from vitlab.experiments.report import write_report
+    from reproduction.report.report import write_report
 
     out, report = stored_pos_embed_results(tmp_path)
     write_report(out, report)
@@ -368,7 +369,7 @@ def test_reproduction_md_is_written_from_results_and_keeps_notes(tmp_path):
 
 
 def test_quick_results_do_not_make_findings(tmp_path):
-    from vitlab.experiments.report import write_report
+    from reproduction.report.report import write_report
 
     (tmp_path / "pos-embed").mkdir()
     write_results(tmp_path / "pos-embed" / "results.json", synthetic_results("quick"))
@@ -440,8 +441,8 @@ CAPTIONS = {"upstream": "upstream top-1", "encoder": "10-shot mnist, encoder", "
 
 
 def test_data_scaling_a_closing_gap_holds_with_its_slope():
-    from vitlab.experiments.data_scaling import judge
-    from vitlab.experiments.preconditions import inside_grid
+    from reproduction.experiments.data_scaling import judge
+    from reproduction.preconditions import inside_grid
 
     # ViT 40 -> 70 against BiT 60 -> 72: gaps -20, -14, -8, -2 at log2 = 10, 12, 14, 16: slope exactly +3/doubling
     values, refs = _data_scaling_values([40.0, 50.0, 60.0, 70.0], noise=(0.0, 0.5, -0.5))
@@ -458,7 +459,7 @@ def test_data_scaling_a_closing_gap_holds_with_its_slope():
 
 
 def test_data_scaling_a_transfer_view_whose_pre_training_did_not_help_is_inconclusive():
-    from vitlab.experiments.data_scaling import judge
+    from reproduction.experiments.data_scaling import judge
 
     # the same closing gaps, but fine-tuning gains only +1 over training from scratch (needs +2): the fine-tuned
     # view's verdict rests on (b) for fine-tuning and is inconclusive; the few-shot views' (b) holds (+30)
@@ -476,8 +477,8 @@ def test_data_scaling_a_transfer_view_whose_pre_training_did_not_help_is_inconcl
 
 
 def test_data_scaling_upstream_verdict_rests_on_a_not_on_transfer(tmp_path):
-    from vitlab.experiments.data_scaling import judge
-    from vitlab.experiments.report import _measured
+    from reproduction.experiments.data_scaling import judge
+    from reproduction.report.report import _measured
 
     # the pilot's version-4 rule: with (b) failed, the transfer verdicts are inconclusive and the upstream one
     # rests on (a), (c), (d). Fine-tuning gains only +1 over training from scratch (needs +2); the upstream gap
@@ -498,7 +499,7 @@ def test_data_scaling_upstream_verdict_rests_on_a_not_on_transfer(tmp_path):
 
 
 def test_data_scaling_slope_spread_over_seeds_is_its_standard_error():
-    from vitlab.experiments.measures import trend
+    from reproduction.measures import trend
 
     # seed slopes 2, 3, 4 per doubling (gaps at log2 10 and 12): mean 3, std 1, standard error 1/sqrt(3)
     t = trend([[-20.0, -16.0], [-20.0, -14.0], [-20.0, -12.0]], [1024, 4096])
@@ -511,7 +512,7 @@ def test_data_scaling_slope_spread_over_seeds_is_its_standard_error():
 def test_a_trend_in_the_papers_direction_within_the_spread_says_so():
     """data-scaling's full run read 'gap does not close by the rule' for a slope of +0.28 ± 0.26 per doubling: the
     gap did narrow, by less than the seed spread can tell; a skimming reader read it as measured not to close."""
-    from vitlab.experiments.measures import describe_trend, trend
+    from reproduction.measures import describe_trend, trend
 
     images = [1024, 4096]
     narrows = trend([[-26.0, -25.0], [-26.0, -26.0], [-26.0, -25.5]], images)  # slopes +0.5, 0, +0.25 (SE 0.14)
@@ -524,7 +525,7 @@ def test_a_trend_in_the_papers_direction_within_the_spread_says_so():
 
 
 def test_data_scaling_a_failed_precondition_is_inconclusive_never_does_not_hold():
-    from vitlab.experiments.data_scaling import judge
+    from reproduction.experiments.data_scaling import judge
 
     # the ViT never learns (20 % at the largest set) and its gap does not close: the test was not fair
     values, refs = _data_scaling_values([20.0, 20.0, 20.0, 20.0])
@@ -536,8 +537,8 @@ def test_data_scaling_a_failed_precondition_is_inconclusive_never_does_not_hold(
 def test_token_vs_gap_trains_no_gap_run_at_the_tokens_lr_once_both_chose_the_same(tmp_path, fixed_step_times):
     import math
 
-    from vitlab.experiments import token_vs_gap
-    from vitlab.experiments.plans import tuned_pretrain_lr
+    from reproduction.experiments import token_vs_gap
+    from reproduction.plans import tuned_pretrain_lr
 
     def train(spec, run_dir, init):  # every grid peaks at 3e-3
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -557,8 +558,8 @@ def test_token_vs_gap_trains_no_gap_run_at_the_tokens_lr_once_both_chose_the_sam
 
 
 def test_token_vs_gap_a_gap_that_did_not_learn_is_inconclusive():
-    from vitlab.experiments.measures import stat
-    from vitlab.experiments.token_vs_gap import judge
+    from reproduction.experiments.token_vs_gap import judge
+    from reproduction.measures import stat
 
     token, gap = stat([61.0, 63.0, 62.0]), stat([4.0, 4.2, 4.1])
     verdict = judge(token, gap, [])
@@ -570,7 +571,7 @@ def test_token_vs_gap_a_gap_that_did_not_learn_is_inconclusive():
 
 
 def test_attention_distance_needs_local_and_far_heads_and_growth():
-    from vitlab.experiments.attention_distance import judge
+    from reproduction.experiments.attention_distance import judge
 
     uniform = 10.0
     grows = [[[3.0, 9.0], [6.0, 9.0], [8.0, 10.0]], [[4.0, 8.5], [6.0, 8.0], [9.0, 9.0]]]  # (seeds, layers, heads)
@@ -583,7 +584,7 @@ def test_attention_distance_needs_local_and_far_heads_and_growth():
 def test_attention_distance_that_is_uniform_never_holds_and_says_why():
     """Attention within 10 % of uniform everywhere: no head of layer 1 is local, so the rule cannot give a plain
     'holds'; the verdict says the attention is no more local than averaging."""
-    from vitlab.experiments.attention_distance import judge
+    from reproduction.experiments.attention_distance import judge
 
     near_uniform = [[[9.5, 9.6], [9.7, 9.8], [9.9, 10.0]]]
     verdict = judge(near_uniform, 10.0, [])
@@ -592,15 +593,15 @@ def test_attention_distance_that_is_uniform_never_holds_and_says_why():
 
 def test_spearman_matches_scipy():
     scipy_stats = pytest.importorskip("scipy.stats")
-    from vitlab.experiments.attention_distance import spearman
+    from reproduction.experiments.attention_distance import spearman
 
     for xs, ys in [([0, 1, 2, 3], [1.0, 3.0, 2.0, 5.0]), ([0, 1, 2, 3, 4], [2.0, 2.0, 1.0, 4.0, 4.0])]:
         assert spearman(xs, ys) == pytest.approx(scipy_stats.spearmanr(xs, ys).statistic)
 
 
 def test_pos_embed_none_below_and_the_three_embeddings_together():
-    from vitlab.experiments.measures import stat
-    from vitlab.experiments.pos_embed import judge
+    from reproduction.experiments.pos_embed import judge
+    from reproduction.measures import stat
 
     upstream = {"none": stat([58.0, 59.0, 57.0]), "1-D": stat([62.0, 61.5, 62.5]), "2-D": stat([61.8, 62.2, 61.6]),
                 "relative": stat([62.1, 61.7, 62.4])}
@@ -615,7 +616,7 @@ def test_pos_embed_none_below_and_the_three_embeddings_together():
 
 
 def test_compute_matched_difference_is_the_hand_computed_one():
-    from vitlab.experiments.compute import judge, matched_difference
+    from reproduction.experiments.compute import judge, matched_difference
 
     # ViT at 1, 4, 16 (10, 20, 30 %), BiT at 2, 8, 32 (5, 15, 25 %): interpolated in log compute the ViT is 10
     # points ahead at every compute value in the overlap [2, 16] (15 vs 5, 20 vs 10, 25 vs 15, 30 vs 20)
@@ -629,8 +630,8 @@ def test_compute_matched_difference_is_the_hand_computed_one():
 
 
 def test_mpp_supervised_not_helping_is_inconclusive():
-    from vitlab.experiments.measures import stat
-    from vitlab.experiments.mpp import judge
+    from reproduction.experiments.mpp import judge
+    from reproduction.measures import stat
 
     tuned = {"from scratch": stat([95.0, 95.5, 94.5]), "MPP pre-training": stat([94.0, 94.2, 93.8]),
              "supervised pre-training": stat([95.2, 95.0, 95.4])}

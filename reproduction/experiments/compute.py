@@ -8,15 +8,15 @@ from typing import Any
 
 import numpy as np
 
-from vitlab.experiments import lineage, plots
-from vitlab.experiments.audit import PLATEAU_STEPS, audit, needed_seeds, plateau
-from vitlab.experiments.design import Check, Design, Verdict
-from vitlab.experiments.families import MODELS, SIZES, model_table
-from vitlab.experiments.measures import fewshot, grid_checks, nearest_shots, show, stat, top1
-from vitlab.experiments.plans import pretrain, tuned_pretrain_lr
-from vitlab.experiments.preconditions import LEARNS_TOP1, SPREAD_FACTOR, beyond_spread, learns
-from vitlab.experiments.runner import Context
-from vitlab.experiments.stats import describe
+from reproduction.design import Check, Design, Verdict
+from reproduction.families import MODELS, SIZES, model_table
+from reproduction.measures import fewshot, grid_checks, nearest_shots, show, stat, top1
+from reproduction.plans import pretrain, tuned_pretrain_lr
+from reproduction.preconditions import LEARNS_TOP1, SPREAD_FACTOR, beyond_spread, learns
+from reproduction.report import lineage, plots
+from reproduction.report.audit import PLATEAU_STEPS, audit, needed_seeds, plateau
+from reproduction.runner import Context
+from reproduction.stats import describe
 
 NAME = "compute"
 TITLE = "Performance against pre-training compute"

@@ -35,12 +35,12 @@ from typing import Any, NamedTuple
 
 import torch
 
+from reproduction.estimate import CostModel, render_seconds
+from reproduction.evals import evaluate
+from reproduction.records import read_record, seal, write_json
+from reproduction.spec import DESIGN_PRECISION, RunSpec
+from reproduction.stopping import raise_if_stopped
 from vitlab.device import cpu_name
-from vitlab.experiments.estimate import CostModel, render_seconds
-from vitlab.experiments.evals import evaluate
-from vitlab.experiments.records import read_record, seal, write_json
-from vitlab.experiments.spec import DESIGN_PRECISION, RunSpec
-from vitlab.experiments.stopping import raise_if_stopped
 from vitlab.outputs import atomic_write
 from vitlab.progress import progress, quiet
 from vitlab.rundir import CHECKPOINTS, METRICS, WEIGHTS, list_checkpoints

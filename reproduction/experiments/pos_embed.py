@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vitlab.experiments import plots
-from vitlab.experiments.audit import audit, climbing, paired_line, plateau
-from vitlab.experiments.design import Check, Design, Verdict
-from vitlab.experiments.measures import grid_checks, metric_names, show, stat, top1, transfer, within_spread
-from vitlab.experiments.plans import VERSION_3, pretrain, transfer_evals, tuned_pretrain_lr
-from vitlab.experiments.preconditions import LEARNS_TOP1, SPREAD_FACTOR, beyond_spread, learns, standard_error
-from vitlab.experiments.runner import Context
+from reproduction.design import Check, Design, Verdict
+from reproduction.measures import grid_checks, metric_names, show, stat, top1, transfer, within_spread
+from reproduction.plans import VERSION_3, pretrain, transfer_evals, tuned_pretrain_lr
+from reproduction.preconditions import LEARNS_TOP1, SPREAD_FACTOR, beyond_spread, learns, standard_error
+from reproduction.report import plots
+from reproduction.report.audit import audit, climbing, paired_line, plateau
+from reproduction.runner import Context
 
 NAME = "pos-embed"
 TITLE = "Position embeddings"

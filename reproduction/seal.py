@@ -1,4 +1,4 @@
-"""`python -m vitlab.experiments.seal FILE...`: give records and results.json files written by a vitlab before
+"""`python -m reproduction.seal FILE...`: give records and results.json files written by a vitlab before
 checksums (experiments.records) their checksum, after checking their types and ranges. For files you trust, once:
 the history of a committed file shows what changed in it."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from vitlab.experiments import records as r
+from reproduction import records as r
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in [Path(p) for p in (sys.argv[1:] if argv is None else argv)]:
             seal_file(path)
     except (r.RecordError, OSError) as err:
-        print(f"vitlab.experiments.seal: {err}", file=sys.stderr)
+        print(f"reproduction.seal: {err}", file=sys.stderr)
         return 2
     return 0
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
+from reproduction.evals import parse
+from reproduction.families import MODELS
+from reproduction.spec import RunSpec
 from vitlab.data import fontglyphs, fractal, load_split, strokes, synthetic
 from vitlab.device import pick_device
-from vitlab.experiments.evals import parse
-from vitlab.experiments.families import MODELS
-from vitlab.experiments.spec import RunSpec
 from vitlab.train.recipes import RECIPES
 from vitlab.train.resolve import resolve
 

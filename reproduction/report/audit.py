@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vitlab.experiments.stats import describe, one_sample, paired, seeds_to_detect
+from reproduction.stats import describe, one_sample, paired, seeds_to_detect
 
 PLATEAU_STEPS = 600
 PLATEAU_POINTS = 1.0

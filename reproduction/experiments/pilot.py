@@ -50,14 +50,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vitlab.experiments import plots
-from vitlab.experiments.design import Design
-from vitlab.experiments.families import model_settings
-from vitlab.experiments.plans import target_settings
-from vitlab.experiments.recipes import ABLATION, PRETRAIN_SMALL, source_preprocessing
-from vitlab.experiments.runner import Context, Record
-from vitlab.experiments.scale import Scale
-from vitlab.experiments.spec import RunSpec
+from reproduction.design import Design
+from reproduction.families import model_settings
+from reproduction.plans import target_settings
+from reproduction.recipes import ABLATION, PRETRAIN_SMALL, source_preprocessing
+from reproduction.report import plots
+from reproduction.runner import Context, Record
+from reproduction.scale import Scale
+from reproduction.spec import RunSpec
 
 NAME = "pilot"
 TITLE = "Pilot: a pre-training source that meets the preconditions"

@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from vitlab.experiments import stopping
-from vitlab.experiments.runner import Context, Interrupted, Runner, Todo
+from reproduction import stopping
+from reproduction.runner import Context, Interrupted, Runner, Todo
 
 
 def cpu_count() -> int:

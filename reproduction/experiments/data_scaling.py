@@ -9,11 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from vitlab.experiments import lineage, plots
-from vitlab.experiments.audit import audit, climbing, needed_seeds, plateau
-from vitlab.experiments.design import Check, Design, Verdict
-from vitlab.experiments.families import FAMILIES, model_table
-from vitlab.experiments.measures import (
+from reproduction.design import Check, Design, Verdict
+from reproduction.families import FAMILIES, model_table
+from reproduction.measures import (
     describe_trend,
     fewshot,
     grid_checks,
@@ -25,10 +23,12 @@ from vitlab.experiments.measures import (
     trend,
     upstream,
 )
-from vitlab.experiments.plans import VERSION_3, VERSION_4, finetune, pretrain, tuned_pretrain_lr, untrained
-from vitlab.experiments.preconditions import HELPS_POINTS, LEARNS_TOP1, SPREAD_FACTOR, beyond_spread, helps, learns
-from vitlab.experiments.runner import Context
-from vitlab.experiments.stats import describe
+from reproduction.plans import VERSION_3, VERSION_4, finetune, pretrain, tuned_pretrain_lr, untrained
+from reproduction.preconditions import HELPS_POINTS, LEARNS_TOP1, SPREAD_FACTOR, beyond_spread, helps, learns
+from reproduction.report import lineage, plots
+from reproduction.report.audit import audit, climbing, needed_seeds, plateau
+from reproduction.runner import Context
+from reproduction.stats import describe
 
 NAME = "data-scaling"
 TITLE = "Pre-training data size"

@@ -18,14 +18,16 @@ import re
 from pathlib import Path
 from typing import Any
 
-from vitlab.experiments import NAMES, PILOT, experiments, history
-from vitlab.experiments import sections as text_of
-from vitlab.experiments.experiment import RESULTS, describe_setup, read_results
-from vitlab.experiments.families import model_table
-from vitlab.experiments.recipes import PRETRAIN_SMALL
-from vitlab.experiments.records import KEY, RecordError, read_bytes, read_record
-from vitlab.experiments.runner import RESULT, RUNS
-from vitlab.experiments.scale import FULL
+from reproduction import NAMES, PILOT
+from reproduction.experiment import RESULTS, describe_setup, read_results
+from reproduction.experiments import experiments
+from reproduction.families import model_table
+from reproduction.recipes import PRETRAIN_SMALL
+from reproduction.records import KEY, RecordError, read_bytes, read_record
+from reproduction.report import history
+from reproduction.report import sections as text_of
+from reproduction.runner import RESULT, RUNS
+from reproduction.scale import FULL
 from vitlab.outputs import OutputRefused, atomic_write, mark_text, refuse_special
 from vitlab.train.recipes import RECIPES
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from vitlab.experiments.audit import PLATEAU_POINTS, PLATEAU_RULE, PLATEAU_STEPS
-from vitlab.experiments.lineage import MARK as RETRAINED_MARK
-from vitlab.experiments.stats import RULE, SEEDS_RULE
+from reproduction.report.audit import PLATEAU_POINTS, PLATEAU_RULE, PLATEAU_STEPS
+from reproduction.report.lineage import MARK as RETRAINED_MARK
+from reproduction.stats import RULE, SEEDS_RULE
 
 APPENDIX = "reproduction/HISTORY.md"
 NOT_RUN = ("**Verdict: pending.** No full run yet; `{command}` produces the numbers, the figure and the measured "

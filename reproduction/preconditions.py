@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from vitlab.experiments.design import Check
+from reproduction.design import Check
 
 LEARNS_TOP1 = 50.0  # % upstream validation top-1 (the pilot's threshold)
 HELPS_POINTS = 2.0  # points of transfer over no pre-training

@@ -12,13 +12,13 @@ from typing import Any
 
 import torch
 
+from reproduction.design import Design
+from reproduction.parallel import Pool, run_parallel
+from reproduction.records import read_results_file, write_json
+from reproduction.report.lineage import retrained_runs
+from reproduction.runner import Context, Progress, Runner, Todo, format_seconds
+from reproduction.scale import FULL, QUICK, Scale
 from vitlab import __version__
-from vitlab.experiments.design import Design
-from vitlab.experiments.lineage import retrained_runs
-from vitlab.experiments.parallel import Pool, run_parallel
-from vitlab.experiments.records import read_results_file, write_json
-from vitlab.experiments.runner import Context, Progress, Runner, Todo, format_seconds
-from vitlab.experiments.scale import FULL, QUICK, Scale
 
 RESULTS = "results.json"
 

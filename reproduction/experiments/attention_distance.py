@@ -9,14 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from vitlab.experiments import plots
-from vitlab.experiments.audit import audit, climbing, plateau
-from vitlab.experiments.design import Check, Design, Verdict
-from vitlab.experiments.measures import grid_checks, stat, top1
-from vitlab.experiments.plans import pretrain, tuned_pretrain_lr
-from vitlab.experiments.preconditions import LEARNS_TOP1, learns
-from vitlab.experiments.runner import Context
-from vitlab.experiments.sections import brief
+from reproduction.design import Check, Design, Verdict
+from reproduction.measures import grid_checks, stat, top1
+from reproduction.plans import pretrain, tuned_pretrain_lr
+from reproduction.preconditions import LEARNS_TOP1, learns
+from reproduction.report import plots
+from reproduction.report.audit import audit, climbing, plateau
+from reproduction.report.sections import brief
+from reproduction.runner import Context
 
 NAME = "attention-distance"
 TITLE = "Mean attention distance"

@@ -16,17 +16,17 @@ import numpy as np
 import pytest
 import torch
 
+from reproduction.design import Check, Design, Verdict, describe
+from reproduction.estimate import CostModel, StepTime
+from reproduction.experiments import pilot
+from reproduction.parallel import ready
+from reproduction.plans import GRID_EXTENSIONS, tuned_lr
+from reproduction.preconditions import beyond_spread, helps, inside_grid, learns
+from reproduction.runner import Context, Record, Runner, Todo
+from reproduction.scale import QUICK
+from reproduction.spec import RunSpec
 from vitlab.device import cpu_name
 from vitlab.eval.fewshot_lsr import representations
-from vitlab.experiments import pilot
-from vitlab.experiments.design import Check, Design, Verdict, describe
-from vitlab.experiments.estimate import CostModel, StepTime
-from vitlab.experiments.parallel import ready
-from vitlab.experiments.plans import GRID_EXTENSIONS, tuned_lr
-from vitlab.experiments.preconditions import beyond_spread, helps, inside_grid, learns
-from vitlab.experiments.runner import Context, Record, Runner, Todo
-from vitlab.experiments.scale import QUICK
-from vitlab.experiments.spec import RunSpec
 from vitlab.rundir import WEIGHTS
 
 BASE = {"model": "ViT-Ti/4", "data": "digits", "steps": 2, "seed": 0}
@@ -62,7 +62,7 @@ def test_a_best_value_at_the_grid_edge_extends_the_grid_at_most_twice(tmp_path):
 def test_the_estimate_states_what_undecided_grids_may_still_add(tmp_path):
     """Every grid of the full runs grew at least once, which --estimate never counted: data-scaling's estimate
     ran hours short. It now states the bound the extension rule allows, and nothing once a grid is decided."""
-    from vitlab.experiments.experiment import _growth
+    from reproduction.experiment import _growth
 
     runner = fake_runner(tmp_path, lambda lr: 1 - abs(np.log(lr / 3e-3)) / 20)  # peak at 3e-3: inside the grid
     runner.cost = FreeCost()  # one second a run
@@ -123,8 +123,7 @@ def test_a_finetuning_run_is_ready_only_once_its_init_is_trained(tmp_path):
 
 @pytest.mark.slow
 def test_runs_side_by_side_give_what_runs_one_after_the_other_give(tmp_path):
-    from vitlab.experiments import run_experiment
-    from vitlab.experiments.experiment import Experiment
+    from reproduction.experiment import Experiment, run_experiment
 
     tiny = {"model": "ViT-Ti/4", "model_args": {"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64},
             "data": "digits", "image_size": 16, "batch_size": 16, "steps": 3, "eval_every": 0, "log_every": 1,
@@ -150,8 +149,7 @@ def test_runs_side_by_side_give_what_runs_one_after_the_other_give(tmp_path):
 
 @pytest.mark.slow
 def test_a_later_experiment_takes_the_core_an_earlier_one_leaves_idle(tmp_path):
-    from vitlab.experiments import run_experiment
-    from vitlab.experiments.experiment import Experiment
+    from reproduction.experiment import Experiment, run_experiment
 
     tiny = {"model": "ViT-Ti/4", "model_args": {"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64},
             "data": "digits", "image_size": 16, "batch_size": 16, "steps": 3, "eval_every": 0, "log_every": 1,
@@ -185,8 +183,8 @@ def test_a_later_experiments_run_goes_on_while_an_earlier_one_is_written(tmp_pat
     then takes it over instead of training it again."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from vitlab.experiments import parallel, run_experiment
-    from vitlab.experiments.experiment import Experiment
+    from reproduction import parallel
+    from reproduction.experiment import Experiment, run_experiment
 
     released, trained = threading.Event(), []
 
@@ -333,7 +331,7 @@ class FreeCost:
 def test_pilot_ablation_runs_beside_the_reference_search_it_does_not_depend_on(tmp_path, monkeypatch):
     """Nothing has run: the fine-tuning length is a guess, so the fine-tunings wait; the ablation needs no choice
     and is ready to start on a core the search leaves idle (this session's pilot left one idle for 7 minutes)."""
-    from vitlab.experiments import runner as runner_module
+    from reproduction import runner as runner_module
     monkeypatch.setattr(runner_module, "render_seconds", lambda data: 0.0)
     runner = Runner(tmp_path, pilot.PILOT_QUICK)
     runner.cost = FreeCost()
@@ -358,8 +356,8 @@ def test_pilot_fine_tuning_and_its_reference_differ_only_in_the_initialisation_o
 
 
 def test_experiments_fine_tune_at_the_pretraining_lr_and_train_the_reference_as_long_as_it_needs():
-    from vitlab.experiments import plans
-    from vitlab.experiments.scale import FULL
+    from reproduction import plans
+    from reproduction.scale import FULL
 
     parent = plans.pretrain(FULL, "ViT", "M", FULL.largest, 3e-3, 1)
     tuned = plans.finetune(FULL, parent, 1)
@@ -409,7 +407,7 @@ def test_spread_check_on_closed_form_numbers():
 
 
 def test_report_drops_a_measured_section_of_another_design(tmp_path, monkeypatch):
-    from vitlab.experiments import report
+    from reproduction.report import report
 
     old = "## 1. data-scaling: Pre-training data size (paper x)\n\nmeasured\n<!-- /section:data-scaling -->\n"
     experiment = types.SimpleNamespace(design=Design(2, "q", "p", "r", {}))
@@ -434,7 +432,7 @@ def test_report_drops_a_measured_section_of_another_design(tmp_path, monkeypatch
 ORPHAN_SCRIPT = """
 import multiprocessing, os, sys, time
 from concurrent.futures import ProcessPoolExecutor
-from vitlab.experiments import parallel
+from reproduction import parallel
 
 if __name__ == "__main__":
     pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
@@ -451,7 +449,7 @@ if __name__ == "__main__":
 STOPPING_RUN_SCRIPT = """
 import multiprocessing, os, signal, sys, time
 from concurrent.futures import ProcessPoolExecutor
-from vitlab.experiments import parallel
+from reproduction import parallel
 
 
 def a_run():
@@ -488,7 +486,9 @@ def _alive(pid: int) -> bool:
 def test_a_parallel_worker_stops_when_its_experiment_process_dies(tmp_path, script_text):
     script = tmp_path / "orphan.py"
     script.write_text(script_text)
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    checkout = str(Path(__file__).resolve().parents[2])  # the script imports `reproduction` from the checkout
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [checkout, os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
     worker = int(out.stdout.split()[0])
     for _ in range(600):  # the watch polls every second; up to a minute on a loaded machine
         if not _alive(worker):
@@ -500,7 +500,7 @@ def test_a_parallel_worker_stops_when_its_experiment_process_dies(tmp_path, scri
 
 
 def test_the_estimate_says_where_its_time_goes_by_kind_of_run():
-    from vitlab.experiments.experiment import cost_by_kind, run_kind
+    from reproduction.experiment import cost_by_kind, run_kind
     labels = ("pre-ViT-M-strokes:64:16-s0", "ft-mnist-pre-BiT-M-x-s1", "scratch-ViT-M-mnist:10-s0",
               "pilot-pre-ViT-M-fonts:64:1024", "pilot-init-BiT-M", "mpp-ViT-M-x-s0")
     assert [run_kind(x) for x in labels] == ["pre", "ft", "scratch", "pre", "init", "mpp"]
@@ -515,8 +515,8 @@ def test_the_estimate_says_where_its_time_goes_by_kind_of_run():
 def test_the_full_experiments_pre_train_their_source_with_the_recipe_the_pilots_ablation_chose():
     import dataclasses
 
-    from vitlab.experiments import plans
-    from vitlab.experiments.recipes import ABLATION, PRETRAIN_SMALL
+    from reproduction import plans
+    from reproduction.recipes import ABLATION, PRETRAIN_SMALL
 
     paper = dataclasses.replace(QUICK, recipe="paper i1k")
     source = plans.pretrain(paper, "ViT", "M", paper.largest, 1e-3, 0).settings
@@ -531,7 +531,7 @@ def test_the_full_experiments_pre_train_their_source_with_the_recipe_the_pilots_
 def recording_runner(root, records, calls, monkeypatch):
     """A runner with a records folder whose training counts its calls and whose evaluations say whether the
     run's weights were there to evaluate."""
-    import vitlab.experiments.runner as runner_module
+    import reproduction.runner as runner_module
 
     def train(spec, run_dir, init):
         calls.append(spec.label)
@@ -596,7 +596,7 @@ def test_a_recorded_run_is_trained_again_only_when_its_weights_are_wanted(tmp_pa
 
 
 def test_a_worker_trains_a_recorded_run_again_when_the_dry_pass_wants_its_weights(tmp_path, monkeypatch):
-    from vitlab.experiments.parallel import _execute
+    from reproduction.parallel import _execute
 
     calls = []
     Context(recording_runner(tmp_path / "first", tmp_path / "records", calls, monkeypatch), (0,), dry=False).run(
@@ -647,8 +647,8 @@ def test_the_pilots_decision_says_what_failed_by_how_much_and_the_fallback():
 def test_the_pilots_report_states_its_decision_never_a_verdict_on_the_paper(tmp_path, capsys):
     """The pilot tests no finding: its summary row and section said 'does not hold' and 'the paper's ordering does
     not hold by the rule: a source meets (a) and (b)', which a skimming reader reads as the opposite of the data."""
-    from vitlab.cli.experiment import print_summary
-    from vitlab.experiments.report import _measured, _summary_row
+    from reproduction.cli import print_summary
+    from reproduction.report.report import _measured, _summary_row
 
     rows = _pilot_rows()
     results = {"experiment": "pilot", "paper": pilot.PAPER, "mode": "full", "seeds": [0], "wall_seconds": 60.0,
@@ -668,8 +668,8 @@ def test_the_pilots_report_states_its_decision_never_a_verdict_on_the_paper(tmp_
 def test_the_console_summary_of_a_verdict_says_its_state_never_does_not_hold_when_inconclusive(tmp_path, capsys):
     """data-scaling's full run printed 'the paper's ordering does not hold here by the rule' beside a report
     that said 'inconclusive: precondition (d) failed'."""
-    from vitlab.cli.experiment import print_summary
-    from vitlab.experiments.design import Check, Verdict
+    from reproduction.cli import print_summary
+    from reproduction.design import Check, Verdict
 
     verdict = Verdict(False, "ViT − BiT gap -26.1 points at 1,024 images", [Check("d", "slope", "+0.3, SE 0.3", False)])
     results = {"experiment": "data-scaling", "paper": "Section 4.2", "mode": "full", "seeds": [0, 1, 2],

@@ -7,10 +7,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from vitlab.experiments.design import Check
-from vitlab.experiments.preconditions import SPREAD_FACTOR, inside_grid, standard_error
-from vitlab.experiments.runner import Context, Record
-from vitlab.experiments.scale import Scale
+from reproduction.design import Check
+from reproduction.preconditions import SPREAD_FACTOR, inside_grid, standard_error
+from reproduction.runner import Context, Record
+from reproduction.scale import Scale
 
 
 def fewshot(record: Record, data: str, shots: int, representation: str = "pre_logits") -> float:

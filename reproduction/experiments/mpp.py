@@ -6,14 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vitlab.experiments import lineage, plots
-from vitlab.experiments.audit import audit, climbing, paired_line, plateau
-from vitlab.experiments.design import Check, Design, Verdict
-from vitlab.experiments.measures import fewshot, grid_checks, show, stat, top1
-from vitlab.experiments.plans import VERSION_3, VERSION_4, finetune, pretrain, transfer_evals, tuned_pretrain_lr
-from vitlab.experiments.preconditions import HELPS_POINTS, LEARNS_TOP1, SPREAD_FACTOR, beyond_spread, helps, learns
-from vitlab.experiments.runner import Context
-from vitlab.experiments.spec import RunSpec
+from reproduction.design import Check, Design, Verdict
+from reproduction.measures import fewshot, grid_checks, show, stat, top1
+from reproduction.plans import VERSION_3, VERSION_4, finetune, pretrain, transfer_evals, tuned_pretrain_lr
+from reproduction.preconditions import HELPS_POINTS, LEARNS_TOP1, SPREAD_FACTOR, beyond_spread, helps, learns
+from reproduction.report import lineage, plots
+from reproduction.report.audit import audit, climbing, paired_line, plateau
+from reproduction.runner import Context
+from reproduction.spec import RunSpec
 
 NAME = "mpp"
 TITLE = "Masked patch prediction"

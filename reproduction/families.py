@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vitlab.experiments.scale import Scale
+from reproduction.scale import Scale
 from vitlab.flops import count_macs
 from vitlab.models.config import ViTConfig
 from vitlab.models.registry import build_model, describe_architecture, model_config

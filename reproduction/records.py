@@ -25,7 +25,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from vitlab.experiments.spec import RunSpec
+from reproduction.spec import RunSpec
 from vitlab.outputs import atomic_write
 
 CHECKSUM = "checksum"
@@ -118,7 +118,7 @@ def verify(content: Any, path: Path, what: str, fix: str = RECORD_FIX) -> dict[s
         raise RecordError(f"{path} holds a JSON {type(content).__name__}, not {what}; {fix}")
     if not isinstance(content.get(CHECKSUM), str):
         raise RecordError(f"{path} has no checksum, so it cannot be told from a hand-edited copy; if you trust it "
-                          f"(written by a vitlab before checksums), seal it with `python -m vitlab.experiments.seal "
+                          f"(written by a vitlab before checksums), seal it with `python -m reproduction.seal "
                           f"{path}`, else {fix.split(', or ', 1)[-1]}")
     try:
         same = content[CHECKSUM] == checksum(content)

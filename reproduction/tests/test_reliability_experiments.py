@@ -23,18 +23,18 @@ from pathlib import Path
 
 import pytest
 
+from reproduction.estimate import CostModel, StepTime
+from reproduction.experiment import estimate, write_results
+from reproduction.experiments import experiments
+from reproduction.records import CHECKSUM, RecordError, checksum
+from reproduction.report.report import MARK
+from reproduction.runner import Context, Runner
+from reproduction.scale import QUICK
+from reproduction.spec import RunSpec
 from vitlab.cli import main
-from vitlab.experiments import experiments
-from vitlab.experiments.estimate import CostModel, StepTime
-from vitlab.experiments.experiment import estimate, write_results
-from vitlab.experiments.records import CHECKSUM, RecordError, checksum
-from vitlab.experiments.report import MARK
-from vitlab.experiments.runner import Context, Runner
-from vitlab.experiments.scale import QUICK
-from vitlab.experiments.spec import RunSpec
 from vitlab.rundir import WEIGHTS
 
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).parents[2]
 SETTINGS = {"data": "digits", "model": "ViT-Ti/4", "image_size": 8, "batch_size": 4, "steps": 2, "seed": 0}
 
 
@@ -435,7 +435,7 @@ def test_report_does_not_replace_a_users_file(tmp_path, capsys):
 def test_the_default_report_in_the_current_folder_is_not_replaced(tmp_path, capsys, monkeypatch):
     """`REPRODUCTION.md` in whatever folder the command runs from: a user's file there is refused before any run
     starts (not after hours of training)."""
-    import vitlab.experiments as package
+    import reproduction.experiment as package
 
     out, _ = attack(tmp_path, full_results())
     monkeypatch.chdir(tmp_path)
@@ -476,7 +476,7 @@ def test_a_report_vitlab_wrote_before_the_mark_is_replaced(tmp_path, capsys):
 
 # --- The one-off migration: records from before checksums, sealed once ----------------------------------------------
 def test_seal_gives_a_trusted_legacy_record_its_checksum_and_refuses_the_rest(tmp_path, capsys):
-    from vitlab.experiments.seal import main as seal
+    from reproduction.seal import main as seal
 
     records = tmp_path / "records"
     recorded_grid(tmp_path / "first", records)
