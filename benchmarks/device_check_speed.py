@@ -4,7 +4,7 @@ compiled (both libraries compiled alike). On CUDA both run under bf16 autocast w
 
 MFU = model FLOPs per second / the device's dense bf16 peak. Model FLOPs per training image = 3 x the forward
 pass's (forward + the two products of the backward), 2 FLOPs per multiply-add, the multiply-adds of the full
-model as the paper counts them (`vitlab.flops.count_macs`; timm computes all of them, vitlab's class-token-only
+model as the paper counts them (`vitlab.models.flops.count_macs`; timm computes all of them, vitlab's class-token-only
 last block 6% fewer: counting what each executes would flatter vitlab). The peak is the datasheet's (PEAKS);
 beside it the share of the bf16 GEMM rate measured in the same run. On CPU there is no datasheet figure: the
 measured fp32 GEMM rate stands in, and the MFU column says so.
@@ -36,7 +36,7 @@ def datasheet_peak(device: torch.device) -> tuple[float | None, str]:
 
 
 def model_flops_per_image(model: str, image_size: int, mode: str) -> float:
-    from vitlab.flops import count_macs
+    from vitlab.models.flops import count_macs
 
     macs = count_macs(model, image_size).total
     return 2.0 * macs * (3 if mode == "train" else 1)

@@ -13,7 +13,8 @@ What it runs. Synthetic data drawn on the GPU by a formula (`draw`: per class a 
 located blob, per image a shift, contrast and noise from a hash of its index, so a "set of N images" is indices
 0..N-1 and nothing is stored): 256 upstream classes; transfer to 10 other classes (another formula seed), scored
 few-shot (closed-form ridge on `pre_logits` and the encoder output, 10 and 25 shots, vitlab.eval.fewshot_lsr). ViT/4
-and BiT ResNetV2 at three sizes matched in multiply-adds (vitlab.flops; `MODELS`). Every run gets the same training
+and BiT ResNetV2 at three sizes matched in multiply-adds (vitlab.models.flops; `MODELS`). Every run gets the same
+training
 compute B (multiply-adds): steps = B / (training MACs per image × batch), so sizes and families are compared at
 matched compute; data-scaling: size M at three set sizes; compute: sizes S, M, L on the largest set. One seed.
 
@@ -49,13 +50,13 @@ from reproduction.preconditions import LEARNS_TOP1
 from reproduction.report.audit import PLATEAU_POINTS
 from vitlab import __version__
 from vitlab.eval.fewshot_lsr import fewshot_on_features, representations
-from vitlab.flops import count_macs
 from vitlab.models.config import ViTConfig
+from vitlab.models.flops import count_macs
 from vitlab.models.registry import build_model, model_config
 
 NAME = "gpu-scale"
 FAMILIES = ("ViT", "BiT")
-MODELS = {  # matched in multiply-adds per image at 32 px (vitlab.flops): 84/90, 244/239, 640/635 M
+MODELS = {  # matched in multiply-adds per image at 32 px (vitlab.models.flops): 84/90, 244/239, 640/635 M
     ("ViT", "S"): ("ViT-Ti/4", {"depth": 6, "width": 128, "num_heads": 4, "mlp_dim": 512}),
     ("ViT", "M"): ("ViT-Ti/4", {"depth": 8, "width": 192, "num_heads": 6, "mlp_dim": 768}),
     ("ViT", "L"): ("ViT-Ti/4", {"depth": 12, "width": 256, "num_heads": 8, "mlp_dim": 1024}),

@@ -1,4 +1,4 @@
-"""Inference forms of one model, interleaved in one process: float32 against int8 (`vitlab.quantize`) or against
+"""Inference forms of one model, interleaved in one process: float32 against int8 (`vitlab.runtime.quantize`) or against
 `torch.compile` (BENCHMARKS.md "int8, ONNX and compile"). Each repeat runs every form once, the order alternating,
 and the ratio reported is the median of the per-repeat ratios, so a shared machine's slow spells hit both sides.
 
@@ -16,7 +16,7 @@ import time
 import torch
 
 import vitlab
-from vitlab.quantize import quantize_int8
+from vitlab.runtime.quantize import quantize_int8
 
 
 def build(form: str, model: torch.nn.Module) -> torch.nn.Module:

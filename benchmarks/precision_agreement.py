@@ -20,7 +20,7 @@ import torch
 from vitlab.data import EvalTransform, ShardSampler, TransformedSplit, load_split, make_loader, normalize
 from vitlab.eval.inference import load_for_inference, with_precision
 from vitlab.models.timm_compat import eval_resize_of
-from vitlab.precision import autocast_for
+from vitlab.runtime.precision import autocast_for
 
 CPU = torch.device("cpu")
 

@@ -1,5 +1,5 @@
 """Measure bf16 against float32 on this CPU over the catalogue's sizes and the experiment models, and print the
-width threshold of `--precision auto` (vitlab.precision.MIN_BF16_WIDTH) that the measurements support.
+width threshold of `--precision auto` (vitlab.runtime.precision.MIN_BF16_WIDTH) that the measurements support.
 
     python benchmarks/precision_threshold.py                 # inference and training, every model (~15 min)
     python benchmarks/precision_threshold.py --quick         # fewer models and repeats (~3 min)
@@ -25,9 +25,16 @@ from collections.abc import Callable
 import torch
 
 from reproduction.families import MODELS
-from vitlab.device import cpu_name
 from vitlab.models.registry import build_model, model_config
-from vitlab.precision import MIN_BF16_WIDTH, autocast_for, config_width, cpu_flags, native_bf16, prepare_for_inference
+from vitlab.runtime.device import cpu_name
+from vitlab.runtime.precision import (
+    MIN_BF16_WIDTH,
+    autocast_for,
+    config_width,
+    cpu_flags,
+    native_bf16,
+    prepare_for_inference,
+)
 
 # (label, model name, model args, image size, inference batch, training batch)
 CATALOGUE = [
@@ -138,7 +145,8 @@ def main() -> None:
         print(f"{r['model']:28} {r['width']:>5} {r['image_size']:>4}  {i['fp32_img_s']:>10} {i['bf16_img_s']:>8} "
               f"{i['speedup']:>5.2f}x  {t['fp32_img_s']:>10} {t['bf16_img_s']:>8} {t['speedup']:>5.2f}x", flush=True)
     width, why = threshold(results, args.gain)
-    print(f"threshold supported: {width if width is not None else 'none'} ({why}); vitlab.precision.MIN_BF16_WIDTH "
+    print(f"threshold supported: {width if width is not None else 'none'} ({why}); "
+          "vitlab.runtime.precision.MIN_BF16_WIDTH "
           f"is {MIN_BF16_WIDTH}")
     if args.json:
         with open(args.json, "w") as f:

@@ -21,7 +21,7 @@ from reproduction.evals import parse
 from reproduction.families import MODELS
 from reproduction.spec import RunSpec
 from vitlab.data import fontglyphs, fractal, load_split, strokes, synthetic
-from vitlab.device import pick_device
+from vitlab.runtime.device import pick_device
 from vitlab.train.recipes import RECIPES
 from vitlab.train.resolve import resolve
 

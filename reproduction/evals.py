@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from vitlab.device import pick_device
 from vitlab.eval.classify import evaluate_weights
 from vitlab.eval.fewshot_data import fewshot_weights
 from vitlab.eval.inference import load_for_inference
+from vitlab.runtime.device import pick_device
 
 CURVE_SHOTS = 5
 

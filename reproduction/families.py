@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from reproduction.scale import Scale
-from vitlab.flops import count_macs
 from vitlab.models.config import ViTConfig
+from vitlab.models.flops import count_macs
 from vitlab.models.registry import build_model, describe_architecture, model_config
 
 FAMILIES = ("ViT", "BiT", "hybrid")
@@ -45,7 +45,7 @@ def model_settings(family: str, size: str, **overrides: Any) -> dict[str, Any]:
 
 
 def model_table(scale: Scale, num_classes: int) -> list[dict[str, Any]]:
-    """Parameters and multiply-adds (vitlab.flops, per image) of every family and size at the scale's input size,
+    """Parameters and multiply-adds (vitlab.models.flops, per image) of every family and size at the scale's input size,
     as pre-trained (ViTs with their `pre_logits` layer)."""
     rows = []
     for (family, size), (name, args) in MODELS.items():

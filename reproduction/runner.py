@@ -40,10 +40,10 @@ from reproduction.evals import evaluate
 from reproduction.records import read_record, seal, write_json
 from reproduction.spec import DESIGN_PRECISION, RunSpec
 from reproduction.stopping import raise_if_stopped
-from vitlab.device import cpu_name
-from vitlab.outputs import atomic_write
+from vitlab.files.outputs import atomic_write
+from vitlab.files.rundir import CHECKPOINTS, METRICS, WEIGHTS, list_checkpoints
 from vitlab.progress import progress, quiet
-from vitlab.rundir import CHECKPOINTS, METRICS, WEIGHTS, list_checkpoints
+from vitlab.runtime.device import cpu_name
 from vitlab.train.resolve import resolve
 from vitlab.train.runlog import read_metrics
 

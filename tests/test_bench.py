@@ -13,7 +13,7 @@ import vitlab.bench as bench
 from vitlab.bench import BenchSettings, run_benchmark, timm_equivalent
 from vitlab.cli import main
 from vitlab.cli.models import model_rows
-from vitlab.flops import count_macs
+from vitlab.models.flops import count_macs
 
 # ViT-Ti/16 on 32×32 inputs: 4 patches, a fraction of a second per step.
 TINY = dict(model="ViT-Ti/16", batch_size=2, image_size=32, repeats=2, warmup=1, min_time=0.0, gemm_size=128,

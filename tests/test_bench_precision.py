@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-import vitlab.precision
+import vitlab.runtime.precision
 from vitlab.bench import BenchSettings, forms, measure, run_benchmark, timm_equivalent
 from vitlab.bench.peaks import precision_peak
 from vitlab.cli import main
-from vitlab.precision import Precision
-from vitlab.quantize import is_int8
+from vitlab.runtime.precision import Precision
+from vitlab.runtime.quantize import is_int8
 
 pytest.importorskip("timm")
 
@@ -64,9 +64,9 @@ def test_bf16_forms_vitlab_bf16_weights_timm_autocast():
 
 def test_auto_follows_the_processor_and_the_width(monkeypatch):
     settings = BenchSettings(model="ViT-S/16", modes=("infer",))
-    monkeypatch.setattr(vitlab.precision, "cpu_flags", lambda text=None: frozenset({"avx2", "fma"}))
+    monkeypatch.setattr(vitlab.runtime.precision, "cpu_flags", lambda text=None: frozenset({"avx2", "fma"}))
     assert forms.resolve(settings).name == "fp32"
-    monkeypatch.setattr(vitlab.precision, "cpu_flags", lambda text=None: frozenset({"avx2", "amx_bf16"}))
+    monkeypatch.setattr(vitlab.runtime.precision, "cpu_flags", lambda text=None: frozenset({"avx2", "amx_bf16"}))
     assert forms.resolve(settings).name == "bf16"  # width 384
     assert forms.resolve(BenchSettings(model="ViT-Ti/16", modes=("infer",))).name == "fp32"  # width 192
 

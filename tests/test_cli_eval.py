@@ -13,8 +13,8 @@ import vitlab
 from vitlab.cli import main
 from vitlab.data import load_split
 from vitlab.eval.classify import confusion_destination
+from vitlab.files.rundir import run_dir_of as run_directory
 from vitlab.models import VisionTransformer, ViTConfig
-from vitlab.rundir import run_dir_of as run_directory
 
 # 8×8 inputs: the digits' own size, so the official resize is the identity and a numpy reference is exact.
 CFG = ViTConfig(image_size=8, patch_size=4, width=32, depth=1, mlp_dim=64, num_heads=2, num_classes=10,

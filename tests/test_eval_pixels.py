@@ -23,9 +23,9 @@ import torch
 from PIL import Image
 
 import vitlab
+from vitlab.constants import resize_before_crop
 from vitlab.data import EvalTransform, ShardSampler, TransformedSplit, make_loader
 from vitlab.data.sources import ImageSplit
-from vitlab.eval_resize import resize_before_crop
 
 pytest.importorskip("timm")
 skimage_data = pytest.importorskip("skimage.data")

@@ -13,8 +13,8 @@ import torch
 
 import vitlab
 from vitlab.cli import main
+from vitlab.files.outputs import written_by
 from vitlab.models import ResNetConfig
-from vitlab.outputs import written_by
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")

@@ -8,8 +8,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import vitlab
-from vitlab.flops import count_macs
 from vitlab.models import BiTConfig, ResNetConfig, ViTConfig, build_model
+from vitlab.models.flops import count_macs
 
 # Multiply-adds per 224 image (and B/16 at 384), in G.
 PAPER_GMACS = [

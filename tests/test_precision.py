@@ -15,7 +15,7 @@ import torch
 import vitlab
 from vitlab.cli import main
 from vitlab.models.registry import model_config
-from vitlab.precision import (
+from vitlab.runtime.precision import (
     MIN_BF16_WIDTH,
     Precision,
     autocast_for,
@@ -113,7 +113,7 @@ def test_on_native_bf16_the_catalogue_splits_by_width():
 
 # --- the setting recorded and kept ---------------------------------------------------------------------------
 def test_auto_is_resolved_once_with_its_reason(monkeypatch):
-    monkeypatch.setattr("vitlab.precision.cpu_flags", lambda text=None: cpu_flags(XEON_AMX))
+    monkeypatch.setattr("vitlab.runtime.precision.cpu_flags", lambda text=None: cpu_flags(XEON_AMX))
     wide = resolve("demo", {"model": "ViT-S/16", "image_size": 32, "device": "cpu"})
     assert wide.config.precision == "bf16"
     assert wide.sources["precision"] == f"auto: CPU has amx_bf16 and width 384 >= {MIN_BF16_WIDTH}"
@@ -147,7 +147,7 @@ def test_a_run_recorded_before_the_setting_resumes_as_it_computed(tmp_path, monk
     record = json.loads((out / "config.json").read_text())
     del record["precision"], record["sources"]["precision"]
     (out / "config.json").write_text(json.dumps(record))
-    monkeypatch.setattr("vitlab.precision.cpu_flags", lambda text=None: cpu_flags(XEON_AMX))
+    monkeypatch.setattr("vitlab.runtime.precision.cpu_flags", lambda text=None: cpu_flags(XEON_AMX))
     resumed = resolve(None, {"out": str(out), "resume": True, "precision": "auto"})
     assert resumed.config.precision == "fp32" and "recorded before --precision" in resumed.sources["precision"]
 
@@ -263,7 +263,7 @@ def test_an_experiment_run_computes_in_float32_even_where_auto_would_not(tmp_pat
     from reproduction.runner import train_spec
     from reproduction.spec import RunSpec
 
-    monkeypatch.setattr("vitlab.precision.cpu_flags", lambda text=None: cpu_flags(XEON_AMX))
+    monkeypatch.setattr("vitlab.runtime.precision.cpu_flags", lambda text=None: cpu_flags(XEON_AMX))
     settings = {"model": "ViT-Ti/4", "model_args": {**TINY, "width": 384, "num_heads": 6}, "image_size": 8,
                 "batch_size": 16, "steps": 2, "warmup": 0, "workers": 0, "data": "digits"}
     spec = RunSpec("wide", "demo", settings)

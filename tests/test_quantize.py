@@ -1,4 +1,4 @@
-"""`vitlab.quantize.quantize_int8`: dynamic int8 Linear layers against the float32 model they came from, on a
+"""`vitlab.runtime.quantize.quantize_int8`: dynamic int8 Linear layers against the float32 model they came from, on a
 model trained here (a zero-initialised or random model has no margins to keep, so agreement would mean nothing)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from vitlab.data import load_split
 from vitlab.models import BiT, BiTConfig, VisionTransformer, ViTConfig
-from vitlab.quantize import is_int8, quantize_int8
+from vitlab.runtime.quantize import is_int8, quantize_int8
 
 # 8x8 digits, patch 2: 17 tokens of width 64, trained ~300 Adam steps (a few seconds) to ~95 % top-1.
 CFG = ViTConfig(image_size=8, patch_size=2, width=64, depth=2, mlp_dim=128, num_heads=4, num_classes=10,
@@ -128,7 +128,7 @@ def test_a_model_off_the_cpu_is_refused_in_one_line():
 
 def test_no_deprecation_warning_reaches_the_user():
     """torch.ao.quantization warns once per process when imported: a fresh interpreter, every warning shown."""
-    code = ("import torch, vitlab\nfrom vitlab.quantize import quantize_int8\n"
+    code = ("import torch, vitlab\nfrom vitlab.runtime.quantize import quantize_int8\n"
             "m = quantize_int8(vitlab.create_model('ViT-Ti/16', depth=1, image_size=32, num_classes=3))\n"
             "m(torch.randn(2, 3, 32, 32))\nprint('ok')\n")
     done = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, timeout=120)

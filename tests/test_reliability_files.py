@@ -13,8 +13,8 @@ from safetensors.torch import save_file
 import vitlab
 import vitlab.cli
 from vitlab.errors import WeightsError
+from vitlab.files.outputs import atomic_write
 from vitlab.models import ViTConfig, build_model
-from vitlab.outputs import atomic_write
 from vitlab.weights.tensors import read_weights_folder
 
 TINY = ViTConfig(image_size=16, patch_size=8, width=16, depth=1, mlp_dim=32, num_heads=2, num_classes=3)
@@ -91,7 +91,7 @@ def _dead_pid() -> int:
 
 
 def test_temporaries_of_a_killed_writer_are_removed_on_the_next_write(tmp_path):
-    from vitlab.outputs import _host
+    from vitlab.files.outputs import _host
 
     dead = _dead_pid()
     stale_file = tmp_path / f".model.safetensors.vitlab-tmp-{_host()}-{dead}-abc123"

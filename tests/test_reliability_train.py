@@ -14,7 +14,7 @@ import torch
 
 from vitlab.cli import main
 from vitlab.data import DataError
-from vitlab.rundir import verify_checkpoint
+from vitlab.files.rundir import verify_checkpoint
 from vitlab.train import resolve_config, run
 from vitlab.train.runlock import LOCK, RunLock
 

@@ -444,7 +444,7 @@ def test_wrapped_storage_errors_name_the_destination(tmp_path, monkeypatch):
     import errno
     import shutil
 
-    from vitlab.outputs import atomic_write
+    from vitlab.files.outputs import atomic_write
 
     dest = tmp_path / "m.safetensors"
 

@@ -11,7 +11,7 @@ from PIL import Image
 
 import vitlab
 from vitlab.data import DataError
-from vitlab.rundir import list_checkpoints, verify_checkpoint
+from vitlab.files.rundir import list_checkpoints, verify_checkpoint
 from vitlab.train import RECIPES, TrainingDiverged, resolve_config, run
 from vitlab.train.optim import Ema, Schedule, classification_loss, param_groups
 

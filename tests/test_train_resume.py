@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 import vitlab
-from vitlab.rundir import list_checkpoints, verify_checkpoint
+from vitlab.files.rundir import list_checkpoints, verify_checkpoint
 from vitlab.train import resolve_config, run
 
 TINY = {"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64}

@@ -23,8 +23,8 @@ from vitlab.data import EvalTransform, ShardSampler, TransformedSplit, make_load
 from vitlab.data.sources import ImageSplit
 from vitlab.errors import WeightsError
 from vitlab.eval.prediction import predict
+from vitlab.files.rundir import step_dir
 from vitlab.models import create_model
-from vitlab.rundir import step_dir
 from vitlab.train.checkpoint import save_weights, write_checkpoint
 from vitlab.weights.convert import convert
 from vitlab.weights.load import preprocessing

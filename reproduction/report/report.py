@@ -28,7 +28,7 @@ from reproduction.report import history
 from reproduction.report import sections as text_of
 from reproduction.runner import RESULT, RUNS
 from reproduction.scale import FULL
-from vitlab.outputs import OutputRefused, atomic_write, mark_text, refuse_special
+from vitlab.files.outputs import OutputRefused, atomic_write, mark_text, refuse_special
 from vitlab.train.recipes import RECIPES
 
 FIGURES = "reproduction"
@@ -103,7 +103,8 @@ def write_report(out: str | Path, path: str | Path, allow_pending: bool = False,
 
 def previous_report(path: Path, force: bool = False) -> str:
     """The text of the report (or appendix) at `path` ('' if there is none), which the rewrite replaces. vitlab's
-    output rule (vitlab.outputs): never a special file or link (refused, `force` or not); a regular file only if it
+    output rule (vitlab.files.outputs): never a special file or link (refused, `force` or not); a regular file only if
+    it
     is one vitlab wrote, recognisably (its first line is MARK; a report from before the mark starts with INTRO's
     title), unless `force`; else OutputRefused, one line. The text read is bounded."""
     refuse_special(path)

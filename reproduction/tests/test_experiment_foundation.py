@@ -25,9 +25,9 @@ from reproduction.preconditions import beyond_spread, helps, inside_grid, learns
 from reproduction.runner import Context, Record, Runner, Todo
 from reproduction.scale import QUICK
 from reproduction.spec import RunSpec
-from vitlab.device import cpu_name
 from vitlab.eval.fewshot_lsr import representations
-from vitlab.rundir import WEIGHTS
+from vitlab.files.rundir import WEIGHTS
+from vitlab.runtime.device import cpu_name
 
 BASE = {"model": "ViT-Ti/4", "data": "digits", "steps": 2, "seed": 0}
 

@@ -189,7 +189,7 @@ def test_experiments_share_their_runs(tmp_path, fixed_step_times):
 
 def test_families_have_similar_size_and_compute():
     """The issue's constraint: at size M, parameters and multiply-adds within 1.5× across the three families,
-    counted by building each model and by vitlab.flops; each family grows from S to L."""
+    counted by building each model and by vitlab.models.flops; each family grows from S to L."""
     rows = {(r["family"], r["size"]): r for r in model_table(FULL, 64)}
     for key in ("params", "macs"):
         values = [rows[(f, "M")][key] for f in ("ViT", "BiT", "hybrid")]

@@ -32,7 +32,7 @@ from reproduction.runner import Context, Runner
 from reproduction.scale import QUICK
 from reproduction.spec import RunSpec
 from vitlab.cli import main
-from vitlab.rundir import WEIGHTS
+from vitlab.files.rundir import WEIGHTS
 
 REPO = Path(__file__).parents[2]
 SETTINGS = {"data": "digits", "model": "ViT-Ti/4", "image_size": 8, "batch_size": 4, "steps": 2, "seed": 0}

@@ -18,7 +18,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from vitlab.analysis.embeddings import EmbeddingFilters
-from vitlab.outputs import atomic_write, mark
+from vitlab.files.outputs import atomic_write, mark
 
 MAX_DRAWN_IMAGES = 8  # more rows stop being readable; all images still count in the numbers
 MAX_DRAWN_HEADS = 16

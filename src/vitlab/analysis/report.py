@@ -31,7 +31,7 @@ from vitlab.analysis.embeddings import (
     row_column_summary,
 )
 from vitlab.analysis.images import is_grey, to_display
-from vitlab.outputs import WRITTEN_BY, atomic_write, check_replaceable, mark_text
+from vitlab.files.outputs import WRITTEN_BY, atomic_write, check_replaceable, mark_text
 from vitlab.progress import progress
 
 CHUNK = 16  # images per forward pass: bounds the (L, N, H, T, T) attention tensor held at once

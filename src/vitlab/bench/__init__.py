@@ -4,7 +4,7 @@ Inference runs under `torch.inference_mode`; a training step is forward + cross-
 Each implementation gets warm-up steps, then `repeats` timed repeats; the implementations take turns within
 every repeat (alternating who goes first) on the same input, threads and optimizer settings, so that a slow
 spell of a shared machine hits both. GFLOP/s = 2 × multiply-adds × images/s, with the multiply-adds counted
-analytically (`vitlab.flops`), and is set against this machine's measured GEMM peak.
+analytically (`vitlab.models.flops`), and is set against this machine's measured GEMM peak.
 """
 
 from vitlab.bench.compare import TIMM_NAMES, timm_equivalent

@@ -1,11 +1,12 @@
 """How each implementation computes under `vitlab bench --precision`: the precision resolved as every verb resolves
-it (vitlab.precision), then each library in its own fastest form of it, which is what a user of each gets.
+it (vitlab.runtime.precision), then each library in its own fastest form of it, which is what a user of each gets.
 
 - fp32: both as they are.
 - bf16, inference: vitlab as `vitlab eval --precision bf16` runs (`prepare_for_inference`: a ViT's weights cast to
   bf16, hybrids and BiT under autocast); timm under bf16 autocast with float32 weights (timm's own
   `--amp --amp-dtype bfloat16`). Training, both: bf16 autocast, float32 master weights and AdamW state.
-- int8 (inference only): both with their encoder's Linear layers in dynamic int8 (`vitlab.quantize`), heads float32.
+- int8 (inference only): both with their encoder's Linear layers in dynamic int8 (`vitlab.runtime.quantize`), heads
+float32.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from torch import nn
 
 from vitlab.bench.result import BenchSettings
 from vitlab.models.registry import model_config
-from vitlab.precision import Precision, config_width, prepare_for_inference, resolve_precision
+from vitlab.runtime.precision import Precision, config_width, prepare_for_inference, resolve_precision
 
 
 def resolve(settings: BenchSettings) -> Precision:
@@ -44,7 +45,7 @@ def inference_model(impl: str, model: nn.Module, precision: Precision) -> nn.Mod
     """The model `impl` runs inference with: a converted copy where the precision converts (the original stays
     float32 for the training mode that may follow)."""
     if precision.name == "int8":
-        from vitlab.quantize import quantize_int8
+        from vitlab.runtime.quantize import quantize_int8
 
         return quantize_int8(copy.deepcopy(model).eval())
     if precision.name == "bf16" and impl == "vitlab":

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from vitlab.bench.result import BenchSettings
-from vitlab.device import cpu_name
+from vitlab.runtime.device import cpu_name
 
 
 def environment(settings: BenchSettings) -> dict[str, Any]:

@@ -17,11 +17,11 @@ from vitlab.bench.compare import timm_equivalent
 from vitlab.bench.machine import environment, tune_malloc
 from vitlab.bench.peaks import precision_peak
 from vitlab.bench.result import MODES, BenchResult, BenchSettings, Measurement
-from vitlab.device import autocast as device_autocast
-from vitlab.flops import count_macs
 from vitlab.models.config import BiTConfig, ViTConfig
+from vitlab.models.flops import count_macs
 from vitlab.models.registry import create_model, model_config
-from vitlab.precision import autocast_for
+from vitlab.runtime.device import autocast as device_autocast
+from vitlab.runtime.precision import autocast_for
 from vitlab.weights.timm_bit import to_timm_bit_state_dict
 
 

@@ -1,5 +1,6 @@
 """The GEMM peak a benchmark's precision is set against, measured in the same run: a bf16 matmul for bf16, the
-dynamic int8 linear `--precision int8` computes with (`vitlab.quantize`, activation quantization included) for int8.
+dynamic int8 linear `--precision int8` computes with (`vitlab.runtime.quantize`, activation quantization included) for
+int8.
 
 Their speed differs by two orders of magnitude between processors (bf16: native with AMX or AVX512-BF16, emulated
 elsewhere: 0.15 GFLOP/s against float32's 10 on the loaded AMD EPYC of BENCHMARKS.md), so the size is found, not
@@ -32,7 +33,7 @@ def _timed(fn: Callable[[], object], device: torch.device) -> float:
 def _product(precision: str, size: int, device: torch.device) -> Callable[[], object]:
     """One size x size x size product in `precision`, inputs allocated once."""
     if precision == "int8":
-        from vitlab.quantize import quantize_int8
+        from vitlab.runtime.quantize import quantize_int8
 
         layer = quantize_int8(nn.Sequential(nn.Linear(size, size, bias=False)))  # no `head`: every Linear
         x = torch.randn(size, size)

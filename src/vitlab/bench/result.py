@@ -32,7 +32,7 @@ class BenchSettings:
     compare: str | None = None  # "timm"
     compile: bool = False
     device: str = "cpu"
-    precision: str = "auto"  # auto, fp32, bf16, int8 (vitlab.precision); both implementations compute in it
+    precision: str = "auto"  # auto, fp32, bf16, int8 (vitlab.runtime.precision); both implementations compute in it
     num_classes: int = 1000
     seed: int = 0
     gemm_size: int | None = None  # side of the peak-measuring matmul (default 4096 on CPU, 8192 on CUDA)

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as err:  # the storage: a full disk, a read-only target, a name too long
-        from vitlab.outputs import os_error_line
+        from vitlab.files.outputs import os_error_line
 
         print(f"vitlab {args.verb}: error: {os_error_line(err)}", file=sys.stderr)
         return 2

@@ -73,15 +73,15 @@ def _inputs(args: argparse.Namespace, cfg, size: tuple[int, int], class_names):
 
 
 def run_analyze(args: argparse.Namespace) -> int:
-    import vitlab
     from vitlab.analysis import analyze
     from vitlab.cli import UserError
-    from vitlab.device import pick_device
     from vitlab.models.vit import VisionTransformer
-    from vitlab.precision import autocast_for, model_width, resolve_precision
+    from vitlab.runtime.device import pick_device
+    from vitlab.runtime.precision import autocast_for, model_width, resolve_precision
+    from vitlab.weights.load import load
 
     device = pick_device(args.device)
-    model = vitlab.load(args.weights).to(device)
+    model = load(args.weights).to(device)
     if not isinstance(model, VisionTransformer):
         raise UserError(f"{args.weights} holds a {type(model).__name__}; analyze needs a ViT or hybrid (attention)")
     cfg = model.config

@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from vitlab.outputs import check_output
+    from vitlab.files.outputs import check_output
 
     if args.json:  # before the timing: a file of the user's is never replaced unasked
         check_output(args.json, args.force)
@@ -96,7 +96,7 @@ def run_bench(args: argparse.Namespace) -> int:
 def _report(result: Any, json_path: str | None, force: bool = False) -> int:
     """The table on stdout and, with --json, the result as JSON (atomic: never a half-written file), marked as
     vitlab's so that the next run may replace it (outputs.check_output)."""
-    from vitlab.outputs import WRITTEN_BY, atomic_write
+    from vitlab.files.outputs import WRITTEN_BY, atomic_write
 
     print(result.table())
     if json_path:

@@ -64,7 +64,7 @@ def _eval(args: argparse.Namespace) -> int:
         per_class_lines,
         per_class_metrics,
     )
-    from vitlab.outputs import check_output, check_replaceable
+    from vitlab.files.outputs import check_output, check_replaceable
 
     if args.confusion:  # before any work, as for --out: a file of the user's is never replaced unasked
         check_output(args.confusion, args.force)
@@ -99,7 +99,7 @@ def _eval(args: argparse.Namespace) -> int:
 def _write_outputs(args: argparse.Namespace, r, record: dict, png) -> list[str]:
     """Write metrics.json (--out) and the figure; returns one line per file that could not be written."""
     from vitlab.eval.classify import write_confusion
-    from vitlab.outputs import WRITTEN_BY, atomic_write
+    from vitlab.files.outputs import WRITTEN_BY, atomic_write
 
     failures = []
     if args.out:
@@ -120,7 +120,7 @@ def _write_outputs(args: argparse.Namespace, r, record: dict, png) -> list[str]:
 
 
 def _why(err: OSError) -> str:
-    from vitlab.outputs import OutputRefused
+    from vitlab.files.outputs import OutputRefused
 
     if isinstance(err, OutputRefused):
         return err.strerror

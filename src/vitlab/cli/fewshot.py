@@ -84,12 +84,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from vitlab.device import pick_device
     from vitlab.eval.fewshot_data import fewshot_weights, write_json
     from vitlab.eval.inference import load_for_inference
+    from vitlab.files.outputs import check_output
     from vitlab.models import build_model
-    from vitlab.outputs import check_output
-    from vitlab.precision import autocast_for, model_width, resolve_precision
+    from vitlab.runtime.device import pick_device
+    from vitlab.runtime.precision import autocast_for, model_width, resolve_precision
 
     if args.json_out:  # before minutes of features: a file of the user's is never replaced unasked
         check_output(args.json_out, args.force)

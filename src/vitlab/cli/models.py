@@ -27,8 +27,8 @@ def model_rows(image_size: int = 224) -> list[dict[str, Any]]:
     """One row per registry name: parameters at 1000 classes, multiply-adds per image at image_size."""
     import torch
 
-    from vitlab.flops import count_macs
     from vitlab.models import build_model, list_models, model_config
+    from vitlab.models.flops import count_macs
 
     rows = []
     for name in list_models():

@@ -114,7 +114,7 @@ def precision_name(int8: bool) -> Callable[[str], str]:
     """--precision: auto, fp32, bf16, and int8 where the verb only infers (eval, predict, bench)."""
 
     def parse(text: str) -> str:
-        from vitlab.precision import check_precision
+        from vitlab.runtime.precision import check_precision
 
         try:
             check_precision(text, "infer" if int8 else "train")

@@ -35,7 +35,7 @@ from vitlab.data.shardindex import fingerprint
 from vitlab.data.shards import INFO_NAME
 from vitlab.data.sources import DECODE_ERRORS, ImageSplit, stratified_holdout
 from vitlab.data.untrusted import parse_json, read_regular
-from vitlab.outputs import atomic_write
+from vitlab.files.outputs import atomic_write
 from vitlab.progress import progress
 
 PACK_SEED = 0  # the packing order's seed: shards are written in one fixed random order

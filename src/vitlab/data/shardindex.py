@@ -22,10 +22,10 @@ import tarfile
 from collections import Counter
 from pathlib import Path
 
-from vitlab.cache import cache_dir
 from vitlab.data.errors import DataError, describe_paths, log
 from vitlab.data.untrusted import MAX_LABEL_BYTES, check_label_range, not_regular, parse_json
-from vitlab.outputs import atomic_write
+from vitlab.files.cache import cache_dir
+from vitlab.files.outputs import atomic_write
 
 INDEX_NAME = "_vitlab_index.json"
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp")

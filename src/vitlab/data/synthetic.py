@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from vitlab.cache import cache_dir, file_lock
 from vitlab.data.errors import DataError, log
-from vitlab.outputs import atomic_write
+from vitlab.files.cache import cache_dir, file_lock
+from vitlab.files.outputs import atomic_write
 
 SPLITS = {"train": 0, "val": 1}
 _CLASS, _INSTANCE = 1, 2  # first seed word: class and instance generators never share a stream

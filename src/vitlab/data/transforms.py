@@ -44,8 +44,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from vitlab.constants import EVAL_RESIZES, FEWSHOT_RESIZE, resize_before_crop
 from vitlab.data.sources import ImageSplit, to_rgb
-from vitlab.eval_resize import EVAL_RESIZES, FEWSHOT_RESIZE, resize_before_crop
 
 Size = tuple[int, int]  # (height, width)
 Box = tuple[float, float, float, float]  # (left, top, right, bottom) in source pixels, as PIL takes it

@@ -37,8 +37,8 @@ from vitlab.deploy.onnx_check import (
     sample_inputs,
     session,
 )
-from vitlab.outputs import atomic_write, mark_text
-from vitlab.quantize import is_int8
+from vitlab.files.outputs import atomic_write, mark_text
+from vitlab.runtime.quantize import is_int8
 
 EXPORT_PRECISIONS = ("auto", "fp32", "int8", "bf16")
 INT8_OPS = ("MatMulInteger", "DynamicQuantizeMatMul", "DynamicQuantizeLinear")  # what the int8 graph computes with

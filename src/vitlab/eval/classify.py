@@ -16,13 +16,13 @@ from vitlab.data import EvalTransform, ShardSampler, TransformedSplit, load_spli
 from vitlab.data.errors import DataError
 from vitlab.data.loader import UnreadableImages
 from vitlab.data.sources import ImageSplit
-from vitlab.device import all_reduce, autocast, pick_device
 from vitlab.eval.inference import load_for_inference, with_precision
 from vitlab.eval.metrics import ClassificationMeter, plot_confusion_matrix, require_finite
+from vitlab.files.rundir import run_dir_of
 from vitlab.models.timm_compat import eval_resize_of
-from vitlab.precision import Precision, autocast_for
 from vitlab.progress import progress as progress_bar
-from vitlab.rundir import run_dir_of
+from vitlab.runtime.device import all_reduce, autocast, pick_device
+from vitlab.runtime.precision import Precision, autocast_for
 
 
 def per_image_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str = "softmax",
@@ -48,7 +48,7 @@ def evaluate(
 ) -> ClassificationMeter:
     """Loss, top-1, top-5 (and the confusion matrix) over a loader; sums are reduced over processes.
     `progress_desc`: show a progress bar with this label (on a terminal; see vitlab.progress). `precision`:
-    the resolved one (vitlab.precision); None: bf16 autocast on CUDA, float32 on CPU (device.autocast)."""
+    the resolved one (vitlab.runtime.precision); None: bf16 autocast on CUDA, float32 on CPU (device.autocast)."""
     was_training = model.training
     model.eval()
     meter = ClassificationMeter(num_classes, device, confusion)
@@ -148,7 +148,7 @@ def evaluate_weights(
     """`vitlab eval`: top-1/top-5/loss of saved weights on a dataset split, and (with `confusion_png`) a
     confusion-matrix PNG. `eval_resize` None: the resize the weights were evaluated with in training (recorded
     in vitlab weights), else "official". `progress`: a bar on a terminal. `precision`: auto, fp32, bf16 or int8
-    (vitlab.precision; the choice is in the result). `compile`: torch.compile the model (`with_precision`)."""
+    (vitlab.runtime.precision; the choice is in the result). `compile`: torch.compile the model (`with_precision`)."""
     dev = pick_device(device)
     model, names = load_for_inference(weights, dev)
     model, chosen = with_precision(model, dev, precision, compile)

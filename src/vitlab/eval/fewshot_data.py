@@ -20,7 +20,7 @@ from vitlab.data.errors import DataError
 from vitlab.data.loader import UnreadableImages
 from vitlab.data.transforms import FEWSHOT_RESIZE, as_size
 from vitlab.eval.fewshot_lsr import DEFAULT_L2, FewshotResult, fewshot_on_features, representations
-from vitlab.outputs import WRITTEN_BY, atomic_write
+from vitlab.files.outputs import WRITTEN_BY, atomic_write
 from vitlab.progress import progress as progress_bar
 
 

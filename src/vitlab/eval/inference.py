@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vitlab.precision import Precision, model_width, prepare_for_inference, resolve_precision
+from vitlab.runtime.precision import Precision, model_width, prepare_for_inference, resolve_precision
 from vitlab.weights.load import load
 
 

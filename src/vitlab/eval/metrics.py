@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vitlab.outputs import atomic_write, mark
+from vitlab.files.outputs import atomic_write, mark
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

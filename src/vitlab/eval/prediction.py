@@ -21,11 +21,11 @@ from vitlab.data import EvalTransform, normalize
 from vitlab.data.errors import DataError
 from vitlab.data.folder import IMAGE_EXTENSIONS
 from vitlab.data.sources import DECODE_ERRORS, decode_rgb
-from vitlab.device import pick_device
 from vitlab.eval.inference import load_for_inference, with_precision
 from vitlab.models.timm_compat import eval_resize_of
-from vitlab.precision import Precision, autocast_for
 from vitlab.progress import progress as progress_bar
+from vitlab.runtime.device import pick_device
+from vitlab.runtime.precision import Precision, autocast_for
 
 
 def expand_images(paths: list[str | Path]) -> list[str]:
@@ -78,7 +78,7 @@ def predict_images(weights: str | Path, images: list[str], top_k: int | None = N
                    precision: str = "auto", batch_size: int = 32, compile: bool = False) -> Predictions:
     """For each image (a folder: every image under it), the top-k classes with softmax probabilities, computed
     `batch_size` images at a time. `top_k` None: 5, or all classes of a model with fewer; a given `top_k` above
-    the class count shows all of them, with a warning. `precision`: auto, fp32, bf16 or int8 (vitlab.precision;
+    the class count shows all of them, with a warning. `precision`: auto, fp32, bf16 or int8 (vitlab.runtime.precision;
     the choice is logged). `compile`: torch.compile the model (`with_precision`). A named file that cannot be read
     is a DataError; an unreadable file under a folder is skipped with a warning (DataError if nothing could be
     read)."""

@@ -1,5 +1,5 @@
 """`vitlab predict --csv PATH` / `--json-out PATH`: the predictions as files, written atomically under the output
-rule (vitlab.outputs.check_output: a file vitlab did not write is replaced only with --force).
+rule (vitlab.files.outputs.check_output: a file vitlab did not write is replaced only with --force).
 
 CSV: one row per image read, `image, class_1, probability_1, …, class_k, probability_k` (probabilities as
 fractions in [0, 1]), for spreadsheets and pandas. A CSV has nowhere to carry vitlab's mark, so replacing an
@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from vitlab.eval.prediction import Predictions
-from vitlab.outputs import WRITTEN_BY, atomic_write, check_output
+from vitlab.files.outputs import WRITTEN_BY, atomic_write, check_output
 
 WRITER = "vitlab predict"
 

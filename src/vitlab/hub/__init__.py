@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from vitlab.cache import cache_dir
+from vitlab.files.cache import cache_dir
 from vitlab.hub.cache import entry_path, offline, read_meta
 from vitlab.hub.catalogue import Entry, default_tags, entries, find, is_catalogue_name, select, tags
 from vitlab.hub.fetch import fetch

@@ -1,6 +1,6 @@
 """Where downloaded checkpoints live and how a cache entry is known to be whole.
 
-Layout: the vitlab cache folder (`vitlab.cache.cache_dir`) / host / URL path, e.g.
+Layout: the vitlab cache folder (`vitlab.files.cache.cache_dir`) / host / URL path, e.g.
 `~/.cache/vitlab/storage.googleapis.com/vit_models/augreg/B_16-….npz`, with beside each file
 - `<file>.vitlab.json`: what was downloaded (catalogue name, URL, size, sha256, pre-processing), written before
   the file is renamed into place, so a file without it is an interrupted download, never a cache entry;
@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from vitlab.cache import cache_dir
+from vitlab.files.cache import cache_dir
+from vitlab.files.outputs import atomic_write
 from vitlab.hub.entry import Entry
-from vitlab.outputs import atomic_write
 
 META_SUFFIX = ".vitlab.json"
 _TRUE = ("1", "true", "yes", "on")

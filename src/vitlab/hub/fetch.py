@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vitlab.cache import file_lock
 from vitlab.errors import WeightsError
+from vitlab.files.cache import file_lock
 from vitlab.hub import hf
 from vitlab.hub.cache import entry_path, meta_path, offline, problem, read_meta, readable, write_meta
 from vitlab.hub.download import HostNotFound, download, sha256_of

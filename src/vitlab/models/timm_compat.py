@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from vitlab.eval_resize import FEWSHOT_RESIZE, resize_before_crop
+from vitlab.constants import FEWSHOT_RESIZE, resize_before_crop
 from vitlab.models.inputs import check_pixels
 from vitlab.models.limits import is_int
 
@@ -39,7 +39,7 @@ TIMM_EXACTNESS = {
 
 def timm_eval_crop(image_size: tuple[int, int], eval_resize: str) -> dict[str, Any]:
     """timm's pretrained_cfg fields (interpolation, crop_pct, crop_mode, as timm.data.transforms_factory reads
-    them) that describe vitlab's evaluation pre-processing `eval_resize` (vitlab/eval_resize.py) at `image_size`.
+    them) that describe vitlab's evaluation pre-processing `eval_resize` (vitlab/constants.py) at `image_size`.
     timm resizes to floor(S / crop_pct), then crops S: "squash" ignores the aspect ratio, "center" keeps it."""
     side = max(image_size)
     if eval_resize == "official":  # the whole image to S×S, aspect ignored (vit_jax input_pipeline)

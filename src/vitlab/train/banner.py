@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from vitlab.flops import count_macs
+from vitlab.models.flops import count_macs
 from vitlab.train.epochs import proportion_warning, schedule_line
 from vitlab.train.resolve import Resolved
 from vitlab.train.runlog import FILE_ONLY

@@ -1,4 +1,4 @@
-"""Checkpoints, write side: a directory per step (the layout and its verification are vitlab.rundir's), written
+"""Checkpoints, write side: a directory per step (the layout and its verification are vitlab.files.rundir's), written
 atomically; reading one back for resuming.
 
     run/checkpoints/step_00001500/
@@ -24,9 +24,9 @@ from typing import Any
 import torch
 
 from vitlab.errors import WeightsError
+from vitlab.files.outputs import storage_error
+from vitlab.files.rundir import CHECKPOINTS, MANIFEST, STATE, WEIGHTS, list_checkpoints, sha256_file, step_dir
 from vitlab.models.config import ModelConfig
-from vitlab.outputs import storage_error
-from vitlab.rundir import CHECKPOINTS, MANIFEST, STATE, WEIGHTS, list_checkpoints, sha256_file, step_dir
 from vitlab.weights.vitlab_format import read_vitlab, save
 
 _FILES = (WEIGHTS, STATE)

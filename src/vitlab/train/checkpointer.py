@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from vitlab.rundir import step_dir
+from vitlab.files.rundir import step_dir
 from vitlab.train.checkpoint import prune_checkpoints, save_weights, weights_meta, write_checkpoint
 from vitlab.train.config import TrainConfig
 from vitlab.train.distributed import Dist, all_gather_objects, barrier

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from vitlab.data.transforms import EVAL_RESIZES, TRAIN_CROPS, TRAIN_RESIZES
-from vitlab.precision import check_precision
+from vitlab.runtime.precision import check_precision
 from vitlab.train.tuning import tuning_problems
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from vitlab.device import pick_device
+from vitlab.runtime.device import pick_device
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -19,10 +19,10 @@ import torch
 
 from vitlab.data import build_datasets, normalize
 from vitlab.data.errors import DataError, describe_paths
-from vitlab.device import all_reduce
 from vitlab.eval.fewshot_data import fewshot_weights
-from vitlab.precision import autocast_for, model_width, resolve_precision
-from vitlab.rundir import METRICS
+from vitlab.files.rundir import METRICS
+from vitlab.runtime.device import all_reduce
+from vitlab.runtime.precision import autocast_for, model_width, resolve_precision
 from vitlab.train.banner import ConsoleLog, banner_lines
 from vitlab.train.checkpointer import Checkpointer, find_resume_point
 from vitlab.train.config import TrainConfig

@@ -14,10 +14,10 @@ from torch import nn
 
 from vitlab.data import normalize
 from vitlab.data.loader import UnreadableImages
-from vitlab.device import all_reduce
 from vitlab.eval.classify import evaluate, per_image_loss
 from vitlab.eval.metrics import ClassificationMeter
-from vitlab.precision import autocast_for
+from vitlab.runtime.device import all_reduce
+from vitlab.runtime.precision import autocast_for
 from vitlab.selfsup import MaskedPatchPredictor, MPPConfig
 from vitlab.selfsup.mpp import validation_summary
 from vitlab.train.config import TrainConfig

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from vitlab.device import all_reduce
+from vitlab.runtime.device import all_reduce
 from vitlab.train.distributed import Dist
 from vitlab.train.peerwatch import PeerWatch
 from vitlab.train.runlog import log

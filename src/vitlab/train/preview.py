@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from vitlab.data import build_datasets
-from vitlab.rundir import CONFIG
+from vitlab.files.rundir import CONFIG
 from vitlab.train.banner import schedule_lines, settings_lines
 from vitlab.train.objective import objective_for
 from vitlab.train.resolve import Resolved

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.data import build_datasets
+from vitlab.files.rundir import CONFIG, run_dir_of
 from vitlab.models.config import ViTConfig
 from vitlab.models.registry import describe_architecture, model_config
-from vitlab.precision import config_width, device_kind, resolve_precision
-from vitlab.rundir import CONFIG, run_dir_of
+from vitlab.runtime.precision import config_width, device_kind, resolve_precision
 from vitlab.train.config import TrainConfig, config_from_json, validate
 from vitlab.train.configfile import check_model_args_type, check_record, check_types, parse_settings
 from vitlab.train.data_rules import follow_data
@@ -329,7 +329,7 @@ def _warmup_rule(layers: _Layers, recipe: str) -> None:
 
 
 def _precision_rule(layers: _Layers, checkpoint: Any) -> None:
-    """--precision auto decided once, by vitlab.precision's measured rule: config.json records the choice with
+    """--precision auto decided once, by vitlab.runtime.precision's measured rule: config.json records the choice with
     the rule's reason as its source, and a resumed run keeps it on any machine."""
     v = layers.values
     if v["precision"] == "auto":

@@ -1,6 +1,6 @@
 """Where a resumed run continues from, decided once before the model is built:
 
-1. the newest intact checkpoint (vitlab.rundir verifies manifests; damaged ones are skipped with a warning), its
+1. the newest intact checkpoint (vitlab.files.rundir verifies manifests; damaged ones are skipped with a warning), its
    contents checked against the run: a training state vitlab wrote, weights of the run's architecture and
    classes, and the run's settings as the checkpoint recorded them (a config.json edited since is refused, naming
    the setting, instead of being trained with and credited to the recipe in the banner);
@@ -25,8 +25,7 @@ from torch import nn
 
 from vitlab.data.errors import DataError, describe_paths
 from vitlab.errors import WeightsError
-from vitlab.models.registry import build_model as build_from_config
-from vitlab.rundir import (
+from vitlab.files.rundir import (
     CHECKPOINTS,
     CONFIG,
     METRICS,
@@ -35,6 +34,7 @@ from vitlab.rundir import (
     latest_valid_checkpoint,
     list_checkpoints,
 )
+from vitlab.models.registry import build_model as build_from_config
 from vitlab.train.checkpoint import read_training_checkpoint
 from vitlab.train.resolve import SAFE_ON_RESUME
 from vitlab.train.runlog import log

@@ -1,5 +1,5 @@
 """The run directory, write side: what may be written into, by whom, and checked before step 1 (its layout, and
-what marks a folder as a run, are vitlab.rundir's).
+what marks a folder as a run, are vitlab.files.rundir's).
 
 - `--out` must be new, empty, or a vitlab run (continued only with --resume): an export folder or any other
   non-empty folder is never written into.
@@ -18,7 +18,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from vitlab.rundir import CHECKPOINTS, holds_run
+from vitlab.files.rundir import CHECKPOINTS, holds_run
 
 LOCK = ".vitlab.lock"
 OWN_FILES = {LOCK, "console.log"}  # what a run that failed before its first record leaves behind

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vitlab.outputs import atomic_write
+from vitlab.files.outputs import atomic_write
+from vitlab.files.rundir import METRICS
 from vitlab.progress import bars_enabled
-from vitlab.rundir import METRICS
 from vitlab.train.eta import estimate_line, estimate_step
 
 log = logging.getLogger("vitlab.train")

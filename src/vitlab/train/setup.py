@@ -26,10 +26,10 @@ from vitlab.data.augment import with_augmentation
 from vitlab.data.errors import DataError, describe_paths
 from vitlab.data.loader import PartsLoader
 from vitlab.data.stream import training_order
+from vitlab.files.outputs import atomic_write
 from vitlab.models.config import ViTConfig
 from vitlab.models.registry import build_model as build_from_config
 from vitlab.models.registry import describe_architecture, model_config
-from vitlab.outputs import atomic_write
 from vitlab.train.config import TrainConfig
 from vitlab.train.distributed import Dist
 from vitlab.train.resolve import InitWeights, read_init

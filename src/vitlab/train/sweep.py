@@ -25,8 +25,8 @@ from vitlab.data import is_embedded
 from vitlab.data.datasets import has_val_split
 from vitlab.data.errors import DataError
 from vitlab.eval.classify import evaluate_weights
-from vitlab.outputs import WRITTEN_BY, atomic_write, check_replaceable, mark
-from vitlab.rundir import REFIT_RUN, sweep_run_name
+from vitlab.files.outputs import WRITTEN_BY, atomic_write, check_replaceable, mark
+from vitlab.files.rundir import REFIT_RUN, sweep_run_name
 from vitlab.train.config import TrainConfig
 from vitlab.train.loop import run
 from vitlab.train.resolve import Resolved

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from torch import nn
 
-from vitlab.eval_resize import resize_before_crop
+from vitlab.constants import resize_before_crop
+from vitlab.files.outputs import atomic_write, mark_text
 from vitlab.models.config import BiTConfig, ModelConfig, ViTConfig
-from vitlab.outputs import atomic_write, mark_text
 from vitlab.weights.bit_npz import bit_name
 from vitlab.weights.timm_arch import vitlab_name
 

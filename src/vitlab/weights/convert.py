@@ -8,8 +8,8 @@ from typing import Any
 from torch import nn
 
 from vitlab.errors import WeightsError
+from vitlab.files.outputs import FORCE_FIX, check_output, check_output_folder
 from vitlab.models.config import BiTConfig, ViTConfig
-from vitlab.outputs import FORCE_FIX, check_output, check_output_folder
 from vitlab.progress import progress
 from vitlab.weights.bit_npz import write_bit_npz
 from vitlab.weights.card import CARD, write_card

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from vitlab.errors import WeightsError
-from vitlab.outputs import mark
+from vitlab.files.outputs import mark
 from vitlab.weights.card import CARD
 from vitlab.weights.tensors import write_folder_atomically
 

@@ -15,8 +15,7 @@ import logging
 from pathlib import Path
 
 from vitlab.errors import WeightsError
-from vitlab.hub import Entry, resolve
-from vitlab.rundir import (
+from vitlab.files.rundir import (
     WEIGHTS,
     is_checkpoint_dir,
     is_run_dir,
@@ -25,6 +24,7 @@ from vitlab.rundir import (
     sweep_choice,
     verify_checkpoint,
 )
+from vitlab.hub import Entry, resolve
 
 log = logging.getLogger("vitlab.weights")
 _ANNOUNCED: set[str] = set()

@@ -25,7 +25,7 @@ from numpy.lib import format as npy
 from safetensors.torch import load_file
 
 from vitlab.errors import WeightsError
-from vitlab.outputs import atomic_folder, atomic_write, mark_zip
+from vitlab.files.outputs import atomic_folder, atomic_write, mark_zip
 from vitlab.progress import progress
 
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")

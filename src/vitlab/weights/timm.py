@@ -20,9 +20,9 @@ from safetensors.torch import save_file
 from torch import nn
 
 from vitlab.errors import WeightsError
+from vitlab.files.outputs import atomic_write, mark, mark_zip
 from vitlab.models.config import BiTConfig, ModelConfig, ViTConfig
 from vitlab.models.registry import HYBRIDS, VIT_SIZES
-from vitlab.outputs import atomic_write, mark, mark_zip
 from vitlab.weights.card import CARD, model_card
 from vitlab.weights.checkpoint import Checkpoint
 from vitlab.weights.tensors import (

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import save_file
 
 from vitlab.errors import WeightsError
+from vitlab.files.outputs import atomic_write, check_output, mark
 from vitlab.models.config import config_from_dict
-from vitlab.outputs import atomic_write, check_output, mark
 from vitlab.weights.arguments import check_matches_config, check_model
 from vitlab.weights.checkpoint import Checkpoint
 from vitlab.weights.tensors import PICKLE_SUFFIXES, read_safetensors, safetensors_header

@@ -31,7 +31,7 @@ CONFIG = "config.json"
 CHECKPOINT_FILES = (WEIGHTS, STATE)  # what a manifest lists, no more and no fewer
 _STEP_NAME = re.compile(r"step_(\d+)")
 
-log = logging.getLogger("vitlab.rundir")
+log = logging.getLogger("vitlab.files.rundir")
 
 
 def step_dir(run_dir: Path, step: int) -> Path:

@@ -29,11 +29,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 # The marks, re-exported: writers import the rule and the marks from one place.
-from vitlab.marks import WRITTEN_BY as WRITTEN_BY
-from vitlab.marks import mark as mark
-from vitlab.marks import mark_text as mark_text
-from vitlab.marks import mark_zip as mark_zip
-from vitlab.marks import written_by as written_by
+from vitlab.files.marks import WRITTEN_BY as WRITTEN_BY
+from vitlab.files.marks import mark as mark
+from vitlab.files.marks import mark_text as mark_text
+from vitlab.files.marks import mark_zip as mark_zip
+from vitlab.files.marks import written_by as written_by
 
 _TAG = "vitlab-tmp"
 # Failures of the storage rather than of vitlab: what the user can fix, and how.

@@ -166,10 +166,10 @@ def prepare_for_inference(model: nn.Module, precision: Precision | str) -> nn.Mo
     """The model in the fastest form of `precision` for inference (call `autocast_for` around it as well):
     fp32 unchanged; bf16 weights cast to bfloat16 for a ViT (5.4x float32 vs 3.5x autocast on ViT-B/16, issue
     34), inputs cast to bf16 and logits back to float32 by hooks on `model(x)`; hybrids and BiT keep float32
-    weights (weight standardisation) and rely on autocast; int8 `vitlab.quantize.quantize_int8`."""
+    weights (weight standardisation) and rely on autocast; int8 `vitlab.runtime.quantize.quantize_int8`."""
     name = precision.name if isinstance(precision, Precision) else precision
     if name == "int8":
-        from vitlab.quantize import quantize_int8  # optional dependencies live there; import only when asked
+        from vitlab.runtime.quantize import quantize_int8  # optional dependencies live there; import only when asked
 
         return quantize_int8(model)
     if name != "bf16" or _has_weight_standardisation(model) or getattr(model, "_vitlab_bf16", False):
