@@ -11,7 +11,7 @@ import pytest
 def sigterm_during_step(monkeypatch):
     """`with sigterm_during_step(3): run(...)`: the run receives SIGTERM while it computes step `step` (as a job
     scheduler's preemption would arrive), and trains normally again after the block."""
-    import vitlab.train.loop as loop
+    import vitlab.train.trainer as loop
 
     real_step = loop.Trainer._train_step
 

@@ -3,7 +3,7 @@ folder, photograph-like, quality 90: benchmarks/make_jpegs.py), both training re
 kernel), against the images/s the device's training step consumes (section "speed"), so that the bottleneck is
 named.
 
-Workers: training's default for the device (every core but one on CUDA: vitlab.train.setup.default_workers),
+Workers: training's default for the device (every core but one on CUDA: vitlab.train.trainer.default_workers),
 the batch pinned on CUDA as in training. Images/s: the images after the first batch over the time after it
 (the first batch pays for the workers' start). The JPEGs are written to a temporary folder and removed.
 """
@@ -30,7 +30,7 @@ def _dist(device: torch.device) -> Any:
 def time_loader(root: Path, resize: str, plan: Any, device: torch.device) -> dict[str, Any]:
     from vitlab.data import build_datasets
     from vitlab.train.config import TrainConfig
-    from vitlab.train.setup import make_loaders
+    from vitlab.train.trainer import make_loaders
 
     threads = torch.get_num_threads()  # make_loaders sets the CPU compute threads; this process's are restored
     data = build_datasets(str(root))

@@ -89,9 +89,8 @@ def _measure(spec: RunSpec, workers: int | None) -> StepTime:
     """A few optimiser steps of the model, loss, clipping and optimiser the run will build (the resolution step
     and the trainer's own builders), on random images; and one forward pass of the representation."""
     # the trainer's builders bring the data augmentations (torchvision) with them: not imported by `vitlab --help`
-    from vitlab.train.objective import objective_for
     from vitlab.train.optim import build_optimizer
-    from vitlab.train.setup import build_model
+    from vitlab.train.trainer import build_model, objective_for
 
     flags = {k: v for k, v in spec.settings.items() if k not in ("init", "resume")}
     cfg = resolve(spec.recipe, {**flags, "out": "unused"}, verb="train").config  # a fine-tuning run's: from scratch
@@ -103,7 +102,7 @@ def _measure(spec: RunSpec, workers: int | None) -> StepTime:
     x = torch.rand(cfg.batch_size, 3, cfg.image_size, cfg.image_size, device=device) * 2 - 1
     y = torch.randint(0, len(classes), (cfg.batch_size,), device=device)
     threads = torch.get_num_threads()
-    if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:  # as the trainer sets it (train/setup.py)
+    if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:  # as the trainer sets it (train/trainer.py)
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         loaders = min(8, cpus - 1) if workers is None else workers
         torch.set_num_threads(max(1, cpus - loaders))

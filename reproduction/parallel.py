@@ -53,7 +53,7 @@ def _start_worker(threads: int, parent: int, stop: Any = None) -> None:
     # the experiment process decides, and tells the workers through `stop` (a run's trainer stops on it too)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _stop_with_parent(parent, stop)  # the pid from the experiment process itself: it may already be gone by now
-    # before the trainer looks: it picks its own thread count unless OMP_NUM_THREADS says one (train/setup.py)
+    # before the trainer looks: it picks its own thread count unless OMP_NUM_THREADS says one (train/trainer.py)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
     # A spawned process spawns its own children too, so the trainer's loader processes would each import torch

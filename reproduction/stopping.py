@@ -1,5 +1,5 @@
 """Stopping `vitlab experiment` on SIGTERM (a preemption) or Ctrl-C, wherever its runs are: a run training in this
-process stops at its next step with a checkpoint (the trainer's own handler, train/preemption.py); runs in worker
+process stops at its next step with a checkpoint (the trainer's own handler, train/distributed.py); runs in worker
 processes are told to do the same (experiments.parallel); an evaluation is abandoned (its result is written only
 when complete); nothing new starts. The command then exits with 128 + the signal's number (130 for Ctrl-C, 143 for
 SIGTERM), and running it again continues every stopped run from its checkpoint. Ctrl-C a second time stops without
@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
-from vitlab.train.preemption import received_stops
+from vitlab.train.distributed import received_stops
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

@@ -21,10 +21,10 @@ from torchvision.transforms import v2
 
 from vitlab.cli import main
 from vitlab.data.augment import Augmented, LevelRandAugment, erase_with_noise, with_augmentation
+from vitlab.data.mixup import CutMix, cutmix_box, draw_mixup
 from vitlab.data.transforms import TrainTransform
 from vitlab.train import RECIPES, resolve_config
-from vitlab.train.mixup import CutMix, cutmix_box, draw_mixup
-from vitlab.train.objective import Classification
+from vitlab.train.trainer import Classification
 
 # --- CutMix ---------------------------------------------------------------------------------------------------
 
@@ -215,7 +215,7 @@ def test_recipes_verb_lists_augreg_and_deit_with_sources(capsys):
 
 
 def test_drop_path_rate_reaches_the_model_and_a_bit_refuses_it(tmp_path):
-    from vitlab.train.setup import build_model
+    from vitlab.train.trainer import build_model
 
     cfg = resolve_config("augreg-light1", model="ViT-Ti/4", model_args={"depth": 2, "width": 32, "num_heads": 2,
                                                                          "mlp_dim": 64}, image_size=8,

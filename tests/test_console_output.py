@@ -18,7 +18,7 @@ from vitlab import progress
 from vitlab.cli import main
 from vitlab.eval.fewshot_lsr import FewshotResult
 from vitlab.models import ViTConfig, build_model
-from vitlab.train.objective import Classification, MaskedPatches
+from vitlab.train.trainer import Classification, MaskedPatches
 
 
 class Terminal(io.StringIO):

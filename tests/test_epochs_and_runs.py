@@ -23,8 +23,8 @@ import vitlab
 from vitlab.cli import main
 from vitlab.errors import WeightsError
 from vitlab.train import resolve
-from vitlab.train.epochs import proportion_warning, steps_for
-from vitlab.train.eta import estimate_line
+from vitlab.train.rules import proportion_warning, steps_for
+from vitlab.train.runlog import estimate_line
 from vitlab.train.sweep import SweepResult, SweepRow, format_table, grid_edge, write_sweep
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ from PIL import Image
 from vitlab.data.transforms import TrainTransform, model_transform
 from vitlab.train.config import TrainConfig, validate
 from vitlab.train.distributed import Dist
-from vitlab.train.setup import default_workers
+from vitlab.train.trainer import default_workers
 
 
 def photo_like(width: int = 120, height: int = 90, seed: int = 0) -> Image.Image:
@@ -83,7 +83,7 @@ def test_default_workers_follow_the_cores_available(monkeypatch, cpus, device, l
 def test_train_resize_reaches_the_training_loader(tmp_path):
     """--train-resize picks the loader's resampling: the same batch within one grey level, not the same bytes."""
     from vitlab.data import build_datasets
-    from vitlab.train.setup import make_loaders
+    from vitlab.train.trainer import make_loaders
 
     seed = 0
     for split, n in (("train", 4), ("val", 1)):

@@ -14,9 +14,8 @@ from safetensors.torch import load_file
 import vitlab
 from vitlab.cli import main
 from vitlab.train import resolve, resolve_config, run
-from vitlab.train.ema import Ema
-from vitlab.train.layer_decay import layer_scales
-from vitlab.train.optim import build_optimizer
+from vitlab.train.finetune import Ema
+from vitlab.train.optim import build_optimizer, layer_scales
 
 timm = pytest.importorskip("timm")
 peft = pytest.importorskip("peft")
@@ -185,7 +184,7 @@ def test_lora_export_is_peft_merged_model(tmp_path):
 
 def test_lora_trains_only_adapters_and_head(tmp_path):
     cfg = _finetune(tmp_path, tmp_path / "run", lora_rank=2).config
-    from vitlab.train.tuning import Tuning
+    from vitlab.train.finetune import Tuning
 
     model = vitlab.load(cfg.init)
     model.reset_classifier(10)

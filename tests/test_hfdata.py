@@ -220,7 +220,7 @@ def test_pixels_and_labels_equal_the_source_images(source):
 
 
 def test_jpeg_draft_decoding_and_header_probe(tmp_path):
-    from vitlab.train.presets import typical_image_size
+    from vitlab.train.recipes import typical_image_size
 
     pixels = np.random.RandomState(1).randint(0, 256, (96, 128, 3), dtype=np.uint8)
     buf = io.BytesIO()

@@ -20,7 +20,7 @@ from scipy import stats
 from vitlab.models import VisionTransformer, ViTConfig
 from vitlab.train import resolve_config
 from vitlab.train.optim import classification_loss
-from vitlab.train.setup import build_model
+from vitlab.train.trainer import build_model
 
 TINY = {"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64}
 

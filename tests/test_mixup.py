@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from vitlab.data.mixup import MixUp, draw_mixup
 from vitlab.train import resolve_config, run
-from vitlab.train.mixup import MixUp, draw_mixup
-from vitlab.train.objective import Classification
+from vitlab.train.trainer import Classification
 
 
 def test_mixed_images_and_loss_equal_a_hand_computed_batch():

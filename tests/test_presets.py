@@ -15,8 +15,8 @@ from vitlab.cli import main
 from vitlab.data import Datasets, ImageSplit
 from vitlab.train import resolve, resolve_config
 from vitlab.train.optim import build_scheduler
-from vitlab.train.presets import finetune_dropout, hyperrule, typical_image_size
-from vitlab.train.setup import build_model
+from vitlab.train.recipes import finetune_dropout, hyperrule, typical_image_size
+from vitlab.train.trainer import build_model
 
 # Paper Table 4 (steps, base LRs) and Appendix B.1.1 (dev splits: "10% for Pets and Flowers, 2% for CIFAR,
 # 1% ImageNet"); VTAB: one setting, lr 0.01.

@@ -92,7 +92,7 @@ def error_line(capsys, verb: str) -> str:
 
 LIMITS = """
 import os, re, resource, signal, sys
-import datasets, pyarrow.parquet, vitlab.cli, vitlab.data, vitlab.train.loop  # mapped before any limit
+import datasets, pyarrow.parquet, vitlab.cli, vitlab.data, vitlab.train.trainer  # mapped before any limit
 def limit(memory, fsize):
     if memory:  # what the imports mapped plus HEADROOM_GB
         vm = int(re.search(r'VmSize:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) * 1024

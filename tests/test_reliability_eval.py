@@ -128,7 +128,7 @@ def test_evaluation_loader_marks_invalid_training_loader_substitutes(tmp_path):
 @pytest.mark.parametrize("workers", [0, 1])
 def test_training_validation_counts_readable_images_once_warns_once(tmp_path, caplog, workers):
     """The training loop's validation path: build_datasets' val split, an EvalTransform loader (as
-    train/setup.py builds it), evaluate() twice (a run evaluates many times); --strict makes it fatal."""
+    train/trainer.py builds it), evaluate() twice (a run evaluates many times); --strict makes it fatal."""
     root = noise_folder(tmp_path / "data", per_class=3)
     bad = truncate_jpeg(root / "val" / "a" / "bad.jpg")
     model = build_model(TINY)

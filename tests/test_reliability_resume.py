@@ -19,8 +19,8 @@ import pytest
 
 from vitlab.cli import main
 from vitlab.train import resolve_config, run
+from vitlab.train.checkpoint import RunLock
 from vitlab.train.optim import Schedule
-from vitlab.train.runlock import RunLock
 
 TINY = dict(model="ViT-Ti/4", model_args={"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64}, image_size=8,
             batch_size=32, steps=4, warmup=1, eval_every=0, save_every=2, log_every=1, workers=0,

@@ -288,9 +288,9 @@ def test_other_errors_pass_through_and_a_single_process_is_left_alone(monkeypatc
 WATCH_SCRIPT = """
 import os, signal, sys, threading, time
 import torch
-from vitlab.train import peerwatch
+import vitlab.train.distributed as peerwatch
 from vitlab.train.distributed import Dist
-from vitlab.train.preemption import StopSignals
+from vitlab.train.distributed import StopSignals
 
 peerwatch.GRACE_FLOOR_S = 1.0
 busy = sys.argv[1] == "busy"

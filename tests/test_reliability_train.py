@@ -16,7 +16,7 @@ from vitlab.cli import main
 from vitlab.data import DataError
 from vitlab.files.rundir import verify_checkpoint
 from vitlab.train import resolve_config, run
-from vitlab.train.runlock import LOCK, RunLock
+from vitlab.train.checkpoint import LOCK, RunLock
 
 TINY = dict(model="ViT-Ti/4", model_args={"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64}, image_size=8,
             batch_size=32, steps=4, warmup=1, eval_every=2, log_every=1, workers=0, eval_batch_size=8)
@@ -68,7 +68,7 @@ def test_two_trainings_into_one_folder_are_excluded(tmp_path):
 def test_a_killed_run_never_blocks_its_own_resume(tmp_path):
     out = tmp_path / "run"
     run(tiny(out, steps=2, eval_every=0))
-    code = f"from vitlab.train.runlock import RunLock; from pathlib import Path; RunLock(Path({str(out)!r})); " \
+    code = f"from vitlab.train.checkpoint import RunLock; from pathlib import Path; RunLock(Path({str(out)!r})); " \
            "print('locked', flush=True); import time; time.sleep(60)"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "locked"
@@ -81,7 +81,7 @@ def test_a_killed_run_never_blocks_its_own_resume(tmp_path):
 
 def test_full_disk_mid_run_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     from vitlab.train import checkpoint as ckpt
-    from vitlab.train.loop import OutputError
+    from vitlab.train.trainer import OutputError
 
     out = tmp_path / "run"
     real_save = torch.save

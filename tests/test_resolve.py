@@ -145,7 +145,7 @@ def test_models_built_from_one_read_of_the_weights_do_not_share_them(tmp_path):
     training one must not change the weights the next one starts from."""
     import torch
 
-    from vitlab.train.setup import build_model
+    from vitlab.train.trainer import build_model
 
     source = vitlab.create_model("ViT-Ti/16", image_size=32, depth=1, num_classes=3)
     vitlab.save(source, tmp_path / "init.safetensors")

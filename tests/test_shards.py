@@ -245,7 +245,7 @@ def test_missing_val_split_is_one_line(packed, tmp_path, capsys):
 
 
 def test_hyperrule_probe_reads_image_sizes_from_shards(packed):
-    from vitlab.train.presets import typical_image_size
+    from vitlab.train.recipes import typical_image_size
 
     src, out, _, _ = packed
     assert typical_image_size(load_split(str(out), "train")) == typical_image_size(load_split(str(src), "train"))

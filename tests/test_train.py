@@ -152,7 +152,7 @@ def test_ema_and_sigmoid_and_sgd_run(tmp_path):
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
-    import vitlab.train.objective as objective
+    import vitlab.train.trainer as objective
 
     calls = {"n": 0}
     real = objective.classification_loss

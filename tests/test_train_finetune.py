@@ -10,7 +10,7 @@ from PIL import Image
 import vitlab
 from vitlab.models.posembed import resample_pos_embed
 from vitlab.train import resolve_config, run
-from vitlab.train.setup import build_model
+from vitlab.train.trainer import build_model
 
 timm = pytest.importorskip("timm")
 transformers = pytest.importorskip("transformers")

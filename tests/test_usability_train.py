@@ -134,8 +134,8 @@ def _folder(root, size_hw, per_class):
 
 
 def test_train_on_a_folder_takes_resolution_model_and_schedule_from_it(tmp_path):
-    from vitlab.train.banner import settings_lines
     from vitlab.train.resolve import resolve
+    from vitlab.train.runlog import settings_lines
 
     photos = _folder(tmp_path / "photos", (150, 200), per_class=20)
     r = resolve(None, {"data": photos, "out": str(tmp_path / "r")}, verb="train")
@@ -174,7 +174,7 @@ def test_finetune_schedule_follows_the_size_of_the_data(tmp_path):
     preset = resolve("finetune", {"data": photos, "preset": "pets", "out": str(tmp_path / "p")},
                      verb="finetune").config
     assert (preset.steps, preset.batch_size) == (500, 512)  # a preset is a choice: kept
-    from vitlab.train.data_rules import finetune_defaults
+    from vitlab.train.rules import finetune_defaults
 
     assert finetune_defaults(50_000)[0] == {"batch_size": 512, "steps": 10_000, "warmup": 500}  # CIFAR's row
     assert finetune_defaults(1_281_167)[0]["steps"] == 20_000  # ImageNet's row

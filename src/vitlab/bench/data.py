@@ -36,7 +36,7 @@ from vitlab.data import build_datasets
 from vitlab.data.shards import ShardSplit
 from vitlab.train.config import TrainConfig
 from vitlab.train.distributed import Dist
-from vitlab.train.setup import default_workers, make_loaders
+from vitlab.train.trainer import default_workers, make_loaders
 
 
 @dataclass

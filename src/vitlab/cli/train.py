@@ -196,7 +196,7 @@ def _lora_targets(text: str) -> tuple[str, ...]:
 
 def _tuning_flags(p: argparse.ArgumentParser) -> None:
     """Fine-tuning tools: EMA weights, layer-wise lr decay, a frozen backbone, LoRA (README: Fine-tuning tools)."""
-    from vitlab.train.tuning import FREEZE_CHOICES
+    from vitlab.train.finetune import FREEZE_CHOICES
 
     f = p.add_argument_group("fine-tuning tools")
     f.add_argument("--ema-decay", "--ema", dest="ema", type=fraction, metavar="D",
@@ -261,7 +261,7 @@ def _train(args: argparse.Namespace) -> int:
 
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
-    from vitlab.train.preview import planned_lines, planned_record, prepare
+    from vitlab.train.fit import planned_lines, planned_record, prepare
 
     resolved = prepare(build_config(args))  # the run's checks on the settings and data, before anything starts
     if args.print_config == "json":
@@ -286,7 +286,7 @@ def _train(args: argparse.Namespace) -> int:
         return 1
     if rank != 0:
         return 0
-    from vitlab.train.banner import append_to_console_log, result_line
+    from vitlab.train.runlog import append_to_console_log, result_line
 
     line = result_line(result, args.verb)
     print(line)
@@ -302,7 +302,7 @@ def _lr_list(text: str) -> tuple[float, ...]:
 
 
 def _protocol_flags(p: argparse.ArgumentParser) -> None:
-    from vitlab.train.presets import FINETUNE_PRESETS, describe
+    from vitlab.train.recipes import FINETUNE_PRESETS, describe
 
     g = p.add_argument_group("fine-tuning protocol (paper Appendix B.1.1, Table 4)")
     g.add_argument("--preset", choices=list(FINETUNE_PRESETS),

@@ -14,7 +14,7 @@ def __getattr__(name: str) -> Any:
     """The trainer (loop.py) on first use: `vitlab --help` reads the recipes and never trains, so its start-up
     does not pay for what the loop imports (torch.distributed.checkpoint, torchvision's transforms)."""
     if name in _LOOP_NAMES:
-        from vitlab.train import loop
+        import vitlab.train.trainer as loop
 
         return getattr(loop, name)
     if name in _FIT_NAMES:

@@ -13,20 +13,54 @@ resuming falls back to the previous checkpoint.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import pickle
+import random
 import shutil
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
+from vitlab.data.errors import DataError, describe_paths
 from vitlab.errors import WeightsError
 from vitlab.files.outputs import storage_error
-from vitlab.files.rundir import CHECKPOINTS, MANIFEST, STATE, WEIGHTS, list_checkpoints, sha256_file, step_dir
+from vitlab.files.rundir import (
+    CHECKPOINTS,
+    CONFIG,
+    MANIFEST,
+    METRICS,
+    STATE,
+    WEIGHTS,
+    checkpoint_settings,
+    holds_run,
+    latest_valid_checkpoint,
+    list_checkpoints,
+    sha256_file,
+    step_dir,
+)
 from vitlab.models.config import ModelConfig
+from vitlab.models.registry import build_model as build_from_config
+from vitlab.train.config import TrainConfig
+from vitlab.train.distributed import Dist, all_gather_objects, barrier
+from vitlab.train.finetune import Ema
+from vitlab.train.optim import replan_schedule
+from vitlab.train.resolve import SAFE_ON_RESUME
+from vitlab.train.runlog import log
 from vitlab.weights.vitlab_format import read_vitlab, save
 
 _FILES = (WEIGHTS, STATE)
@@ -161,3 +195,454 @@ def prune_checkpoints(run_dir: Path, keep_last: int) -> None:
     root = run_dir / CHECKPOINTS
     for tmp in root.glob(".step_*.tmp*") if root.is_dir() else []:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Where a resumed run continues from, decided once before the model is built:
+#
+# 1. the newest intact checkpoint (vitlab.files.rundir verifies manifests; damaged ones are skipped with a warning), its
+#    contents checked against the run: a training state vitlab wrote, weights of the run's architecture and
+#    classes, and the run's settings as the checkpoint recorded them (a config.json edited since is refused, naming
+#    the setting, instead of being trained with and credited to the recipe in the banner);
+# 2. else the run's final weights (`model.safetensors`, whose metadata records the step they were trained to): a
+#    finished run whose checkpoints were deleted to save space continues from them with a fresh optimizer state
+#    (Adam's moments and SGD's momentum start at zero; the schedule is placed at their step), as the log says;
+# 3. else step 0, but only for a run that never reached a checkpoint (killed before its first): a run whose history
+#    went past a checkpoint it no longer holds is refused, since retraining it from step 0 would replace its
+#    metrics.jsonl history and its weights with a new run's.
+#
+# Anything wrong is a one-line ValueError naming the file and what to do.
+
+@dataclass
+class ResumePoint:
+    path: Path  # the checkpoint directory (the final weights' file when continuing from them)
+    model: nn.Module  # the trained module (the objective's wrapper), its weights loaded
+    state: dict[str, Any]  # what write_checkpoint stored beside the weights (no "optimizer": start it fresh)
+
+
+def find_resume_point(run_dir: Path, objective: Any, class_names: list[str], source: str, is_main: bool
+                      ) -> ResumePoint | None:
+    """The model of the newest intact checkpoint (its own architecture: --init is not read again) and the
+    training state saved with it, else the run's final weights; None if the run never reached a checkpoint."""
+    record = _stored_record(run_dir)
+    ckpt = latest_valid_checkpoint(run_dir)
+    if ckpt is None:
+        return _without_checkpoint(run_dir, record, objective, class_names, is_main)
+    advice = f"move {ckpt} aside to resume from the previous checkpoint"
+    _check_settings(run_dir, record, ckpt)
+    weights, state = read_training_checkpoint(ckpt)
+    if list(state["class_names"]) != class_names:
+        raise DataError(
+            f"the classes of {source} differ from those of checkpoint {ckpt} "
+            f"({describe_paths(list(state['class_names']), 5)}); resume on the same data"
+        )
+    _check_architecture(record, weights.config, f"checkpoint {ckpt}", advice)
+    model = _load(objective, weights, state.get("objective", {}), f"checkpoint {ckpt}", advice)
+    model.class_names = list(class_names)
+    if is_main:
+        log.info("resuming from %s (step %d)", ckpt, state["step"])
+    return ResumePoint(ckpt, model.train(), state)
+
+
+def _stored_record(run_dir: Path) -> dict[str, Any]:
+    """The run's config.json as recorded before this resume rewrites it (resolve has already read it)."""
+    try:
+        record = json.loads((run_dir / CONFIG).read_text())
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _check_settings(run_dir: Path, record: dict[str, Any], ckpt: Path) -> None:
+    """config.json against the settings the checkpoint was trained with: a setting that changes what the run
+    computes (lr, model, data, …) must be the checkpoint's, or the edit is refused before it is trained with and
+    credited, in the banner, to the source of the value it replaced; one a resume may change (steps, workers, …)
+    may differ, with a warning unless a resume flag changed it."""
+    trained = checkpoint_settings(ckpt) or {}
+    sources = record.get("sources") if isinstance(record.get("sources"), dict) else {}
+    for key, before in trained.items():
+        if key in ("out", "resume") or key not in record:  # a moved run continues where it now is
+            continue
+        now = record[key]
+        if json.dumps(now, sort_keys=True) == json.dumps(before, sort_keys=True):
+            continue
+        if key in SAFE_ON_RESUME:  # how long the run goes and what it reports, not what it computes: said, kept
+            if sources.get(key) != "flag (on resume)":
+                log.warning("%s says %s %s, checkpoint %s was trained with %s (edited, or changed by a resume that "
+                            "did not record it): continuing with %s; a resume flag (--%s) is the way to change it",
+                            run_dir / CONFIG, key, _show(now), ckpt, _show(before), _show(now), key.replace("_", "-"))
+            continue
+        raise ValueError(f"{run_dir / CONFIG} says {key} {_show(now)} but checkpoint {ckpt} was trained with "
+                         f"{key} {_show(before)}: config.json was edited after the run started; put "
+                         f"{_show(before)} back, or start a new run with another --out")
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value)[:80]
+
+
+def _check_architecture(record: dict[str, Any], config: Any, what: str, advice: str) -> None:
+    """The weights' architecture against the one config.json recorded for the run (the keys both know)."""
+    recorded = record.get("model_config")
+    if not isinstance(recorded, dict):
+        return
+    held = json.loads(json.dumps(config.to_dict()))
+    for key in sorted(set(held) & set(recorded) - {"name"}):  # the name describes, the other fields build
+        if held[key] != recorded[key]:
+            raise ValueError(f"{what} holds a model with {key} {_show(held[key])}, the run trains {key} "
+                             f"{_show(recorded[key])} ({CONFIG}): the weights are not this run's; {advice}")
+
+
+def _load(objective: Any, weights: Any, extras: dict[str, Any], what: str, advice: str) -> nn.Module:
+    model = objective.wrap(build_from_config(weights.config))
+    try:
+        model.load_state_dict(objective.merge_state(weights.state_dict, extras))
+    except (RuntimeError, KeyError, ValueError, TypeError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise ValueError(f"{what}: the weights do not fit the model they describe ({first}); {advice}") from None
+    return model
+
+
+def _without_checkpoint(run_dir: Path, record: dict[str, Any], objective: Any, class_names: list[str],
+                        is_main: bool) -> ResumePoint | None:
+    """The final weights, or step 0 for a run that never reached a checkpoint; refused otherwise."""
+    logged = _last_logged_step(run_dir)
+    if (run_dir / WEIGHTS).is_file():
+        return _from_final_weights(run_dir, record, objective, class_names, logged, is_main)
+    damaged = list_checkpoints(run_dir)
+    if damaged or not _never_checkpointed(run_dir, record, logged):
+        what = (f"none of its {len(damaged)} checkpoint(s) is intact (see above)" if damaged
+                else f"its {CHECKPOINTS}/ holds no checkpoint")
+        raise ValueError(f"{run_dir}: {what} and it has no final weights, but its {METRICS} goes to step "
+                         f"{logged}: training again from step 0 would replace the run's history and weights; restore "
+                         "its checkpoints, or start a new run with another --out")
+    if is_main:
+        log.info("no checkpoint in %s: starting from step 0", run_dir)
+    return None
+
+
+def _last_logged_step(run_dir: Path) -> int:
+    """The highest step metrics.jsonl records (0 without any; torn or foreign lines are skipped here)."""
+    last = 0
+    try:
+        lines = (run_dir / METRICS).read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return 0
+    for line in lines:
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError, RecursionError):
+            continue
+        if isinstance(step, int) and not isinstance(step, bool):
+            last = max(last, step)
+    return last
+
+
+def _never_checkpointed(run_dir: Path, record: dict[str, Any], logged: int) -> bool:
+    """Whether the history stops before the run's first checkpoint: the step record of a checkpoint's step is
+    written just before the checkpoint, so a history at that step is a checkpoint deleted, unless the checkpoint
+    was being written when the run died (its temporary folder is still there)."""
+    steps = record.get("steps") if isinstance(record.get("steps"), int) else 0
+    every = record.get("save_every") or record.get("eval_every") or 0
+    first = min(every, steps) if isinstance(every, int) and every > 0 else steps
+    being_written = any((run_dir / CHECKPOINTS).glob(".step_*.tmp*")) if (run_dir / CHECKPOINTS).is_dir() else False
+    return logged < first or (logged == first and being_written)
+
+
+def _from_final_weights(run_dir: Path, record: dict[str, Any], objective: Any, class_names: list[str], logged: int,
+                        is_main: bool) -> ResumePoint:
+    path = run_dir / WEIGHTS
+    new_run = "start a new run with another --out (`vitlab finetune --init` starts one from these weights)"
+    try:
+        weights = read_vitlab(path)
+    except (WeightsError, ValueError, OSError) as err:
+        raise ValueError(f"{run_dir} holds no checkpoint, and its final weights {path} cannot be read "
+                         f"({str(err).splitlines()[0][:200]}); {new_run}") from None
+    step = weights.meta.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+        raise ValueError(f"{run_dir} holds no checkpoint, and its final weights {path} do not record the step they "
+                         f"were trained to (written by an older vitlab): they cannot be continued; {new_run}")
+    if logged > step:
+        raise ValueError(f"{run_dir} holds no checkpoint; its final weights {path} are of step {step} but its "
+                         f"{METRICS} goes to step {logged}: continuing from them would rewrite that history; "
+                         f"restore its checkpoints, or {new_run}")
+    extras = objective.split_state(objective.wrap(build_from_config(weights.config)).state_dict())[1]
+    if extras:  # masked patch prediction: its prediction head is saved in checkpoints only
+        raise ValueError(f"{run_dir} holds no checkpoint, and its final weights {path} lack the {objective.name} "
+                         f"objective's own parameters ({', '.join(sorted(extras)[:3])}); {new_run}")
+    held = weights.meta.get("class_names")
+    if held is not None and list(held) != class_names:
+        raise DataError(f"the classes of the data differ from those of {path} ({describe_paths(list(held), 5)}); "
+                        "resume on the same data")
+    advice = f"restore its checkpoints, or {new_run}"
+    _check_architecture(record, weights.config, f"final weights {path}", advice)
+    model = _load(objective, weights, {}, f"final weights {path}", advice)
+    model.class_names = list(class_names)
+    if is_main:
+        ema = " (its EMA weights, which the EMA then starts from)" if record.get("ema") else ""
+        log.warning("no intact checkpoint in %s: continuing from its final weights %s%s (step %d) with a fresh "
+                    "optimizer state (moments and momentum start at zero, the learning-rate schedule is placed at step "
+                    "%d)", run_dir, path, ema, step, step)
+    state = {"step": step, "best": _best(run_dir, objective), "class_names": list(class_names)}
+    return ResumePoint(path, model.train(), state)
+
+
+def _best(run_dir: Path, objective: Any) -> dict[str, Any] | None:
+    """The best validation of the run's history, as a checkpoint records it (best.safetensors is not replaced by
+    a worse evaluation of the continued run)."""
+    best = None
+    for line in (run_dir / METRICS).read_text().splitlines() if (run_dir / METRICS).is_file() else []:
+        try:
+            r = json.loads(line)
+            if r.get("split") != "val":
+                continue
+            score = float(objective.score(r))
+        except (ValueError, AttributeError, KeyError, TypeError, RecursionError):
+            continue
+        if best is None or score > best["score"]:
+            best = {"top1": r.get("top1"), "score": score, "step": r.get("step")}
+    return best
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The run directory, write side: what may be written into, by whom, and checked before step 1 (its layout, and
+# what marks a folder as a run, are vitlab.files.rundir's).
+#
+# - `--out` must be new, empty, or a vitlab run (continued only with --resume): an export folder or any other
+#   non-empty folder is never written into.
+# - One training at a time: an exclusive lock (`.vitlab.lock`, flock) is held for the run's life. The OS releases it
+#   when the process dies, so a run killed with -9 never blocks its own `--resume`. The lock belongs to the training
+#   process alone: a forked child (a loader worker) closes its inherited copy at once, since a flock lives as long as
+#   any descriptor of its open file, and orphaned workers outlive a killed parent by seconds.
+# - The folder and its `checkpoints/` are probed for writing before step 1, so a read-only or full disk is one line
+#   at the start instead of a traceback after the last step.
+
+LOCK = ".vitlab.lock"
+OWN_FILES = {LOCK, "console.log"}  # what a run that failed before its first record leaves behind
+_HELD: set[int] = set()  # descriptors of the run locks this process holds
+
+
+def _drop_inherited_locks() -> None:
+    """In a forked child: close the run-lock descriptors inherited from the parent (the parent keeps its own)."""
+    for fd in list(_HELD):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_drop_inherited_locks)
+
+
+def check_out(out: Path, resume: bool) -> None:
+    """ValueError (one line) unless `out` may receive this run."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder; choose a new folder for the run")
+    if not out.is_dir():
+        return
+    if holds_run(out):
+        if not resume:
+            raise ValueError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+        return
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in OWN_FILES)
+    if foreign:
+        raise ValueError(f"--out {out} is not empty and not a vitlab run (it holds {foreign[0]!r}"
+                         f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}); choose a new or empty "
+                         "folder")
+
+
+def probe_writable(folder: Path) -> None:
+    """Create `folder` if needed and write a file into it; a one-line ValueError naming the cause otherwise."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".vitlab-probe-{os.getpid()}"
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 4096)
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as err:
+        raise ValueError(f"cannot write to {folder} ({err.strerror or err}); choose a writable --out") from None
+
+
+class RunLock:
+    """An exclusive lock on the run directory for this process's life (rank 0 of a job takes it)."""
+
+    def __init__(self, out: Path):
+        self.path = out / LOCK
+        self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(self.fd)
+            self.fd = None
+            if err.errno in (errno.EAGAIN, errno.EACCES):
+                raise ValueError(f"{out} is in use by another vitlab run (process {holder}); wait for it to end or "
+                                 "choose another --out") from None
+            raise ValueError(f"cannot lock {self.path} ({err.strerror}); choose another --out") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+        _HELD.add(self.fd)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            _HELD.discard(self.fd)
+            os.close(self.fd)  # closing drops the flock
+            self.fd = None
+
+
+def prepare_run_dir(out: Path, resume: bool, is_main: bool) -> RunLock | None:
+    """Check, create, probe and lock the run directory: the main process does it all (the others would see its
+    probe and lock files appear while they look; its refusal ends the whole job)."""
+    if not is_main:
+        return None
+    check_out(out, resume)
+    probe_writable(out)
+    lock = RunLock(out)
+    try:
+        if (out / CHECKPOINTS).is_dir():  # a resumed run's (created later with the folder's permissions)
+            probe_writable(out / CHECKPOINTS)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The trainer's checkpointer, a component the trainer asks (as torchtitan's trainer asks its CheckpointManager):
+# on resume it finds the newest intact checkpoint and puts its state back; during the run it writes a step's
+# checkpoint (weights, optimizer, scheduler, EMA, the RNG of every process) and keeps the last k, and it writes the
+# evaluated weights (best.safetensors, model.safetensors). Sharded (FSDP) states are gathered to full ones first;
+# rank 0 writes, every process takes part in the gathering.
+
+__all__ = ["Checkpointer", "ResumePoint", "find_resume_point"]
+
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+class Checkpointer:
+    """Writes and restores the state of one run: the model (as trained: sharded or whole), its optimizer,
+    schedule and EMA. `last` is the newest checkpoint written or resumed from."""
+
+    def __init__(self, cfg: TrainConfig, d: Dist, objective: Any, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: Any, ema: Ema | None, class_names: list[str], last: Path | None = None,
+                 tuning: Any = None):
+        self.cfg, self.d, self.objective = cfg, d, objective
+        self.run_dir = Path(cfg.out)
+        self.model, self.optimizer, self.scheduler, self.ema = model, optimizer, scheduler, ema
+        self.data_class_names = list(class_names)  # what resuming checks the data against
+        # The class names the saved weights carry: none for an encoder without a head (self-supervision).
+        self.class_names = self.data_class_names if model.config.num_classes else None
+        self.last = last
+        self.tuning = tuning  # vitlab.train.finetune: LoRA's weights are saved merged, its adapters kept for resume
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Optimizer, schedule, EMA and this process's random streams as `state` saved them; a state without an
+        optimizer (the run's final weights, its checkpoints gone) keeps the fresh optimizer, the schedule placed
+        at its step. A state that does not fit the model is a one-line ValueError naming the checkpoint."""
+        if state.get("optimizer") is None:
+            _place_schedule(self.scheduler, int(state["step"]))  # built for --steps already: no re-planning
+            torch.manual_seed(self.cfg.seed + 1 + 1_000_003 * self.d.rank)
+            return
+        try:
+            self._restore(state)
+        except (KeyError, ValueError, RuntimeError, TypeError, IndexError, AttributeError) as err:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            raise ValueError(f"checkpoint {self.last}: its training state does not fit the model ({first}); move "
+                             "it aside to resume from the previous checkpoint") from None
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=_FULL)
+        self.scheduler.load_state_dict(state["scheduler"])
+        planned_for = replan_schedule(self.scheduler, self.cfg.steps)  # --resume --steps N: extend, never lr 0
+        if planned_for is not None and self.d.is_main:
+            log.info("learning-rate schedule re-planned from %d to %d steps: step %d takes lr %.3g", planned_for,
+                     self.cfg.steps, int(state["step"]) + 1, self.scheduler.get_last_lr()[0])
+        if self.ema is not None and state.get("ema") is not None:
+            with self.ema.applied(self.model):
+                set_model_state_dict(self.model, state["ema"], options=_FULL)
+                self.ema.capture(self.model)
+        rngs = state["rng"]
+        if self.d.rank < len(rngs):
+            set_rng_state(rngs[self.d.rank])
+        else:  # resumed on more processes than saved: the extra ones start a fresh stream
+            torch.manual_seed(self.cfg.seed + 1 + 1_000_003 * self.d.rank)
+
+    def save(self, step: int, training: dict[str, Any]) -> Path:
+        """The checkpoint of `step`; `training`: the trainer's own state to resume (best, logged-loss window)."""
+        full = get_model_state_dict(self.model, options=_FULL)
+        weights, extras = self.objective.split_state(self._plain(full))
+        optimizer = get_optimizer_state_dict(self.model, self.optimizer, options=_FULL)
+        ema = None
+        if self.ema is not None:
+            # Cloned: on CPU the state dict holds the live parameters, which leaving the block sets back to the
+            # trained weights (checkpoints held those as "ema", and a resumed EMA restarted from them).
+            with self.ema.applied(self.model):
+                ema = {k: v.clone() for k, v in get_model_state_dict(self.model, options=_FULL).items()}
+        rngs = all_gather_objects(rng_state())
+        path = step_dir(self.run_dir, step)
+        if self.d.is_main:
+            state = {
+                "step": step,  # also the data position: the loader restarts at this step's global batch
+                "samples_seen": step * self.cfg.batch_size, "optimizer": optimizer,
+                "scheduler": self.scheduler.state_dict(), "ema": ema, "rng": rngs,
+                "class_names": self.data_class_names, "world_size": self.d.world,
+                "objective": extras,  # self-supervision: mask token and prediction head, not in the weights file
+                **self._tuning_state(full),  # LoRA's adapters and the W0 they add to
+                **training,
+            }
+            path = write_checkpoint(self.run_dir, step, weights, self.model.config, self.class_names, state,
+                                    weights_meta(self.cfg), settings=self.cfg.to_dict())
+            prune_checkpoints(self.run_dir, self.cfg.keep_last)
+        barrier()
+        self.last = path
+        return path
+
+    def save_weights(self, path: Path, step: int | None = None) -> None:
+        """The weights as currently loaded in the model (EMA inside `ema.applied`), gathered from shards; `step`
+        recorded in their metadata (the final weights': a run whose checkpoints were deleted continues from them)."""
+        weights, _ = self.objective.split_state(self._plain(get_model_state_dict(self.model, options=_FULL)))
+        if self.d.is_main:
+            meta = {**weights_meta(self.cfg), **({"step": step} if step is not None else {})}
+            save_weights(path, weights, self.model.config, self.class_names, meta)
+        barrier()
+
+    def _tuning_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        saved = self.tuning.resume_state(state) if self.tuning is not None else None
+        return {"tuning": saved} if saved is not None else {}
+
+    def _plain(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The model's state as plain vitlab weights (LoRA's adapters merged by peft)."""
+        return self.tuning.weights(state) if self.tuning is not None else state
+
+
+def _place_schedule(scheduler: Any, step: int) -> None:
+    """A fresh LambdaLR as if it had been stepped `step` times (stepping a million times would take seconds)."""
+    scheduler.last_epoch = step
+    lrs = [base * factor(step) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    scheduler._last_lr = lrs
+
+
+def rng_state() -> dict[str, Any]:
+    """Every generator the step may draw from, in types `torch.load(weights_only=True)` accepts."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
+        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))

@@ -2,28 +2,33 @@
 (`enable_tensorboard`, `vitlab train --tb`; `pip install vitlab[tb]`), a Weights & Biases run when asked
 (`enable_wandb`), and progress on the console (a tqdm bar on a terminal unless `vitlab -q`, plain lines
 otherwise). `console.log` gets every step and validation line either way: under a bar they go to the file only
-(`FILE_ONLY`). Only the main process (rank 0) creates one of these."""
+(`FILE_ONLY`). Only the main process (rank 0) creates one of these.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
 from vitlab.files.outputs import atomic_write
 from vitlab.files.rundir import METRICS
+from vitlab.models.flops import count_macs
 from vitlab.progress import bars_enabled
-from vitlab.train.eta import estimate_line, estimate_step
+from vitlab.train.resolve import Resolved
+from vitlab.train.rules import proportion_warning, schedule_line
 
 log = logging.getLogger("vitlab.train")
 
 _WANDB: dict[str, Any] = {"enabled": False, "project": None}
 _TENSORBOARD: dict[str, bool] = {"enabled": False}
-# Lines for console.log only (the step lines a progress bar replaces on the terminal): vitlab.train.banner's
+# Lines for console.log only (the step lines a progress bar replaces on the terminal): vitlab.train.runlog's
 # ConsoleLog writes them to the file; they do not propagate to the terminal's handlers.
 FILE_ONLY = logging.getLogger("vitlab.file_only")
 FILE_ONLY.propagate = False
@@ -182,7 +187,7 @@ class RunLog:
             )
 
     def estimate(self, step: int, last: dict[str, float], workers: int, log_every: int) -> None:
-        """On the step vitlab.train.eta measures (step 2, or 1), before its log line: how long the run will take
+        """On the step vitlab.train.runlog measures (step 2, or 1), before its log line: how long the run will take
         at that step's pace."""
         if self.enabled and step == estimate_step(self._step0, self.total, log_every):
             self.message(estimate_line(last, workers, self.total - self._step0, step, self.total))
@@ -286,3 +291,224 @@ class StepWindow:
             "grad_norm": self.last.get("grad_norm", 0.0), "images_per_s": self.images / compute,
             "data_images_per_s": capacity, "data_wait": self.wait / max(self.seconds, 1e-9),
         }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# How long a run will take, from a step it has measured: one line after the banner, before the first step line.
+#
+# The estimate times one step, not a guess from the model's size: step 2 of the run (step 1 pays once for the
+# loader workers' start-up, the first allocations and, on a GPU, kernel selection), or step 1 when the first log
+# line comes at step 1 or the run has one step left. A step takes its compute time, or the time the loader workers
+# need to produce its batch if that is longer (they run beside the compute); with no worker processes the loading
+# happens inside the step and counts in full. Evaluations, few-shot probes and checkpoints come on top, and a run
+# that becomes data-bound or is slowed by other programs later takes longer: the line says what it measured.
+
+def estimate_step(start_step: int, total_steps: int, log_every: int) -> int:
+    """The step whose time the estimate uses (see the module doc)."""
+    return start_step + (2 if log_every >= 2 and total_steps - start_step >= 2 else 1)
+
+
+def step_seconds(stats: dict[str, float], workers: int) -> float:
+    """The time one step takes in a steady run, from one measured step's stats (the loop's `_train_step`)."""
+    compute = max(stats["seconds"] - stats["wait"], 0.0)
+    if workers <= 0:
+        return stats["seconds"]  # loading happened in this process, inside the step
+    return max(compute, stats["load"] / workers)
+
+
+def estimate_line(stats: dict[str, float], workers: int, remaining: int, measured: int, total: int) -> str:
+    """One line: the time the `remaining` steps of a `total`-step run will take at step `measured`'s pace."""
+    per_step = step_seconds(stats, workers)
+    loading = (f"{stats['load'] / workers:.3g} s of loading over {workers} worker{'s' if workers != 1 else ''} "
+               "beside it" if workers > 0 else f"{stats['wait']:.3g} s of it loading in this process")
+    return (f"time    about {duration(per_step * remaining)} for {remaining:,} of {total:,} steps: "
+            f"{per_step:.3g} s a step, measured on step {measured} (compute "
+            f"{max(stats['seconds'] - stats['wait'], 0.0):.3g} s, {loading}); evaluations and checkpoints not "
+            "included")
+
+
+def duration(seconds: float) -> str:
+    """`45 s`, `12 min`, `3.4 h`, `2.1 days`: as precise as an estimate is."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The start banner: printed once before step 1 (and by `--print-config`), from the resolved settings.
+#
+# Model (name, parameters, multiply-adds), data (source, classes, images per split, pre-processing), every setting
+# grouped by where its value came from, the notes of the resolution step, the output folder, devices and
+# processes. The banner and the run's later console lines are also kept in `<run>/console.log`.
+
+# Settings shown in the model/data/run lines instead of in the grouped list.
+_SHOWN_ELSEWHERE = {"out", "recipe", "data", "model", "model_args", "init"}
+
+
+def settings_lines(resolved: Resolved) -> list[str]:
+    """Every setting as `value`, grouped by source, then the notes: what --print-config prints."""
+    values = resolved.config.to_dict()
+    groups: dict[str, list[str]] = {}
+    for key, value in values.items():
+        if key in _SHOWN_ELSEWHERE:
+            continue
+        groups.setdefault(resolved.sources.get(key, "given"), []).append(f"{key} {_fmt(value)}")
+    order = sorted(groups, key=lambda s: (s == "default", s.startswith("recipe"), s))  # flags and weights first
+    lines = [f"recipe {values['recipe']}, data {values['data']}, model {values['model']}"
+             + (f" {_fmt(values['model_args'])}" if values["model_args"] else "")
+             + (f", initial weights {values['init']}" if values["init"] else "") + f", out {values['out']}"]
+    for source in order:
+        lines.append(_wrap(f"  from {source}: " + ", ".join(groups[source])))
+    lines += [_wrap(f"  note: {note}") for note in resolved.notes]
+    return lines
+
+
+def banner_lines(resolved: Resolved, model: Any, data: Any, device: Any, world: int, workers: int,
+                 threads: int, start_step: int, training: list[str] | None = None) -> list[str]:
+    """`training`: the trainer's lines on what trains, layer decay and EMA (after the compute line)."""
+    cfg = resolved.config
+    config = model.config
+    params = sum(p.numel() for p in model.parameters())
+    macs = count_macs(config, cfg.image_size).total
+    start = f"resuming at step {start_step:,} of {cfg.steps:,}" if start_step else f"{cfg.steps:,} steps"
+    lines = [
+        f"vitlab {cfg.recipe}: {start} → {cfg.out}",
+        f"model   {config.name or cfg.model}: {_count(params)} parameters, {_count(macs)} multiply-adds per "
+        f"{cfg.image_size}×{cfg.image_size} image, mean {_fmt(config.mean)} std {_fmt(config.std)}",
+        f"data    {data.source}: {data.num_classes} classes, {len(data.train):,} train / {len(data.val):,} val "
+        f"images at {cfg.image_size} px; train {_train_preprocessing(cfg)}; eval resize {cfg.eval_resize}",
+        *schedule_lines(resolved, len(data.train)),
+        f"devices {device.type} × {world} process{'es' if world > 1 else ''}, {threads} compute thread"
+        f"{'s' if threads != 1 else ''} and {workers} loader worker{'s' if workers != 1 else ''} per process",
+        f"compute {cfg.precision} ({resolved.sources.get('precision', 'given')})",
+        *([_wrap(line)] if (line := loss_line(cfg, data.num_classes)) else []),
+        *(_wrap(line) for line in training or ()),
+    ]
+    return lines + ["settings " + line if i == 0 else line for i, line in enumerate(settings_lines(resolved))]
+
+
+def schedule_lines(resolved: Resolved, train_images: int) -> list[str]:
+    """The run's length in steps and epochs of this training set, and a warning when a recipe's schedule is far
+    out of proportion to it (vitlab.train.rules); the banner and --print-config show them."""
+    cfg, source = resolved.config, resolved.sources.get("steps", "given")
+    warning = proportion_warning(cfg, source, train_images)
+    return [_wrap(schedule_line(cfg, source, train_images))] + ([_wrap(f"warning: {warning}")] if warning else [])
+
+
+def loss_line(cfg: Any, num_classes: int) -> str | None:
+    """What a sigmoid loss implies for this run's classes, which a practitioner used to softmax would misread: the
+    first loss (the head starts at zero, so every logit is the head bias b: softplus(−b) for the image's class plus
+    softplus(b) for each other, whatever the label smoothing or mixing) and softmax's log K beside it."""
+    if cfg.loss != "sigmoid":
+        return None
+    bias = 0.0 if cfg.init else float(cfg.head_bias_init)  # fine-tuning replaces the head with a zero one
+    first = _softplus(-bias) + (num_classes - 1) * _softplus(bias)
+    return (f"loss    sigmoid cross-entropy summed over {num_classes} classes, head bias {bias:g}: the first steps' "
+            f"loss is about {first:.2f}, not softmax's log {num_classes} = {math.log(num_classes):.2f} (the "
+            "upstream pre-training loss of the paper's ImageNet-21k and JFT models, each class a yes/no); for "
+            "one label per image, --loss softmax is the usual choice")
+
+
+def _softplus(x: float) -> float:
+    return max(x, 0.0) + math.log1p(math.exp(-abs(x)))  # log(1 + e^x) without overflow
+
+
+def _count(n: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{int(n):,}"
+
+
+def _train_preprocessing(cfg: Any) -> str:
+    flip = ", flip" if cfg.flip else ", no flip"
+    if cfg.train_crop == "resize-random-crop":
+        return f"resize then random crop{flip}" + _augmentation(cfg)
+    lo, hi = cfg.crop_scale
+    return f"{cfg.train_crop} crop ({100 * lo:g}%–{100 * hi:g}% of the area){flip}" + _augmentation(cfg)
+
+
+def _augmentation(cfg: Any) -> str:
+    """RandAugment, random erasing, MixUp and CutMix when on."""
+    parts = []
+    if cfg.randaug_ops:
+        spread = f" ± {cfg.randaug_mstd:g}" if cfg.randaug_mstd else ""
+        parts.append(f"RandAugment {cfg.randaug_ops} ops at level {cfg.randaug_magnitude:g}{spread}")
+    if cfg.random_erasing:
+        parts.append(f"random erasing p {cfg.random_erasing:g}")
+    if cfg.mixup:
+        parts.append(f"MixUp α {cfg.mixup:g}")
+    if cfg.cutmix:
+        parts.append(f"CutMix α {cfg.cutmix:g}")
+    return "".join(", " + part for part in parts)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, tuple | list):
+        return "(" + ", ".join(_fmt(v) for v in value) + ")"
+    if isinstance(value, dict):
+        return "(" + ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(value.items())) + ")"
+    return str(value)
+
+
+def _wrap(text: str) -> str:
+    return textwrap.fill(text, width=118, subsequent_indent="      ", break_on_hyphens=False, break_long_words=False)
+
+
+_CONSOLE_FORMAT = logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S")
+
+
+class ConsoleLog:
+    """Copies vitlab's log lines into `<run>/console.log` while the run lasts (rank 0 only), and the lines that
+    go to the file only (runlog.FILE_ONLY: step and validation lines while a progress bar is on screen)."""
+
+    def __init__(self, run_dir: Path, enabled: bool):
+        self.handler: logging.Handler | None = None
+        if enabled:
+            self.handler = logging.FileHandler(run_dir / "console.log", encoding="utf-8")
+            self.handler.setFormatter(_CONSOLE_FORMAT)
+            self.handler.setLevel(logging.INFO)
+            logger = logging.getLogger("vitlab")
+            if logger.level == logging.NOTSET:  # library use without logging set up: still record INFO lines
+                logger.setLevel(logging.INFO)
+            logger.addHandler(self.handler)
+            FILE_ONLY.setLevel(logging.INFO)
+            FILE_ONLY.addHandler(self.handler)
+
+    def close(self) -> None:
+        if self.handler is not None:
+            logging.getLogger("vitlab").removeHandler(self.handler)
+            FILE_ONLY.removeHandler(self.handler)
+            self.handler.close()
+            self.handler = None
+
+
+def result_line(result: Any, verb: str) -> str:
+    """The final line of `vitlab train` and `vitlab.train.fit`: what this call did (trained, or evaluated again
+    a run that had already finished)."""
+    if result.status == "preempted":
+        return f"preempted at step {result.step}; continue with: vitlab {verb} --out {result.out_dir} --resume"
+    m = result.metrics
+    scores = (f"val top-1 {100 * m.get('top1', 0):.2f}%, top-5 {100 * m.get('top5', 0):.2f}%, loss "
+              f"{m.get('loss', 0):.4f} ({m.get('count', 0)} images)")
+    if not result.images_per_s:  # no step ran: the run had finished before this invocation
+        return (f"done: {result.out_dir} had already finished its {result.step:,} steps; nothing trained, its final "
+                f"weights evaluated again in {result.seconds:.0f} s: {scores}; weights {result.weights}")
+    return (f"done: step {result.step}, {scores} in {result.seconds:.0f} s; {result.images_per_s:.0f} img/s model, "
+            f"{result.data_images_per_s:.0f} img/s data; weights {result.weights}")
+
+
+
+def append_to_console_log(run_dir: Path, text: str) -> None:
+    """A line after the run has closed its log (the command line's final `done:` line), in the same format."""
+    path = Path(run_dir) / "console.log"
+    if path.parent.is_dir():
+        record = logging.LogRecord("vitlab", logging.INFO, __file__, 0, text, None, None)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(_CONSOLE_FORMAT.format(record) + "\n")

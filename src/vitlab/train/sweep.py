@@ -28,8 +28,8 @@ from vitlab.eval.classify import evaluate_weights
 from vitlab.files.outputs import WRITTEN_BY, atomic_write, check_replaceable, mark
 from vitlab.files.rundir import REFIT_RUN, sweep_run_name
 from vitlab.train.config import TrainConfig
-from vitlab.train.loop import run
 from vitlab.train.resolve import Resolved
+from vitlab.train.trainer import run
 
 log = logging.getLogger("vitlab.train")
 

@@ -3,7 +3,7 @@ layout-compatibility test)."""
 import os
 import signal
 
-import vitlab.train.loop as loop
+import vitlab.train.trainer as loop
 from vitlab.train import resolve_config, run
 
 TINY = {"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64}

@@ -1,14 +1,12 @@
-"""The training loop: one loop for pre-training and fine-tuning (the recipe decides which).
-
-`run(config)` trains in this process, or as one of torchrun's processes (DDP or FSDP2), and returns a
-`RunResult`. Each optimiser step consumes one global batch (all processes × accumulation micro-steps), checks the
-loss, clips the global gradient norm, steps the optimiser and the schedule, and updates the EMA weights.
-"""
+"""Building what a run needs from its config: run directory, datasets, model, loaders, RNG state."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import json
 import math
+import os
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -16,28 +14,316 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
-from vitlab.data import build_datasets, normalize
+from vitlab.data import (
+    Datasets,
+    EvalTransform,
+    ShardSampler,
+    StepSampler,
+    TrainTransform,
+    TransformedSplit,
+    build_datasets,
+    make_loader,
+    normalize,
+)
+from vitlab.data.augment import with_augmentation
 from vitlab.data.errors import DataError, describe_paths
+from vitlab.data.loader import PartsLoader, UnreadableImages
+from vitlab.data.mixup import MixUp, draw_mixup
+from vitlab.data.stream import training_order
+from vitlab.eval.classify import evaluate, per_image_loss
 from vitlab.eval.fewshot_data import fewshot_weights
+from vitlab.eval.metrics import ClassificationMeter
+from vitlab.files.outputs import atomic_write
 from vitlab.files.rundir import METRICS
+from vitlab.models.config import ViTConfig
+from vitlab.models.registry import build_model as build_from_config
+from vitlab.models.registry import describe_architecture, model_config
 from vitlab.runtime.device import all_reduce
 from vitlab.runtime.precision import autocast_for, model_width, resolve_precision
-from vitlab.train.banner import ConsoleLog, banner_lines
-from vitlab.train.checkpointer import Checkpointer, find_resume_point
+from vitlab.selfsup import MaskedPatchPredictor, MPPConfig
+from vitlab.selfsup.mpp import validation_summary
+from vitlab.train.checkpoint import Checkpointer, find_resume_point, prepare_run_dir
 from vitlab.train.config import TrainConfig
-from vitlab.train.distributed import Dist, barrier, grad_sync, peers_in_one_line, setup, teardown, wrap_model
-from vitlab.train.ema import Ema
-from vitlab.train.layer_decay import describe as describe_layer_decay
-from vitlab.train.mixup import draw_mixup
-from vitlab.train.objective import objective_for
-from vitlab.train.optim import build_optimizer, build_scheduler
-from vitlab.train.preemption import StopDuringEvaluation, StopSignals
-from vitlab.train.resolve import Resolved
-from vitlab.train.runlock import prepare_run_dir
-from vitlab.train.runlog import RunLog, StepWindow, log, plot_curves, to_float
-from vitlab.train.setup import build_model, check_classes, make_loaders, write_run_config
-from vitlab.train.tuning import Tuning
+from vitlab.train.distributed import (
+    Dist,
+    StopDuringEvaluation,
+    StopSignals,
+    barrier,
+    grad_sync,
+    peers_in_one_line,
+    setup,
+    teardown,
+    wrap_model,
+)
+from vitlab.train.finetune import Ema, Tuning
+from vitlab.train.optim import build_optimizer, build_scheduler, classification_loss
+from vitlab.train.optim import describe as describe_layer_decay
+from vitlab.train.resolve import InitWeights, Resolved, read_init
+from vitlab.train.runlog import ConsoleLog, RunLog, StepWindow, banner_lines, log, plot_curves, to_float
+from vitlab.weights.load import model_from_checkpoint
+
+
+def check_classes(cfg: TrainConfig, data: Datasets) -> None:
+    if cfg.num_classes is not None and cfg.num_classes != data.num_classes:
+        raise DataError(
+            f"num_classes mismatch: --num-classes {cfg.num_classes} but {data.source} has {data.num_classes} "
+            f"classes ({describe_paths(data.class_names, 5)})"
+        )
+    if len(data.train) == 0:
+        raise DataError(f"the training split of {data.source} is empty; add images or lower --val-fraction")
+    if len(data.val) == 0:
+        raise DataError(f"the validation split of {data.source} is empty; add images or raise --val-fraction")
+
+
+def _with_config(model: nn.Module, config: Any) -> nn.Module:
+    """The same weights under a config that differs only in settings without parameters (dropout, mean)."""
+    if config == model.config:
+        return model
+    rebuilt = build_from_config(config)
+    rebuilt.load_state_dict(model.state_dict())
+    return rebuilt
+
+
+def _setting_changes(cfg: TrainConfig, config: Any) -> dict[str, Any]:
+    changes: dict[str, Any] = {}
+    if cfg.dropout is not None and isinstance(config, ViTConfig):
+        changes["dropout"] = cfg.dropout
+    if cfg.drop_path_rate is not None:
+        if not any(f.name == "drop_path_rate" for f in dataclasses.fields(config)):
+            if cfg.drop_path_rate:
+                raise ValueError(f"--drop-path-rate: {config.name or type(config).__name__} has no stochastic "
+                                 "depth (ViTs and hybrids do); leave it unset")
+        else:
+            changes["drop_path_rate"] = cfg.drop_path_rate
+    if cfg.mean is not None:
+        changes["mean"] = tuple(cfg.mean)
+    if cfg.std is not None:
+        changes["std"] = tuple(cfg.std)
+    return changes
+
+
+def _representation(cfg: TrainConfig, config: Any) -> dict[str, Any]:
+    """`pre_logits` width for a model built from scratch (0: none); the name stays the variant's, as for the
+    official ImageNet-21k releases, which are ViT-B/16 etc. with a representation layer."""
+    if cfg.representation_size is None:
+        return {}
+    if not isinstance(config, ViTConfig):
+        raise ValueError(f"--representation-size applies to ViTs; {cfg.model} has no representation layer")
+    return {"representation_size": cfg.representation_size or None}
+
+
+def build_model(cfg: TrainConfig, class_names: list[str], with_head: bool = True,
+                init: InitWeights | None = None) -> nn.Module:
+    """From scratch (`--model`) or, for fine-tuning, from `--init` weights in any format `vitlab.load` reads
+    (or a run directory; `init`: the resolution step's read of them, else they are read here): position
+    embedding resampled to the run's image size and, as the paper prescribes, the whole head replaced by a
+    zero-initialised one for the new classes. Without a head for self-supervision."""
+    k = len(class_names) if with_head else 0
+    if cfg.init:
+        if cfg.representation_size or cfg.head_bias_init:
+            raise ValueError("--representation-size and --head-bias-init shape a model trained from scratch; "
+                             "fine-tuning replaces the head with a zero one (paper Section 3.2): leave them unset")
+        init = init or read_init(cfg.init)
+        model = model_from_checkpoint(init.checkpoint, init.path, image_size=cfg.image_size)
+        model.reset_classifier(k)
+        model = _with_config(model, model.config.replace(**_setting_changes(cfg, model.config)))
+    else:
+        config = model_config(cfg.model, num_classes=k, image_size=cfg.image_size, **cfg.model_args)
+        if cfg.model_args:  # no longer the named variant: say what it is
+            config = config.replace(name=describe_architecture(config))
+        config = config.replace(**_representation(cfg, config))
+        model = build_from_config(config.replace(**_setting_changes(cfg, config)))
+        if cfg.head_bias_init and isinstance(model.head, nn.Linear):  # vit_jax `head_bias_init`
+            with torch.no_grad():
+                model.head.bias.fill_(cfg.head_bias_init)
+    model.class_names = list(class_names)
+    return model.train()
+
+
+def _cpus_per_process(d: Dist) -> int:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cpus // max(d.local_world, 1))
+
+
+def default_workers(d: Dist) -> int:
+    """One CPU of this process's share for the training process, the rest for loading. On CUDA every other
+    core loads: the GPU computes, and a ViT-B/16 step there consumes thousands of decoded JPEGs per second,
+    more than 8 workers make. On CPU the cores left over are the compute threads, so loading keeps at most 8."""
+    spare = _cpus_per_process(d) - 1
+    return max(0, spare if d.device.type == "cuda" else min(8, spare))
+
+
+def set_cpu_threads(d: Dist, workers: int) -> None:
+    """On CPU, compute threads = this process's CPUs minus its loader workers, unless OMP_NUM_THREADS says
+    otherwise. PyTorch would take every core; OpenMP threads then spin-wait for threads the workers (or other
+    programs) pushed off a core, which made a 2-core run 8x slower than with one thread."""
+    if d.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, _cpus_per_process(d) - workers))
+
+
+def make_loaders(cfg: TrainConfig, data: Datasets, start_step: int, d: Dist) -> tuple[Any, Any, int]:
+    """(train loader from start_step, validation loader, workers)."""
+    workers = default_workers(d) if cfg.workers is None else cfg.workers
+    set_cpu_threads(d, workers)
+    size = (cfg.image_size, cfg.image_size)
+    train_tf = TrainTransform(size, tuple(cfg.crop_scale), tuple(cfg.crop_ratio), cfg.flip, cfg.train_crop,
+                              cfg.train_resize)
+    order = training_order(data.train, cfg.seed, cfg.batch_size, data.source)  # None: a seeded permutation
+    parts = max(1, workers)
+    sampler = StepSampler(len(data.train), cfg.batch_size, cfg.seed, start_step, cfg.steps, d.rank, d.world, cfg.accum,
+                          order, parts)
+    train_tf = with_augmentation(train_tf, cfg.randaug_ops, cfg.randaug_magnitude, cfg.randaug_mstd, cfg.random_erasing)
+    train = make_loader(TransformedSplit(data.train, train_tf), sampler, workers, d.device)
+    if sampler.parts > 1:
+        train = PartsLoader(train, sampler.parts)
+    val_sampler = ShardSampler(len(data.val), cfg.eval_batch_size, d.rank, d.world)
+    val = make_loader(TransformedSplit(data.val, EvalTransform(size, cfg.eval_resize)), val_sampler, workers, d.device)
+    return train, val, workers
+
+
+def write_run_config(path: Path, cfg: TrainConfig, record: dict[str, Any], model: nn.Module, data: Datasets,
+                     d: Dist) -> None:
+    """config.json: the resolved values, where each came from, and what the run was built from (atomic: a
+    resume must never find it torn)."""
+    text = json.dumps(run_record(cfg, record, model.config.to_dict(), data, d.world), indent=1)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def run_record(cfg: TrainConfig, record: dict[str, Any], model_config: dict[str, Any], data: Datasets,
+               world: int) -> dict[str, Any]:
+    """What config.json holds (`vitlab train --print-config json` prints the same before any run)."""
+    return {
+        **cfg.to_dict(), **record,
+        "model_config": model_config,
+        "class_names": data.class_names,
+        "train_images": len(data.train),
+        "val_images": len(data.val),
+        "world_size": world,
+        "torch": torch.__version__,
+    }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# What the loop optimises: image classification (the default) or masked patch prediction (paper Section 4.6).
+#
+# An objective wraps the model that is saved (a plain ViT) into the module that is trained, computes the loss of a
+# batch, evaluates, and splits the trained module's state into the vitlab weights file (the ViT, loadable by
+# `vitlab.load` and `vitlab finetune --init`) and objective-only extras kept with the checkpoint for resuming.
+
+class Classification:
+    name = "classify"
+    has_head = True
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def loss(self, module: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
+             mix: MixUp | None = None) -> torch.Tensor:
+        if mix is None:
+            return classification_loss(module(x), y, cfg.loss, cfg.label_smoothing)
+        logits = module(mix.images(x))
+        return mix.loss(lambda target: classification_loss(logits, target, cfg.loss, cfg.label_smoothing), y)
+
+    def evaluate(self, module: nn.Module, loader: Any, device: torch.device, num_classes: int,
+                 cfg: TrainConfig) -> dict[str, float]:
+        c = module.config
+        return evaluate(module, loader, device, c.mean, c.std, num_classes, cfg.loss,
+                        precision=cfg.precision).result()
+
+    def score(self, metrics: dict[str, float]) -> float:
+        """Higher is better: what best.safetensors is chosen by."""
+        return metrics["top1"]
+
+    def summary(self, metrics: dict[str, float]) -> str:
+        """The validation line of the console log."""
+        return (f"val loss {metrics['loss']:.4f}  top-1 {100 * metrics['top1']:.2f}%  "
+                f"top-5 {100 * metrics['top5']:.2f}%  ({metrics['count']} images)")
+
+    def split_state(self, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        return state, {}
+
+    def merge_state(self, weights: dict[str, torch.Tensor], extras: dict[str, torch.Tensor]) -> dict[str, Any]:
+        return weights
+
+
+class MaskedPatches(Classification):
+    """The encoder is trained without a classifier; top-1/top-5 are the colour predictions' accuracies over the
+    corrupted patches (the L2-pixel target reports only its loss and is scored by it)."""
+
+    name = "mpp"
+    has_head = False
+
+    def __init__(self, target: str):
+        self.target = target
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return MaskedPatchPredictor(model, MPPConfig(target=self.target))
+
+    def loss(self, module: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
+             mix: MixUp | None = None) -> torch.Tensor:
+        return module(x)[0]  # MixUp is refused for self-supervision (config validation)
+
+    @torch.no_grad()
+    def evaluate(self, module: nn.Module, loader: Any, device: torch.device, num_classes: int,
+                 cfg: TrainConfig) -> dict[str, float]:
+        was_training = module.training
+        module.eval()
+        c = module.config
+        # The same corruption at every evaluation, so that the numbers are comparable across steps.
+        generator = torch.Generator(device=device).manual_seed(cfg.seed)
+        meter = ClassificationMeter(2 ** (3 * c.in_chans), device)
+        unreadable = UnreadableImages(loader)  # left out, not counted; fatal under --strict
+        for batch in loader:
+            unreadable.add(batch["bad"])
+            valid = batch["valid"].to(device)
+            if not valid.any():  # an all-padding evaluation shard
+                continue
+            x = normalize(batch["images"].to(device)[valid], c.mean, c.std)
+            with autocast_for(device, getattr(cfg, "precision", "fp32")):  # a bare settings object: float32
+                pred, target = module.predictions(x, generator)
+            pred = pred.float()
+            if self.target == "pixels":
+                losses = module.loss(pred, target, reduction="none")
+                meter.totals += torch.stack([losses.sum(), torch.tensor(float(len(losses)), device=device),
+                                             torch.zeros((), device=device), torch.zeros((), device=device)])
+            else:
+                meter.update(pred, target, per_image_loss(pred, target))
+        unreadable.report()
+        all_reduce(meter.totals)
+        module.train(was_training)
+        return meter.result()
+
+    def score(self, metrics: dict[str, float]) -> float:
+        return -metrics["loss"] if self.target == "pixels" else metrics["top1"]
+
+    def summary(self, metrics: dict[str, float]) -> str:
+        return validation_summary(metrics, self.target)
+
+    def split_state(self, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        encoder = {k.removeprefix("encoder."): v for k, v in state.items() if k.startswith("encoder.")}
+        extras = {k: v for k, v in state.items() if not k.startswith("encoder.")}  # mask token, prediction head
+        return encoder, extras
+
+    def merge_state(self, weights: dict[str, torch.Tensor], extras: dict[str, torch.Tensor]) -> dict[str, Any]:
+        return {**{f"encoder.{k}": v for k, v in weights.items()}, **extras}
+
+
+def objective_for(cfg: TrainConfig) -> Classification:
+    if cfg.objective == "classify":
+        return Classification()
+    if cfg.objective == "mpp":
+        return MaskedPatches(cfg.mpp_target)
+    raise ValueError(f"unknown objective {cfg.objective!r}; use classify or mpp")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The training loop: one loop for pre-training and fine-tuning (the recipe decides which).
+#
+# `run(config)` trains in this process, or as one of torchrun's processes (DDP or FSDP2), and returns a
+# `RunResult`. Each optimiser step consumes one global batch (all processes × accumulation micro-steps), checks the
+# loss, clips the global gradient norm, steps the optimiser and the schedule, and updates the EMA weights.
 
 # A write into the run directory failed for a reason the user can fix: full disk or quota, file too large,
 # read-only file system or permissions.
