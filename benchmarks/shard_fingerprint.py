@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from vitlab.data.shardindex import fingerprint
-from vitlab.files.rundir import sha256_file
+from vitlab.files.digest import sha256_file
 
 
 def _write(root: Path, shards: int, size: int) -> list[Path]:

@@ -90,14 +90,14 @@ def _measure(spec: RunSpec, workers: int | None) -> StepTime:
     and the trainer's own builders), on random images; and one forward pass of the representation."""
     # the trainer's builders bring the data augmentations (torchvision) with them: not imported by `vitlab --help`
     from vitlab.train.optim import build_optimizer
-    from vitlab.train.trainer import build_model, objective_for
+    from vitlab.train.trainer import build_run_model, objective_for
 
     flags = {k: v for k, v in spec.settings.items() if k not in ("init", "resume")}
     cfg = resolve(spec.recipe, {**flags, "out": "unused"}, verb="train").config  # a fine-tuning run's: from scratch
     device = pick_device(cfg.device)
     objective = objective_for(cfg)
     classes = [str(i) for i in range(_classes(cfg.data))]
-    model = objective.wrap(build_model(cfg, classes, objective.has_head)).to(device).train()
+    model = objective.wrap(build_run_model(cfg, classes, objective.has_head)).to(device).train()
     optimizer = build_optimizer(model, cfg)
     x = torch.rand(cfg.batch_size, 3, cfg.image_size, cfg.image_size, device=device) * 2 - 1
     y = torch.randint(0, len(classes), (cfg.batch_size,), device=device)

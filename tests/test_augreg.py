@@ -215,16 +215,16 @@ def test_recipes_verb_lists_augreg_and_deit_with_sources(capsys):
 
 
 def test_drop_path_rate_reaches_the_model_and_a_bit_refuses_it(tmp_path):
-    from vitlab.train.trainer import build_model
+    from vitlab.train.trainer import build_run_model
 
     cfg = resolve_config("augreg-light1", model="ViT-Ti/4", model_args={"depth": 2, "width": 32, "num_heads": 2,
                                                                          "mlp_dim": 64}, image_size=8,
                          drop_path_rate=0.2, out=str(tmp_path / "r"))
-    assert build_model(cfg, ["a", "b"]).config.drop_path_rate == 0.2
+    assert build_run_model(cfg, ["a", "b"]).config.drop_path_rate == 0.2
     bit = resolve_config("augreg-light1", model="BiT-R50x1", image_size=32, drop_path_rate=0.1,
                          out=str(tmp_path / "b"))
     with pytest.raises(ValueError, match="--drop-path-rate: BiT-R50x1 has no stochastic depth"):
-        build_model(bit, ["a", "b"])
+        build_run_model(bit, ["a", "b"])
 
 
 # --- an AugReg run resumes exactly after kill -9 ----------------------------------------------------------------

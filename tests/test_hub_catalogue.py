@@ -10,7 +10,7 @@ import torch
 
 from vitlab.hub import catalogue, imagenet_classes
 from vitlab.hub.augreg import augreg_entry, vitlab_model
-from vitlab.models import list_models
+from vitlab.models import variant_names
 from vitlab.models.registry import build_model, model_config
 
 
@@ -29,7 +29,7 @@ MODELS = [e for e in catalogue.entries() if e.format != "csv"]
 
 @pytest.mark.parametrize("entry", MODELS, ids=[e.name for e in MODELS])
 def test_entry_resolves_to_an_architecture_of_its_recorded_size(entry):
-    assert entry.model in list_models()
+    assert entry.model in variant_names()
     assert entry.size and entry.num_classes is not None and entry.licence
     # float32 files: 4 bytes a parameter, within 1% of the file size plus the rounding of a stated "391 MiB"
     deviation = abs(4 * parameters(entry) - entry.size)
@@ -138,7 +138,7 @@ def test_augreg_index_rows_by_filename(tmp_path):
 @pytest.mark.parametrize("paper, ours", [("B/16", "ViT-B/16"), ("R+Ti/16", "R+ViT-Ti/16"),
                                          ("R26+S/32", "R26+ViT-S/32"), ("R50+L/32", "R50+ViT-L/32")])
 def test_index_model_names(paper, ours):
-    assert vitlab_model(paper) == ours and ours in list_models()
+    assert vitlab_model(paper) == ours and ours in variant_names()
 
 
 def test_imagenet_class_names_are_in_label_order():

@@ -20,7 +20,7 @@ from scipy import stats
 from vitlab.models import VisionTransformer, ViTConfig
 from vitlab.train import resolve_config
 from vitlab.train.optim import classification_loss
-from vitlab.train.trainer import build_model
+from vitlab.train.trainer import build_run_model
 
 TINY = {"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64}
 
@@ -80,7 +80,7 @@ def test_initial_sigmoid_loss_of_a_fresh_21k_model():
     (K − 1)·log(1 + e^−10) + log(1 + e^10) = K·log(1 + e^−10) + 10."""
     k = 21_843
     cfg = resolve_config("pretrain", model="ViT-Ti/16", model_args=TINY, image_size=32)
-    model = build_model(cfg, [str(i) for i in range(k)])
+    model = build_run_model(cfg, [str(i) for i in range(k)])
     assert model.config.representation_size == 32 and model.pre_logits is not None
     x, y = torch.rand(4, 3, 32, 32) * 2 - 1, torch.randint(0, k, (4,))
     with torch.no_grad():
@@ -92,14 +92,14 @@ def test_initial_sigmoid_loss_of_a_fresh_21k_model():
 
 def test_head_bias_init_only_from_scratch(tmp_path):
     cfg = resolve_config("demo", model="ViT-Ti/16", model_args=TINY, image_size=32, head_bias_init=-3.0)
-    model = build_model(cfg, ["a", "b"])
+    model = build_run_model(cfg, ["a", "b"])
     assert torch.equal(model.head.bias, torch.full((2,), -3.0)) and torch.count_nonzero(model.head.weight) == 0
     assert model.pre_logits is None  # the demo recipe has no representation layer unless asked for
     import vitlab
 
     vitlab.save(model, tmp_path / "m.safetensors")
-    tuned = build_model(resolve_config("finetune", init=str(tmp_path / "m.safetensors"), image_size=32), ["x"])
+    tuned = build_run_model(resolve_config("finetune", init=str(tmp_path / "m.safetensors"), image_size=32), ["x"])
     assert torch.count_nonzero(tuned.head.bias) == 0  # a fine-tuning head stays zero
     with pytest.raises(ValueError, match="trained from scratch"):
-        build_model(resolve_config("finetune", init=str(tmp_path / "m.safetensors"), image_size=32,
+        build_run_model(resolve_config("finetune", init=str(tmp_path / "m.safetensors"), image_size=32,
                                    head_bias_init=-10.0), ["x"])

@@ -16,7 +16,7 @@ from vitlab.data import Datasets, ImageSplit
 from vitlab.train import resolve, resolve_config
 from vitlab.train.optim import build_scheduler
 from vitlab.train.recipes import finetune_dropout, hyperrule, typical_image_size
-from vitlab.train.trainer import build_model
+from vitlab.train.trainer import build_run_model
 
 # Paper Table 4 (steps, base LRs) and Appendix B.1.1 (dev splits: "10% for Pets and Flowers, 2% for CIFAR,
 # 1% ImageNet"); VTAB: one setting, lr 0.01.
@@ -71,9 +71,9 @@ def test_finetuning_takes_the_dropout_of_the_model_unless_given(tmp_path, name, 
                                  name=name)
     vitlab.save(source, tmp_path / "init.safetensors")
     cfg = resolve_config("finetune", init=str(tmp_path / "init.safetensors"), image_size=8)
-    assert build_model(cfg, ["a", "b"]).config.dropout == expected
+    assert build_run_model(cfg, ["a", "b"]).config.dropout == expected
     given = resolve_config("finetune", init=str(tmp_path / "init.safetensors"), image_size=8, dropout=0.2)
-    assert build_model(given, ["a", "b"]).config.dropout == 0.2
+    assert build_run_model(given, ["a", "b"]).config.dropout == 0.2
 
 
 # big_transfer bit_hyperrule.py: get_schedule (warm-up, boundaries, total), get_mixup; resolution per the BiT

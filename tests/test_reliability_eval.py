@@ -24,8 +24,7 @@ import vitlab
 from vitlab.cli import main
 from vitlab.data import EvalTransform, ShardSampler, TransformedSplit, build_datasets, load_split, make_loader
 from vitlab.data.datasets import evaluation_splits
-from vitlab.data.errors import DataError
-from vitlab.errors import WeightsError
+from vitlab.errors import DataError, WeightsError
 from vitlab.eval.classify import evaluate
 from vitlab.eval.fewshot_data import features_of
 from vitlab.eval.metrics import require_finite

@@ -26,7 +26,8 @@ import torch
 
 import vitlab
 from vitlab.cli import main
-from vitlab.files.outputs import OutputRefused, atomic_write, check_output, os_error_line, written_by
+from vitlab.errors import OutputRefused
+from vitlab.files.outputs import atomic_write, check_output, os_error_line, written_by
 from vitlab.models import ViTConfig, build_model
 
 TINY = ViTConfig(image_size=8, patch_size=4, width=16, depth=1, mlp_dim=32, num_heads=2, num_classes=10)

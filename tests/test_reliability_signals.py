@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from vitlab.errors import PeerLost
 from vitlab.train import distributed
-from vitlab.train.distributed import PeerLost, collective_timeout, peer_failure, peers_in_one_line
+from vitlab.train.distributed import collective_timeout, peer_failure, peers_in_one_line
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads process trees from /proc")
 

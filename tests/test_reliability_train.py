@@ -80,8 +80,8 @@ def test_a_killed_run_never_blocks_its_own_resume(tmp_path):
 
 
 def test_full_disk_mid_run_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    from vitlab.errors import OutputError
     from vitlab.train import checkpoint as ckpt
-    from vitlab.train.trainer import OutputError
 
     out = tmp_path / "run"
     real_save = torch.save

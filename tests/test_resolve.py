@@ -145,15 +145,15 @@ def test_models_built_from_one_read_of_the_weights_do_not_share_them(tmp_path):
     training one must not change the weights the next one starts from."""
     import torch
 
-    from vitlab.train.trainer import build_model
+    from vitlab.train.trainer import build_run_model
 
     source = vitlab.create_model("ViT-Ti/16", image_size=32, depth=1, num_classes=3)
     vitlab.save(source, tmp_path / "init.safetensors")
     resolved = resolve("finetune", {"init": str(tmp_path / "init.safetensors"), "data": "digits", "steps": 5})
-    first = build_model(resolved.config, ["a", "b"], init=resolved.init)
+    first = build_run_model(resolved.config, ["a", "b"], init=resolved.init)
     with torch.no_grad():
         for p in first.parameters():
             p.add_(1.0)  # what training does to it, in place
-    second = build_model(resolved.config, ["a", "b"], init=resolved.init)
+    second = build_run_model(resolved.config, ["a", "b"], init=resolved.init)
     kept = source.state_dict()
     assert all(torch.equal(v, kept[k]) for k, v in second.state_dict().items() if not k.startswith("head."))

@@ -10,7 +10,7 @@ from PIL import Image
 
 import vitlab
 from vitlab.cli import main
-from vitlab.data.errors import DataError
+from vitlab.errors import DataError
 from vitlab.train import resolve_config
 from vitlab.train import sweep as sweep_module
 from vitlab.train.sweep import SweepRow, choose, format_table, run_sweep

@@ -10,7 +10,7 @@ from PIL import Image
 import vitlab
 from vitlab.models.posembed import resample_pos_embed
 from vitlab.train import resolve_config, run
-from vitlab.train.trainer import build_model
+from vitlab.train.trainer import build_run_model
 
 timm = pytest.importorskip("timm")
 transformers = pytest.importorskip("transformers")
@@ -71,7 +71,7 @@ def test_finetune_from_foreign_weights(tmp_path, fmt):
     assert source.config.image_size == (16, 16) and source.config.num_classes == 7
     cfg = config(tmp_path, init)
     # the model fine-tuning starts from: the file's encoder, position embedding resampled to 32x32, zero head
-    start = build_model(cfg, CLASSES)
+    start = build_run_model(cfg, CLASSES)
     assert start.config.image_size == (32, 32) and start.config.num_classes == 3
     assert start.pre_logits is None and start.config.representation_size is None
     assert torch.count_nonzero(start.head.weight) == 0 and torch.count_nonzero(start.head.bias) == 0

@@ -9,8 +9,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from vitlab import create_model
 from vitlab.errors import WeightsError
-from vitlab.models import ViTConfig, build_model, create_model
+from vitlab.models import ViTConfig, build_model
 from vitlab.weights.timm import read_timm, timm_config, timm_model_args, timm_model_name, to_timm_state_dict, write_timm
 
 timm = pytest.importorskip("timm")

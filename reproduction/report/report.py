@@ -28,7 +28,8 @@ from reproduction.report import history
 from reproduction.report import sections as text_of
 from reproduction.runner import RESULT, RUNS
 from reproduction.scale import FULL
-from vitlab.files.outputs import OutputRefused, atomic_write, mark_text, refuse_special
+from vitlab.errors import OutputRefused
+from vitlab.files.outputs import atomic_write, mark_text, refuse_special
 from vitlab.train.recipes import RECIPES
 
 FIGURES = "reproduction"

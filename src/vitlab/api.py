@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitlab.constants import IMAGENET_MEAN, IMAGENET_STD
 from vitlab.data.transforms import model_transform
 from vitlab.hub.catalogue import timm_name
 from vitlab.models.config import BiTConfig, ModelConfig
@@ -28,8 +29,6 @@ from vitlab.weights.load import load as load_weights
 from vitlab.weights.load import preprocessing
 from vitlab.weights.timm_arch import LAYER_SCALE_NAMES, timm_config
 from vitlab.weights.vitlab_format import save as save_weights
-
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 # timm keyword -> vitlab config field (global_pool and class_token choose `classifier`, mlp_ratio `mlp_dim`)
 TIMM_KEYWORDS = {"img_size": "image_size", "drop_rate": "dropout", "attn_drop_rate": "attn_dropout",
@@ -214,16 +213,16 @@ def list_models(filter: str | list[str] = "", pretrained: bool = False) -> list[
     import fnmatch
 
     from vitlab.hub import catalogue
-    from vitlab.models.registry import list_models as registry_models
+    from vitlab.models.registry import variant_names
 
     patterns = [p for p in ([filter] if isinstance(filter, str) else list(filter)) if p]
     if pretrained:  # (name, the architecture a pattern may also name)
         named = [(e.name, e.model) for e in catalogue.entries() if e.model and not (e.repo or "").startswith("timm/")]
         named += [(f"{arch}.{tag}", arch) for arch, spec in catalogue.timm_models().items() for tag in spec["tags"]]
     elif not patterns:
-        return registry_models()
+        return variant_names()
     else:
-        named = [(n, n) for n in registry_models() + list(catalogue.timm_models()) + list(LAYER_SCALE_NAMES)]
+        named = [(n, n) for n in variant_names() + list(catalogue.timm_models()) + list(LAYER_SCALE_NAMES)]
     if patterns:
         named = [(n, a) for n, a in named if any(fnmatch.fnmatchcase(s, p) for p in patterns for s in (n, a))]
     return list(dict.fromkeys(n for n, _ in named))

@@ -1,8 +1,19 @@
-"""The evaluation resizes by name and big_vision's resize-before-crop rule, defined once: data/transforms.py
-applies them, models/timm_compat.py describes them to timm (pretrained_cfg), model cards state them. A bottom
-module because the data and model layers may not import each other."""
+"""Constants more than one layer uses, defined once: the input normalisations published weights expect, the
+evaluation resizes by name and big_vision's resize-before-crop rule (data/transforms.py applies them,
+models/timm_compat.py describes them to timm, model cards state them). A bottom module because the data, model and
+weights layers may not import each other."""
 
 from __future__ import annotations
+
+# Pixel normalisation the official weights expect: x/255 mapped to [-1, 1] == (x - 0.5) / 0.5.
+OFFICIAL_MEAN = (0.5, 0.5, 0.5)
+OFFICIAL_STD = (0.5, 0.5, 0.5)
+# torchvision's ImageNet statistics: timm's and transformers' default for ImageNet-trained weights.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+# BitImageProcessor's class defaults (OpenAI CLIP's statistics), for a preprocessor_config.json without them.
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 EVAL_RESIZES = ("official", "big_vision", "resize-short-crop")
 FEWSHOT_RESIZE = "fewshot"  # big_vision common_fewshot; an eval resize may be used for few-shot instead

@@ -1,17 +1,57 @@
-"""The one error type for weights that cannot be read: a single line naming the file, the tensor and the fix.
+"""Every error vitlab raises for a problem the user can fix, under one base class.
 
-It sits at the bottom of the package because every layer raises or reports it: the format readers, the download
-cache (a corrupt or offline download), the run-directory reader and the command line."""
+Each carries one line that names the problem and the fix; the command line prints it as
+`vitlab VERB: error: <line>` with exit code 2 (cli catches VitlabError), and a library caller can catch
+`vitlab.errors.VitlabError` for all of them. Each also keeps the built-in type callers caught before the base
+existed (ValueError, FileExistsError, RuntimeError), so no `except` clause changes meaning. A bottom module:
+every layer raises them."""
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 
-class WeightsError(ValueError):
+class VitlabError(Exception):
+    """The base of vitlab's user-facing errors: the message is one line saying what is wrong and how to fix it."""
+
+
+class WeightsError(VitlabError, ValueError):
     """Raised for unknown formats, corrupt files, missing/extra tensors and shape mismatches.
     The message is one line: `<file>: <what is wrong> (<tensor>); <how to fix it>`."""
 
     def __init__(self, path: str | Path, problem: str, fix: str = ""):
         self.path, self.problem, self.fix = str(path), problem, fix
         super().__init__(f"{path}: {problem}" + (f"; {fix}" if fix else ""))
+
+
+class DataError(VitlabError, ValueError):
+    """Bad input data found before (or, with --strict, during) training: empty class folder, missing split,
+    class-count mismatch, unreadable image."""
+
+
+class CacheDirError(VitlabError, ValueError):
+    """The cache folder cannot be a folder (VITLAB_CACHE names a file)."""
+
+
+class OutputRefused(VitlabError, FileExistsError):
+    """An output path vitlab will not write over. One line, `<path>: <what is there>; <what to do>`; an OSError
+    (EEXIST), as a full disk is, for callers that handle storage errors together."""
+
+    def __init__(self, path: str | Path, problem: str, fix: str):
+        super().__init__(errno.EEXIST, f"{problem}; {fix}", str(path))
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+class OutputError(VitlabError, ValueError):
+    """The run could not write its outputs; the checkpoints written before stay valid."""
+
+
+class TrainingDiverged(VitlabError, RuntimeError):
+    """The loss became NaN or infinite; the run stopped without saving the bad state."""
+
+
+class PeerLost(VitlabError, RuntimeError):
+    """Another process of the job stopped answering (killed, crashed, stopped or cut off): this one cannot go on."""

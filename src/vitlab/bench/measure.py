@@ -19,7 +19,7 @@ from vitlab.bench.peaks import precision_peak
 from vitlab.bench.result import MODES, BenchResult, BenchSettings, Measurement
 from vitlab.models.config import BiTConfig, ViTConfig
 from vitlab.models.flops import count_macs
-from vitlab.models.registry import create_model, model_config
+from vitlab.models.registry import build_model, model_config
 from vitlab.runtime.device import autocast as device_autocast
 from vitlab.runtime.precision import autocast_for
 from vitlab.weights.timm_bit import to_timm_bit_state_dict
@@ -48,7 +48,7 @@ def build_models(settings: BenchSettings) -> list[tuple[str, str, nn.Module]]:
     """[(impl, name in that library, model)]: vitlab's, then the comparison's with the same weights where the
     tensors map one to one (plain ViTs share timm's names; BiT is renamed to timm's ResNetV2)."""
     overrides = {"num_classes": settings.num_classes, "image_size": settings.image_size}
-    ours = create_model(settings.model, **overrides)
+    ours = build_model(model_config(settings.model, **overrides))
     models = [("vitlab", settings.model, ours)]
     if settings.compare == "timm":
         name, theirs = timm_equivalent(settings.model, settings.num_classes, settings.image_size)

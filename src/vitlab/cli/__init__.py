@@ -8,12 +8,14 @@ import importlib
 import os
 import sys
 
+from vitlab.errors import VitlabError
+
 # Each module defines `register(subparsers)`; its parsers set `func` to a callable taking the parsed args.
 VERB_MODULES = ["models", "bench", "weights", "train", "evaluate", "recipes", "fewshot", "analyze", "download",
                 "shards", "experiment", "export"]
 
 
-class UserError(Exception):
+class UserError(VitlabError):
     """A problem with the user's input: printed as one line."""
 
 
@@ -48,7 +50,6 @@ def say_warnings(verb: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from vitlab.errors import WeightsError
     from vitlab.progress import set_verbosity
 
     set_verbosity(args.verbosity)
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         result = args.func(args)
-    except (UserError, WeightsError, ValueError, FileNotFoundError) as err:
+    except (VitlabError, ValueError, FileNotFoundError) as err:
         print(f"vitlab {args.verb}: error: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `vitlab models | head`: the reader left, nothing is wrong

@@ -120,7 +120,7 @@ def _write_outputs(args: argparse.Namespace, r, record: dict, png) -> list[str]:
 
 
 def _why(err: OSError) -> str:
-    from vitlab.files.outputs import OutputRefused
+    from vitlab.errors import OutputRefused
 
     if isinstance(err, OutputRefused):
         return err.strerror

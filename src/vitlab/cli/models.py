@@ -27,11 +27,11 @@ def model_rows(image_size: int = 224) -> list[dict[str, Any]]:
     """One row per registry name: parameters at 1000 classes, multiply-adds per image at image_size."""
     import torch
 
-    from vitlab.models import build_model, list_models, model_config
+    from vitlab.models import build_model, model_config, variant_names
     from vitlab.models.flops import count_macs
 
     rows = []
-    for name in list_models():
+    for name in variant_names():
         cfg = model_config(name, num_classes=1000)
         with torch.device("meta"):  # shapes only: no memory, no initialisation cost for the 600M-param models
             params = sum(p.numel() for p in build_model(cfg).parameters())

@@ -275,7 +275,7 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     if resolved.config.lr_sweep:
         return _sweep(resolved, rank)
-    from vitlab.train.distributed import PeerLost
+    from vitlab.errors import PeerLost
 
     try:
         result = run(resolved)

@@ -4,12 +4,12 @@ deterministic loaders."""
 
 from vitlab.data.datasets import Datasets, build_datasets, load_split
 from vitlab.data.embedded import EMBEDDED, is_embedded
-from vitlab.data.errors import DataError
 from vitlab.data.fractal import fractal_splits
 from vitlab.data.loader import ShardSampler, StepSampler, TransformedSplit, make_loader
 from vitlab.data.shards import ShardSplit
 from vitlab.data.sources import ImageSplit
 from vitlab.data.transforms import EVAL_RESIZES, FEWSHOT_RESIZE, TRAIN_CROPS, EvalTransform, TrainTransform, normalize
+from vitlab.errors import DataError
 
 __all__ = [
     "EMBEDDED", "EVAL_RESIZES", "FEWSHOT_RESIZE", "TRAIN_CROPS", "DataError", "Datasets", "EvalTransform",

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 
 from vitlab.data.embedded import embedded_splits, is_embedded
-from vitlab.data.errors import DataError
 from vitlab.data.folder import check_same_classes, class_folders, folder_layout, scan_split
 from vitlab.data.fontglyphs import fonts_splits, is_fonts_source
 from vitlab.data.fractal import fractal_splits, is_fractal_source
@@ -16,6 +15,7 @@ from vitlab.data.hf_split import HFSplit, hf_split, hf_train_val, is_hf_source, 
 from vitlab.data.shards import is_shard_source, open_shard_set, shard_split
 from vitlab.data.sources import ImageSplit
 from vitlab.data.strokes import is_strokes_source, strokes_splits
+from vitlab.errors import DataError
 
 # Sources drawn by a formula (KIND:C:N[:SEED]): each gives its (train, val) pair, rendered or from the cache.
 _DRAWN = ((is_fractal_source, fractal_splits), (is_strokes_source, strokes_splits), (is_fonts_source, fonts_splits))

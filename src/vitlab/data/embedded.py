@@ -18,8 +18,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from vitlab.data.errors import DataError
 from vitlab.data.sources import ImageSplit, stratified_holdout
+from vitlab.errors import DataError
 
 TEST_FRACTION = 0.2
 DIGIT_NAMES = [str(d) for d in range(10)]

@@ -7,9 +7,7 @@ import logging
 log = logging.getLogger("vitlab.data")
 
 
-class DataError(ValueError):
-    """Bad input data found before (or, with --strict, during) training: empty class folder, missing split,
-    class-count mismatch, unreadable image. A ValueError so that the CLI prints it as one line."""
+
 
 
 def describe_paths(paths: list[str], limit: int = 3) -> str:

@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from vitlab.data.errors import DataError, describe_paths, log
+from vitlab.data.errors import describe_paths, log
 from vitlab.data.sources import DECODE_ERRORS, ImageSplit
 from vitlab.data.untrusted import open_regular
+from vitlab.errors import DataError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
 _EXT_TEXT = ", ".join(IMAGE_EXTENSIONS)

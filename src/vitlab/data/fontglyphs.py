@@ -42,9 +42,10 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from vitlab.data import synthetic
-from vitlab.data.errors import DataError, log
+from vitlab.data.errors import log
 from vitlab.data.sources import ImageSplit
 from vitlab.data.synthetic import SyntheticSpec
+from vitlab.errors import DataError
 
 RENDER_SIZE = 32
 SUPERSAMPLE = 4  # glyphs are drawn and warped at 4x, then averaged down: 16 samples per pixel

@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from vitlab.data.errors import DataError, log
+from vitlab.data.errors import log
 from vitlab.data.shards import expand_braces
 from vitlab.data.untrusted import contained, parse_json
+from vitlab.errors import DataError
 from vitlab.progress import bars_enabled
 
 NEEDS_DATASETS = "reading Hugging Face datasets needs the datasets package: pip install 'vitlab[hf]'"

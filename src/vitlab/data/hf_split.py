@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from vitlab.data.errors import DataError, describe_paths, log
+from vitlab.data.errors import describe_paths, log
 from vitlab.data.hf_files import NEEDS_DATASETS, HFSet, import_datasets, int_column, is_hf_source, open_hf
 from vitlab.data.sources import ImageSplit, relabel_by_name, run_lengths
 from vitlab.data.untrusted import check_label_range, contained, read_regular
+from vitlab.errors import DataError
 
 PATH_CHECKS = 100_000  # path-only rows checked when a split opens (every row is checked again when read)
 

@@ -30,10 +30,11 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from vitlab.data.errors import DataError, describe_paths, log
+from vitlab.data.errors import describe_paths, log
 from vitlab.data.folder import bomb_limit
 from vitlab.data.sources import DECODE_ERRORS, ImageSplit
 from vitlab.data.transforms import EvalTransform, as_size
+from vitlab.errors import DataError
 
 Key = tuple[int, int]  # (image index, augmentation seed)
 _SUBSTITUTE_TRIES = 16

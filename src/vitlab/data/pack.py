@@ -27,7 +27,7 @@ import numpy as np
 from PIL import Image
 
 from vitlab.data.datasets import scan_with_classes
-from vitlab.data.errors import DataError, describe_paths, log
+from vitlab.data.errors import describe_paths, log
 from vitlab.data.folder import BOMB, bomb_limit, class_folders, folder_layout, header_problem, scan_split
 from vitlab.data.hf_split import hf_split, is_hf_source, open_hf
 from vitlab.data.packlock import PackLock
@@ -35,6 +35,7 @@ from vitlab.data.shardindex import fingerprint
 from vitlab.data.shards import INFO_NAME
 from vitlab.data.sources import DECODE_ERRORS, ImageSplit, stratified_holdout
 from vitlab.data.untrusted import parse_json, read_regular
+from vitlab.errors import DataError
 from vitlab.files.outputs import atomic_write
 from vitlab.progress import progress
 

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from types import TracebackType
 
-from vitlab.data.errors import DataError
+from vitlab.errors import DataError
 
 LOCK = ".vitlab-shards.lock"
 

@@ -22,8 +22,9 @@ import tarfile
 from collections import Counter
 from pathlib import Path
 
-from vitlab.data.errors import DataError, describe_paths, log
+from vitlab.data.errors import describe_paths, log
 from vitlab.data.untrusted import MAX_LABEL_BYTES, check_label_range, not_regular, parse_json
+from vitlab.errors import DataError
 from vitlab.files.cache import cache_dir
 from vitlab.files.outputs import atomic_write
 

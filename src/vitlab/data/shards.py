@@ -23,11 +23,11 @@ import numpy as np
 import yaml
 
 from vitlab.data import shardindex
-from vitlab.data.errors import DataError
 from vitlab.data.folder import compressed_advice, is_compressed_tar
 from vitlab.data.shardindex import INDEX_NAME
 from vitlab.data.sources import ImageSplit, relabel_by_name, run_lengths
 from vitlab.data.untrusted import MAX_PATTERN_FILES, check_label_range, contained, parse_json, parse_yaml
+from vitlab.errors import DataError
 
 INFO_NAME = "_info.json"
 INFO_NAMES = (INFO_NAME, "_info.yaml", "_info.yml")  # timm's wds datasets ship either; vitlab writes JSON

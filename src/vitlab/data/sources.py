@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from vitlab.data.errors import DataError
 from vitlab.data.untrusted import open_regular
+from vitlab.errors import DataError
 
 # Errors Pillow raises for files it cannot decode: truncated (OSError), not an image (UnidentifiedImageError,
 # an OSError), broken PNG chunks (SyntaxError), bad headers (ValueError), absurd sizes (DecompressionBombError).

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vitlab.data.errors import DataError, log
+from vitlab.data.errors import log
+from vitlab.errors import DataError
 from vitlab.files.cache import cache_dir, file_lock
 from vitlab.files.outputs import atomic_write
 

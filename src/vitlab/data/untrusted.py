@@ -18,7 +18,7 @@ from typing import IO, Any
 
 import yaml
 
-from vitlab.data.errors import DataError
+from vitlab.errors import DataError
 
 MAX_CLASSES = 1_000_000  # ImageNet-21k has 21,843 classes, JFT-300M 18,291: a larger label is a broken file
 MAX_PATTERN_FILES = 1_000_000  # files one brace pattern may name (2,000 shards is a large dataset)

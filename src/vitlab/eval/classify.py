@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitlab.data import EvalTransform, ShardSampler, TransformedSplit, load_split, make_loader, normalize
-from vitlab.data.errors import DataError
 from vitlab.data.loader import UnreadableImages
 from vitlab.data.sources import ImageSplit
+from vitlab.errors import DataError
 from vitlab.eval.inference import load_for_inference, with_precision
 from vitlab.eval.metrics import ClassificationMeter, plot_confusion_matrix, require_finite
 from vitlab.files.rundir import run_dir_of

@@ -16,9 +16,9 @@ from torch import nn
 
 from vitlab.data import EvalTransform, ImageSplit, ShardSampler, TransformedSplit, load_split, make_loader, normalize
 from vitlab.data.datasets import evaluation_splits
-from vitlab.data.errors import DataError
 from vitlab.data.loader import UnreadableImages
 from vitlab.data.transforms import FEWSHOT_RESIZE, as_size
+from vitlab.errors import DataError
 from vitlab.eval.fewshot_lsr import DEFAULT_L2, FewshotResult, fewshot_on_features, representations
 from vitlab.files.outputs import WRITTEN_BY, atomic_write
 from vitlab.progress import progress as progress_bar

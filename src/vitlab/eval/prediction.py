@@ -18,9 +18,9 @@ import torch
 from PIL import UnidentifiedImageError
 
 from vitlab.data import EvalTransform, normalize
-from vitlab.data.errors import DataError
 from vitlab.data.folder import IMAGE_EXTENSIONS
 from vitlab.data.sources import DECODE_ERRORS, decode_rgb
+from vitlab.errors import DataError
 from vitlab.eval.inference import load_for_inference, with_precision
 from vitlab.models.timm_compat import eval_resize_of
 from vitlab.progress import progress as progress_bar

@@ -14,9 +14,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-
-class CacheDirError(ValueError):
-    """The cache folder cannot be a folder (VITLAB_CACHE names a file): one line, exit code 2 on the CLI."""
+from vitlab.errors import CacheDirError
 
 
 def cache_dir() -> Path:

@@ -28,6 +28,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from vitlab.errors import OutputRefused
+
 # The marks, re-exported: writers import the rule and the marks from one place.
 from vitlab.files.marks import WRITTEN_BY as WRITTEN_BY
 from vitlab.files.marks import mark as mark
@@ -299,15 +301,7 @@ _KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")
 FORCE_FIX = "pass --force to replace it, or choose a new name"
 
 
-class OutputRefused(FileExistsError):
-    """An output path vitlab will not write over. One line, `<path>: <what is there>; <what to do>`; an OSError
-    (EEXIST) so that the command line's handler prints it as it prints a full disk."""
 
-    def __init__(self, path: str | Path, problem: str, fix: str):
-        super().__init__(errno.EEXIST, f"{problem}; {fix}", str(path))
-
-    def __str__(self) -> str:
-        return f"{self.filename}: {self.strerror}"
 
 
 def refuse_special(path: str | Path, what: str = "file") -> None:

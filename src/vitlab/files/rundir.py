@@ -16,11 +16,12 @@ by plain name: one naming a file outside its folder, or listing none, makes the 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
 from pathlib import Path
+
+from vitlab.files.digest import sha256_file
 
 CHECKPOINTS = "checkpoints"
 WEIGHTS = "model.safetensors"  # the final weights of a run, and the weights of each checkpoint
@@ -69,14 +70,6 @@ def run_dir_of(weights: str | Path) -> Path | None:
     if path.parent.name == CHECKPOINTS and is_checkpoint_dir(path):
         path = path.parent.parent
     return path if is_run_dir(path) else None
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def verify_checkpoint(path: Path) -> str | None:

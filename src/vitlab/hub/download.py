@@ -8,7 +8,6 @@ zip), every member's CRC-32. A file that fails is deleted and the error says so 
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import re
 import socket
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.errors import WeightsError
+from vitlab.files.digest import sha256_file
 from vitlab.hub.cache import readable
 
 CHUNK = 1 << 20
@@ -117,14 +117,6 @@ def _range_total(content_range: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def download(
     url: str, part: Path, label: str, *, size: int | None = None, size_slack: int = 0, sha256: str | None = None,
     progress: bool = True, retries: int = 5, retry_delay: float = 1.0, timeout: float = 60.0,
@@ -156,7 +148,7 @@ def download(
 def verify(url: str, part: Path, *, size: int | None, size_slack: int, sha256: str | None) -> dict[str, Any]:
     """Checks a complete download; a file that fails is deleted."""
     got = part.stat().st_size
-    digest = sha256_of(part)
+    digest = sha256_file(part)
     if sha256 and digest != sha256.lower():
         problem = f"checksum mismatch: sha256 {digest[:12]}…, the catalogue publishes {sha256[:12]}…"
     elif size is not None and abs(got - size) > size_slack:

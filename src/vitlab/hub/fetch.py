@@ -11,9 +11,10 @@ from typing import Any
 
 from vitlab.errors import WeightsError
 from vitlab.files.cache import file_lock
+from vitlab.files.digest import sha256_file
 from vitlab.hub import hf
 from vitlab.hub.cache import entry_path, meta_path, offline, problem, read_meta, readable, write_meta
-from vitlab.hub.download import HostNotFound, download, sha256_of
+from vitlab.hub.download import HostNotFound, download
 from vitlab.hub.entry import Entry
 
 
@@ -87,6 +88,6 @@ def verify_cached(entry: Entry) -> str | None:
     if why := problem(path):
         return why
     meta = read_meta(path) or {}
-    if meta.get("sha256") and sha256_of(path) != meta["sha256"]:
+    if meta.get("sha256") and sha256_file(path) != meta["sha256"]:
         return "sha256 differs from the one recorded at download"
     return readable(path, deep=True)

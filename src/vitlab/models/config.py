@@ -13,15 +13,13 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from vitlab.constants import OFFICIAL_MEAN, OFFICIAL_STD
 from vitlab.models.limits import check_limits
 
 PosEmbedKind = Literal["none", "learned", "2d", "relative"]
 Classifier = Literal["token", "gap"]
 GeluKind = Literal["exact", "tanh"]
 
-# Pixel normalisation the official weights expect: x/255 mapped to [-1, 1] == (x - 0.5) / 0.5.
-OFFICIAL_MEAN = (0.5, 0.5, 0.5)
-OFFICIAL_STD = (0.5, 0.5, 0.5)
 
 
 def _is_int(v: Any) -> bool:
@@ -223,7 +221,7 @@ class ViTConfig:
     def to_dict(self) -> dict[str, Any]:
         # Fields added after the paper are written only when they differ from the paper's ViT, so that the files
         # of ordinary models stay readable by earlier vitlab versions.
-        d = _plain(dataclasses.asdict(self))
+        d = _tuples_to_lists(dataclasses.asdict(self))
         for name, default in _AFTER_PAPER_DEFAULTS.items():
             if d[name] == default:
                 del d[name]
@@ -272,7 +270,7 @@ class BiTConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"arch": "bit-v2", **_plain(dataclasses.asdict(self))}
+        return {"arch": "bit-v2", **_tuples_to_lists(dataclasses.asdict(self))}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -283,10 +281,10 @@ _AFTER_PAPER_DEFAULTS = {"reg_tokens": 0, "class_token": None, "pos_embed_prefix
                          "layer_scale": None, "dynamic_img_pad": False}
 
 
-def _plain(value: Any) -> Any:
+def _tuples_to_lists(value: Any) -> Any:
     """Tuples become lists, in nested dicts too, so the dict round-trips through JSON unchanged."""
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: _tuples_to_lists(v) for k, v in value.items()}
     return list(value) if isinstance(value, tuple) else value
 
 

@@ -54,7 +54,7 @@ _VIT_NAME = re.compile(r"^ViT-(Ti|S|B|L|H)/(\d+)(-gap)?$")
 _BIT_NAME = re.compile(r"^BiT-R(26|50|101|152|200)x(\d+)$")
 
 
-def list_models() -> list[str]:
+def variant_names() -> list[str]:
     """Every named variant: the ViTs of paper Table 1 and the official configs, their GAP versions, the
     hybrids, the BiT ResNetV2s."""
     vits = [f"ViT-{v}" for v in LISTED_VITS]
@@ -120,8 +120,3 @@ def architecture_differences(expected: ModelConfig, got: ModelConfig) -> list[st
 def build_model(config: ModelConfig) -> nn.Module:
     check_blocks(config)  # before a million blocks are built
     return VisionTransformer(config) if isinstance(config, ViTConfig) else BiT(config)
-
-
-def create_model(name: str, /, **overrides: Any) -> nn.Module:
-    """`create_model("ViT-B/16", num_classes=10, image_size=384)`: a freshly initialised model."""
-    return build_model(model_config(name, **overrides))

@@ -36,8 +36,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from vitlab.data.errors import DataError, describe_paths
-from vitlab.errors import WeightsError
+from vitlab.data.errors import describe_paths
+from vitlab.errors import DataError, WeightsError
+from vitlab.files.digest import sha256_file
 from vitlab.files.outputs import storage_error
 from vitlab.files.rundir import (
     CHECKPOINTS,
@@ -50,7 +51,6 @@ from vitlab.files.rundir import (
     holds_run,
     latest_valid_checkpoint,
     list_checkpoints,
-    sha256_file,
     step_dir,
 )
 from vitlab.models.config import ModelConfig
@@ -270,14 +270,15 @@ def _check_settings(run_dir: Path, record: dict[str, Any], ckpt: Path) -> None:
             if sources.get(key) != "flag (on resume)":
                 log.warning("%s says %s %s, checkpoint %s was trained with %s (edited, or changed by a resume that "
                             "did not record it): continuing with %s; a resume flag (--%s) is the way to change it",
-                            run_dir / CONFIG, key, _show(now), ckpt, _show(before), _show(now), key.replace("_", "-"))
+                            run_dir / CONFIG, key, _json_excerpt(now), ckpt,
+                            _json_excerpt(before), _json_excerpt(now), key.replace("_", "-"))
             continue
-        raise ValueError(f"{run_dir / CONFIG} says {key} {_show(now)} but checkpoint {ckpt} was trained with "
-                         f"{key} {_show(before)}: config.json was edited after the run started; put "
-                         f"{_show(before)} back, or start a new run with another --out")
+        raise ValueError(f"{run_dir / CONFIG} says {key} {_json_excerpt(now)} but checkpoint {ckpt} was trained with "
+                         f"{key} {_json_excerpt(before)}: config.json was edited after the run started; put "
+                         f"{_json_excerpt(before)} back, or start a new run with another --out")
 
 
-def _show(value: Any) -> str:
+def _json_excerpt(value: Any) -> str:
     return json.dumps(value)[:80]
 
 
@@ -289,8 +290,8 @@ def _check_architecture(record: dict[str, Any], config: Any, what: str, advice: 
     held = json.loads(json.dumps(config.to_dict()))
     for key in sorted(set(held) & set(recorded) - {"name"}):  # the name describes, the other fields build
         if held[key] != recorded[key]:
-            raise ValueError(f"{what} holds a model with {key} {_show(held[key])}, the run trains {key} "
-                             f"{_show(recorded[key])} ({CONFIG}): the weights are not this run's; {advice}")
+            raise ValueError(f"{what} holds a model with {key} {_json_excerpt(held[key])}, the run trains {key} "
+                             f"{_json_excerpt(recorded[key])} ({CONFIG}): the weights are not this run's; {advice}")
 
 
 def _load(objective: Any, weights: Any, extras: dict[str, Any], what: str, advice: str) -> nn.Module:
@@ -573,7 +574,7 @@ class Checkpointer:
     def save(self, step: int, training: dict[str, Any]) -> Path:
         """The checkpoint of `step`; `training`: the trainer's own state to resume (best, logged-loss window)."""
         full = get_model_state_dict(self.model, options=_FULL)
-        weights, extras = self.objective.split_state(self._plain(full))
+        weights, extras = self.objective.split_state(self._merged_weights(full))
         optimizer = get_optimizer_state_dict(self.model, self.optimizer, options=_FULL)
         ema = None
         if self.ema is not None:
@@ -603,7 +604,7 @@ class Checkpointer:
     def save_weights(self, path: Path, step: int | None = None) -> None:
         """The weights as currently loaded in the model (EMA inside `ema.applied`), gathered from shards; `step`
         recorded in their metadata (the final weights': a run whose checkpoints were deleted continues from them)."""
-        weights, _ = self.objective.split_state(self._plain(get_model_state_dict(self.model, options=_FULL)))
+        weights, _ = self.objective.split_state(self._merged_weights(get_model_state_dict(self.model, options=_FULL)))
         if self.d.is_main:
             meta = {**weights_meta(self.cfg), **({"step": step} if step is not None else {})}
             save_weights(path, weights, self.model.config, self.class_names, meta)
@@ -613,7 +614,7 @@ class Checkpointer:
         saved = self.tuning.resume_state(state) if self.tuning is not None else None
         return {"tuning": saved} if saved is not None else {}
 
-    def _plain(self, state: dict[str, Any]) -> dict[str, Any]:
+    def _merged_weights(self, state: dict[str, Any]) -> dict[str, Any]:
         """The model's state as plain vitlab weights (LoRA's adapters merged by peft)."""
         return self.tuning.weights(state) if self.tuning is not None else state
 

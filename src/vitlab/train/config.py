@@ -189,7 +189,8 @@ def _range_problems(cfg: TrainConfig) -> list[str]:
          "increasing fractions in (0, 1)"),
         ("lr_sweep", cfg.lr_sweep, all(finite(lr) and lr > 0 for lr in cfg.lr_sweep), "positive learning rates"),
     ]
-    problems = [f"{_flag(name)} must be {allowed}, got {_show(value)}" for name, value, ok, allowed in rules if not ok]
+    problems = [f"{_flag(name)} must be {allowed}, got {setting_text(value)}"
+                for name, value, ok, allowed in rules if not ok]
     for key, value in cfg.model_args.items():
         if key in ("depth", "width", "num_heads", "mlp_dim") and (not isinstance(value, int) or value < 1):
             problems.append(f"--{ {'num_heads': 'heads', 'mlp_dim': 'mlp-dim'}.get(key, key)} must be a positive "
@@ -197,9 +198,13 @@ def _range_problems(cfg: TrainConfig) -> list[str]:
     return problems
 
 
-def _show(value: Any) -> str:
+def setting_text(value: Any) -> str:
+    """A setting's value as the command line spells it: floats in %g, tuples space-separated ("(none)" when
+    empty), everything else as str."""
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value:g}"
     if isinstance(value, tuple):
-        return " ".join(str(v) for v in value) or "(none)"
+        return " ".join(setting_text(v) for v in value) or "(none)"
     return str(value)
 
 

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from vitlab.errors import PeerLost
 from vitlab.runtime.device import all_reduce, pick_device
 from vitlab.train.runlog import log
 
@@ -48,8 +49,7 @@ TIMEOUT_ENV = "VITLAB_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 300.0  # longer than any step or checkpoint of the paper's models; gloo's own default is 30 min
 
 
-class PeerLost(RuntimeError):
-    """Another process of the job stopped answering (killed, crashed, stopped or cut off): this one cannot go on."""
+
 
 
 def collective_timeout() -> float:

@@ -31,7 +31,7 @@ from vitlab.data import build_datasets
 from vitlab.files.rundir import CONFIG
 from vitlab.train.resolve import Resolved, resolve
 from vitlab.train.runlog import append_to_console_log, check_trackers, result_line, schedule_lines, settings_lines
-from vitlab.train.trainer import RunResult, build_model, check_classes, objective_for, run, run_record
+from vitlab.train.trainer import RunResult, build_run_model, check_classes, objective_for, run, run_record
 from vitlab.weights.load import load
 
 # --------------------------------------------------------------------------------------------------------------
@@ -82,7 +82,7 @@ def _model_config(resolved: Resolved) -> dict[str, Any]:
     if cfg.resume and stored.is_file():
         return json.loads(stored.read_text())["model_config"]
     with torch.device("meta"):
-        model = build_model(cfg, resolved.data.class_names, objective_for(cfg).has_head, resolved.init)
+        model = build_run_model(cfg, resolved.data.class_names, objective_for(cfg).has_head, resolved.init)
     return model.config.to_dict()
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from vitlab.train.config import (
     check_types,
     config_from_json,
     parse_settings,
+    setting_text,
     validate,
 )
 from vitlab.train.finetune import frozen_backbone_settings
@@ -223,7 +223,7 @@ class _Layers:
 
     def apply(self, values: Mapping[str, Any], source: str) -> None:
         for key, value in values.items():
-            self.values[key] = _plain(value)
+            self.values[key] = _lists_to_tuples(value)
             self.sources[key] = source
 
     def given_after(self, key: str, recipe: str) -> bool:
@@ -234,7 +234,7 @@ class _Layers:
         return source not in ("default", f"recipe {recipe}") and not source.startswith("weights ")
 
 
-def _plain(value: Any) -> Any:
+def _lists_to_tuples(value: Any) -> Any:
     """Lists (from JSON, YAML, argparse) as tuples, as TrainConfig holds them."""
     return tuple(value) if isinstance(value, list) else value
 
@@ -445,12 +445,12 @@ def _resume(out: Path, flags: Mapping[str, Any], recipe: str | None) -> Resolved
     for key, value in flags.items():
         if key == "model_args":
             continue
-        now, before = _plain(value), getattr(stored, key)
+        now, before = _lists_to_tuples(value), getattr(stored, key)
         if now == before or key in ("resume", "out") or (key == "precision" and now == "auto"):
             continue  # --precision auto: the choice the run made when it started
         if key not in SAFE_ON_RESUME:
-            raise ValueError(f"--{key.replace('_', '-')} {_show(now)} contradicts the run in {out} (stored: "
-                             f"{_show(before)}); resume without it, or start a new run with another --out")
+            raise ValueError(f"--{key.replace('_', '-')} {setting_text(now)} contradicts the run in {out} (stored: "
+                             f"{setting_text(before)}); resume without it, or start a new run with another --out")
         if key == "steps" and now < before:
             raise ValueError(f"--steps {now} is below the run's {before}: a resumed run continues to its end or "
                              "further; evaluate a checkpoint with `vitlab eval` instead")
@@ -460,8 +460,8 @@ def _resume(out: Path, flags: Mapping[str, Any], recipe: str | None) -> Resolved
     # recorded in its config.json (which would rewrite the original's weights and checkpoints).
     sources["out"] = "flag (on resume)" if str(stored.out) != str(flags["out"]) else sources.get("out", "flag")
     config = validate(stored.replace(resume=True, out=str(flags["out"]), **{k: v[1] for k, v in changes.items()}))
-    notes = tuple(f"resumed with --{k.replace('_', '-')} {_show(v[1])} (was {_show(v[0])})" + _extension(k, v, stored)
-                  for k, v in changes.items())
+    notes = tuple(f"resumed with --{k.replace('_', '-')} {setting_text(v[1])} (was {setting_text(v[0])})"
+                  + _extension(k, v, stored) for k, v in changes.items())
     return Resolved(config, sources, tuple(record.get("notes", ())) + notes, resumed_changes=changes)
 
 
@@ -476,11 +476,3 @@ def _extension(key: str, change: list[Any], stored: TrainConfig) -> str:
         return ""
     return (f": the {stored.decay} learning-rate schedule re-planned for {change[1]} steps (warm-up kept), so each "
             f"step from the checkpoint on takes the lr of the {change[1]}-step schedule")
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, float) and math.isfinite(value):
-        return f"{value:g}"
-    if isinstance(value, tuple):
-        return " ".join(_show(v) for v in value)
-    return str(value)

@@ -183,7 +183,7 @@ class RunLog:
             (log if self.bar is None else FILE_ONLY).info(
                 "step %d/%d  loss %.4f  lr %.2e  %.0f img/s (data %.0f img/s, wait %.0f%%)  eta %s",
                 step, self.total, stats["loss"], stats["lr"], stats["images_per_s"],
-                stats["data_images_per_s"], 100 * stats["data_wait"], _duration(eta),
+                stats["data_images_per_s"], 100 * stats["data_wait"], duration(eta),
             )
 
     def estimate(self, step: int, last: dict[str, float], workers: int, log_every: int) -> None:
@@ -207,13 +207,6 @@ class RunLog:
         for writer in self.writers:
             writer.close()
         self.writers = []
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from vitlab.data import is_embedded
 from vitlab.data.datasets import has_val_split
-from vitlab.data.errors import DataError
+from vitlab.errors import DataError
 from vitlab.eval.classify import evaluate_weights
 from vitlab.files.outputs import WRITTEN_BY, atomic_write, check_replaceable, mark
 from vitlab.files.rundir import REFIT_RUN, sweep_run_name

@@ -28,10 +28,11 @@ from vitlab.data import (
     normalize,
 )
 from vitlab.data.augment import with_augmentation
-from vitlab.data.errors import DataError, describe_paths
+from vitlab.data.errors import describe_paths
 from vitlab.data.loader import PartsLoader, UnreadableImages
 from vitlab.data.mixup import MixUp, draw_mixup
 from vitlab.data.stream import training_order
+from vitlab.errors import DataError, OutputError, TrainingDiverged
 from vitlab.eval.classify import evaluate, per_image_loss
 from vitlab.eval.fewshot_data import fewshot_weights
 from vitlab.eval.metrics import ClassificationMeter
@@ -114,7 +115,7 @@ def _representation(cfg: TrainConfig, config: Any) -> dict[str, Any]:
     return {"representation_size": cfg.representation_size or None}
 
 
-def build_model(cfg: TrainConfig, class_names: list[str], with_head: bool = True,
+def build_run_model(cfg: TrainConfig, class_names: list[str], with_head: bool = True,
                 init: InitWeights | None = None) -> nn.Module:
     """From scratch (`--model`) or, for fine-tuning, from `--init` weights in any format `vitlab.load` reads
     (or a run directory; `init`: the resolution step's read of them, else they are read here): position
@@ -330,12 +331,10 @@ def objective_for(cfg: TrainConfig) -> Classification:
 OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
-class OutputError(ValueError):
-    """The run could not write its outputs; the checkpoints written before stay valid."""
 
 
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite; the run stopped without saving the bad state."""
+
+
 
 
 @dataclass
@@ -402,7 +401,7 @@ class Trainer:
         resume = (find_resume_point(self.run_dir, self.objective, self.data.class_names, self.data.source, d.is_main)
                   if cfg.resume else None)
         if resume is None:
-            model = build_model(cfg, self.data.class_names, self.objective.has_head, resolved.init)
+            model = build_run_model(cfg, self.data.class_names, self.objective.has_head, resolved.init)
             self.model = self.objective.wrap(model)
         else:
             self.model = resume.model

@@ -32,7 +32,7 @@ from torch import nn
 
 from vitlab.errors import WeightsError
 from vitlab.models.config import BiTConfig
-from vitlab.models.registry import RESNET_DEPTHS, list_models
+from vitlab.models.registry import RESNET_DEPTHS, variant_names
 from vitlab.weights.checkpoint import Checkpoint
 from vitlab.weights.tensors import atomic_savez, check_npz_tensor, read_npz_arrays, units_per_stage
 from vitlab.weights.validate import expected_shapes
@@ -151,7 +151,7 @@ def bit_name(config: BiTConfig) -> str:
     """The registry name ("BiT-R50x1") of a BiT config whose stages and width are a listed variant, else ""."""
     depth = next((d for d, layers in RESNET_DEPTHS.items() if layers == config.layers), None)
     name = f"BiT-R{depth}x{config.width_factor}"
-    return name if depth is not None and name in list_models() and config.in_chans == 3 else ""
+    return name if depth is not None and name in variant_names() and config.in_chans == 3 else ""
 
 
 def _describe(config: BiTConfig) -> str:

@@ -14,8 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitlab.constants import OFFICIAL_MEAN, OFFICIAL_STD
 from vitlab.errors import WeightsError
-from vitlab.models.config import OFFICIAL_MEAN, OFFICIAL_STD, BiTConfig, ModelConfig, ViTConfig
+from vitlab.models.config import BiTConfig, ModelConfig, ViTConfig
 from vitlab.weights.card import model_card
 from vitlab.weights.checkpoint import Checkpoint
 from vitlab.weights.hf_bit import read_hf_bit, write_hf_bit

@@ -17,6 +17,7 @@ from typing import Any
 
 from torch import nn
 
+from vitlab.constants import CLIP_MEAN, CLIP_STD
 from vitlab.errors import WeightsError
 from vitlab.models.config import BiTConfig
 from vitlab.weights.bit_npz import bit_name, warn_numerics
@@ -45,9 +46,6 @@ HF_DEFAULTS: dict[str, Any] = {
     "drop_path_rate": 0.0, "embedding_dynamic_padding": False, "output_stride": 32, "width_factor": 1,
 }  # fmt: skip
 _FIX_CONFIG = "vitlab reads BiT's pre-activation ResNetV2 as google/bit-50 defines it"
-# BitImageProcessor's class defaults (OpenAI CLIP's statistics), for a preprocessor_config.json without them.
-PROCESSOR_MEAN = (0.48145466, 0.4578275, 0.40821073)
-PROCESSOR_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 def hf_key(key: str, base: str) -> str:
@@ -140,7 +138,7 @@ def _with_preprocessing(config: BiTConfig, pre: dict[str, Any], path: Path) -> B
     the size is the center crop if it crops, else the resize target."""
     mean, std = (0.0,) * 3, (1.0,) * 3
     if pre.get("do_normalize", True):
-        mean, std = pre.get("image_mean") or PROCESSOR_MEAN, pre.get("image_std") or PROCESSOR_STD
+        mean, std = pre.get("image_mean") or CLIP_MEAN, pre.get("image_std") or CLIP_STD
     size = pre.get("crop_size", 224) if pre.get("do_center_crop", True) else pre.get("size", 224)
     try:
         if isinstance(size, dict):

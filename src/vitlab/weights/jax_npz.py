@@ -24,7 +24,7 @@ import torch
 
 from vitlab.errors import WeightsError
 from vitlab.models.config import ResNetConfig, ViTConfig
-from vitlab.models.registry import list_models, model_config
+from vitlab.models.registry import model_config, variant_names
 from vitlab.models.vit import VisionTransformer
 from vitlab.weights.checkpoint import Checkpoint
 from vitlab.weights.npz_numerics import numerics_arrays, pop_numerics
@@ -280,7 +280,7 @@ def _registry_name(config: ViTConfig) -> str:
         return {k: v for k, v in dataclasses.asdict(c).items() if k not in _NOT_IN_NAME}
 
     want = arch(config)
-    for name in list_models():
+    for name in variant_names():
         candidate = model_config(name)
         if isinstance(candidate, ViTConfig) and arch(candidate) == want:
             return name

@@ -41,14 +41,14 @@ def pop_numerics(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> dict
     fields: dict[str, Any] = dict(OFFICIAL)
     if (gelu := arrays.pop(KEYS["gelu"], None)) is not None:
         if gelu.ndim != 0 or gelu.dtype.kind != "U" or str(gelu) not in ("exact", "tanh"):
-            raise WeightsError(path, f"{KEYS['gelu']} is {_show(gelu)}, expected 'exact' or 'tanh'", _FIX)
+            raise WeightsError(path, f"{KEYS['gelu']} is {_describe_array(gelu)}, expected 'exact' or 'tanh'", _FIX)
         fields["gelu"] = str(gelu)
     if (eps := arrays.pop(KEYS["ln_eps"], None)) is not None:
         if eps.ndim != 0 or eps.dtype.kind != "f" or not (math.isfinite(float(eps)) and float(eps) > 0):
-            raise WeightsError(path, f"{KEYS['ln_eps']} is {_show(eps)}, expected a positive float", _FIX)
+            raise WeightsError(path, f"{KEYS['ln_eps']} is {_describe_array(eps)}, expected a positive float", _FIX)
         fields["ln_eps"] = float(eps)
     return fields
 
 
-def _show(a: np.ndarray) -> str:
+def _describe_array(a: np.ndarray) -> str:
     return f"{a.dtype} {a.shape}" if a.ndim else f"{a.item()!r} ({a.dtype})"

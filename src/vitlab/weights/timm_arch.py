@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 
+from vitlab.constants import OFFICIAL_MEAN, OFFICIAL_STD
 from vitlab.errors import WeightsError
-from vitlab.models.config import OFFICIAL_MEAN, OFFICIAL_STD, ResNetConfig, ViTConfig
+from vitlab.models.config import ResNetConfig, ViTConfig
 from vitlab.models.registry import HYBRIDS, VIT_SIZES, model_config
 from vitlab.models.timm_compat import crop_pct_for, timm_eval_crop  # noqa: F401  (re-exported: timm.py, timm_bit.py)
 from vitlab.weights.tensors import units_per_stage

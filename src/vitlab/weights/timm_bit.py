@@ -15,8 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitlab.constants import OFFICIAL_MEAN, OFFICIAL_STD
 from vitlab.errors import WeightsError
-from vitlab.models.config import OFFICIAL_MEAN, OFFICIAL_STD, BiTConfig
+from vitlab.models.config import BiTConfig
 from vitlab.models.registry import RESNET_DEPTHS
 from vitlab.weights.tensors import units_per_stage
 from vitlab.weights.timm_arch import timm_eval_crop
