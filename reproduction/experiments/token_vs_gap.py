@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from reproduction.design import Check, Design, Verdict
+from reproduction.design import Check, Design, Verdict, revisions
 from reproduction.measures import fewshot, grid_checks, show, stat, top1, within_spread
-from reproduction.plans import TUNING_SEED, VERSION_3, pretrain, transfer_evals, tuned_pretrain_lr
+from reproduction.plans import TUNING_SEED, pretrain, transfer_evals, tuned_pretrain_lr
 from reproduction.preconditions import LEARNS_TOP1, SPREAD_FACTOR, learns, standard_error
 from reproduction.report import plots
 from reproduction.report.audit import audit, climbing, paired_line, plateau
@@ -26,8 +26,9 @@ SETUP = ("ViT (size M) with a class token or with GAP (no class token), pre-trai
 SEEDS = (0, 1, 2)
 UPSTREAM = "pre-training val top-1"
 
+REVISIONS = revisions(NAME)  # token_vs_gap.design.json: the design's version and its changes
 DESIGN = Design(
-    version=3,
+    version=REVISIONS.version,
     question=("Do a class token and GAP reach the same upstream accuracy when each has its own tuned learning "
               "rate (paper Fig. 9)?"),
     primary="upstream top-1: final top-1 on the largest set's validation split, per classifier at its own lr",
@@ -38,7 +39,7 @@ DESIGN = Design(
              "meaningless: inconclusive)",
         "c": "both tuned pre-training learning rates inside their grids after the grid-extension rule",
     },
-    changes=(VERSION_3 + "; here: three seeds instead of five.",),
+    changes=REVISIONS.changes,
 )
 
 
