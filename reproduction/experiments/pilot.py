@@ -1,9 +1,10 @@
-"""The pilot (issue 21): which procedurally generated pre-training source meets the preconditions of a fair test,
+"""The pilot: which procedurally generated pre-training source meets the preconditions of a fair test,
 for the ViT and the BiT of matched size, at the budget the full experiments can afford. It looks only at
 precondition (a) (pre-training learns its task) and (b) (pre-training helps transfer), never at which family
 wins, and it is decided by rules fixed here before it ran.
 
-Design (fixed before the first run; changes only by the rules below, each recorded in results.json):
+Design (fixed before the first run; changes only by the rules below, each recorded in pilot.design.json and,
+with the design, in results.json):
 - Sources: `SOURCES`, each at 64 classes × 1,024 training images (the largest set the full experiments need
   to afford), the ViT-M and BiT-M of `common.MODELS`, one seed (0): a pilot sizes the budget, the spread over
   seeds is the full experiments' precondition (d).
@@ -29,17 +30,17 @@ Decision rules:
   Version 2: the fine-tuning length is the first of `finetune_steps` doubled at most `REFERENCE_DOUBLINGS` times
   at which both families' from-scratch references saturate, read from the references alone (they do not depend
   on the source); every model is fine-tuned at that length. None saturating by the cap: (b) inconclusive.
-  Versions 3 and 4 keep this rule; only the data and the recipe of both arms changed (see `DESIGN.changes`).
+  Versions 3 and 4 keep this rule; only the data and the recipe of both arms changed (see pilot.design.json).
   Few-shot margins are reported beside it, not decisive: a random BiT's features are a strong linear baseline on
-  digits (the issue's probe), so a linear probe measures the architecture's prior as much as what was learnt.
+  digits (a probe before this design), so a linear probe measures the architecture's prior as much as what was learnt.
 - The source: among those where (a) and (b) hold for both families, the one that costs least (rendering its set
   plus pre-training both models, wall seconds measured here). If none meets both, none is chosen: the pilot
   reports which precondition failed by how much. Version 4 (stated before its runs): the full experiments then go
   on with the cheapest source meeting (a) for both families (`choose`'s `fallback`); every verdict that rests on
   transfer is then *inconclusive: (b) failed* with the pilot's margin, the upstream verdicts resting on (a).
 - A candidate that becomes available after this design was committed (glyphs from fonts) is run with the same
-  design and rules and recorded in `DESIGN.changes`; the choice is then made again by the same rule.
-- The recipe is justified by `ABLATION`, a small ablation on the ViT-M (the family the issue's probes found
+  design and rules and recorded in pilot.design.json; the choice is then made again by the same rule.
+- The recipe is justified by `ABLATION`, a small ablation on the ViT-M (the family probes before this design found
   sensitive to it) on every source at `ABLATION_STEPS` steps: the paper's i1k crops and regularisation against
   object-keeping crops and light regularisation, one factor at a time. The rule: the setting with the best upstream
   validation top-1 (what precondition (a) asks of pre-training), read before any transfer number.

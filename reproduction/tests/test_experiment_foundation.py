@@ -1,4 +1,4 @@
-"""What every redesigned experiment stands on (issue 21): the learning-rate grid that grows at its edge
+"""What every redesigned experiment stands on: the learning-rate grid that grows at its edge
 (precondition c), the dry pass telling certain runs from guessed ones (what may run side by side), runs side by
 side giving what one after the other gives, few-shot on the encoder output, the pilot's decision rule, and the
 report keeping only sections of the current design."""
@@ -477,10 +477,19 @@ def test_a_design_file_is_read_only_when_its_changes_rise_to_its_version(tmp_pat
 def test_no_module_of_the_campaign_spells_a_date():
     """The dated prose of the designs (when each change was made) is in their design files, not in Python."""
     root = DESIGNS.parent
-    dated = [f"{path.relative_to(root)}:{number}" for path in sorted(root.rglob("*.py")) if "tests" not in path.parts
+    dated = [f"{path.relative_to(root)}:{number}" for path in sorted(root.rglob("*.py"))
+             if "tests" not in path.relative_to(root).parts
              for number, line in enumerate(path.read_text().splitlines(), 1)
              if re.search(r"\b20\d\d-\d\d-\d\d\b", line)]
     assert dated == []
+
+
+def test_the_campaigns_code_and_tests_say_what_they_guarantee_not_which_issue_asked():
+    root = DESIGNS.parent
+    cited = [f"{path.relative_to(root)}:{number}" for path in sorted(root.rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if re.search(r"\bissues? \d", line, re.I)]
+    assert cited == []
 
 
 # --- a worker dies with its experiment process --------------------------------------------------------------------
