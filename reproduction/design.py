@@ -107,9 +107,10 @@ def revisions(name: str) -> Revisions:
     `{"experiment": name, "version": N, "paper": "..." (optional), "changes": [change, ...]}`, each change one of
 
     - `{"text": "..."}`: a change by a rule of the design that made no new version (a candidate source added);
-    - `{"version": V, "text": "version V (when; what had been read by then): ..."}`: the change that made version V;
-    - `{"version": V, "shared": true, "here": "..."}`: the revision of version V that several designs made, as
-      `shared.design.json` words it, followed by "; here: " and `here` (optional) for what it changed in this one.
+    - `{"version": V, "when": "...", "text": "..."}`: the change that made version V, `when` saying when it was made
+      and what had been read by then; written `version V (when): text`;
+    - `{"version": V, "shared": true, "here": "..."}`: the change of version V that several designs made, as
+      `shared.design.json` has it, followed by "; here: " and `here` (optional) for what it changed in this one.
 
     The versions of the changes rise, and the last is the design's version. A change is one sentence or more, and
     the text of each ends its last sentence (`describe` joins them)."""
@@ -141,7 +142,7 @@ def revisions(name: str) -> Revisions:
 
 
 def _shared() -> dict[int, str]:
-    """The wording of each revision several designs made, by the version it made (shared.design.json)."""
+    """Each change several designs made, written out, by the version it made (shared.design.json)."""
     path = DESIGNS / f"{SHARED}.design.json"
     found = dict(_text(path, change) for change in _changes(path, _design_file(path, {"changes"})))
     if None in found:
@@ -150,17 +151,15 @@ def _shared() -> dict[int, str]:
 
 
 def _text(path: Path, change: dict[str, Any]) -> tuple[int | None, str]:
-    """(the version it made, None if none; the text) of a change written out: `{"version" (optional), "text"}`,
-    the text of a change that made version V starting `version V (`, when it was made."""
-    text = change.get("text")
-    if set(change) - {"version", "text"} or not isinstance(text, str) or not text:
-        _refuse(path, f"has a change {change} that is not {{'version' (optional), 'text'}} nor a shared one")
+    """(the version it made, None if none; its text written out) of a change of the form `{"text"}` or
+    `{"version", "when", "text"}`."""
+    words = [change[k] for k in ("when", "text") if k in change]
+    if set(change) not in ({"text"}, {"version", "when", "text"}) or not all(isinstance(w, str) and w for w in words):
+        _refuse(path, f"has a change {change} that is not {{'text'}}, {{'version', 'when', 'text'}} nor a shared one")
     if "version" not in change:
-        return None, text
+        return None, change["text"]
     version = _version(path, change["version"])
-    if not text.startswith(f"version {version} ("):
-        _refuse(path, f"has the change of version {version} starting otherwise than 'version {version} (when)'")
-    return version, text
+    return version, f"version {version} ({change['when']}): {change['text']}"
 
 
 def _design_file(path: Path, keys: set[str]) -> dict[str, Any]:

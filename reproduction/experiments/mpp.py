@@ -26,7 +26,7 @@ SETUP = ("ViT (size M) pre-trained on the largest {source} set by masked patch p
          "same recipe and steps. Each pre-training learning rate chosen per method; fine-tuning at the weights' "
          "pre-training lr, the from-scratch reference at the supervised one (the ViT's from-scratch lr).")
 METHODS = ("from scratch", "MPP pre-training", "supervised pre-training")
-# MPP against from-scratch may differ by little at this scale; three seeds (version 2 had five): the budget
+# MPP against from-scratch may differ by little at this scale; three seeds, as the budget allows (the design file)
 SEEDS = (0, 1, 2)
 MPP_MARGIN = 10.0  # points of colour top-1 the MPP run must gain over its own untrained start
 

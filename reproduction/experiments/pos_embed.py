@@ -23,7 +23,7 @@ FINDING = ("A model without position embedding is clearly worse than one with (I
 SETUP = ("ViT (size M, 8×8 patches) pre-trained on the largest {source} set with each position embedding, same "
          "steps and learning rate (the one chosen for the 1-D embedding), {seeds} seeds; few-shot transfer as in "
          "the paper's Table 8 (no fine-tuning: the table reports few-shot only).")
-# three seeds (version 2 had five): the budget (version 3); whether the differences exceed their spread is (d)
+# three seeds, as the budget allows (pos_embed.design.json); whether the differences exceed their spread is (d)
 SEEDS = (0, 1, 2)
 VARIANTS = {"none": "none", "1-D": "learned", "2-D": "2d", "relative": "relative"}
 EMBEDDINGS = ("1-D", "2-D", "relative")

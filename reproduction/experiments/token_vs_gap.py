@@ -22,7 +22,7 @@ FINDING = ("A class token and global average pooling (GAP) of the patch tokens w
 SETUP = ("ViT (size M) with a class token or with GAP (no class token), pre-trained on the largest {source} set; "
          "each classifier's learning rate chosen from {lrs} on the pre-training validation split (seed "
          f"{TUNING_SEED}); 5-shot {{curve_data}} accuracy of the checkpoints kept during pre-training.")
-# the paper finds no difference: seeds tell a difference from noise; three (version 2 had five): the budget
+# the paper finds no difference: seeds tell a difference from noise; three, as the budget allows (the design file)
 SEEDS = (0, 1, 2)
 UPSTREAM = "pre-training val top-1"
 

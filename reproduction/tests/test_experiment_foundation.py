@@ -432,7 +432,8 @@ def test_report_drops_a_measured_section_of_another_design(tmp_path, monkeypatch
 
 # --- the designs' versions and changes are data: the experiments' design files ------------------------------------
 def test_every_design_takes_its_version_and_changes_from_its_design_file():
-    shared = {c["version"]: c["text"] for c in json.loads((DESIGNS / "shared.design.json").read_text())["changes"]}
+    shared = {c["version"]: f"version {c['version']} ({c['when']}): {c['text']}"
+              for c in json.loads((DESIGNS / "shared.design.json").read_text())["changes"]}
     for name, experiment in experiments().items():
         written = revisions(name)
         assert (experiment.design.version, experiment.design.changes) == (written.version, written.changes), name
@@ -444,20 +445,23 @@ def test_every_design_takes_its_version_and_changes_from_its_design_file():
 
 def test_a_design_file_is_read_only_when_its_changes_rise_to_its_version(tmp_path, monkeypatch):
     monkeypatch.setattr(design, "DESIGNS", tmp_path)
-    (tmp_path / "shared.design.json").write_text(json.dumps({"changes": [{"version": 3, "text": "version 3 (d): x"}]}))
+    shared = {"changes": [{"version": 3, "when": "d", "text": "x"}]}
+    (tmp_path / "shared.design.json").write_text(json.dumps(shared))
 
     def write(**content):
         (tmp_path / "pos_embed.design.json").write_text(json.dumps({"experiment": "pos-embed", **content}))
 
     write(version=4, changes=[{"text": "a candidate added."}, {"version": 3, "shared": True, "here": "y"},
-                              {"version": 4, "text": "version 4 (d, none read): z."}])
+                              {"version": 4, "when": "d, none read", "text": "z."}])
     assert revisions("pos-embed") == Revisions(4, ("a candidate added.", "version 3 (d): x; here: y.",
                                                    "version 4 (d, none read): z."))
     for content, refusal in (
         ({"version": 5, "changes": [{"version": 3, "shared": True}]}, "must rise to the design's version, 5"),
-        ({"version": 3, "changes": [{"version": 3, "text": "v3: z."}]}, "otherwise than 'version 3 \\(when\\)'"),
+        ({"version": 3, "changes": [{"version": 3, "shared": True}, {"version": 3, "when": "d", "text": "z."}]},
+         "must rise"),
+        ({"version": 3, "changes": [{"version": 3, "text": "z."}]}, "is not"),  # when it was made: not said
         ({"version": 4, "changes": [{"version": 4, "shared": True}]}, "does not hold"),
-        ({"version": 3, "changes": [{"version": 3, "text": "version 3 (d): z.", "date": "d"}]}, "is not"),
+        ({"version": 3, "changes": [{"version": 3, "when": "d", "text": "z.", "date": "d"}]}, "is not"),
         ({"version": "3"}, "not a whole number"),
         ({"version": 3, "dated": "d"}, "not an object of the fields"),
     ):
@@ -674,7 +678,7 @@ def test_a_worker_trains_a_recorded_run_again_when_the_dry_pass_wants_its_weight
 
 
 def _pilot_rows():
-    """The pilot's version-4 measurements (2026-12-03): the ViT-M's reference unsaturated, the BiT-M's saturated."""
+    """The pilot's version-4 measurements (results.json): the ViT-M's reference unsaturated, the BiT-M's saturated."""
     rows = []
     for source, vit_margin, bit_margin, cost in (("fractal", 9.7, -0.3, 900), ("strokes", 10.5, 1.0, 950),
                                                  ("fonts", 7.8, 2.4, 700)):
