@@ -1,5 +1,7 @@
 """An experiment's design as data, fixed (and committed) before its full run: the question, the primary metric,
-the decision rule and the preconditions with their thresholds; and the verdict those rules give.
+the decision rule and the preconditions with their thresholds; and the verdict those rules give. The rules are
+code (their thresholds are the experiment's constants); the design's version and every change made to it since its
+commit, with when each was made, are the experiment's design file (`revisions`).
 
 A verdict is `holds`, `does not hold`, or `inconclusive: precondition (x) failed (value)`: a finding is never
 said not to hold when the test of it was not fair. A finding that holds for a reason other than the paper's (GAP
@@ -9,7 +11,10 @@ that never learnt, attention no more local than uniform) says so in `trivial`.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
+
+from reproduction.records import read_json
 
 PRECONDITIONS = {
     "a": "pre-training learns its task",
@@ -17,6 +22,11 @@ PRECONDITIONS = {
     "c": "no chosen learning rate at the edge of its grid",
     "d": "the effect is larger than the seed spread",
 }
+
+DESIGNS = Path(__file__).parent / "experiments"  # the design files, each named as its module (pilot.design.json)
+SHARED = "shared"  # shared.design.json: revisions several designs made, each design's file naming the ones it took
+MAX_DESIGN_BYTES = 1 << 20  # a design file is a few KB
+DESIGN_FIX = "correct it or restore it from its commit (its format: reproduction.design.revisions)"
 
 
 @dataclass(frozen=True)
@@ -78,3 +88,102 @@ def describe(design: Design) -> str:
     return (f"**Design (version {design.version}, fixed before the full run).** {design.question} Primary metric: "
             f"{design.primary}. Decision rule: {design.rule} Preconditions, checked before the verdict: {checks}. "
             f"Changes since the design was committed: {changes}.")
+
+
+@dataclass(frozen=True)
+class Revisions:
+    """An experiment's design file: the design's version, the changes made to it since its commit (each by a rule
+    stated in advance, with when it was made and what had been read by then), and what the design answers to when
+    it is no section of the paper (`paper`; '' for the others, whose module names their section)."""
+
+    version: int
+    changes: tuple[str, ...]
+    paper: str = ""
+
+
+def revisions(name: str) -> Revisions:
+    """Experiment `name`'s design file, checked: `DESIGNS/<module>.design.json`, beside the experiment's module
+    (`data-scaling`: data_scaling.design.json). It holds
+    `{"experiment": name, "version": N, "paper": "..." (optional), "changes": [change, ...]}`, each change one of
+
+    - `{"text": "..."}`: a change by a rule of the design that made no new version (a candidate source added);
+    - `{"version": V, "when": "...", "text": "..."}`: the change that made version V, `when` saying when it was made
+      and what had been read by then; written `version V (when): text`;
+    - `{"version": V, "shared": true, "here": "..."}`: the change of version V that several designs made, as
+      `shared.design.json` has it, followed by "; here: " and `here` (optional) for what it changed in this one.
+
+    The versions of the changes rise, and the last is the design's version. A change is one sentence or more, and
+    the text of each ends its last sentence (`describe` joins them)."""
+    path = DESIGNS / f"{name.replace('-', '_')}.design.json"
+    content = _design_file(path, {"experiment", "version", "paper", "changes"})
+    if content.get("experiment") != name:
+        _refuse(path, f"is the design file of {content.get('experiment')!r}, not of {name!r}")
+    version, paper = _version(path, content.get("version")), content.get("paper", "")
+    if not isinstance(paper, str):
+        _refuse(path, "gives a paper that is not text")
+    changes = _changes(path, content)
+    shared = _shared() if any("shared" in c for c in changes) else {}
+    texts, made = [], []
+    for change in changes:
+        if change.get("shared") is True and set(change) <= {"version", "shared", "here"}:
+            made.append(_version(path, change.get("version")))
+            here = change.get("here", "")
+            if made[-1] not in shared or not isinstance(here, str):
+                _refuse(path, f"has a shared change {change} that {SHARED}.design.json does not hold, or whose "
+                        "`here` is not text")
+            texts.append(shared[made[-1]] + (f"; here: {here}" if here else "") + ".")
+        else:
+            v, text = _text(path, change)
+            made += [v] if v is not None else []
+            texts.append(text)
+    if made and (made != sorted(set(made)) or made[-1] != version):
+        _refuse(path, f"has changes of versions {made}: they must rise to the design's version, {version}")
+    return Revisions(version, tuple(texts), paper)
+
+
+def _shared() -> dict[int, str]:
+    """Each change several designs made, written out, by the version it made (shared.design.json)."""
+    path = DESIGNS / f"{SHARED}.design.json"
+    found = dict(_text(path, change) for change in _changes(path, _design_file(path, {"changes"})))
+    if None in found:
+        _refuse(path, "has a change that made no version")
+    return found
+
+
+def _text(path: Path, change: dict[str, Any]) -> tuple[int | None, str]:
+    """(the version it made, None if none; its text written out) of a change of the form `{"text"}` or
+    `{"version", "when", "text"}`."""
+    words = [change[k] for k in ("when", "text") if k in change]
+    if set(change) not in ({"text"}, {"version", "when", "text"}) or not all(isinstance(w, str) and w for w in words):
+        _refuse(path, f"has a change {change} that is not {{'text'}}, {{'version', 'when', 'text'}} nor a shared one")
+    if "version" not in change:
+        return None, change["text"]
+    version = _version(path, change["version"])
+    return version, f"version {version} ({change['when']}): {change['text']}"
+
+
+def _design_file(path: Path, keys: set[str]) -> dict[str, Any]:
+    content = read_json(path, MAX_DESIGN_BYTES, DESIGN_FIX)
+    if content is None:
+        raise ValueError(f"{path} is missing: every experiment's design version and its changes are read from it; "
+                         "restore it from its commit")
+    if not isinstance(content, dict) or set(content) - keys:
+        _refuse(path, f"is not an object of the fields {sorted(keys)}")
+    return content
+
+
+def _changes(path: Path, content: dict[str, Any]) -> list[dict[str, Any]]:
+    changes = content.get("changes", [])
+    if not isinstance(changes, list) or not all(isinstance(c, dict) for c in changes):
+        _refuse(path, "has changes that are not a list of objects")
+    return changes
+
+
+def _version(path: Path, value: Any) -> int:
+    if type(value) is not int or value < 1:
+        _refuse(path, f"gives the version {value!r}, not a whole number from 1")
+    return value
+
+
+def _refuse(path: Path, what: str) -> NoReturn:
+    raise ValueError(f"{path} {what}; {DESIGN_FIX}")

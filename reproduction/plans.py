@@ -27,20 +27,6 @@ from reproduction.runner import Context
 from reproduction.scale import Scale
 from reproduction.spec import RunSpec
 
-# Why design version 3 (recorded in each design it changed, before any full run of it)
-VERSION_3 = ("version 3 (2026-12-01, before any full run): fine-tuning follows the pilot's version-3 protocol "
-             "(`plans.finetune`: 100 labelled images per class, the from-scratch recipe at the model's tuned "
-             "pre-training lr for both the fine-tuning and its reference, no fine-tuning lr grid; the reference "
-             "trained as long as the pilot's references need to saturate, the fine-tuning no longer), because the "
-             "pilot measured the paper's SGD protocol leaving a from-scratch ViT-M unsaturated after 6,000 steps; "
-             "and the budget, measured at 0.33 s per step of 64 for an M model on one core, was cut from 654,000 "
-             "to 376,000 training steps for the six experiments (the references at 6,000 steps)")
-# Why design version 4 (recorded in each design that fine-tunes, before any full run of it)
-VERSION_4 = ("version 4 (2026-12-01, before any full run): fine-tuning and its from-scratch reference on 10 labelled "
-             "images per class (`mnist:10`), the pilot's version-4 target, because on 100 per class the pilot's "
-             "references left a fine-tuned BiT-M under 3 points of room and the ViT-M's had not saturated by the "
-             "cap; lengths unchanged (fine-tuning 1,500 steps, reference 6,000); the source is fonts, the pilot's "
-             "fallback, since no candidate met (a) and (b) for both families")
 TUNING_SEED = 0  # learning rates are chosen on seed-0 runs whatever --seeds says, so every choice is shared
 GRID_EXTENSIONS = 2  # precondition (c): a grid whose best value is at an edge grows by one step, at most this often
 

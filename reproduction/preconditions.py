@@ -1,4 +1,4 @@
-"""The four preconditions of a fair test (issue 21), measured the same way by every experiment.
+"""The four preconditions of a fair test, measured the same way by every experiment.
 
 (a) pre-training learns its task: the final upstream validation top-1 at the largest set reaches `LEARNS_TOP1`
     (the source has 64 classes: chance is 1.6 %).

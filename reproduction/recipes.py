@@ -12,7 +12,7 @@ DIGITS_PREPROCESSING = {"train_crop": "inception-subpixel", "crop_scale": [0.5, 
 # Pre-training at this scale (Steiner et al. 2021, "How to train your ViT?": small models on small data want light
 # augmentation and regularisation). Crops keep at least half the image (a 5 % crop of a 32-px fractal or glyph is a
 # shapeless texture while validation sees the whole image), no dropout, weight decay 0.05 instead of the paper's
-# i1k 0.1 and 0.3. The probes found these; the pilot's ablation (experiments/pilot.py) tests each factor.
+# i1k 0.1 and 0.3. Probes before the pilot's design found these; its ablation (experiments/pilot.py) tests each factor.
 PRETRAIN_SMALL = {"train_crop": "inception-subpixel", "crop_scale": [0.5, 1.0], "dropout": 0.0, "weight_decay": 0.05}
 
 

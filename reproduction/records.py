@@ -54,8 +54,9 @@ def seal(content: dict[str, Any]) -> dict[str, Any]:
     return content
 
 
-def read_json(path: str | Path, limit: int) -> Any | None:
-    """The JSON in a regular file of at most `limit` bytes; None if there is no file."""
+def read_json(path: str | Path, limit: int, fix: str = "restore it from its commit or delete it") -> Any | None:
+    """The JSON in a regular file of at most `limit` bytes; None if there is no file. `fix`: what the error for
+    a file that is not JSON tells the reader to do."""
     data = read_bytes(path, limit)
     if data is None:
         return None
@@ -63,7 +64,7 @@ def read_json(path: str | Path, limit: int) -> Any | None:
         return json.loads(data.decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as err:
         reason = str(err).splitlines()[0][:80] if str(err) else type(err).__name__
-        raise RecordError(f"{path} is not valid JSON ({reason}); restore it from its commit or delete it") from None
+        raise RecordError(f"{path} is not valid JSON ({reason}); {fix}") from None
 
 
 def read_bytes(path: str | Path, limit: int) -> bytes | None:

@@ -1,4 +1,4 @@
-"""Paired statistics over seeds (issue 38): where two arms of an experiment share a seed (the same seed, so the same
+"""Paired statistics over seeds: where two arms of an experiment share a seed (the same seed, so the same
 initial draw and the same data order), their difference is taken per seed and judged by one rule, stated once in
 the report (`RULE`):
 

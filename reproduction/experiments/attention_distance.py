@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from reproduction.design import Check, Design, Verdict
+from reproduction.design import Check, Design, Verdict, revisions
 from reproduction.measures import grid_checks, stat, top1
 from reproduction.plans import pretrain, tuned_pretrain_lr
 from reproduction.preconditions import LEARNS_TOP1, learns
@@ -33,8 +33,9 @@ LOCAL, FAR = 0.5, 0.8  # fractions of the uniform-attention distance: a local he
 PAPER_HEADS = 12  # ViT-B/16's heads per layer, the model of the paper's Fig. 7
 TRIVIAL = 0.1  # every head within this fraction of uniform: attention no more local than averaging
 
+REVISIONS = revisions(NAME)  # attention_distance.design.json: the design's version and its changes
 DESIGN = Design(
-    version=2,
+    version=REVISIONS.version,
     question=("After pre-training that learnt its task, are some heads of the first layer local while others in "
               "it attend to most of the image, and does the mean attention distance grow with depth (paper Fig. 7 "
               "right, Fig. 11)?"),
@@ -46,6 +47,7 @@ DESIGN = Design(
           "trivially at most (attention no more local than averaging)"),
     preconditions={"a": f"every seed's pre-training upstream top-1 >= {LEARNS_TOP1:g} %",
                    "c": "the tuned pre-training learning rate inside its grid"},
+    changes=REVISIONS.changes,
 )
 
 

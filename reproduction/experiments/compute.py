@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from reproduction.design import Check, Design, Verdict
+from reproduction.design import Check, Design, Verdict, revisions
 from reproduction.families import MODELS, SIZES, model_table
 from reproduction.measures import fewshot, grid_checks, nearest_shots, show, stat, top1
 from reproduction.plans import pretrain, tuned_pretrain_lr
@@ -31,8 +31,9 @@ SETUP = ("ViT and BiT ResNetV2 at three sizes each (S, M, L in the model table) 
          "few-shot linear regression on the encoder output.")
 FAMILIES = ("ViT", "BiT")  # the hybrid's claim (ahead of the ViT at small budgets) is not tested here
 
+REVISIONS = revisions(NAME)  # compute.design.json: the design's version and its changes
 DESIGN = Design(
-    version=2,
+    version=REVISIONS.version,
     question=("At matched pre-training compute, is the ViT at least as accurate as BiT (paper Fig. 5: the ViT "
               "needs 2-4× less compute for the same accuracy)?"),
     primary=("upstream top-1 on the largest set's validation split against training multiply-adds (per-image "
@@ -44,6 +45,7 @@ DESIGN = Design(
                    "c": "every size's tuned pre-training lr inside its grid (each size its own)",
                    "d": f"the ViT − BiT difference at matched compute beyond {SPREAD_FACTOR:g} standard errors "
                         "over seeds"},
+    changes=REVISIONS.changes,
 )
 
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from reproduction.design import Check, Design, Verdict
+from reproduction.design import Check, Design, Verdict, revisions
 from reproduction.families import FAMILIES, model_table
 from reproduction.measures import (
     describe_trend,
@@ -23,7 +23,7 @@ from reproduction.measures import (
     trend,
     upstream,
 )
-from reproduction.plans import VERSION_3, VERSION_4, finetune, pretrain, tuned_pretrain_lr, untrained
+from reproduction.plans import finetune, pretrain, tuned_pretrain_lr, untrained
 from reproduction.preconditions import HELPS_POINTS, LEARNS_TOP1, SPREAD_FACTOR, beyond_spread, helps, learns
 from reproduction.report import lineage, plots
 from reproduction.report.audit import audit, climbing, needed_seeds, plateau
@@ -44,8 +44,9 @@ SETUP = ("ViT, BiT ResNetV2 and hybrid of matched size (M in the model table) pr
          "weights (few-shot) and each model trained on the target alone at its own tuned learning rate.")
 SEEDS = (0, 1, 2)
 
+REVISIONS = revisions(NAME)  # data_scaling.design.json: the design's version and its changes
 DESIGN = Design(
-    version=5,
+    version=REVISIONS.version,
     question=("Does BiT lead the ViT on little pre-training data, and does the ViT − BiT gap shrink (or turn) as "
               "the pre-training set grows, as in the paper's Figs. 3 and 4?"),
     primary=("upstream top-1: each pre-trained model's own classifier on the largest set's validation split, the "
@@ -64,14 +65,7 @@ DESIGN = Design(
              "use too) inside its grid after the grid-extension rule",
         "d": f"the mean slope of the ViT − BiT upstream gap beyond {SPREAD_FACTOR:g} standard errors over seeds",
     },
-    changes=(VERSION_3 + "; here: three set sizes instead of four (1,024, 8,192 and 131,072 images: still"
-                         " 1k to 128k).", VERSION_4 + ".",
-             "version 5 (2026-12-02 18:29 UTC; of this experiment's runs only the BiT-M's seed-0 learning-rate "
-             "grid had finished, no transfer run): precondition (b) decides the transfer verdicts only, not the "
-             "upstream one, as the pilot's version-4 rule fixed before (2026-12-01 20:14 UTC): with no source "
-             "meeting (b), 'every verdict resting on transfer is inconclusive: (b) failed, the upstream verdicts "
-             "resting on (a)'. Version 4 had listed (b) among the upstream verdict's conditions against that rule; "
-             "its runs, metrics and thresholds are unchanged."),
+    changes=REVISIONS.changes,
 )
 
 

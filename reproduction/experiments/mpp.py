@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from reproduction.design import Check, Design, Verdict
+from reproduction.design import Check, Design, Verdict, revisions
 from reproduction.measures import fewshot, grid_checks, show, stat, top1
-from reproduction.plans import VERSION_3, VERSION_4, finetune, pretrain, transfer_evals, tuned_pretrain_lr
+from reproduction.plans import finetune, pretrain, transfer_evals, tuned_pretrain_lr
 from reproduction.preconditions import HELPS_POINTS, LEARNS_TOP1, SPREAD_FACTOR, beyond_spread, helps, learns
 from reproduction.report import lineage, plots
 from reproduction.report.audit import audit, climbing, paired_line, plateau
@@ -26,12 +26,13 @@ SETUP = ("ViT (size M) pre-trained on the largest {source} set by masked patch p
          "same recipe and steps. Each pre-training learning rate chosen per method; fine-tuning at the weights' "
          "pre-training lr, the from-scratch reference at the supervised one (the ViT's from-scratch lr).")
 METHODS = ("from scratch", "MPP pre-training", "supervised pre-training")
-# MPP against from-scratch may differ by little at this scale; three seeds (version 2 had five): the budget
+# MPP against from-scratch may differ by little at this scale; three seeds, as the budget allows (the design file)
 SEEDS = (0, 1, 2)
 MPP_MARGIN = 10.0  # points of colour top-1 the MPP run must gain over its own untrained start
 
+REVISIONS = revisions(NAME)  # mpp.design.json: the design's version and its changes
 DESIGN = Design(
-    version=4,
+    version=REVISIONS.version,
     question=("Does masked patch prediction on the source help fine-tuning on MNIST, above training from scratch "
               "and below supervised pre-training (paper: +2 points over scratch, −4 under supervised)?"),
     primary="fine-tuned MNIST top-1 of the ViT-M from scratch, from MPP pre-training, from supervised pre-training",
@@ -45,7 +46,7 @@ DESIGN = Design(
         "c": "both tuned pre-training learning rates (MPP, supervised) inside their grids",
         "d": "MPP − scratch and supervised − MPP each beyond the spread",
     },
-    changes=(VERSION_3 + "; here: three seeds instead of five.", VERSION_4 + "."),
+    changes=REVISIONS.changes,
 )
 
 

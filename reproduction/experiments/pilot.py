@@ -1,9 +1,10 @@
-"""The pilot (issue 21): which procedurally generated pre-training source meets the preconditions of a fair test,
+"""The pilot: which procedurally generated pre-training source meets the preconditions of a fair test,
 for the ViT and the BiT of matched size, at the budget the full experiments can afford. It looks only at
 precondition (a) (pre-training learns its task) and (b) (pre-training helps transfer), never at which family
 wins, and it is decided by rules fixed here before it ran.
 
-Design (fixed before the first run; changes only by the rules below, each recorded in results.json):
+Design (fixed before the first run; changes only by the rules below, each recorded in pilot.design.json and,
+with the design, in results.json):
 - Sources: `SOURCES`, each at 64 classes × 1,024 training images (the largest set the full experiments need
   to afford), the ViT-M and BiT-M of `common.MODELS`, one seed (0): a pilot sizes the budget, the spread over
   seeds is the full experiments' precondition (d).
@@ -29,17 +30,17 @@ Decision rules:
   Version 2: the fine-tuning length is the first of `finetune_steps` doubled at most `REFERENCE_DOUBLINGS` times
   at which both families' from-scratch references saturate, read from the references alone (they do not depend
   on the source); every model is fine-tuned at that length. None saturating by the cap: (b) inconclusive.
-  Versions 3 and 4 keep this rule; only the data and the recipe of both arms changed (see `DESIGN.changes`).
+  Versions 3 and 4 keep this rule; only the data and the recipe of both arms changed (see pilot.design.json).
   Few-shot margins are reported beside it, not decisive: a random BiT's features are a strong linear baseline on
-  digits (the issue's probe), so a linear probe measures the architecture's prior as much as what was learnt.
+  digits (a probe before this design), so a linear probe measures the architecture's prior as much as what was learnt.
 - The source: among those where (a) and (b) hold for both families, the one that costs least (rendering its set
   plus pre-training both models, wall seconds measured here). If none meets both, none is chosen: the pilot
   reports which precondition failed by how much. Version 4 (stated before its runs): the full experiments then go
   on with the cheapest source meeting (a) for both families (`choose`'s `fallback`); every verdict that rests on
   transfer is then *inconclusive: (b) failed* with the pilot's margin, the upstream verdicts resting on (a).
 - A candidate that becomes available after this design was committed (glyphs from fonts) is run with the same
-  design and rules and recorded in `DESIGN.changes`; the choice is then made again by the same rule.
-- The recipe is justified by `ABLATION`, a small ablation on the ViT-M (the family the issue's probes found
+  design and rules and recorded in pilot.design.json; the choice is then made again by the same rule.
+- The recipe is justified by `ABLATION`, a small ablation on the ViT-M (the family probes before this design found
   sensitive to it) on every source at `ABLATION_STEPS` steps: the paper's i1k crops and regularisation against
   object-keeping crops and light regularisation, one factor at a time. The rule: the setting with the best upstream
   validation top-1 (what precondition (a) asks of pre-training), read before any transfer number.
@@ -50,7 +51,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from reproduction.design import Design
+from reproduction.design import Design, revisions
 from reproduction.families import model_settings
 from reproduction.plans import target_settings
 from reproduction.recipes import ABLATION, PRETRAIN_SMALL, source_preprocessing
@@ -61,7 +62,8 @@ from reproduction.spec import RunSpec
 
 NAME = "pilot"
 TITLE = "Pilot: a pre-training source that meets the preconditions"
-PAPER = "issue 21 (preconditions (a) and (b) before any verdict)"
+REVISIONS = revisions(NAME)  # pilot.design.json: the design's version, its changes and what it answers to
+PAPER = REVISIONS.paper
 FINDING = ("Not a finding of the paper: the preconditions any test of its transfer findings needs at this scale: "
            "pre-training learns its task, and its weights transfer better than no pre-training.")
 SETUP = ("ViT-M and BiT-M pre-trained for {steps:,} steps of {batch_size} on each candidate source at "
@@ -92,7 +94,7 @@ PILOT_QUICK = Scale("quick", categories=4, per_class=(8,), steps=6, batch_size=1
                     workers=None, image_size=16)
 SCALES = (PILOT, PILOT_QUICK)
 DESIGN = Design(
-    version=4,
+    version=REVISIONS.version,
     question=(f"Which candidate source ({', '.join(SOURCES)}) meets preconditions (a) and (b) for both the ViT-M and "
               f"the BiT-M, pre-trained {PILOT.steps:,} steps of {PILOT.batch_size} on {PILOT.categories} classes × "
               f"{PILOT.per_class[0]:,} images?"),
@@ -109,46 +111,7 @@ DESIGN = Design(
              "points gained from half to all of its schedule); few-shot margins over the untrained model reported, "
              "not decisive",
     },
-    changes=("fonts: added as a candidate at 12:05, after the design commit and before any pilot result had been "
-             "read (only the untrained ViT's run had finished), as the design allows for a candidate that becomes "
-             "available later; same design and rules.",
-             "version 2 (14:50, before any strokes or fonts result existed): version 1's from-scratch references "
-             "did not saturate in either family at 1,500 fine-tuning steps (ViT-M 47.4 -> 59.6 %, BiT-M 89.6 -> "
-             "96.9 % from 750 to 1,500 steps: +12.2 and +7.3 points, allowance 1.5), so by its own rule (b) was "
-             "inconclusive for every source, a failure of the budget that does not depend on the source. Version 2 "
-             "sizes the fine-tuning schedule on the references alone: doubled (3,000, then 6,000 steps) until both "
-             "families saturate, every model then fine-tuned at that length. Pre-training, (a), the few-shot "
-             "evaluations and the ablation are unchanged (their runs are reused); the fractal fine-tuning runs of "
-             "version 1 (1,500 steps) are superseded.",
-             "version 3 (2026-12-01 17:11 UTC, before any of its runs; the pilot's fine-tuning runs from pre-trained "
-             "weights at version 2's lengths had not finished, none read; version 1's two on fractals "
-             "(1,500 steps on 4,000 images) had been, as version 2 records): version 2's references, measured, "
-             "failed in two ways that do not depend on the source. The ViT-M trained from scratch with the paper's "
-             "fine-tuning recipe (SGD 0.9, lr 0.01) had not saturated at the cap (76.9 -> 89.5 % from 3,000 to "
-             "6,000 steps), so (b) was inconclusive for the ViT-M whatever the source; and the BiT-M reached "
-             "98.5 % on 4,000 MNIST images from scratch, so no source could beat it by the 2-point margin on the "
-             "1,000-image test split. Version 3 changes the downstream task of both arms and nothing else: "
-             "fine-tuning and reference both on 100 images per class (`mnist:100`, VTAB-1k's 1,000 training "
-             "images, the paper's low-data transfer setting), both with the recipe that trains these models from "
-             "scratch (the paper trains every model from scratch with Adam, Section 4.1; here `PRETRAIN_SMALL` at "
-             "the pre-training lr 1e-3), so the two arms differ only in their initialisation. The length rule (from "
-             "1,500 steps, doubled until both references gain ≤ 1.5 points from half), the margin, (a), the "
-             "few-shot evaluations and the ablation are unchanged, their runs reused. Version 2's runs at 6,000 "
-             "steps are superseded unfinished.",
-             "version 4 (2026-12-01 20:14 UTC, before any of its runs; version 3's fonts fine-tunings running, "
-             "unread): version 3's references, measured on 1,000 MNIST images, failed again in two ways that do not "
-             "depend on the source. The ViT-M from scratch had not saturated at the cap (92.7 -> 96.8 % from 3,000 "
-             "to 6,000 steps, allowance 1.5), so (b) was inconclusive for the ViT-M on every source; and the BiT-M "
-             "from scratch reached 97.4 %, 2.6 points under a perfect score, so a fine-tuned BiT-M had to reach "
-             "99.4 % (fractal and strokes, read: 97.9 and 97.4 %, (b) does not hold, margins +0.5 and +0.0). "
-             "Both failures shrink with the target's size: a smaller labelled set is learnt to its end sooner and "
-             "tops out lower. Version 4 trains both arms on 10 images per class (`mnist:10`, 100 images, nested in "
-             "version 3's; the same 1,000-image test split), the low-data transfer the paper's few-shot results "
-             "are about, and changes nothing else: the length rule, the margin, (a), the few-shot evaluations and "
-             "the ablation are unchanged, their runs reused; version 3's runs and results are kept "
-             "(reproduction/pilot-v3). It adds, before its runs, what the full experiments do if no source meets (a) "
-             "and (b) for both families: they use the cheapest source meeting (a) for both, and every verdict "
-             "resting on transfer is inconclusive: (b) failed, the upstream verdicts resting on (a).",),
+    changes=REVISIONS.changes,
 )
 EVALS = ("fewshot", "fewshot-encoder")
 

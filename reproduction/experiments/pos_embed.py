@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from reproduction.design import Check, Design, Verdict
+from reproduction.design import Check, Design, Verdict, revisions
 from reproduction.measures import grid_checks, metric_names, show, stat, top1, transfer, within_spread
-from reproduction.plans import VERSION_3, pretrain, transfer_evals, tuned_pretrain_lr
+from reproduction.plans import pretrain, transfer_evals, tuned_pretrain_lr
 from reproduction.preconditions import LEARNS_TOP1, SPREAD_FACTOR, beyond_spread, learns, standard_error
 from reproduction.report import plots
 from reproduction.report.audit import audit, climbing, paired_line, plateau
@@ -23,14 +23,15 @@ FINDING = ("A model without position embedding is clearly worse than one with (I
 SETUP = ("ViT (size M, 8×8 patches) pre-trained on the largest {source} set with each position embedding, same "
          "steps and learning rate (the one chosen for the 1-D embedding), {seeds} seeds; few-shot transfer as in "
          "the paper's Table 8 (no fine-tuning: the table reports few-shot only).")
-# three seeds (version 2 had five): the budget (version 3); whether the differences exceed their spread is (d)
+# three seeds, as the budget allows (pos_embed.design.json); whether the differences exceed their spread is (d)
 SEEDS = (0, 1, 2)
 VARIANTS = {"none": "none", "1-D": "learned", "2-D": "2d", "relative": "relative"}
 EMBEDDINGS = ("1-D", "2-D", "relative")
 UPSTREAM = "upstream top-1"
 
+REVISIONS = revisions(NAME)  # pos_embed.design.json: the design's version and its changes
 DESIGN = Design(
-    version=3,
+    version=REVISIONS.version,
     question=("Is a ViT without position embedding worse than with one, while 1-D, 2-D and relative embeddings do "
               "about equally well (paper Table 8: none ~3 points worse, the three within ~0.5)?"),
     primary="upstream top-1: final top-1 on the largest set's validation split, per position embedding",
@@ -42,8 +43,7 @@ DESIGN = Design(
         "c": "the tuned pre-training lr (chosen for 1-D, shared) inside its grid",
         "d": f"1-D − none beyond {SPREAD_FACTOR:g} standard errors over seeds",
     },
-    changes=(VERSION_3 + "; here: three seeds instead of five, and no fine-tuning (the paper's Table 8 is"
-                         " few-shot only).",),
+    changes=REVISIONS.changes,
 )
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from reproduction.design import Check, Design, Verdict
+from reproduction.design import Check, Design, Verdict, revisions
 from reproduction.measures import fewshot, grid_checks, show, stat, top1, within_spread
-from reproduction.plans import TUNING_SEED, VERSION_3, pretrain, transfer_evals, tuned_pretrain_lr
+from reproduction.plans import TUNING_SEED, pretrain, transfer_evals, tuned_pretrain_lr
 from reproduction.preconditions import LEARNS_TOP1, SPREAD_FACTOR, learns, standard_error
 from reproduction.report import plots
 from reproduction.report.audit import audit, climbing, paired_line, plateau
@@ -22,12 +22,13 @@ FINDING = ("A class token and global average pooling (GAP) of the patch tokens w
 SETUP = ("ViT (size M) with a class token or with GAP (no class token), pre-trained on the largest {source} set; "
          "each classifier's learning rate chosen from {lrs} on the pre-training validation split (seed "
          f"{TUNING_SEED}); 5-shot {{curve_data}} accuracy of the checkpoints kept during pre-training.")
-# the paper finds no difference: seeds tell a difference from noise; three (version 2 had five): the budget
+# the paper finds no difference: seeds tell a difference from noise; three, as the budget allows (the design file)
 SEEDS = (0, 1, 2)
 UPSTREAM = "pre-training val top-1"
 
+REVISIONS = revisions(NAME)  # token_vs_gap.design.json: the design's version and its changes
 DESIGN = Design(
-    version=3,
+    version=REVISIONS.version,
     question=("Do a class token and GAP reach the same upstream accuracy when each has its own tuned learning "
               "rate (paper Fig. 9)?"),
     primary="upstream top-1: final top-1 on the largest set's validation split, per classifier at its own lr",
@@ -38,7 +39,7 @@ DESIGN = Design(
              "meaningless: inconclusive)",
         "c": "both tuned pre-training learning rates inside their grids after the grid-extension rule",
     },
-    changes=(VERSION_3 + "; here: three seeds instead of five.",),
+    changes=REVISIONS.changes,
 )
 
 

@@ -1,4 +1,4 @@
-"""The post-hoc audit beside each pre-registered verdict (issue 38 items 2-3). The designs (experiments.design) were
+"""The post-hoc audit beside each pre-registered verdict. The designs (experiments.design) were
 committed before their runs, so their verdicts stay as they were, labelled as the pre-registered ones; this layer,
 written after the runs, says what the runs can and cannot show:
 

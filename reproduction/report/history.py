@@ -1,5 +1,5 @@
-"""The appendix of REPRODUCTION.md, `reproduction/HISTORY.md` (issue 38 item 4): what a skimming reader does not
-need and an auditor does: each design in full with every change made to it and why, every table and measured line
+"""The appendix of REPRODUCTION.md, `reproduction/HISTORY.md`: what a skimming reader does not need and an
+auditor does: each design in full with every change made to it and why, every table and measured line
 of each run, the verdict's details, and the notes people wrote on each run (`<!-- notes:NAME -->` ...
 `<!-- /notes:NAME -->`, kept when the appendix is rewritten; the notes of a report from before the appendix are
 moved here). The notes were written when each run finished: a number in them can predate a later re-analysis, and
@@ -8,20 +8,15 @@ REPRODUCTION.md's numbers supersede them."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from reproduction.design import Design, describe
 from reproduction.report.sections import table_lines
 
 TITLE = "# Reproduction: designs, histories and notes (appendix of REPRODUCTION.md)"
-INTRO = """Each experiment's full design (as committed before its run, with every change made to it and the rule that
-allowed it), every table and measured line of its run, and the notes written on it when it finished. The notes
-are history: a number in them can predate a later re-analysis from the committed records (issue 38 moved a
-retrained run's numbers to their own record, for example); REPRODUCTION.md's numbers supersede them.
-
-The first design (fractals with the ImageNet recipe, 500 steps) and its verdicts, withdrawn by issue 21's review,
-are in REPRODUCTION.md's history (commit b8ca11c).
-"""
+# the appendix's opening, with the campaign's history it cites: a file beside this module
+INTRO = (Path(__file__).parent / "history.intro.md").read_text(encoding="utf-8")
 
 
 def notes(previous: str, name: str) -> str:

@@ -1,4 +1,4 @@
-"""One run, one number (issue 38 item 1): which weights a recorded number was computed on.
+"""One run, one number: which weights a recorded number was computed on.
 
 A run known only from its record is trained again when its weights are wanted (runner: a fine-tuning that starts
 from it, an evaluation it lacks); the record keeps its original outcome and stores the new one as `retrained`. The

@@ -1,4 +1,4 @@
-"""The text of REPRODUCTION.md (issue 38 item 4: a report a skimming reader can read): one screen of summary (what
+"""The text of REPRODUCTION.md (a report a skimming reader can read): one screen of summary (what
 was asked, what was measured, the pre-registered verdict and the post-hoc audit label), the rules stated once, then
 per experiment a short design, its main table, the figure, the preconditions and the verdict beside its audit.
 Everything longer (the full design with its changes, every table, every measured line, the notes) is in the

@@ -1,10 +1,11 @@
-"""What every redesigned experiment stands on (issue 21): the learning-rate grid that grows at its edge
+"""What every redesigned experiment stands on: the learning-rate grid that grows at its edge
 (precondition c), the dry pass telling certain runs from guessed ones (what may run side by side), runs side by
 side giving what one after the other gives, few-shot on the encoder output, the pilot's decision rule, and the
 report keeping only sections of the current design."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -16,9 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from reproduction.design import Check, Design, Verdict, describe
+from reproduction import design
+from reproduction.design import DESIGNS, Check, Design, Revisions, Verdict, describe, revisions
 from reproduction.estimate import CostModel, StepTime
-from reproduction.experiments import pilot
+from reproduction.experiments import experiments, pilot
 from reproduction.parallel import ready
 from reproduction.plans import GRID_EXTENSIONS, tuned_lr
 from reproduction.preconditions import beyond_spread, helps, inside_grid, learns
@@ -428,6 +430,72 @@ def test_report_drops_a_measured_section_of_another_design(tmp_path, monkeypatch
     assert json.dumps(Check("a", "w", "v", True).to_dict())
 
 
+# --- the designs' versions and changes are data: the experiments' design files ------------------------------------
+def test_every_design_takes_its_version_and_changes_from_its_design_file():
+    shared = {c["version"]: f"version {c['version']} ({c['when']}): {c['text']}"
+              for c in json.loads((DESIGNS / "shared.design.json").read_text())["changes"]}
+    for name, experiment in experiments().items():
+        written = revisions(name)
+        assert (experiment.design.version, experiment.design.changes) == (written.version, written.changes), name
+        assert (DESIGNS / f"{name.replace('-', '_')}.design.json").is_file()
+    # a revision several designs made is worded once, each design adding what it changed there
+    assert revisions("mpp").changes == (f"{shared[3]}; here: three seeds instead of five.", f"{shared[4]}.")
+    assert pilot.PAPER == revisions("pilot").paper and revisions("compute").paper == ""
+
+
+def test_a_design_file_is_read_only_when_its_changes_rise_to_its_version(tmp_path, monkeypatch):
+    monkeypatch.setattr(design, "DESIGNS", tmp_path)
+    shared = {"changes": [{"version": 3, "when": "d", "text": "x"}]}
+    (tmp_path / "shared.design.json").write_text(json.dumps(shared))
+
+    def write(**content):
+        (tmp_path / "pos_embed.design.json").write_text(json.dumps({"experiment": "pos-embed", **content}))
+
+    write(version=4, changes=[{"text": "a candidate added."}, {"version": 3, "shared": True, "here": "y"},
+                              {"version": 4, "when": "d, none read", "text": "z."}])
+    assert revisions("pos-embed") == Revisions(4, ("a candidate added.", "version 3 (d): x; here: y.",
+                                                   "version 4 (d, none read): z."))
+    for content, refusal in (
+        ({"version": 5, "changes": [{"version": 3, "shared": True}]}, "must rise to the design's version, 5"),
+        ({"version": 3, "changes": [{"version": 3, "shared": True}, {"version": 3, "when": "d", "text": "z."}]},
+         "must rise"),
+        ({"version": 3, "changes": [{"version": 3, "text": "z."}]}, "is not"),  # when it was made: not said
+        ({"version": 4, "changes": [{"version": 4, "shared": True}]}, "does not hold"),
+        ({"version": 3, "changes": [{"version": 3, "when": "d", "text": "z.", "date": "d"}]}, "is not"),
+        ({"version": "3"}, "not a whole number"),
+        ({"version": 3, "dated": "d"}, "not an object of the fields"),
+    ):
+        write(**content)
+        with pytest.raises(ValueError, match=refusal):
+            revisions("pos-embed")
+    (tmp_path / "mpp.design.json").write_text(json.dumps({"experiment": "pos-embed", "version": 1}))
+    with pytest.raises(ValueError, match="design file of 'pos-embed', not of 'mpp'"):
+        revisions("mpp")
+    (tmp_path / "pos_embed.design.json").write_text("{")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        revisions("pos-embed")
+    with pytest.raises(ValueError, match="is missing"):
+        revisions("compute")
+
+
+def test_no_module_of_the_campaign_spells_a_date():
+    """The dated prose of the designs (when each change was made) is in their design files, not in Python."""
+    root = DESIGNS.parent
+    dated = [f"{path.relative_to(root)}:{number}" for path in sorted(root.rglob("*.py"))
+             if "tests" not in path.relative_to(root).parts
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if re.search(r"\b20\d\d-\d\d-\d\d\b", line)]
+    assert dated == []
+
+
+def test_the_campaigns_code_and_tests_say_what_they_guarantee_not_which_issue_asked():
+    root = DESIGNS.parent
+    cited = [f"{path.relative_to(root)}:{number}" for path in sorted(root.rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if re.search(r"\bissues? \d", line, re.I)]
+    assert cited == []
+
+
 # --- a worker dies with its experiment process --------------------------------------------------------------------
 ORPHAN_SCRIPT = """
 import multiprocessing, os, sys, time
@@ -610,7 +678,7 @@ def test_a_worker_trains_a_recorded_run_again_when_the_dry_pass_wants_its_weight
 
 
 def _pilot_rows():
-    """The pilot's version-4 measurements (2026-12-03): the ViT-M's reference unsaturated, the BiT-M's saturated."""
+    """The pilot's version-4 measurements (results.json): the ViT-M's reference unsaturated, the BiT-M's saturated."""
     rows = []
     for source, vit_margin, bit_margin, cost in (("fractal", 9.7, -0.3, 900), ("strokes", 10.5, 1.0, 950),
                                                  ("fonts", 7.8, 2.4, 700)):

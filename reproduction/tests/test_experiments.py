@@ -188,7 +188,7 @@ def test_experiments_share_their_runs(tmp_path, fixed_step_times):
 
 
 def test_families_have_similar_size_and_compute():
-    """The issue's constraint: at size M, parameters and multiply-adds within 1.5× across the three families,
+    """Matched sizes: at size M, parameters and multiply-adds within 1.5× across the three families,
     counted by building each model and by vitlab.models.flops; each family grows from S to L."""
     rows = {(r["family"], r["size"]): r for r in model_table(FULL, 64)}
     for key in ("params", "macs"):
@@ -415,7 +415,7 @@ def test_quick_experiment_end_to_end(name, quick_out, capsys):
     assert f"{name}: every run is already done" in capsys.readouterr().out
 
 
-# --- the verdicts' rules on hand-made measurements (issue 21) ----------------------------------------------------
+# --- the verdicts' rules on hand-made measurements ---------------------------------------------------------------
 IMAGES = [1024, 4096, 16384, 65536]  # log2: 10, 12, 14, 16
 
 

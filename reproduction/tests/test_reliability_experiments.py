@@ -1,4 +1,4 @@
-"""Issue 35, items 1, 3 and 4 (the report's output): the files a verdict rests on are untrusted input.
+"""The report's output: the files a verdict rests on are untrusted input.
 
 - Names read from results.json are names, never paths: an experiment from the known set, figures plain file names
   inside the experiment's folder; nothing is read or written outside the folders named.

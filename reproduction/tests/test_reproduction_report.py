@@ -1,4 +1,4 @@
-"""Issue 38: the reproduction report says what its runs can and cannot show. One run, one record, one number in
+"""The reproduction report says what its runs can and cannot show. One run, one record, one number in
 every section (a retrained run is its own record); paired statistics under one t-based rule (scipy.stats as the
 independent reference); the post-hoc audit labels in the summary beside the pre-registered verdicts; a report
 under 4,000 words with the histories in its appendix; the GPU scale experiment dry-run on the CPU."""
@@ -57,7 +57,7 @@ def test_t_quantile_matches_scipy(level):
 
 def test_the_paired_rule_on_hand_computed_cases():
     # mpp's fine-tuned mnist:10 per seed (MPP, from scratch): d = 3.5, 1.9, 3.9; mean 3.1, sd √1.12 = 1.0583,
-    # SE 0.6110, t(0.975, 2) = 4.3027: interval +0.471 to +5.729 excludes 0 (issue 38: "+3.1, SE 0.61")
+    # SE 0.6110, t(0.975, 2) = 4.3027: interval +0.471 to +5.729 excludes 0 (the mpp notes: "+3.1, SE 0.61")
     p = paired([87.0, 81.6, 86.6], [83.5, 79.7, 82.7])
     assert (p["mean"], p["sd"], p["se"]) == pytest.approx((3.1, math.sqrt(1.12), math.sqrt(1.12 / 3)))
     low, high = scipy_stats.t.interval(0.95, 2, loc=3.1, scale=math.sqrt(1.12 / 3))
