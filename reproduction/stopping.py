@@ -6,7 +6,7 @@ SIGTERM), and running it again continues every stopped run from its checkpoint. 
 waiting for the workers (they still stop at their next step with a checkpoint, on their own).
 
 The state is per process: the experiment's process sets it from its handler (`CommandStop`), a worker from its
-own (`stop_run`) and from the trainer's (`train.preemption.received_stops`)."""
+own (`stop_run`) and from the trainer's (`train.distributed.received_stops`)."""
 
 from __future__ import annotations
 
