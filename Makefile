@@ -26,7 +26,7 @@ test-slow: setup
 
 lint: setup
 	$(BIN)/ruff check .
-	$(BIN)/lint-imports
+	PYTHONPATH=. $(BIN)/lint-imports  # the contracts cover reproduction/, beside src/
 
 # The documentation site (docs/, mkdocs.yml) into build/site; --strict: a broken link or API reference fails.
 docs: setup

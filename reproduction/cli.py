@@ -9,7 +9,7 @@ import sys
 from contextlib import nullcontext
 from pathlib import Path
 
-from vitlab.cli.types import jobs, precision_name, seed
+from vitlab.cli import jobs, precision_name, seed
 
 DEFAULT_OUT = "runs/experiments"
 QUICK_OUT = "runs/experiments-quick"

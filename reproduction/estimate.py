@@ -20,10 +20,10 @@ import torch
 from reproduction.evals import parse
 from reproduction.families import MODELS
 from reproduction.spec import RunSpec
-from vitlab.data import fontglyphs, fractal, load_split, strokes, synthetic
-from vitlab.runtime.device import pick_device
-from vitlab.train.recipes import RECIPES
-from vitlab.train.resolve import resolve
+from vitlab import train as training
+from vitlab.data import describe_drawn, load_split
+from vitlab.runtime import pick_device
+from vitlab.train import RECIPES
 
 RUN_OVERHEAD_S = 2.5  # building datasets, writing config/metrics/checkpoints/curves.png: measured on 2 vCPUs
 RENDER_S_PER_IMAGE = 0.0035  # fractal rendering at 64 px, measured on 2 vCPUs (vitlab.data.fractal)
@@ -89,11 +89,11 @@ def _measure(spec: RunSpec, workers: int | None) -> StepTime:
     """A few optimiser steps of the model, loss, clipping and optimiser the run will build (the resolution step
     and the trainer's own builders), on random images; and one forward pass of the representation."""
     # the trainer's builders bring the data augmentations (torchvision) with them: not imported by `vitlab --help`
-    from vitlab.train.optim import build_optimizer
-    from vitlab.train.trainer import build_run_model, objective_for
+    from vitlab.train import build_optimizer, build_run_model, objective_for
 
     flags = {k: v for k, v in spec.settings.items() if k not in ("init", "resume")}
-    cfg = resolve(spec.recipe, {**flags, "out": "unused"}, verb="train").config  # a fine-tuning run's: from scratch
+    # a fine-tuning run's config, trained from scratch here
+    cfg = training.resolve(spec.recipe, {**flags, "out": "unused"}, verb="train").config
     device = pick_device(cfg.device)
     objective = objective_for(cfg)
     classes = [str(i) for i in range(_classes(cfg.data))]
@@ -131,14 +131,8 @@ def _classes(data: str) -> int:
 def _drawn(data: str) -> tuple[int, int, int] | None:
     """(classes, training images, validation images) of a drawn source (fractal:, strokes:, fonts:), None
     otherwise."""
-    if fractal.is_fractal_source(data):
-        spec = fractal.parse_spec(data)
-        return spec.classes, spec.classes * spec.count("train"), spec.classes * spec.count("val")
-    for kind in (strokes, fontglyphs):
-        if synthetic.is_source(data, kind.PREFIX):
-            spec = kind.parse_spec(data)
-            return spec.classes, spec.classes * spec.count("train"), spec.classes * spec.count("val")
-    return None
+    drawn = describe_drawn(data)
+    return None if drawn is None else (drawn.classes, drawn.train_images, drawn.val_images)
 
 
 def _timed(fn: Any, device: torch.device) -> float:
@@ -173,12 +167,8 @@ def val_images(data: str, val_fraction: float | None) -> int:
 
 def render_seconds(data: str) -> float:
     """Drawing a fractal, stroke or font set that is not in the cache yet (once: later runs load it)."""
-    if fractal.is_fractal_source(data) and not fractal.cache_path(fractal.parse_spec(data)).is_file():
-        per_image = RENDER_S_PER_IMAGE
-    elif strokes.is_strokes_source(data) and not strokes.cache_path(strokes.parse_spec(data)).is_file():
-        per_image = STROKES_S_PER_IMAGE
-    elif fontglyphs.is_fonts_source(data) and not fontglyphs.cache_path(fontglyphs.parse_spec(data)).is_file():
-        per_image = FONTS_S_PER_IMAGE
-    else:
+    drawn = describe_drawn(data)
+    if drawn is None or drawn.cached:
         return 0.0
+    per_image = {"fractal": RENDER_S_PER_IMAGE, "strokes": STROKES_S_PER_IMAGE, "fonts": FONTS_S_PER_IMAGE}[drawn.kind]
     return (split_size(data, "train") + split_size(data, "val")) * per_image

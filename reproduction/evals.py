@@ -18,10 +18,8 @@ from typing import Any
 
 import torch
 
-from vitlab.eval.classify import evaluate_weights
-from vitlab.eval.fewshot_data import fewshot_weights
-from vitlab.eval.inference import load_for_inference
-from vitlab.runtime.device import pick_device
+from vitlab.eval import evaluate_weights, fewshot_weights, load_for_inference
+from vitlab.runtime import pick_device
 
 CURVE_SHOTS = 5
 
@@ -56,8 +54,7 @@ def fewshot_encoder(run_dir: Path, data: str, scale: Any) -> dict[str, Any]:
 
 def attention(run_dir: Path, data: str, scale: Any) -> dict[str, Any]:
     """(L, H) mean attention distance in pixels over held-out images of `data`, one per class in turn."""
-    from vitlab.analysis.attention import attention_distance_from_attention, mean_attention_distance  # (start-up)
-    from vitlab.analysis.images import dataset_inputs
+    from vitlab.analysis import attention_distance_from_attention, dataset_inputs, mean_attention_distance  # (start-up)
 
     model = _load(run_dir / "model.safetensors")
     cfg = model.config

@@ -12,9 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from reproduction.scale import Scale
-from vitlab.models.config import ViTConfig
-from vitlab.models.flops import count_macs
-from vitlab.models.registry import build_model, describe_architecture, model_config
+from vitlab.models import ViTConfig, build_model, count_macs, describe_architecture, model_config
 
 FAMILIES = ("ViT", "BiT", "hybrid")
 SIZES = ("S", "M", "L")

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from reproduction.spec import RunSpec
-from vitlab.files.outputs import atomic_write
+from vitlab.files import atomic_write
 
 CHECKSUM = "checksum"
 MAX_RECORD_BYTES = 1 << 20  # a record is 1-4 KB; a thousand times that is no record

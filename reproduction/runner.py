@@ -40,12 +40,11 @@ from reproduction.evals import evaluate
 from reproduction.records import read_record, seal, write_json
 from reproduction.spec import DESIGN_PRECISION, RunSpec
 from reproduction.stopping import raise_if_stopped
-from vitlab.files.outputs import atomic_write
-from vitlab.files.rundir import CHECKPOINTS, METRICS, WEIGHTS, list_checkpoints
+from vitlab import train as training
+from vitlab.files import CHECKPOINTS, METRICS, WEIGHTS, atomic_write, list_checkpoints
 from vitlab.progress import progress, quiet
-from vitlab.runtime.device import cpu_name
-from vitlab.train.resolve import resolve
-from vitlab.train.runlog import read_metrics
+from vitlab.runtime import cpu_name
+from vitlab.train import read_metrics
 
 RESULT = "result.json"
 RUNS = "_runs"
@@ -111,7 +110,7 @@ def train_spec(spec: RunSpec, run_dir: Path, init: Path | None) -> dict[str, Any
     if init is not None:
         flags["init"] = str(init)
     try:
-        result = run(resolve(spec.recipe, flags, verb=spec.verb))
+        result = run(training.resolve(spec.recipe, flags, verb=spec.verb))
     except TrainingDiverged as err:  # an outcome (a learning rate too high), recorded as one: top-1 0
         return {"diverged": str(err), "val": {"top1": 0.0}}
     if result.status != "completed":

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
-from vitlab.train.distributed import received_stops
+from vitlab.train import received_stops
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from vitlab.files.outputs import atomic_write
+from vitlab.files import atomic_write
 
 COLORS = {"ViT": "tab:blue", "BiT": "tab:red", "hybrid": "tab:green"}
 DPI = 100

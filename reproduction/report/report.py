@@ -29,8 +29,8 @@ from reproduction.report import sections as text_of
 from reproduction.runner import RESULT, RUNS
 from reproduction.scale import FULL
 from vitlab.errors import OutputRefused
-from vitlab.files.outputs import atomic_write, mark_text, refuse_special
-from vitlab.train.recipes import RECIPES
+from vitlab.files import atomic_write, mark_text, refuse_special
+from vitlab.train import RECIPES
 
 FIGURES = "reproduction"
 HISTORY = "HISTORY.md"  # the appendix, in FIGURES beside the report

@@ -74,5 +74,18 @@ def main(argv: list[str] | None = None) -> int:
     return int(result or 0)
 
 
+# Argument types for verbs registered from outside the package (the reproduction campaign's `experiment`), read on
+# first use so that importing the command line stays light.
+_ARGUMENT_TYPES = ("int_range", "jobs", "precision_name", "seed")
+
+
+def __getattr__(name: str):  # noqa: ANN202 - a module's attribute hook
+    if name in _ARGUMENT_TYPES:
+        from vitlab.cli import types
+
+        return getattr(types, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,7 +2,7 @@
 pre-processing (inception crop as TF draws it, the named evaluation resizes, big_vision's few-shot resize) and
 deterministic loaders."""
 
-from vitlab.data.datasets import Datasets, build_datasets, load_split
+from vitlab.data.datasets import Datasets, DrawnSource, build_datasets, describe_drawn, load_split
 from vitlab.data.embedded import EMBEDDED, is_embedded
 from vitlab.data.fractal import fractal_splits
 from vitlab.data.loader import ShardSampler, StepSampler, TransformedSplit, make_loader
@@ -12,7 +12,7 @@ from vitlab.data.transforms import EVAL_RESIZES, FEWSHOT_RESIZE, TRAIN_CROPS, Ev
 from vitlab.errors import DataError
 
 __all__ = [
-    "EMBEDDED", "EVAL_RESIZES", "FEWSHOT_RESIZE", "TRAIN_CROPS", "DataError", "Datasets", "EvalTransform",
-    "ImageSplit", "ShardSampler", "ShardSplit", "StepSampler", "TrainTransform", "TransformedSplit", "build_datasets",
-    "fractal_splits", "is_embedded", "load_split", "make_loader", "normalize",
+    "EMBEDDED", "EVAL_RESIZES", "FEWSHOT_RESIZE", "TRAIN_CROPS", "DataError", "Datasets", "DrawnSource",
+    "EvalTransform", "ImageSplit", "ShardSampler", "ShardSplit", "StepSampler", "TrainTransform", "TransformedSplit",
+    "build_datasets", "describe_drawn", "fractal_splits", "is_embedded", "load_split", "make_loader", "normalize",
 ]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vitlab.data import fontglyphs, fractal, strokes, synthetic
 from vitlab.data.embedded import embedded_splits, is_embedded
 from vitlab.data.folder import check_same_classes, class_folders, folder_layout, scan_split
 from vitlab.data.fontglyphs import fonts_splits, is_fonts_source
@@ -23,6 +24,27 @@ _DRAWN = ((is_fractal_source, fractal_splits), (is_strokes_source, strokes_split
 
 def is_drawn_source(data: str) -> bool:
     return any(is_kind(data) for is_kind, _ in _DRAWN)
+
+
+@dataclass(frozen=True)
+class DrawnSource:
+    """What a drawn source (fractal:, strokes:, fonts:) holds, known from its spec without drawing it."""
+
+    kind: str  # "fractal", "strokes" or "fonts"
+    classes: int
+    train_images: int
+    val_images: int
+    cached: bool  # already rendered into the cache: loading it draws nothing
+
+
+def describe_drawn(data: str) -> DrawnSource | None:
+    """The sizes of a drawn source and whether it is rendered yet; None for any other source."""
+    for kind, module in (("fractal", fractal), ("strokes", strokes), ("fonts", fontglyphs)):
+        if synthetic.is_source(data, module.PREFIX):
+            spec = module.parse_spec(data)
+            return DrawnSource(kind, spec.classes, spec.classes * spec.count("train"),
+                               spec.classes * spec.count("val"), module.cache_path(spec).is_file())
+    return None
 
 
 def drawn_splits(data: str) -> tuple[ImageSplit, ImageSplit]:

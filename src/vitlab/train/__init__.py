@@ -6,25 +6,25 @@ from vitlab.train.config import TrainConfig, config_from_json
 from vitlab.train.recipes import RECIPES
 from vitlab.train.resolve import Resolved, resolve, resolve_config
 
-_LOOP_NAMES = ("RunResult", "TrainingDiverged", "run")
-_FIT_NAMES = ("FitResult", "fit")  # training from Python (fit.py), over the loop
+# Names read on first use, each from its module: `vitlab --help` reads the recipes and never trains, so its start-up
+# does not pay for what the trainer imports (torch.distributed.checkpoint, torchvision's transforms).
+_LAZY = {
+    "RunResult": "trainer", "TrainingDiverged": "trainer", "run": "trainer", "build_run_model": "trainer",
+    "objective_for": "trainer", "FitResult": "fit", "fit": "fit", "read_metrics": "runlog",
+    "received_stops": "distributed", "build_optimizer": "optim",
+}
 
 
 def __getattr__(name: str) -> Any:
-    """The trainer (loop.py) on first use: `vitlab --help` reads the recipes and never trains, so its start-up
-    does not pay for what the loop imports (torch.distributed.checkpoint, torchvision's transforms)."""
-    if name in _LOOP_NAMES:
-        import vitlab.train.trainer as loop
+    if name in _LAZY:
+        import importlib
 
-        return getattr(loop, name)
-    if name in _FIT_NAMES:
-        from vitlab.train import fit as fit_module
-
-        return getattr(fit_module, name)
+        return getattr(importlib.import_module(f"vitlab.train.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
-    "RECIPES", "FitResult", "Resolved", "RunResult", "TrainConfig", "TrainingDiverged", "config_from_json", "fit",
-    "resolve", "resolve_config", "run",
+    "RECIPES", "FitResult", "Resolved", "RunResult", "TrainConfig", "TrainingDiverged", "build_optimizer",
+    "build_run_model", "config_from_json", "fit", "objective_for", "read_metrics", "received_stops", "resolve",
+    "resolve_config", "run",
 ]
