@@ -146,7 +146,7 @@ _STATE_KEYS: dict[str, type | tuple[type, ...]] = {"step": int, "optimizer": dic
 
 
 def read_training_checkpoint(path: Path) -> tuple[Any, dict[str, Any]]:
-    """(weights: a `vitlab.weights.checkpoint.Checkpoint` with config and state dict, training state). A file
+    """(weights: a `vitlab.weights.record.WeightsRecord` with config and state dict, training state). A file
     that passed its manifest but is not what vitlab writes (another program's pickle, `{}`, foreign weights) is a
     ValueError naming the checkpoint, never a traceback; pickles are never executed (weights_only)."""
     advice = f"move {path} aside to resume from the previous checkpoint"

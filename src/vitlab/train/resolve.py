@@ -132,7 +132,7 @@ class InitWeights:
     manifest is checked) and read once: the settings, the model and every run of a sweep start from this."""
 
     path: Path  # the local weights file
-    checkpoint: Any  # its weights.checkpoint.Checkpoint
+    checkpoint: Any  # its vitlab.weights.record.WeightsRecord
 
 
 def read_init(init: str | Path) -> InitWeights:

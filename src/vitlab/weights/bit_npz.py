@@ -33,7 +33,7 @@ from torch import nn
 from vitlab.errors import WeightsError
 from vitlab.models.config import BiTConfig
 from vitlab.models.registry import RESNET_DEPTHS, variant_names
-from vitlab.weights.checkpoint import Checkpoint
+from vitlab.weights.record import WeightsRecord
 from vitlab.weights.tensors import atomic_savez, check_npz_tensor, read_npz_arrays, units_per_stage
 from vitlab.weights.validate import expected_shapes
 
@@ -99,8 +99,8 @@ def is_bit_npz(names: list[str]) -> bool:
     return any(n.startswith("resnet/") for n in names)
 
 
-def read_bit_npz(path: str | os.PathLike) -> Checkpoint:
-    """A big_transfer BiT `.npz` -> Checkpoint with vitlab's keys; the architecture comes from the file.
+def read_bit_npz(path: str | os.PathLike) -> WeightsRecord:
+    """A big_transfer BiT `.npz` -> WeightsRecord with vitlab's keys; the architecture comes from the file.
     meta: "gn_4d" (GroupNorm parameters stored as (1, 1, 1, C))."""
     arrays = read_npz_arrays(path)
     if not is_bit_npz(list(arrays)):
@@ -120,7 +120,7 @@ def read_bit_npz(path: str | os.PathLike) -> Checkpoint:
                            "describes)", "remove them, or convert the file with the tool that wrote it")  # fmt: skip
     state = {key: _to_vitlab(torch.from_numpy(arrays.pop(name)), kind).contiguous()
              for key, (name, kind, _) in plan.items()}  # fmt: skip
-    return Checkpoint(config=config, state_dict=state, source="bit-npz", meta={"gn_4d": gn_4d})
+    return WeightsRecord(config=config, state_dict=state, source="bit-npz", meta={"gn_4d": gn_4d})
 
 
 def _infer_config(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> BiTConfig:

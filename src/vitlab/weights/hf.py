@@ -18,7 +18,6 @@ from vitlab.constants import OFFICIAL_MEAN, OFFICIAL_STD
 from vitlab.errors import WeightsError
 from vitlab.models.config import BiTConfig, ModelConfig, ViTConfig
 from vitlab.weights.card import model_card
-from vitlab.weights.checkpoint import Checkpoint
 from vitlab.weights.hf_bit import read_hf_bit, write_hf_bit
 from vitlab.weights.hf_folder import (
     PREPROCESSOR,
@@ -28,6 +27,7 @@ from vitlab.weights.hf_folder import (
     label_maps,
     write_hf_folder,
 )
+from vitlab.weights.record import WeightsRecord
 from vitlab.weights.tensors import read_json, read_weights_folder
 from vitlab.weights.timm_arch import vitlab_name
 from vitlab.weights.validate import check_against, expected_shapes
@@ -94,7 +94,7 @@ def from_hf_state_dict(tensors: dict[str, torch.Tensor], config: ViTConfig, base
 
 
 # --- reading -------------------------------------------------------------------------------------------------
-def read_hf(path: str | Path) -> Checkpoint:
+def read_hf(path: str | Path) -> WeightsRecord:
     """A `save_pretrained` folder of ViTForImageClassification or ViTModel (config.json with model_type "vit",
     model.safetensors or pytorch_model.bin, optionally preprocessor_config.json for mean/std)."""
     folder = Path(path)
@@ -118,7 +118,7 @@ def read_hf(path: str | Path) -> Checkpoint:
     if not (folder / PREPROCESSOR).is_file():
         notes.append(f"no {PREPROCESSOR}: assumed mean = std = 0.5")
     meta = checkpoint_meta(hf, arch, config.num_classes, notes)
-    return Checkpoint(config, from_hf_state_dict(tensors, config, base), source="hf", meta=meta)
+    return WeightsRecord(config, from_hf_state_dict(tensors, config, base), source="hf", meta=meta)
 
 
 def _drop_unused(tensors: dict[str, torch.Tensor], arch: str, base: str) -> tuple[dict[str, torch.Tensor], list[str]]:

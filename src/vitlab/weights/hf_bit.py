@@ -22,7 +22,6 @@ from vitlab.errors import WeightsError
 from vitlab.models.config import BiTConfig
 from vitlab.weights.bit_npz import bit_name, warn_numerics
 from vitlab.weights.card import model_card
-from vitlab.weights.checkpoint import Checkpoint
 from vitlab.weights.hf_folder import (
     PREPROCESSOR,
     checkpoint_meta,
@@ -31,6 +30,7 @@ from vitlab.weights.hf_folder import (
     label_maps,
     write_hf_folder,
 )
+from vitlab.weights.record import WeightsRecord
 from vitlab.weights.tensors import read_json, read_weights_folder
 from vitlab.weights.validate import check_against, expected_shapes
 
@@ -66,7 +66,7 @@ def hf_key(key: str, base: str) -> str:
 
 
 # --- reading -------------------------------------------------------------------------------------------------
-def read_hf_bit(path: str | Path) -> Checkpoint:
+def read_hf_bit(path: str | Path) -> WeightsRecord:
     """A `save_pretrained` folder of BitForImageClassification or BitModel (a model without classifier: its
     forward returns the pooled representation), with optional preprocessor_config.json for mean, std and size."""
     folder = Path(path)
@@ -91,7 +91,7 @@ def read_hf_bit(path: str | Path) -> Checkpoint:
     if float(hf.get("drop_path_rate") or 0):
         notes.append(f"ignored drop_path_rate={hf['drop_path_rate']}: a training-time setting")
     state = {key: tensors[name] for key, name in names.items()}
-    return Checkpoint(config, state, source="hf", meta=checkpoint_meta(hf, arch, config.num_classes, notes))
+    return WeightsRecord(config, state, source="hf", meta=checkpoint_meta(hf, arch, config.num_classes, notes))
 
 
 def config_from_hf_bit(hf: dict[str, Any], path: str | Path, arch: str) -> BiTConfig:

@@ -43,7 +43,7 @@ def hf_num_classes(hf: dict[str, Any], arch: str, classifier: str) -> int:
 
 
 def checkpoint_meta(hf: dict[str, Any], arch: str, num_classes: int, notes: list[str]) -> dict[str, Any]:
-    """The Checkpoint.meta of a folder read: its transformers class, id2label's names in index order (unless
+    """The WeightsRecord.meta of a folder read: its transformers class, id2label's names in index order (unless
     they are HF's placeholders LABEL_0, LABEL_1, …) and the notes on what was assumed or ignored."""
     meta: dict[str, Any] = {"hf_architecture": arch}
     id2label = hf.get("id2label")

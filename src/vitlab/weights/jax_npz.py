@@ -26,8 +26,8 @@ from vitlab.errors import WeightsError
 from vitlab.models.config import ResNetConfig, ViTConfig
 from vitlab.models.registry import model_config, variant_names
 from vitlab.models.vit import VisionTransformer
-from vitlab.weights.checkpoint import Checkpoint
 from vitlab.weights.npz_numerics import numerics_arrays, pop_numerics
+from vitlab.weights.record import WeightsRecord
 from vitlab.weights.tensors import atomic_savez, check_npz_tensor, read_npz_arrays, units_per_stage
 
 # Module names inside an encoder block. The 2020 releases (pre-Linen Flax) number modules in creation order
@@ -127,8 +127,8 @@ def _to_vitlab(ts: list[torch.Tensor], kind: str, leaf: str) -> torch.Tensor:
 
 
 # --- reading ------------------------------------------------------------------------------------------------
-def read_jax_npz(path: str | os.PathLike, image_size: int | tuple[int, int] | None = None) -> Checkpoint:
-    """An official `.npz` -> Checkpoint with vitlab's keys and layouts; the architecture comes from the file.
+def read_jax_npz(path: str | os.PathLike, image_size: int | tuple[int, int] | None = None) -> WeightsRecord:
+    """An official `.npz` -> WeightsRecord with vitlab's keys and layouts; the architecture comes from the file.
 
     `image_size` is the size the file's position embedding was trained at: needed only when its grid is not
     square, or the model has no position embedding (default 224). Resizing to another size is the caller's job.
@@ -155,7 +155,7 @@ def read_jax_npz(path: str | os.PathLike, image_size: int | tuple[int, int] | No
     for key, names, kind, leaf in plan:  # pop as we go: peak memory stays near one copy of the weights
         state_dict[key] = _to_vitlab([torch.from_numpy(arrays.pop(n)) for n in names], kind, leaf).contiguous()
     meta = {"jax_numbering": numbering, "gn_4d": gn_4d, "prefix": prefix}
-    return Checkpoint(config=config, state_dict=state_dict, source="jax-npz", meta=meta)
+    return WeightsRecord(config=config, state_dict=state_dict, source="jax-npz", meta=meta)
 
 
 def _open(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], str]:

@@ -25,10 +25,10 @@ from vitlab.models.registry import architecture_differences, build_model, descri
 from vitlab.models.timm_compat import eval_resize_of
 from vitlab.weights.arguments import check_load_sizes, check_source
 from vitlab.weights.bit_npz import is_bit_npz, read_bit_npz
-from vitlab.weights.checkpoint import Checkpoint
 from vitlab.weights.hf import read_hf
 from vitlab.weights.jax_npz import read_jax_npz
 from vitlab.weights.locate import locate_published, weights_path
+from vitlab.weights.record import WeightsRecord
 from vitlab.weights.tensors import read_json
 from vitlab.weights.timm import read_timm
 from vitlab.weights.validate import check_state_dict, check_values
@@ -79,7 +79,7 @@ def _zip_format(path: Path) -> str:
     raise WeightsError(path, "zip archive holds neither .npy arrays nor a torch state dict", "pass an official .npz")
 
 
-def read_weights(path: str | Path, arch: str | None = None) -> Checkpoint:
+def read_weights(path: str | Path, arch: str | None = None) -> WeightsRecord:
     """The file's config and tensors in vitlab's names. A file the download cache recorded as a published
     checkpoint must hold the architecture its catalogue name promises."""
     path = weights_path(path)
@@ -90,7 +90,7 @@ def read_weights(path: str | Path, arch: str | None = None) -> Checkpoint:
     return ck
 
 
-def check_published(ck: Checkpoint, path: str | Path, model: str, name: str) -> None:
+def check_published(ck: WeightsRecord, path: str | Path, model: str, name: str) -> None:
     """WeightsError when weights read for the published checkpoint `name` are not the architecture `model` it
     promises (a cache entry replaced by another file): a model must never be labelled what it is not."""
     try:
@@ -104,7 +104,7 @@ def check_published(ck: Checkpoint, path: str | Path, model: str, name: str) -> 
                            f"the cached file was replaced; delete it and run `vitlab download {name}`")
 
 
-def _read_format(path: Path, arch: str | None) -> Checkpoint:
+def _read_format(path: Path, arch: str | None) -> WeightsRecord:
     fmt = detect_format(path)
     if fmt == "timm":
         return read_timm(path, arch=arch)
@@ -143,7 +143,7 @@ def load(
 
 
 def model_from_checkpoint(
-    ck: Checkpoint,
+    ck: WeightsRecord,
     path: str | Path,
     image_size: int | tuple[int, int] | None = None,
     num_classes: int | None = None,
@@ -151,8 +151,8 @@ def model_from_checkpoint(
 ) -> nn.Module:
     """`load` for weights already read (training reads a checkpoint once: its config decides settings first).
     `path` names the source in errors. The model's parameters take over the checkpoint's tensors only when the
-    caller `owned` them (nobody else holds the Checkpoint); otherwise they are copies, so that training one model
-    (a sweep's first learning rate) cannot change the next one built from the same Checkpoint."""
+    caller `owned` them (nobody else holds the WeightsRecord); otherwise they are copies, so that training one model
+    (a sweep's first learning rate) cannot change the next one built from the same WeightsRecord."""
     config, state = ck.config, dict(ck.state_dict)
     if image_size is not None:
         config, state = change_image_size(config, state, image_size, path)
@@ -180,7 +180,7 @@ def model_from_checkpoint(
 def _param_tensor(tensor: torch.Tensor, original: torch.Tensor | None, dtype: torch.dtype, owned: bool
                   ) -> torch.Tensor:
     """A dense tensor of the model's dtype for a parameter; a copy when it would still share memory with a
-    Checkpoint the caller keeps."""
+    WeightsRecord the caller keeps."""
     out = tensor.to(dtype).contiguous()
     shared = original is not None and out.untyped_storage().data_ptr() == original.untyped_storage().data_ptr()
     return out.clone() if shared and not owned else out

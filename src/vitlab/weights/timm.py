@@ -24,7 +24,7 @@ from vitlab.files.outputs import atomic_write, mark, mark_zip
 from vitlab.models.config import BiTConfig, ModelConfig, ViTConfig
 from vitlab.models.registry import HYBRIDS, VIT_SIZES
 from vitlab.weights.card import CARD, model_card
-from vitlab.weights.checkpoint import Checkpoint
+from vitlab.weights.record import WeightsRecord
 from vitlab.weights.tensors import (
     PICKLE_SUFFIXES,
     read_json,
@@ -101,7 +101,7 @@ def reject_unsupported_tensors(tensors: dict[str, torch.Tensor], path: str | Pat
 
 
 # --- reading -------------------------------------------------------------------------------------------------
-def read_timm(path: str | Path, arch: str | None = None) -> Checkpoint:
+def read_timm(path: str | Path, arch: str | None = None) -> WeightsRecord:
     """A timm hub folder (config.json + model.safetensors or pytorch_model.bin) or a bare state dict
     (.safetensors/.pth/.bin). `arch` (a timm model name) overrides the folder's architecture; without either
     the architecture is inferred from the tensor shapes."""
@@ -116,7 +116,7 @@ def read_timm(path: str | Path, arch: str | None = None) -> Checkpoint:
     named_by = file if arch or not hub else path / "config.json"
     if is_timm_bit(name, tensors):  # BiT's ResNetV2 (resnetv2_*_bit), not a ViT
         config, state = read_timm_bit(tensors, hub, name, file, named_by)
-        return Checkpoint(config, state, source="timm", meta=_meta(name, hub, config))
+        return WeightsRecord(config, state, source="timm", meta=_meta(name, hub, config))
     reject_unsupported_tensors(tensors, file)
     opts = timm_name_options(name, named_by) if name else infer_timm_options(tensors, file)
     args = hub.get("model_args") or {}
@@ -135,7 +135,7 @@ def read_timm(path: str | Path, arch: str | None = None) -> Checkpoint:
     arch_text = f"{name or 'the inferred ' + (config.name or 'ViT')} at {config.image_size[0]}x{config.image_size[1]}"
     check_against(file, expected, tensors, arch_text)
     state = {vitlab_key(k): v for k, v in tensors.items()}
-    return Checkpoint(config, state, source="timm", meta=_meta(name, hub, config))
+    return WeightsRecord(config, state, source="timm", meta=_meta(name, hub, config))
 
 
 def _hub_config(path: Path) -> dict[str, Any]:

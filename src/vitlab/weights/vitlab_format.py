@@ -15,7 +15,7 @@ from vitlab.errors import WeightsError
 from vitlab.files.outputs import atomic_write, check_output, mark
 from vitlab.models.config import config_from_dict
 from vitlab.weights.arguments import check_matches_config, check_model
-from vitlab.weights.checkpoint import Checkpoint
+from vitlab.weights.record import WeightsRecord
 from vitlab.weights.tensors import PICKLE_SUFFIXES, read_safetensors, safetensors_header
 from vitlab.weights.validate import check_state_dict, expected_shapes
 
@@ -50,7 +50,7 @@ def save(model: torch.nn.Module, path: str | Path, meta: dict[str, Any] | None =
     atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata), user_named=True, force=force)
 
 
-def read_vitlab(path: str | Path) -> Checkpoint:
+def read_vitlab(path: str | Path) -> WeightsRecord:
     header = safetensors_header(path)
     metadata = header.get("__metadata__") or {}
     if metadata.get("format") != FORMAT_TAG or "config" not in metadata:
@@ -68,7 +68,7 @@ def read_vitlab(path: str | Path) -> Checkpoint:
         raise WeightsError(path, "corrupt vitlab metadata ('meta' is not JSON)", "re-save the model") from None
     if not isinstance(meta, dict):
         raise WeightsError(path, "corrupt vitlab metadata ('meta' is not an object)", "re-save the model")
-    return Checkpoint(config, read_safetensors(path), source="vitlab", meta=meta)
+    return WeightsRecord(config, read_safetensors(path), source="vitlab", meta=meta)
 
 
 def _check_header_shapes(path: str | Path, config: Any, header: dict[str, Any]) -> None:
