@@ -10,13 +10,13 @@ import pytest
 import torch
 
 import vitlab
-from vitlab.models import BiT, BiTConfig, build_model, list_models, model_config
+from vitlab.models import BiT, BiTConfig, build_model, model_config, variant_names
 
 timm = pytest.importorskip("timm")
 
 # big_transfer's depths (bit_jax/models.py, bit_pytorch/models.py KNOWN_MODELS) and the ViT paper's R200 (Table 6).
 UNITS = {"50": (3, 4, 6, 3), "101": (3, 4, 23, 3), "152": (3, 8, 36, 3), "200": (3, 24, 36, 3)}
-BITS = [n for n in list_models() if n.startswith("BiT-")]
+BITS = [n for n in variant_names() if n.startswith("BiT-")]
 # timm registers these six (resnetv2.py); R50x2, R152x1, R200x3 exist only in big_transfer and the paper.
 TIMM_HAS = {"R50x1", "R50x3", "R101x1", "R101x3", "R152x2", "R152x4"}
 

@@ -18,13 +18,13 @@ import torch
 from PIL import Image
 
 import vitlab
+from vitlab import create_model
 from vitlab.cli import main
 from vitlab.data import EvalTransform, ShardSampler, TransformedSplit, make_loader, normalize
 from vitlab.data.sources import ImageSplit
 from vitlab.errors import WeightsError
 from vitlab.eval.prediction import predict
 from vitlab.files.rundir import step_dir
-from vitlab.models import create_model
 from vitlab.train.checkpoint import save_weights, write_checkpoint
 from vitlab.weights.convert import convert
 from vitlab.weights.load import preprocessing

@@ -9,8 +9,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from vitlab import create_model
 from vitlab.errors import WeightsError
-from vitlab.models import ViTConfig, build_model, create_model
+from vitlab.models import ViTConfig, build_model
 from vitlab.weights.hf import read_hf, write_hf
 
 transformers = pytest.importorskip("transformers")
