@@ -135,6 +135,14 @@ def device_kind(name: str) -> torch.device:
     return torch.device("cuda" if str(name).startswith("cuda") else "cpu")
 
 
+def training_precision(config: object, device: torch.device | str) -> Precision:
+    """What `--precision auto` trains a model of this config in on this device (a --device value or a device): the
+    one place a run's auto precision is decided, for the command line's resolution and a TrainConfig given
+    directly alike."""
+    kind = device if isinstance(device, torch.device) else device_kind(device)
+    return resolve_precision("auto", kind, use="train", width=config_width(config))
+
+
 def autocast_for(device: torch.device | str, precision: Precision | str) -> AbstractContextManager:
     """bf16 autocast on CPU or CUDA when the precision is bf16 (float32 master weights stay float32: this is how
     training computes in bf16); nothing otherwise."""

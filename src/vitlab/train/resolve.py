@@ -26,7 +26,7 @@ from vitlab.data import build_datasets
 from vitlab.files.rundir import CONFIG, run_dir_of
 from vitlab.models.config import BiTConfig, ViTConfig
 from vitlab.models.registry import architecture_differences, describe_architecture, model_config
-from vitlab.runtime.precision import config_width, device_kind, resolve_precision
+from vitlab.runtime.precision import device_kind, training_precision
 from vitlab.train.config import (
     TrainConfig,
     check_model_args_type,
@@ -408,7 +408,7 @@ def _precision_rule(layers: _Layers, checkpoint: Any) -> None:
     v = layers.values
     if v["precision"] == "auto":
         config = checkpoint.config if checkpoint is not None else model_config(v["model"], **v["model_args"])
-        chosen = resolve_precision("auto", device_kind(v["device"]), use="train", width=config_width(config))
+        chosen = training_precision(config, v["device"])
         layers.apply({"precision": chosen.name}, chosen.reason)
 
 

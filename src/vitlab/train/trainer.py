@@ -42,7 +42,7 @@ from vitlab.models.config import ViTConfig
 from vitlab.models.registry import build_model as build_from_config
 from vitlab.models.registry import describe_architecture, model_config
 from vitlab.runtime.device import all_reduce
-from vitlab.runtime.precision import autocast_for, model_width, resolve_precision
+from vitlab.runtime.precision import autocast_for, training_precision
 from vitlab.selfsup import MaskedPatchPredictor, MPPConfig
 from vitlab.selfsup.mpp import validation_summary
 from vitlab.train.checkpoint import Checkpointer, find_resume_point, prepare_run_dir
@@ -448,11 +448,11 @@ class Trainer:
         return lines + ([self.ema.describe()] if self.ema is not None else [])
 
     def _decide_precision(self, resolved: Resolved) -> Resolved:
-        """A TrainConfig given directly with precision auto (the command line's is decided by resolve): decided
-        here by the same rule, and recorded as the command line's is."""
+        """A TrainConfig given directly with precision auto (the command line's is decided by resolve): decided by
+        the same function, runtime.precision.training_precision, and recorded as the command line's is."""
         if self.cfg.precision != "auto":
             return resolved
-        chosen = resolve_precision("auto", self.d.device, use="train", width=model_width(self.saved_model()))
+        chosen = training_precision(self.saved_model().config, self.d.device)
         self.cfg = self.cfg.replace(precision=chosen.name)
         return Resolved(self.cfg, {**resolved.sources, "precision": chosen.reason}, resolved.notes,
                         resolved.resumed_changes, resolved.data, resolved.init)
