@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 import vitlab
-from vitlab.files import rundir
 from vitlab.cli import main
+from vitlab.files import rundir
 from vitlab.train.checkpoint import write_checkpoint
 
 DIGITS = [str(i) for i in range(10)]

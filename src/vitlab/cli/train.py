@@ -257,11 +257,11 @@ def build_config(args: argparse.Namespace) -> Any:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from vitlab.train import TrainingDiverged, run
+    from vitlab.train import TrainingDiverged
 
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
-    from vitlab.train.fit import planned_lines, planned_record, prepare
+    from vitlab.train.fit import planned_lines, planned_record, prepare, train_resolved
 
     resolved = prepare(build_config(args))  # the run's checks on the settings and data, before anything starts
     if args.print_config == "json":
@@ -273,24 +273,15 @@ def _train(args: argparse.Namespace) -> int:
     if args.print_config:
         print("\n".join(planned_lines(resolved)))
         return 0
-    if resolved.config.lr_sweep:
-        return _sweep(resolved, rank)
     from vitlab.errors import PeerLost
 
     try:
-        result = run(resolved)
+        train_resolved(resolved, args.verb, say=print)
     except TrainingDiverged as err:
         raise UserError(str(err)) from None
     except PeerLost as err:  # not the user's input (exit 2): the job failed around this process
         print(f"vitlab {args.verb}: error: {err}", file=sys.stderr)
         return 1
-    if rank != 0:
-        return 0
-    from vitlab.train.runlog import append_to_console_log, result_line
-
-    line = result_line(result, args.verb)
-    print(line)
-    append_to_console_log(result.out_dir, line)
     return 0
 
 
@@ -316,16 +307,3 @@ def _protocol_flags(p: argparse.ArgumentParser) -> None:
                         "0.1 Pets/Flowers, 0.01 ImageNet)")
     g.add_argument("--refit", action="store_true", default=None,
                    help="after the sweep, fine-tune the chosen lr on all of train (the paper's final runs)")
-
-
-def _sweep(resolved: Any, rank: int) -> int:
-    from vitlab.train import TrainingDiverged
-    from vitlab.train.sweep import format_table, run_sweep
-
-    try:
-        result = run_sweep(resolved)
-    except TrainingDiverged as err:
-        raise UserError(str(err)) from None
-    if rank == 0:
-        print(format_table(result))
-    return 0

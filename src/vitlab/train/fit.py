@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -109,24 +109,33 @@ def fit(recipe: str | None = None, *, config_file: str | None = None, progress: 
     verb = "finetune" if settings.get("init") else "train"
     with _console(progress):
         resolved = prepare(resolve(recipe, settings, config_file=config_file, verb=verb))
-        if resolved.config.lr_sweep:
-            return _sweep(resolved)
-        result = run(resolved)
+        outcome = train_resolved(resolved, verb, say=lambda line: log.info("%s", line))
+    if resolved.config.lr_sweep:
+        model = load(outcome.out_dir)  # the run the sweep chose (its refit, if it made one)
+        return FitResult(outcome.out_dir, "completed", resolved.config.steps, {"top1": outcome.test_top1},
+                         seconds=outcome.seconds, model=model, sweep=outcome)
+    model = load(outcome.weights) if outcome.weights is not None else None
+    return FitResult(**{f.name: getattr(outcome, f.name) for f in fields(RunResult)}, model=model)
+
+
+def train_resolved(resolved: Resolved, verb: str, say: Callable[[str], None]) -> Any:
+    """The run (or the learning-rate sweep) of prepared settings, as `vitlab train`/`finetune` and `vitlab.fit`
+    both perform it: the first process of a job says the result line (or the sweep's table) and adds it to the
+    run's console.log. Returns the RunResult, or the SweepResult of a sweep."""
+    first = int(os.environ.get("RANK", "0")) == 0
+    if resolved.config.lr_sweep:
+        from vitlab.train.sweep import format_table, run_sweep
+
+        sweep = run_sweep(resolved)
+        if first:
+            say(format_table(sweep))
+        return sweep
+    result = run(resolved)
+    if first:
         line = result_line(result, verb)
-        log.info("%s", line)
+        say(line)
         append_to_console_log(result.out_dir, line)
-    model = load(result.weights) if result.weights is not None else None
-    return FitResult(**{f.name: getattr(result, f.name) for f in fields(RunResult)}, model=model)
-
-
-def _sweep(resolved: Any) -> FitResult:
-    from vitlab.train.sweep import format_table, run_sweep
-
-    sweep = run_sweep(resolved)
-    log.info("%s", format_table(sweep))
-    model = load(sweep.out_dir)  # the run the sweep chose (its refit, if it made one)
-    return FitResult(sweep.out_dir, "completed", resolved.config.steps, {"top1": sweep.test_top1},
-                     seconds=sweep.seconds, model=model, sweep=sweep)
+    return result
 
 
 @contextmanager
