@@ -18,11 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from vitlab.models.limits import MAX_DEPTH, MAX_HEADS, MAX_MLP_DIM, MAX_WIDTH
+from vitlab.models.limits import MAX_CLASSES, MAX_DEPTH, MAX_HEADS, MAX_MLP_DIM, MAX_WIDTH
 
 # Upper bounds where a typo would make vitlab allocate for it: a 4096-px ViT/16 already has 65,536 tokens.
 MAX_IMAGE_SIZE = 4096
-MAX_CLASSES = 1_000_000  # ImageNet-21k has 21,843, JFT-300M 18,291
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -10,12 +10,12 @@ import torch
 
 from vitlab.errors import WeightsError
 from vitlab.models.config import ModelConfig
+from vitlab.models.limits import MAX_DEPTH
 from vitlab.models.registry import build_model
 
 # The deepest published model has 66 units (BiT-R200x3: 3 + 24 + 36 + 3) and the widest stage count is four; a
 # file declaring more blocks than this is corrupt or crafted. Building even a meta-device model costs
-# milliseconds and kilobytes per block, so the bound comes before anything is built.
-MAX_BLOCKS = 1024
+# milliseconds and kilobytes per block, so the bound (models.limits.MAX_DEPTH) comes before anything is built.
 # Fewest tensors one block brings (a ViT block: two LayerNorms and four Dense kernels at least; a ResNet unit:
 # three convolutions), so a file's tensor count bounds the depth it can honestly declare.
 _TENSORS_PER_BLOCK = {"vit": 8, "unit": 3}
@@ -32,8 +32,8 @@ def check_declared_size(path: str | Path, config: object, tensors: int | None) -
     blocks = depth + sum(units) + len(units)
     what = (f"depth {depth}" if depth else "") + (" and " if depth and units else "") + (
         f"{sum(units)} ResNet units in {len(units)} stages" if units else "")
-    if blocks > MAX_BLOCKS:
-        raise WeightsError(path, f"declares {what}: beyond vitlab's limit of {MAX_BLOCKS:,} blocks",
+    if blocks > MAX_DEPTH:
+        raise WeightsError(path, f"declares {what}: beyond vitlab's limit of {MAX_DEPTH:,} blocks",
                            "the file's metadata is corrupt or crafted; re-export it")
     needed = _TENSORS_PER_BLOCK["vit"] * depth + _TENSORS_PER_BLOCK["unit"] * sum(units)
     if tensors is not None and needed > tensors:
