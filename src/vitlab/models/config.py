@@ -9,12 +9,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from vitlab.constants import OFFICIAL_MEAN, OFFICIAL_STD
-from vitlab.models.limits import check_limits
+from vitlab.models.limits import check_limits, is_int
 
 PosEmbedKind = Literal["none", "learned", "2d", "relative"]
 Classifier = Literal["token", "gap"]
@@ -22,15 +21,11 @@ GeluKind = Literal["exact", "tanh"]
 
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
 def _pair(v: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     """An image size as (height, width). Only integers: "224" would otherwise be read as the pair (2, 2)."""
-    if _is_int(v):
+    if is_int(v):
         return (int(v), int(v))
-    if isinstance(v, tuple | list) and len(v) == 2 and all(_is_int(x) for x in v):
+    if isinstance(v, tuple | list) and len(v) == 2 and all(is_int(x) for x in v):
         return (int(v[0]), int(v[1]))
     raise ValueError(f"image_size must be an integer or two integers (height, width), got {v!r}")
 
