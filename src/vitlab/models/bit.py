@@ -22,6 +22,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from vitlab.models.config import BiTConfig
 from vitlab.models.inputs import check_pixels
@@ -111,6 +112,18 @@ class BiT(BiTTimmMixin, nn.Module):
         self.head = nn.Linear(in_ch, cfg.num_classes) if cfg.num_classes else nn.Identity()
         self.grad_checkpointing = False  # set_grad_checkpointing(): units recomputed in the backward
         init_weights(self)
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each unit in the backward pass instead of storing its activations: a large model's training
+        memory for about one extra forward, with the same gradients."""
+        self.grad_checkpointing = bool(enable)
+
+    def run_stage(self, stage: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+        """A stage's units in turn, each recomputed in the backward when gradient checkpointing is on."""
+        recompute = self.grad_checkpointing and torch.is_grad_enabled()
+        for unit in stage:
+            x = checkpoint(unit, x, use_reentrant=False) if recompute else unit(x)
+        return x
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Feature map after the final GroupNorm and ReLU: (N, C, H/32, W/32)."""

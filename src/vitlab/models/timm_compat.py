@@ -22,7 +22,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from vitlab.constants import FEWSHOT_RESIZE, resize_before_crop
 from vitlab.models.inputs import check_pixels
@@ -104,7 +103,7 @@ class FeatureInfo(list):
 
 
 class TimmCompatMixin:
-    """Shared by ViT and BiT; the class sets `config`, `head`, `grad_checkpointing`."""
+    """Shared by ViT and BiT; the class sets `config` and `head`."""
 
     _first_conv = "patch_embed.proj"
     _pretrained_cfg_overlay: dict[str, Any] | None = None
@@ -137,21 +136,10 @@ class TimmCompatMixin:
     def get_classifier(self) -> nn.Module:
         return self.head
 
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Recompute each block (BiT: each unit) in the backward pass instead of storing its activations:
-        the memory of a large model's training for about one extra forward. Same gradients."""
-        self.grad_checkpointing = bool(enable)
-
     def check_global_pool(self, global_pool: str | None) -> None:
         if global_pool not in (None, self.global_pool):
             raise ValueError(f"global_pool={global_pool!r}: this architecture pools with {self.global_pool!r} "
                              "(a class token is part of the weights); build another model to change it")
-
-    def checkpointed(self, fn: Any, *args: Any) -> Any:
-        """fn(*args), recomputed in the backward when gradient checkpointing is on and gradients are needed."""
-        if self.grad_checkpointing and torch.is_grad_enabled():
-            return checkpoint(fn, *args, use_reentrant=False)
-        return fn(*args)
 
 
 class ViTTimmMixin(TimmCompatMixin):
@@ -203,9 +191,6 @@ class ViTTimmMixin(TimmCompatMixin):
         (train/optim.py: weight decay on kernels only)."""
         return {name for name, p in self.named_parameters() if "pos_embed" in name or name == "cls_token"
                 or name.endswith("attn.rel.embed")}
-
-    def run_block(self, block: nn.Module, z: torch.Tensor, num_queries: int | None = None) -> torch.Tensor:
-        return self.checkpointed(lambda t: block(t, num_queries)[0], z)
 
     def forward_intermediates(
         self, x: torch.Tensor, indices: int | list[int] | None = None, return_prefix_tokens: bool = False,
@@ -275,11 +260,6 @@ class BiTTimmMixin(TimmCompatMixin):
         for i in range(len(cfg.layers)):
             info.append(dict(num_chs=4 * cfg.root_width * 2**i, reduction=4 * 2**i, module=f"stages.{i}"))
         return FeatureInfo(info)
-
-    def run_stage(self, stage: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
-        for unit in stage:
-            x = self.checkpointed(unit, x)
-        return x
 
     def forward_intermediates(
         self, x: torch.Tensor, indices: int | list[int] | None = None, norm: bool = False, stop_early: bool = False,

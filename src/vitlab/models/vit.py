@@ -10,6 +10,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from vitlab.models.config import ViTConfig
 from vitlab.models.droppath import DropPath, drop_path_rates
@@ -249,6 +250,17 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
         return self.pos_drop(tokens), grid
 
     # --- public forward API  ------------------------------------------------------------------
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block in the backward pass instead of storing its activations: a large model's training
+        memory for about one extra forward, with the same gradients."""
+        self.grad_checkpointing = bool(enable)
+
+    def run_block(self, block: nn.Module, z: torch.Tensor, num_queries: int | None = None) -> torch.Tensor:
+        """One block's output tokens, recomputed in the backward when gradient checkpointing is on."""
+        if self.grad_checkpointing and torch.is_grad_enabled():
+            return checkpoint(lambda t: block(t, num_queries)[0], z, use_reentrant=False)
+        return block(z, num_queries)[0]
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens after the final LayerNorm: (N, T, D)."""
         z, _ = self.embed(x)
