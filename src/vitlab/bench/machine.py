@@ -33,9 +33,9 @@ def environment(settings: BenchSettings) -> dict[str, Any]:
 
 def tune_malloc() -> bool:
     """Process-wide, irreversible: glibc maps every allocation above 32 MB afresh with mmap and returns freed heap
-    to the OS, so the large activations of every layer are page-faulted in again on every step (5-20% of a CPU
-    step, varying from run to run). Serving all allocations from a heap that is never trimmed removes that cost
-    and its noise for every implementation alike. False where the C library is not glibc."""
+    to the OS, so the large activations of every layer are page-faulted in again on every step (a cost that
+    varies from run to run; BENCHMARKS.md "Protocol"). Serving all allocations from a heap that is never
+    trimmed removes that cost and its noise for every implementation alike. False where the C library is not glibc."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:

@@ -2,9 +2,9 @@
 dynamic int8 linear `--precision int8` computes with (`vitlab.runtime.quantize`, activation quantization included) for
 int8.
 
-Their speed differs by two orders of magnitude between processors (bf16: native with AMX or AVX512-BF16, emulated
-elsewhere: 0.15 GFLOP/s against float32's 10 on the loaded AMD EPYC of BENCHMARKS.md), so the size is found, not
-fixed: it doubles from 256 while one product takes under a quarter of a second, up to the float32 peak's size.
+Their speed differs by orders of magnitude between processors (bf16: native with AMX or AVX512-BF16, emulated
+elsewhere; BENCHMARKS.md "int8, ONNX and compile"), so the size is found, not fixed: it doubles from 256 while
+one product takes under a quarter of a second, up to the float32 peak's size.
 """
 
 from __future__ import annotations

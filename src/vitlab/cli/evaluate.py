@@ -11,8 +11,8 @@ from vitlab.cli.train import EVAL_RESIZE_HELP
 from vitlab.cli.types import DATA_SOURCES, PRECISION_HELP, batch_size, class_count, device_name, precision_name, workers
 
 INFER_PRECISION_HELP = PRECISION_HELP + ", or int8 (dynamic int8 Linear layers, CPU)"
-COMPILE_HELP = ("torch.compile the model before the first batch (off by default: on CPU compiling took about 20 s "
-                "for 6-18%% faster inference, BENCHMARKS.md; worth it for evaluations of many minutes)")
+COMPILE_HELP = ("torch.compile the model before the first batch (off by default: on CPU the compilation costs more "
+                "than the faster inference saves except in evaluations of many minutes; figures in BENCHMARKS.md)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

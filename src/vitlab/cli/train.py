@@ -50,7 +50,7 @@ _NOT_CONFIG = {"func", "verb", "verbosity", "recipe", "flip", "no_flip", "config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    train = sub.add_parser("train", help="train a ViT (default: a small ViT on the embedded digits, ~2 min on CPU)",
+    train = sub.add_parser("train", help="train a ViT (default: a small ViT on the embedded digits, minutes on a CPU)",
                            description="Train with a recipe (`vitlab recipes` lists them). A flag left out takes the "
                                        "recipe's value (shown below for the chosen recipe; --print-config shows every "
                                        "resolved value and its source).",

@@ -70,7 +70,7 @@ def float_range(
 
 
 # Every count has an upper bound, so that a slip of the keyboard is refused while parsing instead of starting
-# 1,000 processes, allocating for 10^8 images or drawing 10^9 augmentations per image (issue 35 item 10).
+# 1,000 processes, allocating for 10^8 images or drawing 10^9 augmentations per image.
 MAX_COUNT = 10**9  # steps, intervals, images: beyond any run on one machine
 MAX_BATCH = 65536  # images per batch (the paper's largest is 4096; SigLIP's 32k)
 MAX_WORKERS = 256  # data-loading processes or jobs: more than the cores of any one machine

@@ -115,7 +115,7 @@ class Augmented:
         seed = rng.getrandbits(63)  # drawn after the crop and flip: they stay what the seed gives without these
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            if self.randaug_ops:  # on a PIL image: torchvision's PIL kernels are 3-4x faster than its uint8 ones
+            if self.randaug_ops:  # on a PIL image: torchvision's PIL kernels are faster than its uint8 ones
                 arr = np.asarray(LevelRandAugment(self.randaug_ops, self._level())(Image.fromarray(arr)))
             if self.random_erasing and float(torch.rand(())) < self.random_erasing:
                 x = torch.from_numpy(np.array(arr)).permute(2, 0, 1)  # (3, H, W) uint8, a writable copy

@@ -23,10 +23,9 @@ max(1, N // 10) validation images per class, seed 0 unless given (the grammar an
   sample, in C) reduced 4x by averaging, so each pixel is the mean of 16 samples (anti-aliasing). White on
   black, one grey channel (mode 'L'), as strokes: and MNIST; RENDER_SIZE 32 for the same reasons as strokes:.
 
-Speed (`benchmarks/generators.py`: 2,000 images, one thread, best of 3, on a 2-core machine shared with other
-runs): 2,500 images/s as 20 classes of 100 (every glyph drawn), 5,400 as 2 classes of 1,000 (glyphs drawn once
-serve many images), against 8,300 for strokes: and 200 for fractal's 64 px splits in the same run. fonts:64:1820 (128k
-images) took 38 s to render and write, so splits are cached (compressed .npz, 1.7 s to load it) under
+Rendering is slower than strokes: (a glyph is drawn once and serves every image of its class, so many images per
+class render faster) and a large split takes tens of seconds, so splits are cached (compressed .npz; the figures:
+BENCHMARKS.md "Synthetic generators", measured by `benchmarks/generators.py`) under
 <vitlab cache>/fonts/, keyed by the generator's version, matplotlib's and Pillow's versions (the font files and
 their rasteriser) and the spec.
 """

@@ -127,7 +127,7 @@ def chaos_game(
     kept = np.empty((n, 2, STEPS, chains))
     with np.errstate(over="ignore", invalid="ignore"):  # a diverging system overflows; it renders empty
         for s in range(BURN_IN + STEPS):
-            a, b_, c, d, e, f = np.take(table, pick[s], axis=1)  # each (n, chains); take: 3x faster than []
+            a, b_, c, d, e, f = np.take(table, pick[s], axis=1)  # each (n, chains); take: faster than []
             x, y = a * x + b_ * y + e, c * x + d * y + f
             if s >= BURN_IN:
                 kept[:, 0, s - BURN_IN], kept[:, 1, s - BURN_IN] = x, y
@@ -230,7 +230,7 @@ def draw_filled(rngs: list[np.random.Generator], draw: Callable[[int, np.random.
                 bar.update(int(ok.sum()))
         tried += len(pending)
         pending = [k for k in pending if chosen[k] is None]
-    if pending:  # about half the random IFS and 87% of the instances pass: this does not happen
+    if pending:  # most random IFS and instances pass the filters: this does not happen
         raise RuntimeError(f"{len(pending)} IFS drew no candidate that passes the filters in {MAX_ROUNDS} tries")
     return chosen, images, tried  # type: ignore[return-value]
 

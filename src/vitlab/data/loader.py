@@ -272,10 +272,10 @@ def _init_worker(worker_id: int) -> None:
     """Workers leave preemption to the main process: it finishes the step, saves a checkpoint and then shuts
     the workers down. A worker killed first would make the main process fail instead.
 
-    The objects a worker inherits from the main process (270k after vitlab's imports) are frozen out of its
+    The objects a worker inherits from the main process (every one vitlab's imports made) are frozen out of its
     garbage collector: a collection would otherwise walk them all, writing to every page they live on and so
-    copying the parent's heap into the worker. It made a worker's first batch 3x slower (0.24 s vs 0.08 s for
-    32 images at 224 px), whenever the collection fell in the worker rather than in the main process."""
+    copying the parent's heap into the worker, which slows a worker's first batch whenever the collection falls
+    in the worker rather than in the main process (BENCHMARKS.md "Bounds and choices in the code")."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     gc.freeze()
 

@@ -27,7 +27,7 @@ def decode_rgb(source: Any, min_size: int | None = None) -> Image.Image:
     """A file or file-like image decoded to RGB; a JPEG at least twice `min_size` on its short side is drafted
     (DCT-scaled) down to no less than `min_size`. An image that decodes as RGB is returned as decoded:
     `convert("RGB")` would copy it, and for photographs that copy (a fresh mmap-ed buffer each time under
-    glibc) cost as much as the decoding (7.9 vs 4.3 ms per 1024x768 image in benchmarks/decode.py).
+    glibc) cost as much as the decoding (BENCHMARKS.md "JPEG decoding on one core", benchmarks/decode.py).
     Raises one of DECODE_ERRORS for unreadable data (OSError for a path that is not a regular file: a FIFO
     named x.png would block Image.open forever); the file is closed either way."""
     if isinstance(source, (str, os.PathLike)):

@@ -25,12 +25,10 @@ strokes; a 2 px pen at 32 px is MNIST's stroke-to-frame ratio (about 2.5 px at 2
 times the memory (strokes:64:2048 is 144k images: 148 MB at 32 px, 590 MB at 64 px) for detail a 32 px model
 does not see.
 
-Speed (`benchmarks/generators.py`: 2,000 images, one thread, best of 3, on a 2-core machine shared with other
-runs): 8,300 images/s at 32 px against 200 for fractal.py's 64 px splits in the same run (42x); 4,300 against
-150 in a run under a heavier load. strokes:64:1820
-(128k images) took 31 s to render and write there; every torchrun rank and every `vitlab eval` would render it
-again, so rendered splits are cached (compressed .npz: 25 MB for those 128k images, 1.7 s to load) under
-<vitlab cache>/strokes/, keyed by everything that decides the pixels (GENERATOR_VERSION, RENDER_SIZE, seed, C,
+Rendering is fast next to fractal.py's, but a large split still takes tens of seconds and every torchrun rank
+and every `vitlab eval` would render it again, so rendered splits are cached (compressed .npz, loaded in a
+fraction of the time; the figures: BENCHMARKS.md "Synthetic generators", measured by `benchmarks/generators.py`)
+under <vitlab cache>/strokes/, keyed by everything that decides the pixels (GENERATOR_VERSION, RENDER_SIZE, seed, C,
 N), as fractal.py does.
 """
 
@@ -169,7 +167,7 @@ def splat(xy: np.ndarray, image: np.ndarray, radius: np.ndarray, images: int, si
     xy = xy.astype(np.float32)
     col = np.floor(xy[:, 0]).astype(np.int32)[:, None] + offsets  # (P, K)
     row = np.floor(xy[:, 1]).astype(np.int32)[:, None] + offsets
-    # float32 throughout (int32 + float32 is float64): a float64 value makes np.maximum.at 30x slower
+    # float32 throughout (int32 + float32 is float64): a float64 value makes np.maximum.at many times slower
     dx2 = np.square(col.astype(np.float32) + np.float32(0.5) - xy[:, :1])  # (P, K)
     dy2 = np.square(row.astype(np.float32) + np.float32(0.5) - xy[:, 1:])
     dx2[(col < 0) | (col >= size)] = np.inf  # outside the frame: no coverage, and folded onto its edge below

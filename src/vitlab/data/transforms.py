@@ -159,8 +159,8 @@ def _tensor_to_array(t: torch.Tensor, flip: bool) -> np.ndarray:
 
 def _crop_of_resized(img: Image.Image, resized: Size, top: int, left: int, size: Size) -> Image.Image:
     """img resized to `resized` (h, w), then the `size` crop at integer offset (top, left). Resampling only
-    the matching source box would save work but moves the filter by float rounding: one grey level off in ~5%
-    of the pixels of an upsampled digit."""
+    the matching source box would save work but moves the filter by float rounding: pixels of an upsampled
+    digit one grey level off (BENCHMARKS.md "Bounds and choices in the code")."""
     img = img.resize((resized[1], resized[0]), Image.Resampling.BILINEAR)
     return img.crop((left, top, left + size[1], top + size[0]))
 
@@ -252,8 +252,8 @@ class EvalTransform:
     @property
     def min_source_size(self) -> None:
         """None: evaluation decodes every pixel. A JPEG drafted (DCT-scaled) to the resize's input size is not the
-        image timm, transformers or the official code resize: on a 640×480 photo at 224, a third of the input
-        values moved by more than one grey level (up to 26) and the logits by 1.4e-2 (issue 36)."""
+        image timm, transformers or the official code resize, so its evaluation pixels and logits would differ from
+        theirs (BENCHMARKS.md "Bounds and choices in the code")."""
         return None
 
     def __call__(self, img: Image.Image, rng: random.Random | None = None) -> np.ndarray:

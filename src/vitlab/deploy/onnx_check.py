@@ -15,9 +15,9 @@ from torch import nn
 
 INSTALL = "pip install 'vitlab[onnx]'"
 FP32_BOUND = 1e-5  # ONNX Runtime float32 against PyTorch float32: max |difference| / max |PyTorch logit|
-# int8 against PyTorch float32, same measure. Measured: 0.3-1.5 % on trained models (digits ViT, README
-# "Deployment"), up to 4 % on randomly initialised ones, whose logits have no margins; 10 % catches a broken
-# graph (a wrong scale or a saturated product is off by 100 % or more) without failing an honest one.
+# int8 against PyTorch float32, same measure: well above an honest graph's error (larger on randomly initialised
+# models, whose logits have no margins) and well below a broken one's (a wrong scale or a saturated product is off
+# by the logits' whole size), so it fails only the broken. The errors: BENCHMARKS.md "Bounds and choices in the code".
 INT8_BOUND = 0.10
 
 
@@ -56,8 +56,8 @@ def quantize_graph(src: Path, dst: Path) -> None:
     logging.disable(logging.WARNING)  # its advice (root logger) to run a pre-processing script: shapes are static
     try:
         # reduce_range: 7-bit weights. On x86 without VNNI (AVX2, AVX512F) the u8 x s8 products are summed in
-        # saturating int16 pairs; full-range weights overflow them (a ViT-Ti's logits 22 % off here, 2.3 % with
-        # it). The file may run on any machine, so it is written to be exact enough on all of them.
+        # saturating int16 pairs; full-range weights overflow them (BENCHMARKS.md "int8, ONNX and
+        # compile"). The file may run on any machine, so it is written to be exact enough on all of them.
         quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True, reduce_range=True,
                          op_types_to_quantize=["MatMul"], nodes_to_exclude=head)
     finally:

@@ -8,8 +8,8 @@ its output must agree with PyTorch's float32 within the precision's bound (onnx_
 int8 10 %); a failing check is one line and no file (the write is atomic).
 
 The exporter is torch's TorchScript-based one (`dynamo=False`): both exporters reproduce ViT, hybrid and BiT
-within the bound, and it takes seconds where the dynamo exporter took 30-100x longer here (a 2-block ViT-Ti: 1.4 s
-against 42 s on a loaded 2-core machine), which is what a user waits for on every export.
+within the bound, and it takes seconds where the dynamo exporter takes far longer (BENCHMARKS.md "int8, ONNX and
+compile"), which is what a user waits for on every export.
 
 Precisions: fp32 (and auto, which is fp32: an ONNX file's precision is then the runtime's choice) or int8 (ONNX
 Runtime's dynamic quantization of the encoder's MatMul weights, head kept float32). bf16 is refused: ONNX Runtime's

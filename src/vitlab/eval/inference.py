@@ -25,9 +25,9 @@ def with_precision(model: nn.Module, device: torch.device, precision: str,
                    compile: bool = False) -> tuple[nn.Module, Precision]:
     """(the model in the fastest form of `precision` for inference, the resolved choice with its reason); the
     caller computes under `precision.autocast_for(device, chosen)`. fp32 leaves the model as it is. `compile`:
-    wrap the prepared model with `torch.compile` (off by default: BENCHMARKS.md "int8 and compile on a quiet
-    machine" measured about 20 s of compiling for 6-18 % faster CPU inference); the wrapper still exposes
-    `model.config` and `model.class_names`."""
+    wrap the prepared model with `torch.compile` (off by default: on a CPU its compilation costs more than it
+    saves except in evaluations of many minutes, BENCHMARKS.md "int8 and compile on a quiet machine"); the
+    wrapper still exposes `model.config` and `model.class_names`."""
     chosen = resolve_precision(precision, device, use="infer", width=model_width(model))
     model = prepare_for_inference(model, chosen)
     if compile:

@@ -287,7 +287,7 @@ def config_from_dict(d: dict[str, Any]) -> ModelConfig:
     """Inverse of `to_dict`; unknown keys are an error so that a newer file is not silently misread."""
     d = dict(d)
     arch = d.pop("arch", "vit")
-    if arch == "bit":  # vitlab 0.1 called the post-activation hybrid stem with a pooled head "BiT"
+    if arch == "bit":  # a post-activation ResNet with a pooled head, not BiT: refused (CHANGELOG.md, 0.1.0)
         raise ValueError("architecture 'bit' is vitlab 0.1's post-activation ResNet, not BiT's ResNetV2, and is no "
                          "longer supported; load the original BiT weights (.npz, timm, HF) instead")
     cls = {"vit": ViTConfig, "bit-v2": BiTConfig}.get(arch)

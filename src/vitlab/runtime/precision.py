@@ -1,23 +1,18 @@
 """The precision a model computes in: one setting (`--precision auto|fp32|bf16|int8`, `vitlab.load(precision=)`)
 resolved once per run by a measured rule, then applied in the fastest form for the use.
 
-The rule for `auto` (issue 34's measurements on an Intel Xeon with `amx_bf16 amx_int8 avx512_bf16`, 2 threads):
+The rule for `auto` (the measurements behind it: BENCHMARKS.md "bf16 on a CPU that computes it natively"):
 
-    model                                   float32    bf16          ratio
-    ViT-B/16 inference, batch 16 (width 768)   9.3 img/s   32.7 / 51.2   3.5x autocast, 5.4x bf16 weights
-    ViT-S/16 training, batch 32 (width 384)    9.1 img/s   23.6          2.6x
-    ViT-M of the experiments (width 64, 32 px) 693 img/s   480           0.69x: slower
-
-- CUDA: bf16 (tensor cores compute it natively; training and evaluation always ran under bf16 autocast there).
+- CUDA: bf16 (tensor cores compute it natively; training and evaluation run under bf16 autocast there).
 - CPU without a native bf16 instruction (no `amx_bf16` and no `avx512_bf16` flag, e.g. AMD Zen 2/3): float32;
   bf16 is emulated there and always slower.
 - CPU with one: bf16 when the model's width (the inner dimension of its matmuls, what AMX tiles and AVX512-BF16
-  dot products need to amortise the casts) is at least `MIN_BF16_WIDTH`, float32 below. 384 is the smallest
-  measured width that gains; widths between the measured 64 (slower) and 384 are unmeasured and stay float32, so
-  `auto` is never slower than float32 on a measured model. `benchmarks/precision_threshold.py`, run on such a
-  machine, measures every catalogue size and experiment model and prints the threshold the measurements support.
-  Token count did not separate the measured points (the slow model had 65 tokens, the fast ones 197); every
-  catalogue model at its native resolution has >= 197.
+  dot products need to amortise the casts) is at least `MIN_BF16_WIDTH`, float32 below. It is the smallest
+  measured width that gains; narrower widths either lost or are unmeasured and stay float32, so `auto` is never
+  slower than float32 on a measured model. `benchmarks/precision_threshold.py`, run on such a machine, measures
+  every catalogue size and experiment model and prints the threshold the measurements support. The rule keys on
+  width, not token count, because token count did not separate the measured points; every catalogue model at its
+  native resolution has at least as many tokens as the fast ones.
 
 Exactness paths (`convert`, `info`, the parity tests, `--precision fp32`) compute in float32 always.
 """
@@ -172,9 +167,10 @@ def _outputs_to_fp32(module: nn.Module, args: tuple, out):
 
 def prepare_for_inference(model: nn.Module, precision: Precision | str) -> nn.Module:
     """The model in the fastest form of `precision` for inference (call `autocast_for` around it as well):
-    fp32 unchanged; bf16 weights cast to bfloat16 for a ViT (5.4x float32 vs 3.5x autocast on ViT-B/16, issue
-    34), inputs cast to bf16 and logits back to float32 by hooks on `model(x)`; hybrids and BiT keep float32
-    weights (weight standardisation) and rely on autocast; int8 `vitlab.runtime.quantize.quantize_int8`."""
+    fp32 unchanged; bf16 weights cast to bfloat16 for a ViT (faster than autocast alone, BENCHMARKS.md "bf16 on
+    a CPU that computes it natively"), inputs cast to bf16 and logits back to float32 by hooks on `model(x)`;
+    hybrids and BiT keep float32 weights (weight standardisation) and rely on autocast; int8
+    `vitlab.runtime.quantize.quantize_int8`."""
     name = precision.name if isinstance(precision, Precision) else precision
     if name == "int8":
         from vitlab.runtime.quantize import quantize_int8  # optional dependencies live there; import only when asked

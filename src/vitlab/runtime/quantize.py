@@ -2,20 +2,18 @@
 output channel, activations quantized per batch on the fly, products in int8 with int32 accumulation, CPU only.
 
 Which bits go where: on x86 without VNNI (AVX2, AVX512F) the u8 x s8 products are summed in pairs in saturating
-int16, so 8-bit activations times 8-bit weights can overflow (a ViT-Ti's logits 21 % off). torch's dynamic Linear
+int16, so 8-bit activations times 8-bit weights can overflow and move the logits far. torch's dynamic Linear
 avoids it by giving activations 7 bits (`reduce_range`); vitlab gives the 7 bits to the weights instead
 (symmetric per output channel, -64..63) and keeps 8 for the activations: 255 x 64 x 2 < 32767, so no product pair
 saturates on any x86 CPU, and the error halves because activations are quantized per tensor (one scale for the
-whole batch) while weights have a scale per channel. Measured on a ViT-Ti/16 trained at 224 px (1,000 held-out
-MNIST images, BENCHMARKS.md "int8"): logits 0.58 % from float32 against 1.09 % with torch's default split, top-1
-agreement 99.1 % against 98.8 %; same speed. ONNX files get the same split (`vitlab.deploy.onnx_check`).
+whole batch) while weights have a scale per channel; the speed is the same (the error and agreement figures:
+BENCHMARKS.md "int8 and compile on a quiet machine"). ONNX files get the same split (`vitlab.deploy.onnx_check`).
 
-Which library (measured, BENCHMARKS.md "int8"): torch's FBGEMM/oneDNN dynamic linear kernels
-(`torch.ao.quantization.quantize_dynamic`) are fast on every x86 CPU with AVX2 and need nothing beyond torch;
-the weights are packed for oneDNN's (`PACKING_ENGINE`, the faster of the two at the batch sizes eval and predict
-run).
-torchao's `Int8DynamicActivationInt8WeightConfig`, the maintained successor, has no fast eager CPU kernel: one
-ViT-B/16 batch took 20x float32's time on the AMD EPYC we measured on, so it is not used. `torch.ao.quantization`
+Which library (BENCHMARKS.md "int8 and compile on a quiet machine" and "int8, ONNX and compile"): torch's
+FBGEMM/oneDNN dynamic linear kernels (`torch.ao.quantization.quantize_dynamic`) are fast on every x86 CPU with
+AVX2 and need nothing beyond torch; the weights are packed for oneDNN's (`PACKING_ENGINE`, the faster of the two
+at the batch sizes eval and predict run). torchao's `Int8DynamicActivationInt8WeightConfig`, the maintained
+successor, has no fast eager CPU kernel (far slower than float32), so it is not used. `torch.ao.quantization`
 warns that it is deprecated; the warning is vitlab's to handle, not the user's, so it is silenced here (and an
 import failure, on a torch that removed it, becomes one line). ONNX Runtime's dynamic quantization is what
 `vitlab export --precision int8` uses (`vitlab.deploy`).
@@ -42,10 +40,9 @@ with warnings.catch_warnings():  # torch.ao.nn.quantized warns that it is deprec
         class _DynamicLinear(nn.Module):  # never instantiated: is_int8 is then False for every model
             pass
 
-# Whose kernels compute the int8 products. Measured interleaved on an AMD EPYC (AVX2, no VNNI), batch 16, 2 threads
-# (BENCHMARKS.md "int8 and compile on a quiet machine"): oneDNN 1.59x float32 on ViT-B/16, 1.48x on ViT-S/16, 1.33x
-# on ViT-Ti/16 against FBGEMM's (torch's default "x86" engine) 1.44x, 1.26x, 1.29x; at batch 1 FBGEMM 1.81x, oneDNN
-# 1.72x. Batches of 16 and more are what eval (256) and predict (32) run, so oneDNN packs where torch has it.
+# Whose kernels compute the int8 products: oneDNN's, which beat FBGEMM's (torch's default "x86" engine) at batch 16
+# and more, the batches eval (256) and predict (32) run; FBGEMM leads only at batch 1. oneDNN packs where torch has
+# it. The figures: BENCHMARKS.md "int8 and compile on a quiet machine".
 PACKING_ENGINE = "onednn"
 
 # The messages torch emits on the way (its module deprecation, quantized tensor creation): vitlab's concern.

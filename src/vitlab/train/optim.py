@@ -13,7 +13,7 @@ from torch import nn
 
 from vitlab.eval.classify import per_image_loss
 from vitlab.train.config import TrainConfig
-from vitlab.train.finetune import Ema  # noqa: F401  (re-exported: it lived here)
+from vitlab.train.finetune import Ema  # noqa: F401  (re-exported: importable beside the optimisers)
 
 # --------------------------------------------------------------------------------------------------------------
 # Layer-wise learning-rate decay (`--layer-decay`), grouped as timm's `param_groups_layer_decay` groups a ViT

@@ -303,12 +303,12 @@ RECIPES: dict[str, dict[str, Any]] = {
         train_crop="inception", eval_resize="official",
     ),
     # The pretrain recipe scaled to a laptop: a 4-layer, 128-wide ViT with 4×4 patches on the 8×8 digits
-    # upsampled to 16×16 (16 tokens + class token), cosine decay, 1000 steps of 128 (~90 epochs): 97.8-98.6%
-    # test top-1 over seeds 0-2 in about 2 minutes on 2 CPU cores. lr 2e-3: with the official (truncated)
-    # patch-embedding initialisation, lr 1e-3 gave 96.9-97.5%. Digits are not mirror-symmetric (no flip), and
-    # an inception crop of 5% of an 8×8 image is a blur, so crops keep at least half of the area; boxes are
-    # sub-pixel (integer boxes on 8×8 pixels are too coarse). On square digits the official eval resize is the
-    # short-side resize the demo used before the choice existed.
+    # upsampled to 16×16 (16 tokens + class token), cosine decay, 1000 steps of 128 (~90 epochs; its top-1 and
+    # time: docs/benchmarks.md, "Default run"). lr 2e-3: with the official (truncated) patch-embedding
+    # initialisation, lr 1e-3 ends lower (BENCHMARKS.md "Bounds and choices in the code"). Digits are not
+    # mirror-symmetric (no flip), and an inception crop of 5% of an 8×8 image is a blur, so crops keep at least
+    # half of the area; boxes are sub-pixel (integer boxes on 8×8 pixels are too coarse). On square digits the
+    # official eval resize equals a short-side resize.
     "demo": dict(
         data="digits", model="ViT-Ti/4", model_args={"depth": 4, "width": 128, "num_heads": 4, "mlp_dim": 256},
         image_size=16, optimizer="adam", lr=2e-3, weight_decay=0.05, betas=(0.9, 0.999), warmup=100,
@@ -331,7 +331,8 @@ EPOCHS: dict[str, tuple[int, int]] = {
 }
 
 _UPSTREAM = ("sigmoid cross-entropy summed over classes, head bias −10 and a model-wide `pre_logits` layer "
-             "(Dense + tanh) as the released upstream models (vision_transformer issues #2 and #34; big_vision "
+             "(Dense + tanh) as the released upstream models (github.com/google-research/vision_transformer/issues/2 "
+             "and /issues/34; big_vision "
              "configs/vit_i21k.py: loss sigmoid_xent, init_head_bias −10); linear decay to 1e-5 (vit_jax "
              "create_learning_rate_schedule, linear_end)")
 

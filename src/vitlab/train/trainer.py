@@ -159,7 +159,8 @@ def default_workers(d: Dist) -> int:
 def set_cpu_threads(d: Dist, workers: int) -> None:
     """On CPU, compute threads = this process's CPUs minus its loader workers, unless OMP_NUM_THREADS says
     otherwise. PyTorch would take every core; OpenMP threads then spin-wait for threads the workers (or other
-    programs) pushed off a core, which made a 2-core run 8x slower than with one thread."""
+    programs) pushed off a core, which makes a run slower than with one thread (BENCHMARKS.md "Bounds and choices
+    in the code")."""
     if d.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, _cpus_per_process(d) - workers))
 
