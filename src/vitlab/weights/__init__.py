@@ -1,5 +1,21 @@
-"""Reading and writing weights. Import the submodules directly (`vitlab.weights.load`, `.jax_npz`, …)."""
+"""Reading and writing weights in every supported format: `read_weights` (a WeightsRecord: config and state dict),
+`detect_format` and the error every reader raises; a model from weights is `vitlab.load`. The format modules are
+private: `read_weights` decides the format once."""
+
+from typing import Any
 
 from vitlab.errors import WeightsError
 
-__all__ = ["WeightsError"]
+# read on first use: a format reader imports the package, so the package may not import the readers eagerly
+_LAZY = {"read_weights": "load", "detect_format": "load", "WeightsRecord": "record"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"vitlab.weights.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["WeightsError", "WeightsRecord", "detect_format", "read_weights"]
