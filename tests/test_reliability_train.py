@@ -14,9 +14,9 @@ import torch
 
 from vitlab.cli import main
 from vitlab.data import DataError
-from vitlab.files.rundir import verify_checkpoint
+from vitlab.files.rundir import LOCK, verify_checkpoint
 from vitlab.train import resolve_config, run
-from vitlab.train.checkpoint import LOCK, RunLock
+from vitlab.train.checkpoint import RunLock
 
 TINY = dict(model="ViT-Ti/4", model_args={"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64}, image_size=8,
             batch_size=32, steps=4, warmup=1, eval_every=2, log_every=1, workers=0, eval_batch_size=8)

@@ -29,6 +29,12 @@ STATE = "state.pt"
 MANIFEST = "manifest.json"
 METRICS = "metrics.jsonl"
 CONFIG = "config.json"
+BEST = "best.safetensors"  # the weights of the best validation step
+CURVES = "curves.png"
+CONSOLE_LOG = "console.log"  # every line the run printed
+LOCK = ".vitlab.lock"  # held while a process writes the run
+TENSORBOARD = "tensorboard"  # event files, with --tb
+WANDB = "wandb"  # the Weights & Biases run and its id, with --wandb
 CHECKPOINT_FILES = (WEIGHTS, STATE)  # what a manifest lists, no more and no fewer
 _STEP_NAME = re.compile(r"step_(\d+)")
 
@@ -152,6 +158,7 @@ def latest_valid_checkpoint(run_dir: Path) -> Path | None:
 # rate in lr_<lr>/, with --refit the chosen one again on all of train in final/, and sweep.json (its table and
 # choice) written when the sweep ends. Weights readers resolve the folder to the run it chose.
 SWEEP_RECORD = "sweep.json"
+SWEEP_PLOT = "sweep.png"
 REFIT_RUN = "final"
 
 

@@ -43,6 +43,8 @@ from vitlab.files.outputs import storage_error
 from vitlab.files.rundir import (
     CHECKPOINTS,
     CONFIG,
+    CONSOLE_LOG,
+    LOCK,
     MANIFEST,
     METRICS,
     STATE,
@@ -418,8 +420,7 @@ def _best(run_dir: Path, objective: Any) -> dict[str, Any] | None:
 # - The folder and its `checkpoints/` are probed for writing before step 1, so a read-only or full disk is one line
 #   at the start instead of a traceback after the last step.
 
-LOCK = ".vitlab.lock"
-OWN_FILES = {LOCK, "console.log"}  # what a run that failed before its first record leaves behind
+OWN_FILES = {LOCK, CONSOLE_LOG}  # what a run that failed before its first record leaves behind
 _HELD: set[int] = set()  # descriptors of the run locks this process holds
 
 

@@ -168,7 +168,7 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
     epochs = check_epochs(flags)  # --epochs N: the steps once the data and batch are known (train/rules.py)
     _check_known(flags, "training settings")
     if flags.get("resume"):
-        if flags.get("out") and (Path(flags["out"]) / "config.json").exists():
+        if flags.get("out") and (Path(flags["out"]) / CONFIG).exists():
             if epochs is not None:
                 flags["steps"] = steps_on_resume(Path(flags["out"]), epochs)
             return _resume(Path(flags["out"]), flags, recipe)
@@ -424,11 +424,11 @@ def _steps_of(layers: _Layers, source: str, recipe: str) -> int | None:
 def _resume(out: Path, flags: Mapping[str, Any], recipe: str | None) -> Resolved:
     """The stored run, with the flags that are safe to change; any other flag must equal the stored value."""
     try:
-        record = json.loads((out / "config.json").read_text())
-        stored = config_from_json(out / "config.json")
+        record = json.loads((out / CONFIG).read_text())
+        stored = config_from_json(out / CONFIG)
     except (OSError, ValueError, TypeError) as err:
         raise ValueError(f"{out / 'config.json'}: cannot read the stored run ({err}); it is damaged") from None
-    check_record(out / "config.json", record, RUN_RECORD_KEYS)
+    check_record(out / CONFIG, record, RUN_RECORD_KEYS)
     sources = {**dict.fromkeys(stored.to_dict(), f"run {out}"), **record.get("sources", {})}
     if "precision" not in record:  # recorded before --precision existed: computed as device.autocast did then
         stored = stored.replace(precision="bf16" if device_kind(stored.device).type == "cuda" else "fp32")

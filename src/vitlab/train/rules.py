@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.data import DataError, build_datasets
+from vitlab.files.rundir import CONFIG
 from vitlab.train.recipes import (
     EPOCHS,
     FINETUNE_PRESETS,
@@ -206,7 +207,7 @@ def steps_on_resume(run: Path, epochs: float) -> int:
     """`--epochs` on `--resume`: the steps of that many epochs of the stored run (its recorded training images
     and batch), which the resumed run extends its schedule to as with `--steps`."""
     try:
-        record = json.loads((run / "config.json").read_text())
+        record = json.loads((run / CONFIG).read_text())
         images, batch = int(record["train_images"]), int(record["batch_size"])
     except (OSError, ValueError, KeyError, TypeError):
         raise ValueError(f"--epochs with --resume: {run / 'config.json'} does not record the run's training images "

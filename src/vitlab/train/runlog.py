@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.files.outputs import atomic_write
-from vitlab.files.rundir import METRICS
+from vitlab.files.rundir import CONFIG, CONSOLE_LOG, METRICS, TENSORBOARD, WANDB
 from vitlab.models.flops import count_macs
 from vitlab.progress import bars_enabled
 from vitlab.train.resolve import Resolved
@@ -70,7 +70,7 @@ def _tensorboard(run_dir: Path) -> Any:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:  # tensorboard is optional: pip install vitlab[tb]
         return None
-    return SummaryWriter(str(run_dir / "tensorboard"))
+    return SummaryWriter(str(run_dir / TENSORBOARD))
 
 
 class WandbWriter:
@@ -81,12 +81,12 @@ class WandbWriter:
     def __init__(self, run_dir: Path, project: str | None = None):
         import wandb
 
-        config_path = run_dir / "config.json"
+        config_path = run_dir / CONFIG
         config = json.loads(config_path.read_text()) if config_path.exists() else {}
         mode = os.environ.get("WANDB_MODE", "offline")  # never online unless the user says so
         self.run = wandb.init(project=project or os.environ.get("WANDB_PROJECT", "vitlab"), name=run_dir.name,
                               dir=str(run_dir), config=config, mode=mode, id=_wandb_id(run_dir), resume="allow")
-        log.info("Weights & Biases: %s run in %s", mode, run_dir / "wandb")
+        log.info("Weights & Biases: %s run in %s", mode, run_dir / WANDB)
 
     def add_scalar(self, tag: str, value: float, step: int) -> None:
         self.run.log({tag: value}, step=step)
@@ -97,7 +97,7 @@ class WandbWriter:
 
 def _wandb_id(run_dir: Path) -> str:
     """The W&B run id of this vitlab run: made once (random, as W&B's own), then read back on every resume."""
-    path = run_dir / "wandb" / "vitlab-run-id"
+    path = run_dir / WANDB / "vitlab-run-id"
     if path.is_file():
         return path.read_text().strip()
     run_id = os.urandom(6).hex()
@@ -464,7 +464,7 @@ class ConsoleLog:
     def __init__(self, run_dir: Path, enabled: bool):
         self.handler: logging.Handler | None = None
         if enabled:
-            self.handler = logging.FileHandler(run_dir / "console.log", encoding="utf-8")
+            self.handler = logging.FileHandler(run_dir / CONSOLE_LOG, encoding="utf-8")
             self.handler.setFormatter(_CONSOLE_FORMAT)
             self.handler.setLevel(logging.INFO)
             logger = logging.getLogger("vitlab")
@@ -500,7 +500,7 @@ def result_line(result: Any, verb: str) -> str:
 
 def append_to_console_log(run_dir: Path, text: str) -> None:
     """A line after the run has closed its log (the command line's final `done:` line), in the same format."""
-    path = Path(run_dir) / "console.log"
+    path = Path(run_dir) / CONSOLE_LOG
     if path.parent.is_dir():
         record = logging.LogRecord("vitlab", logging.INFO, __file__, 0, text, None, None)
         with open(path, "a", encoding="utf-8") as f:

@@ -26,7 +26,7 @@ from vitlab.data.datasets import has_val_split
 from vitlab.errors import DataError
 from vitlab.eval.classify import evaluate_weights
 from vitlab.files.outputs import WRITTEN_BY, atomic_write, check_replaceable, mark
-from vitlab.files.rundir import REFIT_RUN, sweep_run_name
+from vitlab.files.rundir import REFIT_RUN, SWEEP_PLOT, SWEEP_RECORD, sweep_run_name
 from vitlab.train.config import TrainConfig
 from vitlab.train.resolve import Resolved
 from vitlab.train.trainer import run
@@ -136,7 +136,7 @@ def run_sweep(settings: TrainConfig | Resolved) -> SweepResult:
     start = time.perf_counter()
     out = Path(cfg.out)
     # before hours of fine-tuning: the sweep's record and figure go into --out, never over a file of the user's
-    check_replaceable(out, "sweep.json", SWEEP, ("sweep.png",), legacy_keys=SWEEP_RECORD_KEYS)
+    check_replaceable(out, SWEEP_RECORD, SWEEP, (SWEEP_PLOT,), legacy_keys=SWEEP_RECORD_KEYS)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for lr in sorted(cfg.lr_sweep):
@@ -175,8 +175,8 @@ def write_sweep(result: SweepResult) -> None:
         "seconds": result.seconds,
         "config": result.config,
     }
-    atomic_write(result.out_dir / "sweep.json", lambda tmp: Path(tmp).write_text(json.dumps(record, indent=1)))
-    plot_sweep(result, result.out_dir / "sweep.png")
+    atomic_write(result.out_dir / SWEEP_RECORD, lambda tmp: Path(tmp).write_text(json.dumps(record, indent=1)))
+    plot_sweep(result, result.out_dir / SWEEP_PLOT)
 
 
 def plot_sweep(result: SweepResult, path: Path) -> Path:

@@ -37,7 +37,7 @@ from vitlab.eval.classify import evaluate, per_image_loss
 from vitlab.eval.fewshot_data import fewshot_weights
 from vitlab.eval.metrics import ClassificationMeter
 from vitlab.files.outputs import atomic_write
-from vitlab.files.rundir import METRICS
+from vitlab.files.rundir import BEST, CONFIG, CURVES, METRICS, WEIGHTS
 from vitlab.models.config import ViTConfig
 from vitlab.models.registry import build_model as build_from_config
 from vitlab.models.registry import describe_architecture, model_config
@@ -434,7 +434,7 @@ class Trainer:
                                  torch.get_num_threads(), self.step, self._tuning_lines())
             for line in lines:
                 log.info(line)
-            write_run_config(self.run_dir / "config.json", cfg, resolved.record(), self.saved_model(),
+            write_run_config(self.run_dir / CONFIG, cfg, resolved.record(), self.saved_model(),
                              self.data, d)
         self.log = RunLog(self.run_dir, cfg.steps, self.step, d.is_main, tensorboard=cfg.tensorboard,
                           wandb_project=cfg.wandb_project)
@@ -553,7 +553,7 @@ class Trainer:
         if step == cfg.steps or (save_every and step % save_every == 0):
             self.save_checkpoint()
         if evaluate_now and self.d.is_main:
-            plot_curves(self.run_dir / METRICS, self.run_dir / "curves.png")
+            plot_curves(self.run_dir / METRICS, self.run_dir / CURVES)
 
     def _note_bad_images(self, bad: list[str]) -> None:
         if not bad:
@@ -575,7 +575,7 @@ class Trainer:
             improved = self.best is None or score > self.best.get("score", self.best["top1"])
             if improved:
                 self.best = {"top1": self.metrics["top1"], "score": score, "step": self.step}
-                self.checkpoints.save_weights(self.run_dir / "best.safetensors")
+                self.checkpoints.save_weights(self.run_dir / BEST)
         if record:
             self.log.record({"step": self.step, "split": "val", **self.metrics, "ema": self.ema is not None,
                              "seconds": time.perf_counter() - t0})
@@ -603,11 +603,11 @@ class Trainer:
         if status == "completed":
             if not self.metrics:  # a resumed run that had already finished: evaluate again, log nothing new
                 self._evaluate(record=False)
-            weights = self.run_dir / "model.safetensors"
+            weights = self.run_dir / WEIGHTS
             with self.ema.applied(self.model) if self.ema is not None else nullcontext():
                 self.checkpoints.save_weights(weights, step=self.step)  # its step: resumable without checkpoints
             if self.d.is_main:
-                plot_curves(self.run_dir / METRICS, self.run_dir / "curves.png")
+                plot_curves(self.run_dir / METRICS, self.run_dir / CURVES)
         summary = totals.summary(self.workers, self.d.world) if totals.steps else {}
         if self.bad_images and self.d.is_main:
             log.warning("%d unreadable image(s) were skipped: %s", len(self.bad_images),
