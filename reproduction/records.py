@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from reproduction.spec import RunSpec
-from vitlab.files import atomic_write
+from vitlab.files import write_json as write_json_file
 
 CHECKSUM = "checksum"
 MAX_RECORD_BYTES = 1 << 20  # a record is 1-4 KB; a thousand times that is no record
@@ -307,6 +307,4 @@ def read_results_file(path: str | Path, name: str | None = None) -> dict[str, An
 
 def write_json(path: Path, content: dict[str, Any]) -> str:
     """Write a record or results.json, sealed (atomically: a reader sees the old file or the new); its text."""
-    text = json.dumps(seal(content), indent=1)
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
-    return text
+    return write_json_file(path, seal(content))

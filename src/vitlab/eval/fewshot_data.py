@@ -8,7 +8,6 @@ L2 value.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,8 @@ from vitlab.data.loader import UnreadableImages
 from vitlab.data.transforms import FEWSHOT_RESIZE, as_size
 from vitlab.errors import DataError
 from vitlab.eval.fewshot_lsr import DEFAULT_L2, FewshotResult, fewshot_on_features, representations
-from vitlab.files.outputs import WRITTEN_BY, atomic_write
+from vitlab.files.outputs import WRITTEN_BY
+from vitlab.files.outputs import write_json as write_json_file
 from vitlab.progress import progress as progress_bar
 
 
@@ -90,5 +90,5 @@ def fewshot_weights(
 def write_json(result: FewshotResult, path: str | Path, extra: dict | None = None, force: bool = False) -> None:
     """The table as JSON, marked as vitlab's (its first key) so that a later run may replace it; an existing file
     that is not vitlab's is replaced only with `force` (outputs.check_output)."""
-    text = json.dumps({WRITTEN_BY: "vitlab fewshot", **(extra or {}), **result.to_dict()}, indent=2)
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text), user_named=True, force=force)
+    write_json_file(path, {WRITTEN_BY: "vitlab fewshot", **(extra or {}), **result.to_dict()}, indent=2,
+                    user_named=True, force=force)

@@ -9,11 +9,11 @@ weights, the images skipped with why, and every image's top-k."""
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 
 from vitlab.eval.prediction import Predictions
 from vitlab.files.outputs import WRITTEN_BY, atomic_write, check_output
+from vitlab.files.outputs import write_json as write_json_file
 
 WRITER = "vitlab predict"
 
@@ -45,6 +45,5 @@ def write_csv(predictions: Predictions, path: str | Path, force: bool = False) -
 def write_json(predictions: Predictions, path: str | Path, weights: str | Path, force: bool = False) -> Path:
     record = {WRITTEN_BY: WRITER, "weights": str(weights), "images": len(predictions.results),
               "skipped": predictions.skipped, "predictions": predictions.results}
-    text = json.dumps(record, indent=1) + "\n"
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), user_named=True, force=force)
+    write_json_file(path, record, end="\n", user_named=True, force=force)
     return Path(path)

@@ -320,6 +320,15 @@ def refuse_special(path: str | Path, what: str = "file") -> None:
     raise OutputRefused(path, f"exists and is {kind}, not a {'regular file' if what == 'file' else what}", fix)
 
 
+def write_json(path: str | Path, record: object, *, indent: int = 1, end: str = "", user_named: bool = False,
+               force: bool = False) -> str:
+    """`record` as JSON (`indent`, then `end`) written atomically by `atomic_write`'s rule (`user_named`, `force`
+    as there); the text written. The one JSON writer: every JSON output goes through the output rule."""
+    text = json.dumps(record, indent=indent) + end
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), user_named=user_named, force=force)
+    return text
+
+
 def check_output(path: str | Path, force: bool = False, fix: str = FORCE_FIX) -> None:
     """The rule for every file a user names as an output (checked before the work and again before the rename):
     - absent: written;

@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from vitlab.files.cache import cache_dir
-from vitlab.files.outputs import atomic_write
+from vitlab.files.outputs import write_json
 from vitlab.hub.entry import Entry
 
 META_SUFFIX = ".vitlab.json"
@@ -57,7 +57,7 @@ def read_meta(path: Path) -> dict[str, Any] | None:
 
 
 def write_meta(path: Path, meta: dict[str, Any]) -> None:
-    atomic_write(meta_path(path), lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=1) + "\n"))
+    write_json(meta_path(path), meta, end="\n")
 
 
 def problem(path: Path) -> str | None:

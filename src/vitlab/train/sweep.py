@@ -14,7 +14,6 @@ Writes `<out>/sweep.json` (table, choice, settings) and `<out>/sweep.png` (dev a
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,7 +24,7 @@ from vitlab.data import is_embedded
 from vitlab.data.datasets import has_val_split
 from vitlab.errors import DataError
 from vitlab.eval.classify import evaluate_weights
-from vitlab.files.outputs import WRITTEN_BY, atomic_write, check_replaceable, mark
+from vitlab.files.outputs import WRITTEN_BY, atomic_write, check_replaceable, mark, write_json
 from vitlab.files.rundir import REFIT_RUN, SWEEP_PLOT, SWEEP_RECORD, sweep_run_name
 from vitlab.train.config import TrainConfig
 from vitlab.train.resolve import Resolved
@@ -175,7 +174,7 @@ def write_sweep(result: SweepResult) -> None:
         "seconds": result.seconds,
         "config": result.config,
     }
-    atomic_write(result.out_dir / SWEEP_RECORD, lambda tmp: Path(tmp).write_text(json.dumps(record, indent=1)))
+    write_json(result.out_dir / SWEEP_RECORD, record)
     plot_sweep(result, result.out_dir / SWEEP_PLOT)
 
 
