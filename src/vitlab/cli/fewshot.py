@@ -46,7 +46,7 @@ def parse_floats(text: str) -> list[float]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from vitlab.data.transforms import EVAL_RESIZES, FEWSHOT_RESIZE
+    from vitlab.constants import EVAL_RESIZES, FEWSHOT_RESIZE
 
     p = sub.add_parser("fewshot", help="few-shot linear evaluation (closed-form ridge; paper Section 4.1)",
                        description="Few-shot linear evaluation of a frozen representation: draws k examples per "

@@ -40,6 +40,7 @@ from vitlab.train.config import (
 from vitlab.train.finetune import frozen_backbone_settings
 from vitlab.train.recipes import (
     BIT_DATA_FIELDS,
+    DEFAULT_RECIPE,
     FINETUNE_PRESETS,
     MODEL_ROWS,
     RECIPES,
@@ -123,7 +124,6 @@ PREPROCESSING = ("train_crop", "crop_scale", "crop_ratio", "flip", "eval_resize"
 # Keys of a run's config.json besides the TrainConfig fields (accepted, and ignored, by --config).
 RUN_RECORD_KEYS = frozenset({"model_config", "class_names", "train_images", "val_images", "world_size", "torch",
                              "sources", "notes", "resumed"})
-DEFAULT_RECIPE = {"train": "demo", "finetune": "finetune"}
 
 
 @dataclass(frozen=True)
