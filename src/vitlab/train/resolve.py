@@ -430,7 +430,7 @@ def _resume(out: Path, flags: Mapping[str, Any], recipe: str | None) -> Resolved
         raise ValueError(f"{out / 'config.json'}: cannot read the stored run ({err}); it is damaged") from None
     check_record(out / "config.json", record, RUN_RECORD_KEYS)
     sources = {**dict.fromkeys(stored.to_dict(), f"run {out}"), **record.get("sources", {})}
-    if "precision" not in record:  # recorded before --precision existed: computed as device.autocast did then
+    if "precision" not in record:  # recorded before --precision existed: bf16 autocast on CUDA, float32 on CPU
         stored = stored.replace(precision="bf16" if device_kind(stored.device).type == "cuda" else "fp32")
         sources["precision"] = f"run {out}: recorded before --precision (bf16 on CUDA, float32 on CPU)"
     if recipe is not None and recipe != stored.recipe:
