@@ -39,7 +39,7 @@ def main() -> None:
     from vitlab.data.datasets import evaluation_splits
     from vitlab.data.transforms import FEWSHOT_RESIZE
     from vitlab.eval.fewshot_data import features_of
-    from vitlab.eval.inference import load_for_inference
+    from vitlab.runtime.session import open_session
 
     # by label (the part after the key), so a family's runs sit together
     dirs = sorted({Path(d) for pattern in args.runs for d in glob.glob(pattern)}, key=lambda d: d.name.split("-", 1)[1])
@@ -49,7 +49,7 @@ def main() -> None:
         weights = run / "model.safetensors"
         if not weights.is_file():
             continue
-        model = load_for_inference(weights, "cpu")[0]
+        model = open_session(weights, device="cpu", precision="fp32").model
         x, _ = features_of(model, split, 256, 0, FEWSHOT_RESIZE, False)
         x = np.asarray(x)
         try:

@@ -4,7 +4,7 @@
 
 Every image of the split goes through the pre-processing `vitlab eval` uses (the weights' recorded eval resize),
 then through the model in float32 and in each form as `vitlab eval --precision FORM` prepares it
-(`vitlab.eval.inference.with_precision`, under its autocast). Prints per form: top-1 against the labels, top-1
+(`vitlab.runtime.session.open_session`, under its autocast). Prints per form: top-1 against the labels, top-1
 agreement with float32, and the logits' distance from float32's (relative Frobenius norm over the split). bf16 is
 emulated (and very slow) on a CPU without amx_bf16/avx512_bf16; its numbers are the same either way.
 """
@@ -18,9 +18,8 @@ import time
 import torch
 
 from vitlab.data import EvalTransform, ShardSampler, TransformedSplit, load_split, make_loader, normalize
-from vitlab.eval.inference import load_for_inference, with_precision
 from vitlab.models.timm_compat import eval_resize_of
-from vitlab.runtime.precision import autocast_for
+from vitlab.runtime.session import open_session
 
 CPU = torch.device("cpu")
 
@@ -41,10 +40,10 @@ def split_batches(model, data: str, split: str, batch_size: int) -> list[tuple[t
 
 @torch.no_grad()
 def logits_of(model, form: str, batches) -> tuple[torch.Tensor, float]:
-    prepared, chosen = with_precision(copy.deepcopy(model), CPU, form)
+    session = open_session(copy.deepcopy(model), device=CPU, precision=form)
     start = time.perf_counter()
-    with autocast_for(CPU, chosen):
-        logits = torch.cat([prepared(x).float() for x, _ in batches])
+    with session.autocast():
+        logits = torch.cat([session.model(x).float() for x, _ in batches])
     return logits, time.perf_counter() - start
 
 
@@ -57,7 +56,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     args = ap.parse_args()
 
-    model, _ = load_for_inference(args.weights, CPU)
+    model = open_session(args.weights, device=CPU, precision="fp32").model
     batches = split_batches(model, args.data, args.split, args.batch_size)
     labels = torch.cat([y for _, y in batches])
     reference, seconds = logits_of(model, "fp32", batches)

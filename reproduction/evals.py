@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from vitlab.eval import evaluate_weights, fewshot_weights, load_for_inference
-from vitlab.runtime import pick_device
+from vitlab.eval import evaluate_weights, fewshot_weights
+from vitlab.runtime import open_session
 
 CURVE_SHOTS = 5
 
@@ -38,7 +38,7 @@ def evaluate(name: str, run_dir: Path, scale: Any) -> Any:
 
 
 def _load(weights: Path) -> torch.nn.Module:
-    return load_for_inference(weights, pick_device("auto"))[0]
+    return open_session(weights, device="auto", precision="fp32").model
 
 
 def fewshot(run_dir: Path, data: str, scale: Any, representation: str = "pre_logits") -> dict[str, Any]:

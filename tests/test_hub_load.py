@@ -74,13 +74,13 @@ def test_load_by_model_and_tag_downloads_once_and_matches_the_source(published, 
 
 
 def test_names_work_where_weights_paths_do(published, source, server, monkeypatch):
-    from vitlab.eval.inference import load_for_inference
+    from vitlab.runtime.session import open_session
     from vitlab.weights.locate import locate as resolve_weights
 
     path = resolve_weights("test-ft:ViT-Ti/16")  # what --init and --weights go through
     assert path.read_bytes() == source[1]
     monkeypatch.setenv("VITLAB_OFFLINE", "1")  # cached: offline runs load it without the network
-    model, names = load_for_inference("test-ft:ViT-Ti/16", torch.device("cpu"))
+    names = open_session("test-ft:ViT-Ti/16", device="cpu", precision="fp32").class_names
     assert names[0] == "tench, Tinca tinca" and len(names) == 1000  # predict prints names, not indices
     assert resolve_weights(path) == path  # a path stays a path
     assert len(server.log) == 1

@@ -14,8 +14,8 @@ from PIL import Image
 
 import vitlab
 from vitlab.cli import main
-from vitlab.eval.inference import with_precision
 from vitlab.models.vit import VisionTransformer, ViTConfig
+from vitlab.runtime.session import open_session
 
 CPU = torch.device("cpu")
 
@@ -82,8 +82,9 @@ def test_predict_compile_gives_eager_predictions(weights, compiles, capsys, tmp_
 
 
 def test_the_compiled_model_keeps_what_callers_read(compiles):
-    model, chosen = with_precision(random_vit(), CPU, "int8", compile=True)
-    assert chosen.name == "int8" and len(compiles) == 1
+    session = open_session(random_vit(), device=CPU, precision="int8", compile=True)
+    model = session.model
+    assert session.precision.name == "int8" and len(compiles) == 1
     assert model.config.num_classes == 10  # evaluate and predict read the config through the wrapper
     with torch.no_grad():
         assert model(torch.randn(3, 3, 8, 8)).shape == (3, 10)
@@ -93,7 +94,7 @@ def test_the_compiled_model_keeps_what_callers_read(compiles):
 def test_inductor_compiled_logits_match_eager():
     """The real thing (Inductor, C++ code generation): logits within 1e-5 of eager, float32, two batch sizes."""
     eager = random_vit(image_size=32)
-    compiled, _ = with_precision(random_vit(image_size=32), CPU, "fp32", compile=True)
+    compiled = open_session(random_vit(image_size=32), device=CPU, precision="fp32", compile=True).model
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for n in (4, 3):

@@ -140,8 +140,8 @@ def test_precision_is_recorded_and_kept_on_resume(tmp_path, caplog):
 
 
 def test_a_run_recorded_before_the_setting_resumes_as_it_computed(tmp_path, monkeypatch):
-    """No 'precision' in config.json: float32 on CPU, as device.autocast computed then, even where auto would
-    now choose bf16."""
+    """No 'precision' in config.json: float32 on CPU, as such a run computed (bf16 autocast on CUDA only), even
+    where auto would now choose bf16."""
     out = tmp_path / "run"
     run(tiny(out, steps=2, precision="fp32"))
     record = json.loads((out / "config.json").read_text())

@@ -109,9 +109,10 @@ def test_the_values_people_use_still_parse(argv):
 
 
 def isolated(code: str, cwd: Path) -> subprocess.CompletedProcess:
-    """`code` in a fresh interpreter whose address space is capped at what its imports mapped plus 2 GiB: an
+    """`code` in a fresh interpreter whose address space is capped at what the library's imports mapped plus 2 GiB
+    (vitlab.api: torch and the weight readers, which the command line itself imports only when a verb runs): an
     allocation for a crafted size fails there instead of swapping this machine; killed after TIMEOUT_S."""
-    limit = ("import re, resource, sys, json, vitlab.cli\n"
+    limit = ("import re, resource, sys, json, vitlab.api, vitlab.cli\n"
              "vm = int(re.search(r'VmSize:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) * 1024\n"
              "resource.setrlimit(resource.RLIMIT_AS, (vm + 2 * 2**30, vm + 2 * 2**30))\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}

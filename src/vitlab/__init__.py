@@ -13,13 +13,35 @@ The command line is `vitlab <verb>` (`vitlab --help`). The configuration datacla
 `vitlab.BiTConfig` and `vitlab.ResNetConfig`.
 """
 
-from vitlab.api import create_model, export_onnx, fit, list_models, load, save, transforms
-from vitlab.models import BiTConfig as BiTConfig  # re-exported: vitlab.ViTConfig etc.
-from vitlab.models import ResNetConfig as ResNetConfig
-from vitlab.models import ViTConfig as ViTConfig
+from typing import Any
 
 __version__ = "0.1.0"
+
+# Each public name and the module that holds it, imported on first use: `vitlab --help` imports the command line,
+# which is inside this package, and must not pay for torch.
+_PUBLIC = {
+    "create_model": "vitlab.api", "export_onnx": "vitlab.api", "fit": "vitlab.api", "list_models": "vitlab.api",
+    "load": "vitlab.api", "save": "vitlab.api", "transforms": "vitlab.api",
+    "BiTConfig": "vitlab.models", "ResNetConfig": "vitlab.models", "ViTConfig": "vitlab.models",
+}
 
 # help(vitlab) shows these; the config dataclasses stay importable (vitlab.ViTConfig) without their generated
 # methods filling the page.
 __all__ = ["create_model", "export_onnx", "fit", "list_models", "load", "save", "transforms", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+    import importlib.util
+
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+        globals()[name] = value  # read once: later look-ups are plain attributes
+        return value
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")  # `import vitlab; vitlab.models.ViTConfig`
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})

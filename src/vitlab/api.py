@@ -266,12 +266,11 @@ def load(
     model = load_weights(path, image_size=image_size, num_classes=num_classes, pretrained=pretrained, arch=arch)
     if precision is None:
         return model
-    from vitlab.runtime.precision import model_width, prepare_for_inference, resolve_precision
+    from vitlab.runtime.session import open_session
 
-    chosen = resolve_precision(precision, next(model.parameters()).device, use="infer", width=model_width(model))
-    model = prepare_for_inference(model, chosen)
-    model.precision = chosen
-    return model
+    session = open_session(model, device=next(model.parameters()).device, precision=precision)
+    session.model.precision = session.precision
+    return session.model
 
 
 def save(model: nn.Module, path: str | os.PathLike, *, force: bool = False) -> None:

@@ -1,7 +1,8 @@
 """Constants more than one layer uses, defined once: the input normalisations published weights expect, the
-evaluation resizes by name and big_vision's resize-before-crop rule (data/transforms.py applies them,
-models/timm_compat.py describes them to timm, model cards state them). A bottom module because the data, model and
-weights layers may not import each other."""
+evaluation resizes, training crops and fine-tuning freezes by name and big_vision's resize-before-crop rule
+(data/transforms.py applies them, models/timm_compat.py describes them to timm, model cards state them, the command
+line offers them as choices). A bottom module because the data, model and weights layers may not import each other,
+and `vitlab --help` reads it without importing torch."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 EVAL_RESIZES = ("official", "big_vision", "resize-short-crop")
 FEWSHOT_RESIZE = "fewshot"  # big_vision common_fewshot; an eval resize may be used for few-shot instead
+TRAIN_CROPS = ("inception", "inception-subpixel", "resize-random-crop")
+TRAIN_RESIZES = ("pil", "tensor")  # what resamples a training crop: PIL, or torch's uint8 kernel
+FREEZE_CHOICES = ("backbone",)  # backbone: everything but the classifier (head, and pre_logits when there is one)
 
 
 def resize_before_crop(size: int) -> int:

@@ -29,12 +29,12 @@ from vitlab.analysis.images import (
     load_images,
     to_display,
 )
-from vitlab.analysis.report import analyze
+from vitlab.analysis.report import analyze, analyze_weights
 
 __all__ = [
-    "AnalysisInputs", "EmbeddingFilters", "analyze", "attention_distance_from_attention", "attention_maps",
-    "attention_rollout", "class_token_attention", "class_token_attention_from_attention", "dataset_inputs",
-    "embedded_images", "embedding_filters", "filter_diagnostics", "grid_distances", "image_file_inputs",
-    "load_images", "mean_attention_distance", "position_embedding_similarity", "principal_filters",
-    "rollout_from_attention", "row_column_summary", "similarity_from_embeddings", "to_display",
+    "AnalysisInputs", "EmbeddingFilters", "analyze", "analyze_weights", "attention_distance_from_attention",
+    "attention_maps", "attention_rollout", "class_token_attention", "class_token_attention_from_attention",
+    "dataset_inputs", "embedded_images", "embedding_filters", "filter_diagnostics", "grid_distances",
+    "image_file_inputs", "load_images", "mean_attention_distance", "position_embedding_similarity",
+    "principal_filters", "rollout_from_attention", "row_column_summary", "similarity_from_embeddings", "to_display",
 ]

@@ -30,9 +30,13 @@ from vitlab.analysis.embeddings import (
     position_embedding_similarity,
     row_column_summary,
 )
-from vitlab.analysis.images import is_grey, to_display
+from vitlab.analysis.images import dataset_inputs, image_file_inputs, is_grey, to_display
+from vitlab.data.hf_split import is_hf_source
 from vitlab.files.outputs import WRITTEN_BY, atomic_write, check_replaceable, mark_text
+from vitlab.models import VisionTransformer
 from vitlab.progress import progress
+from vitlab.runtime.precision import Precision
+from vitlab.runtime.session import open_session
 
 CHUNK = 16  # images per forward pass: bounds the (L, N, H, T, T) attention tensor held at once
 
@@ -231,3 +235,33 @@ def analyze(
     atomic_write(out / "summary.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     write_index(out, summary, entries)
     return summary
+
+
+def analyze_weights(
+    weights: str | Path, out_dir: str | Path, *, images: Sequence[str] | None = None, data: str = "digits",
+    image_size: tuple[int, int] | None = None, num_images: int = 8, head_fusion: str = "mean",
+    discard_ratio: float = 0.0, components: int = 28, device: str = "auto", precision: str = "auto",
+) -> tuple[dict[str, Any], Precision]:
+    """`vitlab analyze`: `analyze` of saved weights (a ViT or hybrid) on image files, or on `num_images` held-out
+    images of `data` (an image file there: that image), at `image_size` (default: the model's native size).
+    Returns (the summary, the precision it computed in: bf16 under autocast, float32 weights)."""
+    session = open_session(weights, device=device, precision=precision, cast_weights=False)
+    model = session.model
+    if not isinstance(model, VisionTransformer):
+        raise ValueError(f"{weights} holds a {type(model).__name__}; analyze needs a ViT or hybrid (attention)")
+    cfg = model.config
+    size = tuple(image_size or cfg.image_size)
+    stride = cfg.total_stride
+    if size[0] % stride or size[1] % stride:
+        raise ValueError(f"image size {size[0]}x{size[1]} is not a multiple of the effective patch size {stride}")
+    class_names = getattr(model, "class_names", None)
+    if images:
+        inputs = image_file_inputs(images, cfg, size, class_names or ())
+    elif Path(data).is_file() and not is_hf_source(data):  # --data photo.jpg: the image itself
+        inputs = image_file_inputs([data], cfg, size, class_names or ())
+    else:
+        inputs = dataset_inputs(data, cfg, size, num_images)
+    with session.autocast():
+        summary = analyze(model, inputs.x, out_dir, head_fusion=head_fusion, discard_ratio=discard_ratio,
+                          components=components, source=inputs.source, images=inputs.images, class_names=class_names)
+    return summary, session.precision

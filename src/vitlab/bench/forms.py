@@ -18,7 +18,8 @@ from torch import nn
 
 from vitlab.bench.result import BenchSettings
 from vitlab.models.registry import model_config
-from vitlab.runtime.precision import Precision, config_width, prepare_for_inference, resolve_precision
+from vitlab.runtime.precision import Precision, config_width, resolve_precision
+from vitlab.runtime.session import open_session
 
 
 def resolve(settings: BenchSettings) -> Precision:
@@ -42,13 +43,11 @@ def describe(precision: Precision, compare: str | None) -> str:
 
 
 def inference_model(impl: str, model: nn.Module, precision: Precision) -> nn.Module:
-    """The model `impl` runs inference with: a converted copy where the precision converts (the original stays
-    float32 for the training mode that may follow)."""
-    if precision.name == "int8":
-        from vitlab.runtime.quantize import quantize_int8
-
-        return quantize_int8(copy.deepcopy(model).eval())
-    if precision.name == "bf16" and impl == "vitlab":
-        return prepare_for_inference(copy.deepcopy(model).eval(), precision)
+    """The model `impl` runs inference with: a converted copy (the inference session's) where the precision
+    converts, int8 for both and bf16 for vitlab; the original stays float32 for the training mode that may
+    follow."""
+    if precision.name == "int8" or (precision.name == "bf16" and impl == "vitlab"):
+        device = next(model.parameters()).device
+        return open_session(copy.deepcopy(model), device=device, precision=precision).model
     return model
 

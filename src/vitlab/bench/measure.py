@@ -6,7 +6,7 @@ import gc
 import math
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +20,6 @@ from vitlab.bench.result import MODES, BenchResult, BenchSettings, Measurement
 from vitlab.models.config import BiTConfig, ViTConfig
 from vitlab.models.flops import count_macs
 from vitlab.models.registry import build_model, model_config
-from vitlab.runtime.device import autocast as device_autocast
 from vitlab.runtime.precision import autocast_for
 from vitlab.weights.timm_bit import to_timm_bit_state_dict
 
@@ -66,8 +65,8 @@ def build_models(settings: BenchSettings) -> list[tuple[str, str, nn.Module]]:
 def make_step(model: nn.Module, mode: str, x: torch.Tensor, y: torch.Tensor,
               autocast: AbstractContextManager | None = None) -> Callable[[], None]:
     """One inference pass or one training step (forward, cross-entropy, backward, AdamW) as a closure, under
-    `autocast` (default: bf16 on CUDA, nothing on CPU)."""
-    autocast = device_autocast(x.device) if autocast is None else autocast
+    `autocast` (default: nothing, float32)."""
+    autocast = nullcontext() if autocast is None else autocast
     if mode == "infer":
         model.eval()
 

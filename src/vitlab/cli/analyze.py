@@ -47,55 +47,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_analyze)
 
 
-def _image_size(args: argparse.Namespace, native: tuple[int, int]) -> tuple[int, int]:
-    from vitlab.cli import UserError
-
-    if not args.image_size:
-        return tuple(native)
-    if len(args.image_size) > 2 or min(args.image_size) < 1:
-        raise UserError("--image-size takes one or two positive numbers: H [W]")
-    return (args.image_size[0], args.image_size[-1])
-
-
-def _inputs(args: argparse.Namespace, cfg, size: tuple[int, int], class_names):
-    """AnalysisInputs: the images, each with its file and true class, and where they came from."""
-    from pathlib import Path
-
-    from vitlab.analysis.images import dataset_inputs, image_file_inputs
-
-    if args.images:
-        return image_file_inputs(args.images, cfg, size, class_names or ())
-    from vitlab.data.hf_split import is_hf_source
-
-    if Path(args.data).is_file() and not is_hf_source(args.data):  # --data photo.jpg: the image itself
-        return image_file_inputs([args.data], cfg, size, class_names or ())
-    return dataset_inputs(args.data, cfg, size, args.num_images)
-
-
 def run_analyze(args: argparse.Namespace) -> int:
-    from vitlab.analysis import analyze
+    from vitlab.analysis import analyze_weights
     from vitlab.cli import UserError
-    from vitlab.models.vit import VisionTransformer
-    from vitlab.runtime.device import pick_device
-    from vitlab.runtime.precision import autocast_for, model_width, resolve_precision
-    from vitlab.weights.load import load
 
-    device = pick_device(args.device)
-    model = load(args.weights).to(device)
-    if not isinstance(model, VisionTransformer):
-        raise UserError(f"{args.weights} holds a {type(model).__name__}; analyze needs a ViT or hybrid (attention)")
-    cfg = model.config
-    size = _image_size(args, cfg.image_size)
-    stride = cfg.total_stride
-    if size[0] % stride or size[1] % stride:
-        raise UserError(f"image size {size[0]}x{size[1]} is not a multiple of the effective patch size {stride}")
-    class_names = getattr(model, "class_names", None)
-    inputs = _inputs(args, cfg, size, class_names)
-    chosen = resolve_precision(args.precision, device, use="infer", width=model_width(model))
-    with autocast_for(device, chosen):
-        summary = analyze(model, inputs.x, args.out, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio,
-                          components=args.components, source=inputs.source, images=inputs.images,
-                          class_names=class_names)
+    if args.image_size and len(args.image_size) > 2:
+        raise UserError("--image-size takes one or two positive numbers: H [W]")
+    size = (args.image_size[0], args.image_size[-1]) if args.image_size else None
+    summary, chosen = analyze_weights(
+        args.weights, args.out, images=args.images, data=args.data, image_size=size, num_images=args.num_images,
+        head_fusion=args.head_fusion, discard_ratio=args.discard_ratio, components=args.components,
+        device=args.device, precision=args.precision)
     print(f"analysed {summary['input']['description']} (precision {chosen.name}: {chosen.reason})")
     for name in summary["figures"]:
         print(f"wrote {args.out}/{name}")

@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _register_eval(sub: argparse._SubParsersAction) -> None:
-    from vitlab.data.transforms import EVAL_RESIZES
+    from vitlab.constants import EVAL_RESIZES
 
     p = sub.add_parser("eval", help="top-1/top-5 and a confusion matrix of weights on a dataset",
                        description="Evaluate weights (file, checkpoint or run directory) on a dataset split.")

@@ -46,7 +46,7 @@ def parse_floats(text: str) -> list[float]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from vitlab.data.transforms import EVAL_RESIZES, FEWSHOT_RESIZE
+    from vitlab.constants import EVAL_RESIZES, FEWSHOT_RESIZE
 
     p = sub.add_parser("fewshot", help="few-shot linear evaluation (closed-form ridge; paper Section 4.1)",
                        description="Few-shot linear evaluation of a frozen representation: draws k examples per "
@@ -82,26 +82,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from vitlab.eval.fewshot_data import fewshot_weights, write_json
-    from vitlab.eval.inference import load_for_inference
+    from vitlab.eval.fewshot_data import fewshot_from_weights, write_json
     from vitlab.files.outputs import check_output
-    from vitlab.models import build_model
-    from vitlab.runtime.device import pick_device
-    from vitlab.runtime.precision import autocast_for, model_width, resolve_precision
 
     if args.json_out:  # before minutes of features: a file of the user's is never replaced unasked
         check_output(args.json_out, args.force)
-    device = pick_device(args.device)
-    model, _ = load_for_inference(args.weights, device)
-    if args.random_init:
-        torch.manual_seed(0)
-        model = build_model(model.config).to(device).eval()
-    chosen = resolve_precision(args.precision, device, use="infer", width=model_width(model))
-    with autocast_for(device, chosen):  # the features; forward_features takes float32 weights (no cast)
-        result = fewshot_weights(model, args.data, args.shots, args.seeds, args.l2, args.l2_sweep, args.batch_size,
-                                 resize=args.eval_resize, progress=True, val_fraction=args.val_fraction)
+    result = fewshot_from_weights(args.weights, args.data, args.shots, args.seeds, args.l2, args.l2_sweep,
+                                  args.batch_size, resize=args.eval_resize, val_fraction=args.val_fraction,
+                                  device=args.device, precision=args.precision, random_init=args.random_init,
+                                  progress=True)
+    chosen = result.precision
     label = "random init of " if args.random_init else ""
     print(f"few-shot linear accuracy, {label}{args.weights} on {args.data} ({args.eval_resize} pre-processing, "
           f"precision {chosen.name}: {chosen.reason})")

@@ -24,17 +24,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def model_rows(image_size: int = 224) -> list[dict[str, Any]]:
-    """One row per registry name: parameters at 1000 classes, multiply-adds per image at image_size."""
-    import torch
-
-    from vitlab.models import build_model, model_config, variant_names
-    from vitlab.models.flops import count_macs
+    """One row per registry name: parameters at 1000 classes, multiply-adds per image at image_size, both counted
+    from the config (no model is built)."""
+    from vitlab.models import count_macs, count_parameters, model_config, variant_names
 
     rows = []
     for name in variant_names():
         cfg = model_config(name, num_classes=1000)
-        with torch.device("meta"):  # shapes only: no memory, no initialisation cost for the 600M-param models
-            params = sum(p.numel() for p in build_model(cfg).parameters())
+        params = count_parameters(cfg)
         try:
             gmacs: float | None = count_macs(cfg.replace(image_size=image_size)).total / 1e9
         except ValueError:  # the model's patch size (times its stem's stride) does not divide image_size

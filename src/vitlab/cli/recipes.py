@@ -50,8 +50,7 @@ class RecipeHelp(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        from vitlab.train.recipes import describe_recipe
-        from vitlab.train.resolve import DEFAULT_RECIPE
+        from vitlab.train.recipes import DEFAULT_RECIPE, describe_recipe
 
         verb = parser.prog.split()[-1]
         recipe = describe_recipe(getattr(namespace, "recipe", None) or DEFAULT_RECIPE.get(verb, "demo"))

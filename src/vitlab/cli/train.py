@@ -67,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
-    from vitlab.data.transforms import EVAL_RESIZES, TRAIN_CROPS, TRAIN_RESIZES
+    from vitlab.constants import EVAL_RESIZES, TRAIN_CROPS, TRAIN_RESIZES
     from vitlab.train import RECIPES
 
     a = p.add_argument
@@ -196,7 +196,7 @@ def _lora_targets(text: str) -> tuple[str, ...]:
 
 def _tuning_flags(p: argparse.ArgumentParser) -> None:
     """Fine-tuning tools: EMA weights, layer-wise lr decay, a frozen backbone, LoRA (README: Fine-tuning tools)."""
-    from vitlab.train.finetune import FREEZE_CHOICES
+    from vitlab.constants import FREEZE_CHOICES
 
     f = p.add_argument_group("fine-tuning tools")
     f.add_argument("--ema-decay", "--ema", dest="ema", type=fraction, metavar="D",

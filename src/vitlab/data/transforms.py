@@ -44,14 +44,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitlab.constants import EVAL_RESIZES, FEWSHOT_RESIZE, resize_before_crop
+from vitlab.constants import EVAL_RESIZES, FEWSHOT_RESIZE, TRAIN_CROPS, TRAIN_RESIZES, resize_before_crop
 from vitlab.data.sources import ImageSplit, to_rgb
 
 Size = tuple[int, int]  # (height, width)
 Box = tuple[float, float, float, float]  # (left, top, right, bottom) in source pixels, as PIL takes it
 
-TRAIN_CROPS = ("inception", "inception-subpixel", "resize-random-crop")
-TRAIN_RESIZES = ("pil", "tensor")  # what resamples a training crop: PIL, or torch's uint8 kernel
 TF_MAX_ATTEMPTS = 100  # sample_distorted_bounding_box's default max_attempts
 
 

@@ -16,13 +16,13 @@ from vitlab.data import EvalTransform, ShardSampler, TransformedSplit, load_spli
 from vitlab.data.loader import UnreadableImages
 from vitlab.data.sources import ImageSplit
 from vitlab.errors import DataError
-from vitlab.eval.inference import load_for_inference, with_precision
 from vitlab.eval.metrics import ClassificationMeter, plot_confusion_matrix, require_finite
 from vitlab.files.rundir import run_dir_of
 from vitlab.models.timm_compat import eval_resize_of
 from vitlab.progress import progress as progress_bar
-from vitlab.runtime.device import all_reduce, autocast, pick_device
+from vitlab.runtime.device import all_reduce
 from vitlab.runtime.precision import Precision, autocast_for
+from vitlab.runtime.session import open_session
 
 
 def per_image_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str = "softmax",
@@ -44,11 +44,11 @@ def per_image_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str = "soft
 def evaluate(
     model: nn.Module, loader: Any, device: torch.device, mean: tuple, std: tuple, num_classes: int,
     loss_kind: str = "softmax", confusion: bool = False, progress_desc: str | None = None,
-    precision: Precision | str | None = None,
+    precision: Precision | str = "fp32",
 ) -> ClassificationMeter:
     """Loss, top-1, top-5 (and the confusion matrix) over a loader; sums are reduced over processes.
     `progress_desc`: show a progress bar with this label (on a terminal; see vitlab.progress). `precision`:
-    the resolved one (vitlab.runtime.precision); None: bf16 autocast on CUDA, float32 on CPU (device.autocast)."""
+    the resolved one (vitlab.runtime.precision), computed under its autocast (`autocast_for`)."""
     was_training = model.training
     model.eval()
     meter = ClassificationMeter(num_classes, device, confusion)
@@ -59,7 +59,7 @@ def evaluate(
         x = normalize(batch["images"].to(device, non_blocking=True), mean, std)
         y = batch["labels"].to(device, non_blocking=True)
         valid = batch["valid"].to(device)
-        with autocast(device) if precision is None else autocast_for(device, precision):
+        with autocast_for(device, precision):
             logits = model(x)
         logits = logits.float()
         meter.update(logits[valid], y[valid], per_image_loss(logits, y, loss_kind)[valid])
@@ -148,10 +148,9 @@ def evaluate_weights(
     """`vitlab eval`: top-1/top-5/loss of saved weights on a dataset split, and (with `confusion_png`) a
     confusion-matrix PNG. `eval_resize` None: the resize the weights were evaluated with in training (recorded
     in vitlab weights), else "official". `progress`: a bar on a terminal. `precision`: auto, fp32, bf16 or int8
-    (vitlab.runtime.precision; the choice is in the result). `compile`: torch.compile the model (`with_precision`)."""
-    dev = pick_device(device)
-    model, names = load_for_inference(weights, dev)
-    model, chosen = with_precision(model, dev, precision, compile)
+    (vitlab.runtime.precision; the choice is in the result). `compile`: torch.compile the model (`open_session`)."""
+    session = open_session(weights, device=device, precision=precision, compile=compile)
+    model, dev, chosen, names = session.model, session.device, session.precision, list(session.class_names)
     has_names = getattr(model, "class_names", None) is not None
     data_split: ImageSplit = load_split(data, split, names if has_names else None, strict)
     if len(data_split.class_names) != model.config.num_classes:

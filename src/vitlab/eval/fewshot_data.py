@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 from torch import nn
 
 from vitlab.data import EvalTransform, ImageSplit, ShardSampler, TransformedSplit, load_split, make_loader, normalize
@@ -21,7 +22,9 @@ from vitlab.errors import DataError
 from vitlab.eval.fewshot_lsr import DEFAULT_L2, FewshotResult, fewshot_on_features, representations
 from vitlab.files.outputs import WRITTEN_BY
 from vitlab.files.outputs import write_json as write_json_file
+from vitlab.models import build_model
 from vitlab.progress import progress as progress_bar
+from vitlab.runtime.session import open_session
 
 
 def split_features(
@@ -84,6 +87,28 @@ def fewshot_weights(
     test = features_of(model, splits.test, batch_size, workers, resize, progress, representation)
     result = fewshot_on_features(train, test, shots, seeds, l2_reg, l2_sweep)
     result.splits = {**splits.record(), "train_images": len(train[1]), "test_images": len(test[1])}  # as read
+    return result
+
+
+def fewshot_from_weights(
+    weights: str | Path, data: str, shots: tuple[int | str, ...] = (1, 5, 10, 25), seeds: int = 3,
+    l2_reg: float = DEFAULT_L2, l2_sweep: list[float] | None = None, batch_size: int = 256, *,
+    resize: str = FEWSHOT_RESIZE, val_fraction: float | None = None, device: str = "auto", precision: str = "auto",
+    random_init: bool = False, progress: bool = False,
+) -> FewshotResult:
+    """`vitlab fewshot`: `fewshot_weights` of saved weights (anything `vitlab.load` reads), the features computed in
+    `precision` (the result's `.precision`) under autocast with float32 weights. `random_init`: a freshly
+    initialised model of the weights' architecture instead (seed 0), the baseline the representation is set
+    against."""
+    session = open_session(weights, device=device, precision=precision, cast_weights=False)
+    if random_init:
+        torch.manual_seed(0)
+        session = open_session(build_model(session.model.config), device=session.device, precision=precision,
+                               cast_weights=False)
+    with session.autocast():
+        result = fewshot_weights(session.model, data, shots, seeds, l2_reg, l2_sweep, batch_size, resize=resize,
+                                 progress=progress, val_fraction=val_fraction)
+    result.precision = session.precision
     return result
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from vitlab.runtime.precision import Precision
+
 BIAS_CONSTANT = 100.0
 STD_EPS = 1e-5
 DEFAULT_L2 = 2.0**10
@@ -146,6 +148,7 @@ class FewshotResult:
     table: dict[str, dict]  # shots ("1", "5", …, "all") -> {"mean": acc, "per_seed": [acc, …]}
     sweep: dict[str, dict] | None = None  # shots -> {"l2": best value, "mean": acc}; chosen on the test set
     splits: dict | None = None  # where the train and test images came from (EvaluationSplits.record())
+    precision: Precision | None = None  # what the features were computed in, where known (not in to_dict)
 
     def to_dict(self) -> dict:
         out = {**(self.splits or {}), "l2_reg": self.l2_reg, "accuracy": self.table}

@@ -21,11 +21,10 @@ from vitlab.data import EvalTransform, normalize
 from vitlab.data.folder import IMAGE_EXTENSIONS
 from vitlab.data.sources import DECODE_ERRORS, decode_rgb
 from vitlab.errors import DataError
-from vitlab.eval.inference import load_for_inference, with_precision
 from vitlab.models.timm_compat import eval_resize_of
 from vitlab.progress import progress as progress_bar
-from vitlab.runtime.device import pick_device
-from vitlab.runtime.precision import Precision, autocast_for
+from vitlab.runtime.precision import Precision
+from vitlab.runtime.session import open_session
 
 
 def expand_images(paths: list[str | Path]) -> list[str]:
@@ -79,12 +78,11 @@ def predict_images(weights: str | Path, images: list[str], top_k: int | None = N
     """For each image (a folder: every image under it), the top-k classes with softmax probabilities, computed
     `batch_size` images at a time. `top_k` None: 5, or all classes of a model with fewer; a given `top_k` above
     the class count shows all of them, with a warning. `precision`: auto, fp32, bf16 or int8 (vitlab.runtime.precision;
-    the choice is logged). `compile`: torch.compile the model (`with_precision`). A named file that cannot be read
+    the choice is logged). `compile`: torch.compile the model (`open_session`). A named file that cannot be read
     is a DataError; an unreadable file under a folder is skipped with a warning (DataError if nothing could be
     read)."""
-    dev = pick_device(device)
-    model, names = load_for_inference(weights, dev)
-    model, chosen = with_precision(model, dev, precision, compile)
+    session = open_session(weights, device=device, precision=precision, compile=compile)
+    model, dev, chosen, names = session.model, session.device, session.precision, list(session.class_names)
     log.info("precision %s (%s)", chosen.name, chosen.reason)
     named = {str(p) for p in images if not Path(p).is_dir()}
     paths = expand_images(images)
@@ -101,7 +99,7 @@ def predict_images(weights: str | Path, images: list[str], top_k: int | None = N
         if not kept:
             continue
         x = torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).to(dev)  # (N, 3, H, W) uint8
-        with autocast_for(dev, chosen):
+        with session.autocast():
             logits = model(normalize(x, model.config.mean, model.config.std))
         probs = logits.float().softmax(-1)
         finite = torch.isfinite(probs).all(-1)

@@ -1,10 +1,25 @@
-from vitlab.models.bit import BiT
+"""Model families (ViT and its hybrids, BiT), their configs, the named-variant table and their analytic cost. The
+configs, the table and the cost are plain data, importable without torch; the model classes are read on first
+use, so that `vitlab --help` and `vitlab models` do not pay for torch."""
+
+from typing import Any
+
 from vitlab.models.config import BiTConfig, ResNetConfig, ViTConfig, config_from_dict
-from vitlab.models.flops import count_macs
+from vitlab.models.flops import count_macs, count_parameters
 from vitlab.models.registry import build_model, describe_architecture, model_config, variant_names
-from vitlab.models.vit import VisionTransformer
+
+_LAZY = {"BiT": "bit", "VisionTransformer": "vit"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"vitlab.models.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
-    "BiT", "BiTConfig", "ResNetConfig", "ViTConfig", "VisionTransformer",
-    "build_model", "config_from_dict", "count_macs", "describe_architecture", "model_config", "variant_names",
+    "BiT", "BiTConfig", "ResNetConfig", "ViTConfig", "VisionTransformer", "build_model", "config_from_dict",
+    "count_macs", "count_parameters", "describe_architecture", "model_config", "variant_names",
 ]

@@ -1,4 +1,5 @@
-"""Analytic multiply-add counts per image, the unit the paper calls "FLOPs" (ViT-B/16 at 224: 17.58 G).
+"""Analytic multiply-add counts per image, the unit the paper calls "FLOPs" (ViT-B/16 at 224: 17.58 G), and
+parameter counts, both from the config alone (no model is built, so no torch is imported).
 
 Only multiply-adds of matrix products and convolutions are counted (Dense, conv, the two attention products
 and the relative-position logits); norms, activations, softmax and additions are not, as in the paper. Rule of
@@ -112,6 +113,61 @@ def resnet_macs(cfg: ResNetConfig, size: tuple[int, int], in_chans: int = 3) -> 
                 total += oh * ow * in_ch * 4 * mid  # projection shortcut
             h, w, in_ch = oh, ow, 4 * mid
     return total, root, (h, w)
+
+
+def count_parameters(config: ModelConfig) -> int:
+    """The number of parameters of `build_model(config)`, from the config: every tensor the model classes create
+    (weights, biases, norm scales and shifts, tokens, position tables, layer scales)."""
+    if isinstance(config, BiTConfig):
+        total, in_ch = config.in_chans * config.root_width * 49, config.root_width  # root conv, no bias
+        for i, units in enumerate(config.layers):
+            mid = config.root_width * 2**i
+            for u in range(units):
+                stride = 2 if i > 0 and u == 0 else 1
+                total += 2 * in_ch + in_ch * mid + 2 * mid + 9 * mid * mid + 2 * mid + mid * 4 * mid  # GN, conv ×3
+                if stride != 1 or in_ch != 4 * mid:
+                    total += in_ch * 4 * mid  # projection conv (pre-activation: no norm of its own)
+                in_ch = 4 * mid
+        head = in_ch * config.num_classes + config.num_classes if config.num_classes else 0
+        return total + 2 * in_ch + head  # norm before the head
+    d, total, embed_in = config.width, 0, config.in_chans
+    if config.resnet is not None:
+        total, embed_in = _resnet_stem_parameters(config.resnet, config.in_chans), config.resnet.out_channels
+    gh, gw = config.grid_size()
+    tokens = config.num_prefix_tokens + gh * gw
+    total += embed_in * config.patch_size**2 * d + d  # patch embedding conv with bias
+    total += d * (int(config.has_class_token) + config.reg_tokens)
+    if config.pos_embed == "learned":
+        total += (config.pos_prefix_tokens + gh * gw) * d
+    elif config.pos_embed == "2d":
+        total += (gw + gh) * (d // 2) + config.pos_prefix_tokens * d
+    block = 4 * d  # two LayerNorms
+    block += 3 * d * d + (3 * d if config.qkv_bias else 0) + d * d + d  # qkv and output projection
+    block += d * config.mlp_dim + config.mlp_dim + config.mlp_dim * d + d  # MLP
+    if config.pos_embed == "relative":
+        block += config.num_heads * (2 * tokens - 1) * config.head_dim
+    if config.layer_scale is not None:
+        block += 2 * d
+    total += config.depth * block + 2 * d  # final norm (on the tokens, or fc_norm after pooling)
+    rep = config.representation_size
+    if rep:
+        total += d * rep + rep
+    features = rep or d
+    return total + (features * config.num_classes + config.num_classes if config.num_classes else 0)
+
+
+def _resnet_stem_parameters(cfg: ResNetConfig, in_chans: int) -> int:
+    """Parameters of the hybrid's ResNet stem: StdConv (no bias) and GroupNorm after each, projection shortcuts."""
+    total, in_ch = in_chans * cfg.root_width * 49 + 2 * cfg.root_width, cfg.root_width
+    for i, units in enumerate(cfg.layers):
+        mid = cfg.root_width * 2**i
+        for u in range(units):
+            stride = 2 if i > 0 and u == 0 else 1
+            total += in_ch * mid + 2 * mid + 9 * mid * mid + 2 * mid + mid * 4 * mid + 2 * 4 * mid
+            if in_ch != 4 * mid or stride != 1:
+                total += in_ch * 4 * mid + 2 * 4 * mid
+            in_ch = 4 * mid
+    return total
 
 
 def _down(size: tuple[int, int], stride: int) -> tuple[int, int]:

@@ -2,20 +2,20 @@
 
 "ViT-B/16" = size B, patch 16; any patch size decodes ("ViT-B/14"). "-gap" selects the GAP classifier without
 class token. Hybrids are listed explicitly because their names do not encode the patch size; BiT names decode as
-"BiT-R<depth>x<width factor>" (big_transfer's naming).
+"BiT-R<depth>x<width factor>" (big_transfer's naming). The table and the configs are plain data: this module
+imports no torch until a model is built.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
-
-from vitlab.models.bit import BiT
 from vitlab.models.config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
 from vitlab.models.limits import check_blocks
-from vitlab.models.vit import VisionTransformer
+
+if TYPE_CHECKING:
+    from torch import nn
 
 # size: (depth L, width D, mlp_dim, heads)
 VIT_SIZES: dict[str, tuple[int, int, int, int]] = {
@@ -118,5 +118,10 @@ def architecture_differences(expected: ModelConfig, got: ModelConfig) -> list[st
 
 
 def build_model(config: ModelConfig) -> nn.Module:
+    """The model a config describes, freshly initialised. The model classes are imported here, not at the top, so
+    that the table above is read (`vitlab --help`, `vitlab models`) without importing torch."""
+    from vitlab.models.bit import BiT
+    from vitlab.models.vit import VisionTransformer
+
     check_blocks(config)  # before a million blocks are built
     return VisionTransformer(config) if isinstance(config, ViTConfig) else BiT(config)

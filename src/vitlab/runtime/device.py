@@ -1,10 +1,9 @@
-"""Devices and the collective every evaluation needs: which device to run on, its precision, and a sum over the
-processes of a job (a no-op in one process). torch only, so that every layer may use it."""
+"""Devices and the collective every evaluation needs: which device to run on and a sum over the processes of a job
+(a no-op in one process). What a device computes in is runtime.precision's."""
 
 from __future__ import annotations
 
 import platform
-from contextlib import AbstractContextManager, nullcontext
 
 import torch
 import torch.distributed as dist
@@ -30,11 +29,6 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
             device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     return device
-
-
-def autocast(device: torch.device) -> AbstractContextManager:
-    """bf16 autocast on CUDA; float32 everywhere else (CPU bf16 is slower than float32 on most CPUs)."""
-    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
 
 
 def all_reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:

@@ -1,17 +1,18 @@
 """Training and fine-tuning: `run(config) -> RunResult`, recipes as data, checkpoints that resume exactly."""
 
+import sys
+import types
 from typing import Any
 
-from vitlab.train.config import TrainConfig, config_from_json
 from vitlab.train.recipes import RECIPES
-from vitlab.train.resolve import Resolved, resolve, resolve_config
 
-# Names read on first use, each from its module: `vitlab --help` reads the recipes and never trains, so its start-up
-# does not pay for what the trainer imports (torch.distributed.checkpoint, torchvision's transforms).
+# Names read on first use, each from its module: `vitlab --help` lists the recipes and never trains, so its start-up
+# does not pay for what the rest imports (torch, torch.distributed.checkpoint, torchvision's transforms).
 _LAZY = {
-    "RunResult": "trainer", "TrainingDiverged": "trainer", "run": "trainer", "build_run_model": "trainer",
-    "objective_for": "trainer", "FitResult": "fit", "fit": "fit", "read_metrics": "runlog",
-    "received_stops": "distributed", "build_optimizer": "optim",
+    "TrainConfig": "config", "config_from_json": "config", "Resolved": "resolve", "resolve": "resolve",
+    "resolve_config": "resolve", "RunResult": "trainer", "TrainingDiverged": "trainer", "run": "trainer",
+    "build_run_model": "trainer", "objective_for": "trainer", "FitResult": "fit", "fit": "fit",
+    "read_metrics": "runlog", "received_stops": "distributed", "build_optimizer": "optim",
 }
 
 
@@ -19,8 +20,23 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(f"vitlab.train.{_LAZY[name]}"), name)
+        value = getattr(importlib.import_module(f"vitlab.train.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class _Package(types.ModuleType):
+    """`vitlab.train.resolve` and `vitlab.train.fit` are the functions, as their modules' names are: importing the
+    module of that name (which sets it as the package's attribute) must not replace the function."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _LAZY.get(name) == name:
+            return  # the module stays in sys.modules under its dotted name
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 __all__ = [

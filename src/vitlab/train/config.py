@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from vitlab.data.transforms import EVAL_RESIZES, TRAIN_CROPS, TRAIN_RESIZES
+from vitlab.constants import EVAL_RESIZES, TRAIN_CROPS, TRAIN_RESIZES
 from vitlab.runtime.precision import check_precision
 from vitlab.train.finetune import tuning_problems
 

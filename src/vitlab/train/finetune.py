@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitlab.constants import FREEZE_CHOICES
+
 WARMUP_POWER = 2 / 3  # timm ModelEmaV3's warmup_power default (warmup_gamma 1)
 
 
@@ -177,7 +179,6 @@ class LoraAdapters:
 # copy, and they leave the run bit for bit as they came in. Whatever trains, the saved weights are a plain vitlab
 # model (LoRA's adapters merged), so `vitlab.load`, `vitlab eval` and the exporters read every run alike.
 
-FREEZE_CHOICES = ("backbone",)  # backbone: everything but the classifier (head, and pre_logits when there is one)
 _HEAD = ("head", "pre_logits")
 
 

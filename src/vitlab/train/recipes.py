@@ -15,8 +15,6 @@ import textwrap
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vitlab.data.sources import DECODE_ERRORS
-
 # --------------------------------------------------------------------------------------------------------------
 # The AugReg pre-training recipes (Steiner et al. 2021, "How to train your ViT?") and DeiT's ImageNet-1k recipe
 # (Touvron et al. 2021, Table 9), as plain TrainConfig values with their sources.
@@ -201,6 +199,8 @@ def typical_image_size(split: ImageSplit, probe: int = 64) -> tuple[int, int]:
         return int(split.arrays.shape[1]), int(split.arrays.shape[2])
     from PIL import Image
 
+    from vitlab.data.sources import DECODE_ERRORS
+
     n, m = len(split), min(probe, len(split))
     sizes = []
     for i in sorted({k * n // m for k in range(m)}):
@@ -321,6 +321,7 @@ RECIPES: dict[str, dict[str, Any]] = {
     **AUGREG_RECIPES,
     "deit": DEIT_RECIPE,
 }
+DEFAULT_RECIPE = {"train": "demo", "finetune": "finetune"}  # the recipe of a verb run without --recipe
 
 # Paper Section 4.1: ImageNet-21k has 14M images, JFT 303M; ILSVRC-2012 has 1,281,167 training images.
 EPOCHS: dict[str, tuple[int, int]] = {

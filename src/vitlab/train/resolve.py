@@ -40,6 +40,7 @@ from vitlab.train.config import (
 from vitlab.train.finetune import frozen_backbone_settings
 from vitlab.train.recipes import (
     BIT_DATA_FIELDS,
+    DEFAULT_RECIPE,
     FINETUNE_PRESETS,
     MODEL_ROWS,
     RECIPES,
@@ -123,7 +124,6 @@ PREPROCESSING = ("train_crop", "crop_scale", "crop_ratio", "flip", "eval_resize"
 # Keys of a run's config.json besides the TrainConfig fields (accepted, and ignored, by --config).
 RUN_RECORD_KEYS = frozenset({"model_config", "class_names", "train_images", "val_images", "world_size", "torch",
                              "sources", "notes", "resumed"})
-DEFAULT_RECIPE = {"train": "demo", "finetune": "finetune"}
 
 
 @dataclass(frozen=True)
@@ -430,7 +430,7 @@ def _resume(out: Path, flags: Mapping[str, Any], recipe: str | None) -> Resolved
         raise ValueError(f"{out / 'config.json'}: cannot read the stored run ({err}); it is damaged") from None
     check_record(out / CONFIG, record, RUN_RECORD_KEYS)
     sources = {**dict.fromkeys(stored.to_dict(), f"run {out}"), **record.get("sources", {})}
-    if "precision" not in record:  # recorded before --precision existed: computed as device.autocast did then
+    if "precision" not in record:  # recorded before --precision existed: bf16 autocast on CUDA, float32 on CPU
         stored = stored.replace(precision="bf16" if device_kind(stored.device).type == "cuda" else "fp32")
         sources["precision"] = f"run {out}: recorded before --precision (bf16 on CUDA, float32 on CPU)"
     if recipe is not None and recipe != stored.recipe:
