@@ -101,7 +101,7 @@ def test_timm_equivalent_has_the_same_gradients(name: str) -> None:
 
 def test_bench_bit_against_timm_holds_the_same_weights() -> None:
     """The BiT comparison times timm's resnetv2_50x1_bit holding vitlab's weights (that the two then compute the
-    same function is tests/test_weights_timm_bit.py's job)."""
+    same function is tests/parity/test_timm_bit_weights.py's job)."""
     settings = BenchSettings(model="BiT-R50x1", compare="timm", image_size=64, num_classes=10)
     (_, _, ours), (_, name, theirs) = bench.build_models(settings)
     assert name == "resnetv2_50x1_bit"

@@ -293,7 +293,7 @@ def test_hugging_face_hub_without_dns_reads_the_cache_at_once(tmp_path, monkeypa
 
     pytest.importorskip("transformers")
     pytest.importorskip("huggingface_hub")
-    from test_hub_hf import hf_cache as make_cache
+    from tests.hub.test_hf import hf_cache as make_cache
 
     make_cache.__wrapped__(tmp_path, monkeypatch)  # the cached tiny-owner/tiny-vit repository
     monkeypatch.delenv("HF_HUB_OFFLINE")

@@ -263,7 +263,7 @@ def test_augreg_run_resumes_bit_for_bit_after_kill_9(tmp_path, monkeypatch):
     config = json.loads((tmp_path / "ref" / "config.json").read_text())
     assert config["randaug_ops"] == 2 and config["randaug_magnitude"] == 20 and config["mixup"] == 0.8
     assert config["model_config"]["drop_path_rate"] == 0.1
-    from test_train_resume import signal_at_checkpoint
+    from tests.train.test_checkpoint import signal_at_checkpoint
 
     killed = signal_at_checkpoint(_cli(tmp_path / "run"), _env(), tmp_path / "run", signal.SIGKILL, after_step=20)
     assert killed.returncode == -signal.SIGKILL and not (tmp_path / "run" / "model.safetensors").exists()

@@ -24,7 +24,7 @@ import pytest
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Image
 from PIL import Image as PILImage
 
-from test_shards import CLASSES, TINY, _losses, make_source
+from tests.data.test_shards import CLASSES, TINY, _losses, make_source
 from vitlab.cli import main
 from vitlab.data import DataError, build_datasets, load_split
 from vitlab.data.datasets import evaluation_splits, has_val_split
@@ -322,7 +322,7 @@ def test_eval_and_fewshot_on_hf_equal_the_folder(source, tmp_path, capsys):
 
 
 def test_preempted_run_on_hf_resumes_bit_exactly(source, tmp_path, sigterm_during_step):
-    from test_train_resume import same_weights, tiny
+    from tests.train.test_checkpoint import same_weights, tiny
     from vitlab.train import run
 
     _, hf = source
@@ -343,7 +343,7 @@ def test_kill_then_resume_on_hf_equals_uninterrupted_run(source, tmp_path, monke
     import torch
     from datasets import load_from_disk
 
-    from test_train_resume import _cli, _env, _start_and_signal, same_weights
+    from tests.train.test_checkpoint import _cli, _env, _start_and_signal, same_weights
     from vitlab.cli import build_parser
     from vitlab.cli.train import build_config
     from vitlab.data.stream import StreamOrder, training_order
@@ -419,7 +419,7 @@ def test_packing_hf_rows_skips_bad_ones_and_stores_other_formats_as_png(tmp_path
 def test_ddp_on_hf_matches_one_process(tmp_path):
     """Rows are read by position, so 2 processes draw the same global batches (a stream over the record
     batches) as 1: the losses of both runs agree step for step."""
-    from test_train_dist import check_same_curves, single, torchrun
+    from tests.train.test_distributed import check_same_curves, single, torchrun
 
     src, _ = make_source(tmp_path / "src", per_class=12, corrupt=False)
     hf = hf_copy(src, tmp_path / "hf")

@@ -227,7 +227,7 @@ def _losses(run):
 def test_training_on_shards_is_the_same_with_any_number_of_workers(tmp_path, capsys):
     """The stream order and each worker's part of a step depend on (seed, step) only: training on shards with
     no worker process and with two gives the same losses and gradients. (That the batches hold the packed
-    files' pixels is tests/test_stream.py's.)"""
+    files' pixels is tests/data/test_stream.py's.)"""
     src, _ = make_source(tmp_path / "src", per_class=5, corrupt=False)
     assert main(["shards", str(src), str(tmp_path / "out"), "--shard-size", "3KB"]) == 0
     assert main(["train", "--data", str(tmp_path / "out"), "--out", str(tmp_path / "a"), *TINY]) == 0
@@ -254,7 +254,7 @@ def test_hyperrule_probe_reads_image_sizes_from_shards(packed):
 def test_preempted_shard_run_resumes_bit_exactly(packed, tmp_path, sigterm_during_step):
     """SIGTERM during step 3 of a run on shards, then --resume: the same weights as the uninterrupted run (the
     batches are a function of (seed, step), so the shard reader must serve sample i identically after resume)."""
-    from test_train_resume import same_weights, tiny
+    from tests.train.test_checkpoint import same_weights, tiny
     from vitlab.train import run
 
     _, out, _, _ = packed

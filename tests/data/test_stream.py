@@ -106,7 +106,7 @@ def test_parts_join_to_the_micro_batches():
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
-    from test_shards import make_source
+    from tests.data.test_shards import make_source
 
     base = tmp_path_factory.mktemp("stream")
     src, _ = make_source(base / "src", per_class=12, corrupt=False)

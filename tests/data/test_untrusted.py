@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from test_shards import TINY, make_source
+from tests.data.test_shards import TINY, make_source
 from vitlab.cli import main
 from vitlab.data import load_split, shardindex
 from vitlab.data.pack import pack_shards, parse_size

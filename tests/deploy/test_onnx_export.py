@@ -78,7 +78,7 @@ def test_int8_export_stays_within_its_bound(family, tmp_path):
 
 
 def test_int8_export_of_a_trained_model_keeps_its_predictions(tmp_path):
-    from test_quantize import trained_digits_vit
+    from tests.runtime.test_quantize import trained_digits_vit
 
     model, x, y = trained_digits_vit()
     report = vitlab.export_onnx(model, tmp_path / "int8.onnx", precision="int8")

@@ -41,6 +41,7 @@ def reference_predictions(model):
     return split.labels, pred
 
 
+@pytest.mark.parity
 def test_per_class_precision_and_recall_match_sklearn(run, capsys):
     folder, model = run
     assert main(["eval", "--weights", str(folder), "--data", "digits", "--json"]) == 0

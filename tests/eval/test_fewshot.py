@@ -91,7 +91,7 @@ def test_cli_fewshot_on_embedded_digits_writes_json(tmp_path, capsys):
     assert list(table) == ["1", "5", "all"] and len(table["5"]["per_seed"]) == 2
     assert table["all"]["mean"] > 0.3  # even random ViT features are far above chance (0.1) with a full probe
     assert "shots" in capsys.readouterr().out
-    with pytest.raises(SystemExit) as exit_:  # refused while parsing (tests/test_reliability_cli.py: every flag)
+    with pytest.raises(SystemExit) as exit_:  # refused while parsing (tests/cli/test_numeric_flags.py: every flag)
         main(["fewshot", "--weights", str(tmp_path / "m.safetensors"), "--shots", "0"])
     assert exit_.value.code == 2
 

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 import vitlab
 from vitlab.cli import main
 
-DATA = Path(__file__).parent / "data" / "layout-0.1.0"
+DATA = Path(__file__).parents[1] / "data" / "layout-0.1.0"
 
 
 def test_weights_written_before_load_with_their_config():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import vitlab
-from test_hub_download import FileServer
+from tests.hub.test_download import FileServer
 from vitlab.cli import main
 from vitlab.hub import augreg, catalogue
 from vitlab.hub.catalogue import Entry
@@ -87,7 +87,7 @@ def test_names_work_where_weights_paths_do(published, source, server, monkeypatc
 
 
 def test_augreg_run_by_filename_through_the_index(published, source, server, tmp_path, monkeypatch):
-    from test_hub_catalogue import write_index
+    from tests.hub.test_catalogue import write_index
 
     name = "Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_384"
     write_index(tmp_path / "index.csv", [{"name": "Ti/16", "ds": "i21k", "filename": name.split("--")[0],

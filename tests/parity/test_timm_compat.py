@@ -220,7 +220,7 @@ def test_pretrained_true_takes_timms_default_tag(fake_timm_hub):
 def test_torch_hub_entries_take_timms_keywords():
     from pathlib import Path
 
-    repo = str(Path(__file__).resolve().parents[1])
+    repo = str(Path(__file__).resolve().parents[2])
     net = torch.hub.load(repo, "vit_ti16", source="local", img_size=32, depth=2, drop_path_rate=0.1,
                          features_only=True, out_indices=(1,))
     assert net.feature_info.channels() == [192] and net.model.config.drop_path_rate == 0.1

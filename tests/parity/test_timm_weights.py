@@ -183,7 +183,7 @@ def test_unknown_arch_name(tmp_path):
         (dict(pre_norm=True), "norm_pre."),
         (dict(global_pool="map"), "attn_pool"),
     ],
-    ids=["qk-norm", "pre-norm", "map-pool"],  # registers, layer scale, fc_norm: tests/test_timm_dropin.py
+    ids=["qk-norm", "pre-norm", "map-pool"],  # registers, layer scale, fc_norm: tests/parity/test_timm_dropin.py
 )
 def test_unsupported_timm_tensors(tmp_path, kwargs, needle):
     path = bare(tmp_path, tiny_timm(**kwargs))

@@ -222,7 +222,7 @@ def test_bf16_training_runs_and_learns_with_float32_master_weights(tmp_path):
 
 @pytest.mark.slow
 def test_kill_then_resume_is_bit_identical_under_bf16(tmp_path, monkeypatch):
-    from test_train_resume import _cli, _env, same_weights, signal_at_checkpoint
+    from tests.train.test_checkpoint import _cli, _env, same_weights, signal_at_checkpoint
     from vitlab.cli import build_parser
     from vitlab.cli.train import build_config
 
@@ -244,7 +244,7 @@ def test_kill_then_resume_is_bit_identical_under_bf16(tmp_path, monkeypatch):
 
 
 # --- the experiments stay float32 and keep their keys ----------------------------------------------------------
-RECORDS = Path(__file__).resolve().parents[1] / "reproduction" / "records"
+RECORDS = Path(__file__).resolve().parents[2] / "reproduction" / "records"
 EXPERIMENTS = ("data-scaling", "compute", "pos-embed", "token-vs-gap", "attention-distance", "mpp")
 
 

@@ -115,7 +115,7 @@ def test_kill_then_resume_equals_uninterrupted_run(tmp_path, monkeypatch, source
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     extra: tuple[str, ...] = ()
     if source == "shards":
-        from test_shards import make_source
+        from tests.data.test_shards import make_source
         from vitlab.data.pack import pack_shards
 
         src, _ = make_source(tmp_path / "src", per_class=11, corrupt=False)

@@ -75,7 +75,7 @@ def test_fsdp_two_processes_match_one_and_resume(tmp_path):
 def test_ddp_on_shards_matches_one_process(tmp_path):
     """WebDataset shards are read by position, so 2 processes draw the same global batches as 1 (issue: data at
     scale): the losses of both runs agree step for step."""
-    from test_shards import make_source
+    from tests.data.test_shards import make_source
     from vitlab.cli import main
 
     src, _ = make_source(tmp_path / "src", per_class=12, corrupt=False)

@@ -20,7 +20,7 @@ from vitlab.train.distributed import collective_timeout, peer_failure, peers_in_
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads process trees from /proc")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = ("{'model': 'ViT-Ti/4', 'model_args': {'depth': 1, 'width': 32, 'num_heads': 2, 'mlp_dim': 64}, "
         "'data': 'digits', 'image_size': 8, 'batch_size': 8, 'steps': 100000, 'eval_every': 0, 'log_every': 1, "
         "'workers': 0, 'lr': 0.001}")

@@ -27,7 +27,7 @@ from vitlab.train.rules import proportion_warning, steps_for
 from vitlab.train.runlog import estimate_line
 from vitlab.train.sweep import SweepResult, SweepRow, format_table, grid_edge, write_sweep
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--model", "ViT-Ti/4", "--depth", "1", "--width", "32", "--heads", "2", "--mlp-dim", "64", "--image-size", "8",
         "--batch-size", "16", "--workers", "0", "--seed", "3"]
 

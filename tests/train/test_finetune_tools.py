@@ -51,6 +51,7 @@ def _same_files(a, b) -> bool:
     ({"classifier": "gap"}, {"class_token": False, "global_pool": "avg", "fc_norm": False}),
     ({"class_token": False, "classifier": "gap", "fc_norm": True}, {"class_token": False, "global_pool": "avg"}),
 ], ids=["token", "registers", "gap", "fc-norm"])
+@pytest.mark.parity
 def test_layer_scales_equal_timms_param_groups_layer_decay(ours, theirs):
     """The same architecture in both libraries has the same parameter names; every one gets timm's lr scale."""
     from timm.optim import param_groups_layer_decay
@@ -102,6 +103,7 @@ def test_layer_decay_refuses_a_model_without_blocks():
 
 
 # --- EMA ------------------------------------------------------------------------------------------------------
+@pytest.mark.parity
 @pytest.mark.parametrize("warmup", [False, True])
 def test_ema_equals_timm_model_ema_v3(warmup):
     """The same sequence of weights fed to both, update k with step=k as timm's train.py passes it; decay 0.6 so that
@@ -161,6 +163,7 @@ def _peft_reference(init: str, adapters: dict, head: dict, rank: int, targets: s
     return wrapped.merge_and_unload().eval()
 
 
+@pytest.mark.parity
 def test_lora_export_is_peft_merged_model(tmp_path):
     result = run(_finetune(tmp_path, tmp_path / "run", lora_rank=4, lora_targets=("qkv", "fc2")))
     state = torch.load(tmp_path / "run" / "checkpoints" / "step_00000006" / "state.pt", weights_only=True)

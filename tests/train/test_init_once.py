@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 import vitlab
-from vitlab import rundir
+from vitlab.files import rundir
 from vitlab.cli import main
 from vitlab.train.checkpoint import write_checkpoint
 

@@ -127,7 +127,7 @@ def test_resume_on_a_folder_without_a_run_is_refused(tmp_path, capsys):
 
 def _kill_cli_with_workers(out: Path, workers: int) -> subprocess.CompletedProcess:
     """Start a CLI run whose train loader has `workers` processes and kill -9 it once a checkpoint exists."""
-    from test_train_resume import signal_at_checkpoint
+    from tests.train.test_checkpoint import signal_at_checkpoint
 
     cmd = [sys.executable, "-m", "vitlab", "train", "--out", str(out), *TINY_FLAGS, "--steps", "60",
            "--save-every", "5"]
@@ -192,7 +192,7 @@ def test_eval_never_replaces_a_metrics_json_it_did_not_write(tmp_path, capsys):
 
 def test_experiment_report_without_results_keeps_the_report(tmp_path, capsys):
     report = tmp_path / "REPRODUCTION.md"
-    shutil.copyfile(Path(__file__).parents[1] / "REPRODUCTION.md", report)
+    shutil.copyfile(Path(__file__).parents[2] / "REPRODUCTION.md", report)
     before = hashlib.sha256(report.read_bytes()).hexdigest()
     assert main(["experiment", "report", "--out", str(tmp_path / "no-results"), "--report", str(report)]) == 2
     err = capsys.readouterr().err.strip()

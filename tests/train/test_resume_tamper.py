@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import vitlab
-from test_reliability_resume import TINY, rows, tiny, tree_hashes
+from tests.train.test_resume import TINY, rows, tiny, tree_hashes
 from vitlab.cli import main
 from vitlab.train import run
 from vitlab.train.optim import Schedule

@@ -251,7 +251,7 @@ def test_registry_names_are_recognised(tmp_path: Path) -> None:
 
 def test_fields_the_format_cannot_hold(tmp_path: Path) -> None:
     """The file holds tensors, and vitlab/ arrays for numerics other than the official ones (gelu, ln_eps: read
-    back as written, tests/test_weights_npz_numerics.py). Read back as the official values: mean/std 0.5, no
+    back as written, tests/parity/test_npz_numerics.py). Read back as the official values: mean/std 0.5, no
     dropout; image_size is 224 (or the caller's) without a position embedding; qkv_bias is always True (the
     writer refuses False); name is recomputed from the architecture."""
     cfg = tiny(gelu="exact", ln_eps=1e-5, dropout=0.1, attn_dropout=0.1, mean=(0.485, 0.456, 0.406),
@@ -379,7 +379,7 @@ def test_image_size_must_match_the_grid(tmp_path: Path) -> None:
     (lambda: VisionTransformer(tiny(pos_embed="2d")), "2d position"),
     (lambda: VisionTransformer(tiny(pos_embed="relative")), "relative position"),
     (lambda: VisionTransformer(tiny(qkv_bias=False)), "qkv_bias"),
-], ids=["2d", "relative", "no-qkv-bias"])  # a BiT goes to big_transfer's layout: tests/test_weights_bit_npz.py
+], ids=["2d", "relative", "no-qkv-bias"])  # a BiT goes to big_transfer's layout: tests/weights/test_bit_npz.py
 def test_writer_refuses_what_the_format_cannot_hold(tmp_path: Path, model, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         write_jax_npz(model(), tmp_path / "x.npz")

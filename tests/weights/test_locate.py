@@ -39,7 +39,7 @@ except ImportError:
 needs_timm = pytest.mark.skipif(timm is None, reason="timm is the reference")
 
 TOL = 1e-5
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def tiny(seed: int, **kw) -> torch.nn.Module:
