@@ -1,7 +1,7 @@
-"""Issue 35 item 11: ordinary mistakes in the Python API (a uint8 or float64 tensor, no batch dimension, channels
+"""Ordinary mistakes in the Python API (a uint8 or float64 tensor, no batch dimension, channels
 not 3, a bool or negative class count, an unbounded size, wrong types) raise vitlab's one-line TypeError or
 ValueError naming the argument and the fix, not torch's or numpy's messages; the checks leave torch.export working.
-Item 12: 16-bit and float images are scaled, not clipped; a torch.hub entry's weights= must hold its model;
+16-bit and float images are scaled, not clipped; a torch.hub entry's weights= must hold its model;
 prune_intermediate_layers then save round-trips or is refused; class names are escaped in model cards."""
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ def test_the_checks_leave_torch_export_and_autocast_working(vit):
             assert vit(sample).dtype == torch.bfloat16
 
 
-# --- item 12 ------------------------------------------------------------------------------------------------------
+# --- images, saved models, model cards ------------------------------------------------------------------------------------------------------
 def test_a_16_bit_png_is_scaled_to_8_bits_not_saturated(tmp_path):
     grey = (np.arange(64 * 64, dtype=np.uint32).reshape(64, 64) * 16).astype(np.uint16)  # 0 … 65520
     Image.fromarray(grey).save(tmp_path / "g16.png")

@@ -23,7 +23,7 @@ def test_entries_cover_every_listed_model():
 def test_hub_model_and_weights(tmp_path):
     model = torch.hub.load(str(REPO), "vit_ti16", source="local", num_classes=3, image_size=32, depth=1)
     assert model.config.num_classes == 3 and model.config.depth == 1
-    # weights= must hold the architecture the entry names: a depth-1 file is not a ViT-Ti/16 (issue 35 item 12)
+    # weights= must hold the architecture the entry names: a depth-1 file is not a ViT-Ti/16
     model = torch.hub.load(str(REPO), "vit_ti16", source="local", num_classes=3, image_size=32)
     with torch.no_grad():
         for p in model.parameters():

@@ -17,7 +17,7 @@ def _train(out, *extra: str) -> int:
     return main(["train", "--out", str(out), *TINY_FLAGS, *extra])
 
 
-# --- item 5: logs a user can read afterwards ------------------------------------------------------------------
+# --- logs a user can read afterwards ---------------------------------------------------------------------------
 
 
 def test_console_log_keeps_every_line_under_a_progress_bar(tmp_path, monkeypatch, capsys):
@@ -77,7 +77,7 @@ def test_tensorboard_only_with_tb(tmp_path, monkeypatch, capsys):
     assert "--tb needs the tensorboard package: pip install 'vitlab[tb]'" in capsys.readouterr().err
 
 
-# --- item 6: offline is fast ------------------------------------------------------------------------------------
+# --- offline is fast ---------------------------------------------------------------------------------------------
 
 
 def test_a_host_that_does_not_resolve_fails_at_once_with_the_offline_line(tmp_path, monkeypatch):
@@ -116,7 +116,7 @@ def test_a_host_that_does_not_resolve_fails_at_once_with_the_offline_line(tmp_pa
     assert not any(p.name.endswith(".part") for p in (tmp_path / "cache").rglob("*"))  # nothing half-written
 
 
-# --- item 7: defaults that follow the user's data ---------------------------------------------------------------
+# --- defaults that follow the user's data ------------------------------------------------------------------------
 
 
 def _folder(root, size_hw, per_class):
@@ -180,7 +180,7 @@ def test_finetune_schedule_follows_the_size_of_the_data(tmp_path):
     assert finetune_defaults(1_281_167)[0]["steps"] == 20_000  # ImageNet's row
 
 
-# --- item 8: papercuts ------------------------------------------------------------------------------------------
+# --- papercuts ---------------------------------------------------------------------------------------------------
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""Issue 35 item 10: every numeric flag has an upper bound checked while parsing (one line, exit code 2), and a
-weights file's metadata cannot declare sizes that make `vitlab info` overflow or allocate; issue 35 item 12: Python
+"""Every numeric flag has an upper bound checked while parsing (one line, exit code 2), and a
+weights file's metadata cannot declare sizes that make `vitlab info` overflow or allocate; Python
 warnings reach the console as vitlab's one-line `vitlab <verb>: warning: ...`, not as source paths."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Every numeric flag refuses nonsense as one line with exit code 2 and no traceback, and still runs with a
-valid value (issue 10, items 6, 8, 9).
+valid value.
 
 The table is (verb, flag, valid value, invalid values): add a row per flag. NONSENSE is {0, -1, nan, inf,
 1e30}; a row lists what is invalid for its flag (`but(...)` removes the values that are legal there, e.g. 0

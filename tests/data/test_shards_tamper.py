@@ -1,4 +1,4 @@
-"""Shard folders read and written as untrusted (issue 35 item 6): a shard replaced by another of the same size is
+"""Shard folders read and written as untrusted: a shard replaced by another of the same size is
 told apart by its content, not read under its predecessor's labels; `vitlab shards` holds its output folder
 against a second packer; settings (--shard-size) are never mixed in one folder, also after an interrupted pack."""
 

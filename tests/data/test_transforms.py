@@ -117,7 +117,7 @@ def test_eval_big_vision_is_short_side_256_then_central_224():
     out = EvalTransform((224, 224), "big_vision")(img)
     assert out.shape == (224, 224, 3)
     assert_equal_uint8(out, resize_then_crop(img, (256, 341), (256 - 224) // 2, (341 - 224) // 2, 224))
-    assert EvalTransform((224, 224), "big_vision").min_source_size is None  # every pixel decoded (issue 36)
+    assert EvalTransform((224, 224), "big_vision").min_source_size is None  # every pixel decoded
 
 
 def test_fewshot_resize_is_256_square_then_central_224():

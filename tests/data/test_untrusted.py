@@ -1,4 +1,4 @@
-"""Data that cannot be turned against the user (issue 19, the data side): a dataset's files stay inside its folder,
+"""Data that cannot be turned against the user: a dataset's files stay inside its folder,
 sizes read from data files are bounded before anything is allocated (checked under an address-space limit), special
 files never block a reader, faults of the storage and of the data are one line, and the silent surprises (stale
 cached labels, duplicate keys, shards listed twice, misleading advice) are gone.

@@ -1,4 +1,4 @@
-"""Evaluation that reports true numbers or none (issue 10, items 4, 5, 7).
+"""Evaluation that reports true numbers or none.
 
 - An undecodable image is left out of an evaluation and named in one warning line (fatal under --strict); the
   count and the metrics are those of the readable images, checked against the same folder without that file.
@@ -80,7 +80,7 @@ def error_lines(capsys) -> list[str]:
     return err
 
 
-# --- item 4: undecodable images in evaluation ----------------------------------------------------------------
+# --- undecodable images in evaluation -------------------------------------------------------------------------
 def test_eval_skips_undecodable_image_counts_truly_and_names_it(tmp_path, weights, capsys, caplog):
     root = noise_folder(tmp_path / "data")
     clean = tmp_path / "clean"
@@ -160,7 +160,7 @@ def test_fewshot_features_leave_out_undecodable_images(tmp_path, caplog):
     assert "bad.jpg" in caplog.text
 
 
-# --- item 5: two splits never share an image -----------------------------------------------------------------
+# --- two splits never share an image --------------------------------------------------------------------------
 def test_fewshot_on_folder_without_val_holds_out_stratified_20_percent(tmp_path, weights, capsys):
     root = noise_folder(tmp_path / "plain", splits=("",))
     before = digest(root)
@@ -208,7 +208,7 @@ def test_eval_val_split_of_train_only_folder_names_both_fixes(tmp_path, weights,
     assert len(err) == 1 and "has no val/ folder" in err[0] and "--val-fraction" in err[0]
 
 
-# --- item 7: weights values and metadata ---------------------------------------------------------------------
+# --- weights values and metadata ------------------------------------------------------------------------------
 def saved(tmp_path, name, change=None, class_names=CLASSES):
     model = build_model(TINY)
     if change is not None:

@@ -1,4 +1,4 @@
-"""`--compile` on the inference verbs (issue 34): `vitlab eval --compile` and `vitlab predict --compile` wrap the
+"""`--compile` on the inference verbs: `vitlab eval --compile` and `vitlab predict --compile` wrap the
 prepared model with torch.compile and give the results eager gives. The default suite traces with dynamo's
 "eager" backend (the wrapper, its attribute forwarding and the verbs' plumbing, in seconds); the `-m slow` test
 compiles with Inductor, as users get it, and compares logits with eager's."""

@@ -1,4 +1,4 @@
-"""Nothing vitlab writes lands where it should not (issue 35, items 2, 4 and 12's output messages).
+"""Nothing vitlab writes lands where it should not, and says so in one line.
 
 - An output path that exists and is not a regular file (a character device, a FIFO, a symbolic link, a folder) is
   refused in one line, exit code 2, and stays what it was (checked with os.lstat; special files are made in
@@ -89,7 +89,7 @@ WORDS = {"fifo": "is a FIFO", "chardev": "is a character device", "symlink": "is
          "folder": "is a folder"}
 
 
-# --- item 2: special files are never renamed over ---------------------------------------------------------------
+# --- special files are never renamed over ------------------------------------------------------------------------
 @pytest.mark.parametrize("kind,to", [(k, to) for k in KINDS for to in ("vitlab", "timm", "jax-npz")
                                      if (k, to) != ("folder", "timm")])  # a folder is what --to timm writes
 def test_convert_refuses_a_special_output_and_leaves_it_special(tmp_path, weights, capsys, kind, to):
@@ -170,7 +170,7 @@ def test_internal_writes_refuse_a_special_file_too(tmp_path):
     assert still(fifo, "fifo") and [p.name for p in tmp_path.iterdir()] == [fifo.name]
 
 
-# --- item 4: the user's files are never replaced unasked ---------------------------------------------------------
+# --- the user's files are never replaced unasked ------------------------------------------------------------------
 @pytest.mark.parametrize("name,to", [("x.safetensors", "vitlab"), ("x.npz", "jax-npz"), ("x.safetensors", "timm"),
                                      ("x.pth", "timm")])
 def test_convert_refuses_a_users_file_and_replaces_its_own(tmp_path, weights, capsys, name, to):
@@ -273,7 +273,7 @@ def test_marks_are_recognised_only_when_vitlab_wrote_them(tmp_path):
     check_output(marked)
 
 
-# --- item 12: messages about outputs ------------------------------------------------------------------------------
+# --- messages about outputs ---------------------------------------------------------------------------------------
 def test_a_failed_write_names_the_destination_not_the_temporary(tmp_path):
     dest = tmp_path / "out.json"
 

@@ -1,4 +1,4 @@
-"""--precision (issue 34): the auto rule on both kinds of CPU (simulated through the flag reader) and on CUDA, the
+"""--precision: the auto rule on both kinds of CPU (simulated through the flag reader) and on CUDA, the
 choice recorded in config.json and kept on resume, bf16's numerical bound against float32 on a trained model,
 bf16 training, and the experiments pinned to float32 without any run key changing."""
 
@@ -90,7 +90,7 @@ def test_explicit_choices_and_refusals():
 
 
 def test_every_named_model_is_fp32_on_a_cpu_without_native_bf16():
-    """Issue 34's acceptance on such a CPU (this project's AMD EPYC): auto picks float32 for every model."""
+    """On a CPU without native bf16 (an AMD EPYC Milan's flags) auto picks float32 for every model."""
     amd = cpu_flags(EPYC_MILAN)
     for name in vitlab.list_models():
         width = config_width(model_config(name))

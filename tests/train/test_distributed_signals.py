@@ -1,4 +1,4 @@
-"""Signals everywhere (issue 35, items 7 and 8): `vitlab experiment` stops its runs on SIGTERM and Ctrl-C at the next
+"""Signals everywhere: `vitlab experiment` stops its runs on SIGTERM and Ctrl-C at the next
 step with a checkpoint and exits 143 / 130, leaving no process behind; a process of a distributed job whose peer
 was stopped or killed ends in one line within the collective timeout, and SIGTERM works while it waits."""
 

@@ -1,4 +1,4 @@
-"""Issue 36 items 2, 5 and 6: `--epochs` on every recipe, a banner that says when a recipe's schedule is out of
+"""`--epochs` on every recipe, a banner that says when a recipe's schedule is out of
 proportion to the data and how long the run will take, `--print-config` that shows exactly what the run records
 (and refuses what it refuses); runs that remember their trackers; a sweep folder read as the run it chose, with a
 warning when the choice sits at the edge of the grid; training from Python (`vitlab.fit`, the README example)."""
@@ -49,7 +49,7 @@ def folder(tmp_path_factory):
     return photos(tmp_path_factory.mktemp("photos") / "photos")
 
 
-# --- item 2: --epochs -----------------------------------------------------------------------------------------
+# --- --epochs --------------------------------------------------------------------------------------------------
 
 
 def test_epochs_set_the_steps_from_the_training_set_and_keep_the_warmup_share(folder):
@@ -182,7 +182,7 @@ def test_the_estimate_is_the_slower_of_compute_and_loading():
     assert estimate_line(step, 0, 20_000, 2, 20_000).startswith("time    about 2.8 h for 20,000")  # 0.5 s a step
 
 
-# --- item 5: runs remember what the user asked ----------------------------------------------------------------
+# --- runs remember what the user asked -------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -283,7 +283,7 @@ def test_a_choice_at_the_edge_of_the_grid_warns(tmp_path):
     assert f"warning: {grid_edge(rows, rows[2])}" in format_table(result).splitlines()
 
 
-# --- item 6: training from Python -----------------------------------------------------------------------------
+# --- training from Python --------------------------------------------------------------------------------------
 
 
 def _readme_block(title: str) -> str:

@@ -1,4 +1,4 @@
-"""Fine-tuning tools (issue 36 item 3), each against its definition: layer-wise lr decay against timm's
+"""Fine-tuning tools, each against its definition: layer-wise lr decay against timm's
 `param_groups_layer_decay`, EMA against timm's `ModelEmaV3`, LoRA against peft's own merge, a frozen backbone
 against the weights it started from; and each resumed bit for bit after a preemption."""
 

@@ -1,6 +1,6 @@
 """`vitlab finetune --init RUN` locates and verifies its initial weights once: the resolution step finds the run's
 newest intact checkpoint (its manifest checked: size and SHA-256 of every file) and the model is built from that
-same read, so a large checkpoint is never hashed twice before step 1 (issue 20)."""
+same read, so a large checkpoint is never hashed twice before step 1."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 import vitlab
-from vitlab.files import rundir
 from vitlab.cli import main
+from vitlab.files import rundir
 from vitlab.train.checkpoint import write_checkpoint
 
 DIGITS = [str(i) for i in range(10)]

@@ -1,5 +1,5 @@
 """Resuming never writes anywhere but the folder the user names, extending a run extends its schedule, a killed
-run's loader workers never hold its lock, and no verb replaces a file it did not write (issue 19, data loss)."""
+run's loader workers never hold its lock, and no verb replaces a file it did not write."""
 
 from __future__ import annotations
 
@@ -228,7 +228,7 @@ def test_experiment_report_keeps_the_sections_it_has_no_results_for(tmp_path):
 
 def _section(text: str, name: str) -> str:
     start = text.index(f". {name}: ")
-    end = text.index(f"<!-- /section:{name} -->", start)  # the report's sections end so (issue 38)
+    end = text.index(f"<!-- /section:{name} -->", start)  # the report's sections end so
     return text[start:end]
 
 

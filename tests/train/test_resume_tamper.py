@@ -1,4 +1,4 @@
-"""--resume reads a run directory as untrusted input (issue 35 items 5 and 9): a run without checkpoints continues
+"""--resume reads a run directory as untrusted input: a run without checkpoints continues
 from its final weights or is refused, never retrained from step 0 over its history; a tampered checkpoint or
 config.json is one line naming the file (exit 2), never a traceback, never trained with; stray folders in
 checkpoints/ are ignored with a warning. Every refusal leaves the run's files byte for byte as they were."""
@@ -73,7 +73,7 @@ def edit_json(path: Path, **changes) -> None:
     path.write_text(json.dumps(record))
 
 
-# ---- item 5: a run without checkpoints ----------------------------------------------------------------------
+# ---- a run without checkpoints -------------------------------------------------------------------------------
 
 
 def test_a_finished_run_without_checkpoints_continues_from_its_final_weights(copy, caplog):
@@ -162,7 +162,7 @@ def test_a_run_killed_before_its_first_checkpoint_still_starts_from_step_0(copy,
     assert [r["step"] for r in rows(out, "train")] == [1, 2, 3, 4]
 
 
-# ---- item 9: tampered checkpoints ---------------------------------------------------------------------------
+# ---- tampered checkpoints ------------------------------------------------------------------------------------
 
 
 class _Evil:
@@ -277,7 +277,7 @@ def test_a_manifest_that_vouches_for_the_wrong_files_is_refused_when_nothing_els
     assert "none of its 1 checkpoint(s) is intact" in line
 
 
-# ---- item 9: a tampered config.json -------------------------------------------------------------------------
+# ---- a tampered config.json ----------------------------------------------------------------------------------
 
 
 CONFIGS = {

@@ -1,4 +1,4 @@
-"""Issue 11, weights side: run directories wherever weights are read, timm exports of any size with vitlab's
+"""Run directories wherever weights are read, timm exports of any size with vitlab's
 pre-processing in timm's terms, `vitlab.transforms` (the eval pipeline as a Python callable) and model cards.
 
 References are independent of the code under test: timm's own model factory and transform factory, the data
@@ -31,7 +31,7 @@ from vitlab.weights.load import preprocessing
 from vitlab.weights.locate import locate as resolve_weights
 from vitlab.weights.locate import weights_path
 
-try:  # the references for items 6 and 13; the run-directory and transform tests need neither
+try:  # the references for timm exports and model cards; the run-directory and transform tests need neither
     import timm
     import timm.data
 except ImportError:
@@ -69,7 +69,7 @@ def write_image(path: Path, size: tuple[int, int] = (40, 30), seed: int = 0) -> 
     return path
 
 
-# --- item 5: a run directory wherever weights are read ----------------------------------------------------------
+# --- a run directory wherever weights are read -------------------------------------------------------------------
 @pytest.fixture
 def run(tmp_path):
     """A run directory as training leaves it mid-way: config.json (a run config, not a timm/HF one), metrics,
@@ -122,7 +122,7 @@ def test_run_directory_in_info_convert_and_hubconf(run, tmp_path, capsys):
     assert main(["convert", str(run), str(tmp_path / "c.safetensors")]) == 0
     converted = vitlab.load(tmp_path / "c.safetensors")
     assert same_weights(converted, models[20]) and converted.eval_resize == "big_vision"  # kept through convert
-    # torch.hub's entry names an architecture: a run of another one is refused in one line (issue 35 item 12)
+    # torch.hub's entry names an architecture: a run of another one is refused in one line
     with pytest.raises(ValueError, match=r"holds ViT/4 .* not ViT-Ti/16; use that architecture's entry point"):
         torch.hub.load(str(REPO), "vit_ti16", source="local", weights=str(run))
     (tmp_path / "empty").mkdir()
@@ -142,7 +142,7 @@ def test_timm_and_hf_folders_still_load_as_folders(tmp_path):
         assert same_weights(vitlab.load(folder), model)
 
 
-# --- item 6: timm exports of any size, vitlab's pre-processing in timm's terms -----------------------------------
+# --- timm exports of any size, vitlab's pre-processing in timm's terms --------------------------------------------
 NONSTANDARD = [
     ("ViT-S/16", {"image_size": 96, "depth": 2}),  # timm's name at another size and depth
     ("ViT-Ti/16", {"image_size": 16, "patch_size": 4, "width": 128, "depth": 2, "num_heads": 4, "mlp_dim": 256}),
@@ -211,7 +211,7 @@ def test_big_vision_crop_pct_reaches_the_resize_side():
     assert timm_eval_crop((384, 384), "big_vision")["crop_pct"] == 0.857  # 448: big_vision's transfer resize
 
 
-# --- item 10: vitlab.transforms ----------------------------------------------------------------------------------
+# --- vitlab.transforms -------------------------------------------------------------------------------------------
 def test_transforms_equal_what_eval_feeds_the_model(tmp_path):
     """The eval loader (`vitlab eval`: ImageSplit -> TransformedSplit -> make_loader -> normalize) on JPEGs large
     enough for draft decoding, with the eval resize recorded in the weights."""
@@ -298,7 +298,7 @@ def test_readme_quick_start(tmp_path, capsys):
     assert printed == predict(tmp_path / "w.safetensors", [str(image)], device="cpu")[0]["top"][0]["class"]
 
 
-# --- item 13: model cards ----------------------------------------------------------------------------------------
+# --- model cards -------------------------------------------------------------------------------------------------
 def code_blocks(card: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", card, flags=re.S)
 

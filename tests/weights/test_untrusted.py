@@ -1,4 +1,4 @@
-"""Issue 19, weights / config / flag side: untrusted weights and settings files cannot make vitlab allocate for
+"""Untrusted weights and settings files cannot make vitlab allocate for
 them or crash, the storage's faults are one line, and settings never silently say something the run does not do.
 
 Every CLI case asserts exit code 2, a single `vitlab <verb>: error: ...` line naming the problem, and that the
