@@ -1,13 +1,14 @@
 """Ordinary mistakes in the Python API (a uint8 or float64 tensor, no batch dimension, channels
 not 3, a bool or negative class count, an unbounded size, wrong types) raise vitlab's one-line TypeError or
-ValueError naming the argument and the fix, not torch's or numpy's messages; the checks leave torch.export working.
-16-bit and float images are scaled, not clipped; a torch.hub entry's weights= must hold its model;
-prune_intermediate_layers then save round-trips or is refused; class names are escaped in model cards."""
+ValueError naming the argument and the fix, not torch's or numpy's messages; the checks leave torch.export and
+autocast working. `vitlab.transforms` (the eval pipeline as a Python callable) feeds the model what `vitlab eval`
+feeds it, by a closed form and against the eval loader, and its training form is seeded."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -18,10 +19,12 @@ import torch
 from PIL import Image
 
 import vitlab
-from vitlab.data.sources import decode_rgb
-from vitlab.weights.card import model_card
+from vitlab.data import EvalTransform, ShardSampler, TransformedSplit, make_loader, normalize
+from vitlab.data.sources import ImageSplit
+from vitlab.train.checkpoint import save_weights
+from vitlab.weights.load import preprocessing
 
-REPO = Path(__file__).resolve().parents[1]
+TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -215,73 +218,66 @@ def test_the_checks_leave_torch_export_and_autocast_working(vit):
             assert vit(sample).dtype == torch.bfloat16
 
 
-# --- images, saved models, model cards ------------------------------------------------------------------------------------------------------
-def test_a_16_bit_png_is_scaled_to_8_bits_not_saturated(tmp_path):
-    grey = (np.arange(64 * 64, dtype=np.uint32).reshape(64, 64) * 16).astype(np.uint16)  # 0 … 65520
-    Image.fromarray(grey).save(tmp_path / "g16.png")
-    expected = ((grey.astype(np.int64) * 255 + 32767) // 65535).astype(np.uint8)
-    decoded = np.asarray(decode_rgb(tmp_path / "g16.png"))
-    assert decoded.shape == (64, 64, 3) and all(np.array_equal(decoded[..., c], expected) for c in range(3))
-    assert len(np.unique(decoded)) == 256  # the whole range, not 0 … 255 then white
-    with Image.open(tmp_path / "g16.png") as img:  # a PIL image handed to vitlab.transforms goes the same way
-        model = vitlab.create_model("ViT-Ti/16", num_classes=2, image_size=64, depth=1)
-        got = vitlab.transforms(model)(img)
-    want = (torch.from_numpy(expected).float() / 255 - 0.5) / 0.5
-    assert torch.allclose(got[0], want, atol=1e-6)
+# --- vitlab.transforms ------------------------------------------------------------------------------------------
+def test_transforms_equal_what_eval_feeds_the_model(tmp_path, random_tiny_vit):
+    """The eval loader (`vitlab eval`: ImageSplit -> TransformedSplit -> make_loader -> normalize) on JPEGs large
+    enough for draft decoding, with the eval resize recorded in the weights."""
+    model = random_tiny_vit(0, image_size=32, patch_size=8)
+    save_weights(tmp_path / "w.safetensors", model.state_dict(), model.config, ["a", "b", "c"],
+                 meta={"eval_resize": "big_vision"})  # what a run writes (train.checkpoint.weights_meta)
+    files = [tmp_path / f"{i}.jpg" for i in range(3)]
+    for i, f in enumerate(files):
+        Image.fromarray(np.random.default_rng(i).integers(0, 256, (150 + 10 * i, 200, 3), dtype=np.uint8)).save(f)
+    resize = preprocessing(tmp_path / "w.safetensors")[1]
+    assert resize == "big_vision"
+    split = ImageSplit("val", np.zeros(3, dtype=np.int64), ["a", "b", "c"], paths=[str(f) for f in files])
+    loader = make_loader(TransformedSplit(split, EvalTransform((32, 32), resize)), ShardSampler(3, 3), 0,
+                         torch.device("cpu"))  # fmt: skip
+    batch = next(iter(loader))
+    fed = normalize(batch["images"], model.config.mean, model.config.std)
+    for source in (tmp_path / "w.safetensors", vitlab.load(tmp_path / "w.safetensors")):
+        t = vitlab.transforms(source)
+        assert t.base == EvalTransform((32, 32), "big_vision")
+        assert torch.equal(torch.stack([t(str(f)) for f in files]), fed)
 
 
-def test_a_float_tiff_in_0_1_is_scaled_and_one_outside_is_refused(tmp_path):
-    ramp = np.linspace(0, 1, 32 * 32, dtype=np.float32).reshape(32, 32)
-    Image.fromarray(ramp).save(tmp_path / "f.tif")
-    decoded = np.asarray(decode_rgb(tmp_path / "f.tif"))
-    assert np.array_equal(decoded[..., 1], np.round(ramp.astype(np.float64) * 255).astype(np.uint8))
-    assert decoded.max() == 255  # was black: values 0 and 1 of 255
-    Image.fromarray(np.full((8, 8), 3.5, np.float32)).save(tmp_path / "hot.tif")
-    with pytest.raises(ValueError) as refused:
-        decode_rgb(tmp_path / "hot.tif")
-    assert str(refused.value) == ("a floating-point image with values from 3.5 to 3.5: vitlab reads float images in "
-                                  "[0, 1]; scale it to [0, 1] or save it as 8-bit")
+def test_transforms_closed_form_and_input_kinds(tmp_path, random_tiny_vit):
+    """official resize: PIL bilinear to S x S, then (x / 255 - mean) / std, written out by hand."""
+    model = random_tiny_vit(0, image_size=16, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    t = vitlab.transforms(model)
+    rgb = np.random.default_rng(0).integers(0, 256, (30, 20, 3), dtype=np.uint8)
+    resized = np.asarray(Image.fromarray(rgb).resize((16, 16), Image.Resampling.BILINEAR), dtype=np.float64)
+    expected = (resized / 255 - np.array(model.config.mean)) / np.array(model.config.std)
+    out = t(rgb)
+    assert out.dtype == torch.float32 and out.shape == (3, 16, 16)
+    assert np.abs(out.permute(1, 2, 0).numpy() - expected).max() <= TOL
+    Image.fromarray(rgb).save(tmp_path / "x.png")
+    Image.fromarray(rgb).convert("RGBA").save(tmp_path / "x4.png")
+    for same in (Image.fromarray(rgb), tmp_path / "x.png", str(tmp_path / "x4.png"), Image.open(tmp_path / "x4.png")):
+        assert torch.equal(t(same), out)
+    grey = rgb[:, :, 0]
+    assert torch.equal(t(grey), t(np.repeat(grey[:, :, None], 3, axis=2)))  # grey: the same value in R, G, B
+    with pytest.raises(ValueError, match=r"uint8 \(H, W, 3\).*float64"):
+        t(rgb / 255.0)
+    with pytest.raises(ValueError, match="got Tensor"):
+        t(torch.zeros(3, 16, 16))
+    with pytest.raises(ValueError, match="not a vitlab model"):
+        vitlab.transforms(torch.nn.Linear(2, 2))
 
 
-def test_hub_entry_refuses_weights_of_another_model(tmp_path):
-    vitlab.save(vitlab.create_model("ViT-Ti/16", num_classes=2, image_size=32), tmp_path / "ti.safetensors")
-    weights = str(tmp_path / "ti.safetensors")
-    with pytest.raises(ValueError) as refused:
-        torch.hub.load(str(REPO), "vit_b16", source="local", weights=weights)
-    assert str(refused.value) == (
-        f"vit_b16: {weights} holds ViT/16 (depth 12, width 192, 3 heads, MLP 768) (width 192, not 768; mlp_dim 768, "
-        "not 3072; num_heads 3, not 12), not ViT-B/16; use that architecture's entry point, or vitlab.load")
-    assert torch.hub.load(str(REPO), "vit_ti16", source="local", weights=weights).config.width == 192
-
-
-def test_pruned_model_round_trips_through_save_and_load(tmp_path):
-    model = vitlab.create_model("ViT-Ti/16", num_classes=3, image_size=32, depth=4, drop_path_rate=0.1).eval()
-    model.prune_intermediate_layers(indices=[1])
-    vitlab.save(model, tmp_path / "pruned.safetensors")
-    loaded = vitlab.load(tmp_path / "pruned.safetensors")
-    sample = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():
-        assert torch.equal(loaded.forward_features(sample), model.forward_features(sample))
-        assert torch.equal(loaded(sample), model(sample))
-    assert loaded.config.depth == 2 and loaded.config.num_classes == 0
-    # the kept blocks keep their stochastic-depth rates: 0.1·i/3 for i = 0, 1
-    assert [getattr(b.drop_path, "p", 0.0) for b in loaded.blocks] == pytest.approx([0.0, 0.1 / 3])
-
-
-def test_a_model_without_its_final_norm_is_refused_at_save(tmp_path):
-    model = vitlab.create_model("ViT-Ti/16", num_classes=3, image_size=32, depth=2)
-    model.prune_intermediate_layers(indices=1, prune_norm=True)
-    message = raised(lambda: vitlab.save(model, tmp_path / "p.safetensors"), ValueError)
-    assert message.startswith("vitlab.save: the model lacks parameters its config describes (norm.bias, "
-                              "norm.weight), so vitlab.load could not rebuild it")
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_class_names_are_escaped_in_the_model_card(tmp_path):
-    model = vitlab.create_model("ViT-Ti/16", num_classes=4, image_size=32, depth=1)
-    model.class_names = ["<script>alert(1)</script>", "[x](javascript:alert(1))", "a | b", "cat\n# Heading"]
-    card = model_card(model, "hf", tmp_path / "export")
-    line = next(ln for ln in card.splitlines() if ln.startswith("Classes in label order:"))
-    assert line == ("Classes in label order: &lt;script&gt;alert\\(1\\)&lt;/script&gt;, "
-                    "\\[x\\]\\(javascript:alert\\(1\\)\\), a \\| b, cat \\# Heading.")
-    assert "<script>" not in card and "\n# Heading" not in card
+def test_train_transform_is_seeded_and_degenerates_to_eval(random_tiny_vit):
+    model = random_tiny_vit(0, image_size=16)
+    img = Image.fromarray(np.random.default_rng(1).integers(0, 256, (24, 24, 3), dtype=np.uint8))
+    a, b, c = (vitlab.transforms(model, train=True, seed=s) for s in (3, 3, 4))
+    first = [a(img) for _ in range(4)]
+    assert all(torch.equal(x, y) for x, y in zip(first, [b(img) for _ in range(4)], strict=True))
+    assert not all(torch.equal(x, y) for x, y in zip(first, [c(img) for _ in range(4)], strict=True))
+    assert not all(torch.equal(first[0], x) for x in first[1:])  # draws advance
+    # a crop of the whole square image, never flipped, is the eval resize (closed form: nothing random left)
+    whole = vitlab.transforms(model, train=True, crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip=False)
+    assert torch.equal(whole(img), vitlab.transforms(model)(img))
+    with pytest.raises(ValueError, match="unknown training option"):
+        vitlab.transforms(model, train=True, crop_size=3)
+    with pytest.raises(ValueError, match="only with train=True"):
+        vitlab.transforms(model, flip=False)
+    assert isinstance(vitlab.transforms(model, train=True).rng, random.Random)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import vitlab
+from tests.conftest import TINY_VIT_ARGS
 from vitlab import progress
 from vitlab.cli import main
 from vitlab.eval.fewshot_lsr import FewshotResult
@@ -62,15 +63,19 @@ def test_bars_only_on_a_terminal_and_never_under_quiet(monkeypatch):
     assert sys.stderr.getvalue() == ""
 
 
-def saved_digits_model(path):
-    torch.manual_seed(0)
-    model = build_model(ViTConfig(image_size=8, patch_size=4, width=32, depth=1, mlp_dim=64, num_heads=2,
-                                  num_classes=10))
-    vitlab.save(model, path)
-    return path
+@pytest.fixture
+def saved_digits_model(tiny_vit_config):
+    """`saved_digits_model(path)`: the tiny digits ViT (seed 0) saved at `path`."""
+
+    def save(path):
+        torch.manual_seed(0)
+        vitlab.save(build_model(tiny_vit_config), path)
+        return path
+
+    return save
 
 
-def test_eval_draws_a_bar_on_a_terminal_and_not_with_quiet(tmp_path, monkeypatch, capsys):
+def test_eval_draws_a_bar_on_a_terminal_and_not_with_quiet(tmp_path, monkeypatch, capsys, saved_digits_model):
     weights = str(saved_digits_model(tmp_path / "m.safetensors"))
     term = Terminal()
     monkeypatch.setattr(sys, "stderr", term)
@@ -92,7 +97,7 @@ def test_fewshot_table_is_in_percent_and_json_in_fractions():
     assert res.to_dict()["accuracy"]["5"]["per_seed"] == [0.25, 0.75]
 
 
-def test_predict_prints_percentages(tmp_path, capsys):
+def test_predict_prints_percentages(tmp_path, capsys, saved_digits_model):
     from PIL import Image
 
     weights = str(saved_digits_model(tmp_path / "m.safetensors"))
@@ -110,7 +115,7 @@ def test_predict_prints_percentages(tmp_path, capsys):
 
 
 def test_mpp_validation_counts_corrupted_patches_not_images():
-    encoder = build_model(ViTConfig(image_size=16, patch_size=4, width=32, depth=1, mlp_dim=64, num_heads=2,
+    encoder = build_model(ViTConfig(image_size=16, patch_size=4, **TINY_VIT_ARGS,
                                     num_classes=0))
     objective = MaskedPatches("mean-color")
     module = objective.wrap(encoder)
@@ -128,11 +133,10 @@ def test_mpp_validation_counts_corrupted_patches_not_images():
     assert np.isfinite(metrics["loss"])
 
 
-def test_convert_draws_read_and_write_bars_on_a_terminal(tmp_path, monkeypatch):
+def test_convert_draws_read_and_write_bars_on_a_terminal(tmp_path, monkeypatch, tiny_vit_config):
     from vitlab.weights.jax_npz import write_jax_npz
 
-    model = build_model(ViTConfig(image_size=8, patch_size=4, width=32, depth=1, mlp_dim=64, num_heads=2,
-                                  num_classes=10, gelu="tanh"))
+    model = build_model(tiny_vit_config.replace(gelu="tanh"))
     write_jax_npz(model, tmp_path / "m.npz")
     term = Terminal()
     monkeypatch.setattr(sys, "stderr", term)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import vitlab
+from tests.conftest import TINY_VIT_ARGS
 from vitlab.cli import main
 from vitlab.data import load_split
 from vitlab.eval.classify import confusion_destination
@@ -17,7 +18,7 @@ from vitlab.files.rundir import run_dir_of as run_directory
 from vitlab.models import VisionTransformer, ViTConfig
 
 # 8×8 inputs: the digits' own size, so the official resize is the identity and a numpy reference is exact.
-CFG = ViTConfig(image_size=8, patch_size=4, width=32, depth=1, mlp_dim=64, num_heads=2, num_classes=10,
+CFG = ViTConfig(image_size=8, patch_size=4, **TINY_VIT_ARGS, num_classes=10,
                 mean=(0.5,) * 3, std=(0.5,) * 3, name="tiny")
 
 

@@ -9,10 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.conftest import TINY_TRAIN_FLAGS, TINY_VIT_ARGS
 from vitlab.cli import main
-
-TINY = ["--model", "ViT-Ti/4", "--depth", "1", "--width", "32", "--heads", "2", "--mlp-dim", "64",
-        "--image-size", "8", "--batch-size", "32", "--warmup", "1", "--workers", "0", "--log-every", "1"]
 
 
 def folder(root, classes=("a", "b", "c"), splits=("train", "val"), per_class=3):
@@ -24,12 +22,10 @@ def folder(root, classes=("a", "b", "c"), splits=("train", "val"), per_class=3):
     return root
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """One tiny digits run shared by the eval/predict tests."""
-    out = tmp_path_factory.mktemp("cli") / "run"
-    assert main(["train", "--out", str(out), "--steps", "3", *TINY]) == 0
-    return out
+@pytest.fixture
+def trained(tiny_run):
+    """One tiny digits run shared by the eval/predict tests (tests/conftest.py trains it once)."""
+    return tiny_run
 
 
 def error_line(capsys) -> str:
@@ -47,7 +43,7 @@ def test_train_prints_summary(trained, capsys):
 def test_train_cli_flags_reach_the_config(tmp_path, capsys):
     out = tmp_path / "r"
     assert main(["train", "--out", str(out), "--steps", "2", "--lr", "0.002", "--wd", "0.1", "--clip", "0",
-                 "--no-flip", "--crop-scale", "0.3", "1", "--ema", "0.9", "--accum", "2", *TINY]) == 0
+                 "--no-flip", "--crop-scale", "0.3", "1", "--ema", "0.9", "--accum", "2", *TINY_TRAIN_FLAGS]) == 0
     cfg = json.loads((out / "config.json").read_text())
     assert (cfg["lr"], cfg["weight_decay"], cfg["grad_clip"], cfg["flip"], cfg["ema"], cfg["accum"]) == (
         0.002, 0.1, 0.0, False, 0.9, 2)
@@ -120,7 +116,7 @@ def test_finetune_from_vitlab_weights_on_a_folder(trained, tmp_path, capsys):
 def test_train_errors_are_one_line(tmp_path, capsys, case, message):
     data = tmp_path / "data"
     out = ["--out", str(tmp_path / "out")]
-    args = ["train", "--data", str(data), *out, "--steps", "2", *TINY]
+    args = ["train", "--data", str(data), *out, "--steps", "2", *TINY_TRAIN_FLAGS]
     if case == "missing_split":
         folder(data, splits=("train",))
     elif case == "empty_class":
@@ -147,7 +143,7 @@ def test_train_errors_are_one_line(tmp_path, capsys, case, message):
         assert main(args) == 0
         capsys.readouterr()
     elif case == "diverged":
-        args = ["train", *out, *TINY, "--steps", "6", "--optimizer", "sgd", "--lr", "100", "--warmup", "0",
+        args = ["train", *out, *TINY_TRAIN_FLAGS, "--steps", "6", "--optimizer", "sgd", "--lr", "100", "--warmup", "0",
                 "--clip", "0"]  # SGD at the flag's bound: the weights overflow within a few steps
     elif case == "bad_model":
         args = ["train", *out, "--model", "ViT-Q/3", "--steps", "1"]
@@ -186,7 +182,7 @@ def test_eval_class_mismatches(tmp_path, capsys):
         "vitlab eval: error: num_classes mismatch: the weights have 7 classes, digits has 10; "
         "evaluate on the dataset the model was trained for")
     letters = tmp_path / "letters.safetensors"
-    model = vitlab.create_model("ViT-Ti/4", num_classes=10, image_size=8, depth=1, width=32, num_heads=2, mlp_dim=64)
+    model = vitlab.create_model("ViT-Ti/4", num_classes=10, image_size=8, **TINY_VIT_ARGS)
     model.class_names = list("abcdefghij")
     vitlab.save(model, letters)
     assert main(["eval", "--weights", str(letters), "--data", "digits"]) == 2

@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 from matplotlib.ft2font import FT2Font
 
+from tests.conftest import TINY_VIT_FLAGS
 from vitlab.cli import main
 from vitlab.data import DataError, build_datasets, load_split
 from vitlab.data import fontglyphs as G
 from vitlab.data.datasets import evaluation_splits, has_val_split
 from vitlab.data.synthetic import SyntheticSpec
 
-TINY = ["--model", "ViT-Ti/4", "--depth", "1", "--width", "32", "--heads", "2", "--mlp-dim", "64",
+TINY = [*TINY_VIT_FLAGS,
         "--image-size", "16", "--batch-size", "16", "--warmup", "1", "--workers", "0", "--log-every", "1"]
 
 

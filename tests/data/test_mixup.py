@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from tests.conftest import TINY_TRAIN
 from vitlab.data.mixup import MixUp, draw_mixup
 from vitlab.train import resolve_config, run
 from vitlab.train.trainer import Classification
@@ -63,13 +64,10 @@ def test_lambda_follows_beta_alpha_alpha():
     assert (lams < 0.1).mean() == pytest.approx(scipy_stats.beta.cdf(0.1, alpha, alpha), abs=0.01)
 
 
-TINY = {"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64}
-
 
 def tiny(out, **overrides):
-    base = dict(out=str(out), model="ViT-Ti/4", model_args=TINY, image_size=8, batch_size=32, steps=6, warmup=1,
-                eval_every=0, save_every=2, keep_last=3, log_every=1, workers=0, dropout=0.1, eval_batch_size=512,
-                mixup=0.4)
+    base = {**TINY_TRAIN, "out": str(out), "steps": 6, "eval_every": 0, "save_every": 2, "keep_last": 3,
+            "dropout": 0.1, "mixup": 0.4}
     return resolve_config("demo", **{**base, **overrides})
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.conftest import TINY_VIT_FLAGS
 from vitlab.cli import main
 from vitlab.data import DataError, load_split, shardindex
 from vitlab.data import shards as shards_mod
@@ -214,9 +215,9 @@ def test_broken_shards_give_one_line_errors(packed, tmp_path, capsys):
     assert len(err) == 1 and "truncated shard" in err[0] and "train-000001.tar" in err[0]
 
 
-TINY = ["--model", "ViT-Ti/4", "--depth", "1", "--width", "32", "--heads", "2", "--mlp-dim", "64",
-        "--image-size", "8", "--batch-size", "8", "--warmup", "1", "--workers", "0", "--log-every", "1",
-        "--steps", "3", "--seed", "3"]
+TINY = [*TINY_VIT_FLAGS,
+        "--image-size", "8", "--batch-size", "8", "--warmup", "1", "--workers", "0", "--log-every", "1", "--steps",
+        "3", "--seed", "3"]
 
 
 def _losses(run):

@@ -7,13 +7,14 @@ import json
 import numpy as np
 import pytest
 
+from tests.conftest import TINY_VIT_FLAGS
 from vitlab.cli import main
 from vitlab.data import DataError, build_datasets, load_split, synthetic
 from vitlab.data import strokes as S
 from vitlab.data.datasets import evaluation_splits, has_val_split
 from vitlab.data.synthetic import SyntheticSpec, class_names
 
-TINY = ["--model", "ViT-Ti/4", "--depth", "1", "--width", "32", "--heads", "2", "--mlp-dim", "64",
+TINY = [*TINY_VIT_FLAGS,
         "--image-size", "16", "--batch-size", "16", "--warmup", "1", "--workers", "0", "--log-every", "1"]
 
 

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from tests.conftest import TINY_VIT_ARGS
 from tests.data.test_shards import TINY, make_source
 from vitlab.cli import main
 from vitlab.data import load_split, shardindex
@@ -349,7 +350,7 @@ def with_fifo(tmp_path):
     from vitlab.models import ViTConfig, build_model
 
     weights = tmp_path / "w.safetensors"
-    vitlab.save(build_model(ViTConfig(image_size=8, patch_size=4, width=32, depth=1, mlp_dim=64, num_heads=2,
+    vitlab.save(build_model(ViTConfig(image_size=8, patch_size=4, **TINY_VIT_ARGS,
                                       num_classes=3)), weights)
     return src, fifo, weights
 

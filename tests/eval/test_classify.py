@@ -12,12 +12,13 @@ import torch
 from sklearn.metrics import precision_recall_fscore_support
 
 import vitlab
+from tests.conftest import TINY_VIT_ARGS
 from vitlab.cli import main
 from vitlab.data import load_split
 from vitlab.eval.classify import confusion_name, per_class_lines
 from vitlab.models import VisionTransformer, ViTConfig
 
-CFG = ViTConfig(image_size=8, patch_size=4, width=32, depth=1, mlp_dim=64, num_heads=2, num_classes=10,
+CFG = ViTConfig(image_size=8, patch_size=4, **TINY_VIT_ARGS, num_classes=10,
                 mean=(0.5,) * 3, std=(0.5,) * 3, name="tiny")
 
 
@@ -79,3 +80,22 @@ def test_many_classes_show_the_lowest_recall():
     lines = per_class_lines(rows, limit=5)
     assert "(5 of 100 classes, lowest recall first" in lines[0]
     assert [line.split()[0] for line in lines[1:]] == ["c0", "c1", "c2", "c3", "c4"]
+
+
+def test_long_confusion_titles_wrap_inside_the_figure(tmp_path):
+    import torch
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from vitlab.eval.metrics import confusion_figure, plot_confusion_matrix
+
+    title = "Confusion matrix of " + "/very/long/run/directory/name" * 6 + " on a dataset with a long name"
+    names = ["a class whose name goes on and on and on", "b", "c"]
+    fig = confusion_figure(torch.eye(3, dtype=torch.long), names, title)
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[0]
+    box, frame = ax.title.get_window_extent(), fig.bbox
+    assert "\n" in ax.title.get_text() and frame.x0 <= box.x0 and box.x1 <= frame.x1  # wrapped, not cut off
+    assert "".join(ax.title.get_text().split()) == "".join(title.split())  # every character kept
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    assert ticks[0] == "a class whose name goes…" and ticks[1:] == ["b", "c"]
+    assert plot_confusion_matrix(torch.eye(3, dtype=torch.long), names, tmp_path / "c.png", title).stat().st_size

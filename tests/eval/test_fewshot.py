@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import vitlab
+from tests.conftest import TINY_VIT_ARGS
 from vitlab.eval import fewshot, fewshot_from_features, fewshot_on_features
 from vitlab.eval.fewshot_lsr import fewshot_indices, precompute
 
@@ -64,7 +65,7 @@ def test_table_shots_seeds_and_sweep_labelled():
 
 def test_fewshot_on_a_model_uses_pre_logits_representation():
     model = vitlab.models.build_model(vitlab.ViTConfig(
-        image_size=16, patch_size=8, width=32, depth=1, mlp_dim=64, num_heads=2, num_classes=3,
+        image_size=16, patch_size=8, **TINY_VIT_ARGS, num_classes=3,
         representation_size=12))
     g = torch.Generator().manual_seed(0)
     x = torch.randn(60, 3, 16, 16, generator=g)
@@ -81,7 +82,7 @@ def test_cli_fewshot_on_embedded_digits_writes_json(tmp_path, capsys):
     from vitlab.cli import main
 
     model = vitlab.models.build_model(vitlab.ViTConfig(
-        image_size=16, patch_size=4, width=32, depth=1, mlp_dim=64, num_heads=2, num_classes=10))
+        image_size=16, patch_size=4, **TINY_VIT_ARGS, num_classes=10))
     vitlab.save(model, tmp_path / "m.safetensors")
     out = tmp_path / "fs.json"
     code = main(["fewshot", "--weights", str(tmp_path / "m.safetensors"), "--data", "digits", "--shots", "1,5,all",
@@ -104,7 +105,7 @@ def test_fewshot_tracked_during_training(tmp_path):
 
     cfg = resolve_config("demo", out=str(tmp_path / "run"), model="ViT-Ti/4", image_size=8, batch_size=32, steps=4,
                          warmup=1, eval_every=4, log_every=1, workers=0, fewshot_every=2,
-                         model_args={"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64})
+                         model_args=TINY_VIT_ARGS)
     run(cfg)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     shots = [r for r in records if r["split"] == "fewshot"]

@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 import vitlab
+from tests.conftest import TINY_VIT_ARGS
 from vitlab.cli import main
 from vitlab.eval.prediction import predict
 
@@ -19,7 +20,7 @@ CLASSES = ["cat", "dog", "fox"]
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory):
-    model = vitlab.create_model("ViT-Ti/4", num_classes=3, image_size=8, depth=1, width=32, num_heads=2, mlp_dim=64)
+    model = vitlab.create_model("ViT-Ti/4", num_classes=3, image_size=8, **TINY_VIT_ARGS)
     with torch.no_grad():  # a head that discriminates: the default zero head gives every class 1/3
         model.head.weight.normal_(0, 1, generator=torch.Generator().manual_seed(0))
     model.class_names = CLASSES
@@ -117,3 +118,54 @@ def test_text_output_keeps_its_lines_and_adds_the_summary(weights, tmp_path, cap
     lines = captured.out.splitlines()
     assert len(lines) == 3 and all(line.split(": ")[1].split()[0] in CLASSES for line in lines)
     assert captured.err.strip().startswith("predicted 3 images, skipped 0 unreadable, in ")
+
+
+@pytest.fixture
+def three_class_weights(tmp_path):
+    import vitlab
+
+    model = vitlab.create_model("ViT-Ti/4", num_classes=3, image_size=8, **TINY_VIT_ARGS)
+    path = tmp_path / "three.safetensors"
+    vitlab.save(model, path)  # no class names: a model built in Python, never trained on named data
+    return path
+
+
+def test_weights_without_class_names_name_classes_by_index(three_class_weights):
+    import numpy as np
+
+    import vitlab
+
+    model = vitlab.load(three_class_weights)
+    assert model.class_names == ["0", "1", "2"]
+    x = vitlab.transforms(model)(np.zeros((8, 8, 3), dtype=np.uint8))  # the README quick start, line by line
+    probs = model(x[None]).softmax(-1)[0]
+    assert model.class_names[probs.argmax()] in ("0", "1", "2")
+
+
+def test_predict_takes_a_folder_and_warns_about_top_k_only_when_given(tmp_path, three_class_weights, capsys,
+                                                                       caplog):
+    import numpy as np
+    from PIL import Image
+
+    for name in ("b/2.png", "a/1.png", "a/notes.txt"):
+        (tmp_path / "imgs" / name).parent.mkdir(parents=True, exist_ok=True)
+        if name.endswith(".png"):
+            Image.fromarray(np.full((8, 8, 3), 9, dtype=np.uint8)).save(tmp_path / "imgs" / name)
+        else:
+            (tmp_path / "imgs" / name).write_text("not an image")
+    with caplog.at_level("WARNING", logger="vitlab"):
+        assert main(["predict", "--weights", str(three_class_weights), str(tmp_path / "imgs")]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == [str(tmp_path / "imgs" / "a" / "1.png"),
+                                                       str(tmp_path / "imgs" / "b" / "2.png")]
+    assert all(line.count("%") == 3 for line in lines)  # a 3-class model shows its 3 classes
+    assert "top-k" not in caplog.text  # the default was not the user's choice: no warning
+    with caplog.at_level("WARNING", logger="vitlab"):
+        assert main(["predict", "--weights", str(three_class_weights), "--top-k", "5",
+                     str(tmp_path / "imgs" / "a" / "1.png")]) == 0
+    assert "top-k 5 is more than the model's 3 classes: showing all 3" in caplog.text
+    capsys.readouterr()  # the calls above end with their summary line on stderr
+    (tmp_path / "empty").mkdir()
+    assert main(["predict", "--weights", str(three_class_weights), str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'empty'} is a folder without images" in err and err.count("\n") == 1

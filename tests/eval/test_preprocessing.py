@@ -11,21 +11,19 @@ import torch
 from PIL import Image
 
 import vitlab
+from tests.conftest import TINY_TRAIN_FLAGS, TINY_VIT_ARGS
 from vitlab.cli import main
 from vitlab.data import load_split, normalize
 from vitlab.train.config import config_from_json
 from vitlab.train.recipes import RECIPES
 from vitlab.weights.load import preprocessing
 
-TINY = ["--model", "ViT-Ti/4", "--depth", "1", "--width", "32", "--heads", "2", "--mlp-dim", "64",
-        "--image-size", "8", "--batch-size", "32", "--warmup", "1", "--workers", "0", "--log-every", "1"]
-
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("resize") / "run"
     assert main(["train", "--out", str(out), "--steps", "2", "--train-crop", "inception",
-                 "--eval-resize", "big_vision", *TINY]) == 0
+                 "--eval-resize", "big_vision", *TINY_TRAIN_FLAGS]) == 0
     return out
 
 
@@ -52,7 +50,7 @@ def test_eval_uses_the_recorded_resize_unless_overridden(run_dir, tmp_path, caps
 
 def test_files_without_a_record_evaluate_officially(tmp_path):
     model = vitlab.models.build_model(vitlab.ViTConfig(
-        image_size=8, patch_size=4, width=32, depth=1, mlp_dim=64, num_heads=2, num_classes=10))
+        image_size=8, patch_size=4, **TINY_VIT_ARGS, num_classes=10))
     vitlab.save(model, tmp_path / "m.safetensors")
     assert preprocessing(tmp_path / "m.safetensors")[1] == "official"
     from vitlab.weights.jax_npz import write_jax_npz
@@ -87,7 +85,7 @@ def test_fewshot_features_use_big_vision_fewshot_preprocessing():
 
     torch.manual_seed(0)
     model = vitlab.models.build_model(vitlab.ViTConfig(
-        image_size=16, patch_size=4, width=32, depth=1, mlp_dim=64, num_heads=2, num_classes=10)).eval()
+        image_size=16, patch_size=4, **TINY_VIT_ARGS, num_classes=10)).eval()
     feats, labels = split_features(model, "digits", "val")
     arrays = load_split("digits", "val").arrays[:32]
     # reference: each 8×8 digit resized to 18×18 (round(16·8/7)), aspect ignored, central 16×16 crop

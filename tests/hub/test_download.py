@@ -244,3 +244,39 @@ def test_unreachable_server_gives_up_in_one_line():
     with pytest.raises(WeightsError, match=r"download failed 6 times .*; check the network") as err:
         fetch(entry, progress=False, retry_delay=0)
     assert "\n" not in str(err.value)
+
+
+def test_a_host_that_does_not_resolve_fails_at_once_with_the_offline_line(tmp_path, monkeypatch):
+    import socket
+
+    from vitlab.errors import WeightsError
+    from vitlab.hub import download as hub_download
+    from vitlab.hub.catalogue import Entry
+    from vitlab.hub.fetch import fetch
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("VITLAB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    lookups, sleeps = [], []
+
+    def no_dns(host, *args, **kwargs):  # what a machine without network answers
+        lookups.append(host)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    monkeypatch.setattr(hub_download.time, "sleep", sleeps.append)
+    entry = Entry(name="augreg:test", tag="augreg", model="ViT-Ti/16", format="jax-npz",
+                  url="https://storage.googleapis.com/vit_models/augreg/test.npz")
+    with pytest.raises(WeightsError) as online:
+        fetch(entry, progress=False)
+    assert lookups == ["storage.googleapis.com"] and sleeps == []  # one attempt, no retries
+    monkeypatch.setenv("VITLAB_OFFLINE", "1")
+    with pytest.raises(WeightsError) as offline:
+        fetch(entry, progress=False)
+    assert len(lookups) == 1  # offline mode does not even look the host up
+    online_line, offline_line = str(online.value), str(offline.value)
+    assert online_line == offline_line.replace("VITLAB_OFFLINE=1 forbids downloading",
+                                               "storage.googleapis.com does not resolve (offline?)")
+    assert online_line.endswith("; run `vitlab download augreg:test` where the network is reachable")
+    assert "\n" not in online_line
+    assert not any(p.name.endswith(".part") for p in (tmp_path / "cache").rglob("*"))  # nothing half-written

@@ -60,3 +60,30 @@ def test_missing_repo_offline_names_the_command(hf_cache):
     msg = str(err.value)
     assert "config.json not in the Hugging Face cache and HF_HUB_OFFLINE=1 forbids downloading" in msg
     assert "`vitlab download hf-hub:google/vit-base-patch16-224`" in msg and "\n" not in msg
+
+
+def test_hugging_face_hub_without_dns_reads_the_cache_at_once(hf_cache, monkeypatch):
+    """huggingface_hub retries an unresolvable host 5 times (~25 s) before its cache; one lookup decides it."""
+    import socket
+
+    import vitlab
+    from vitlab.errors import WeightsError
+
+    # hf_cache: the cached tiny-owner/tiny-vit repository
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)  # no proxy: the hub's own name must resolve
+    lookups = []
+
+    def no_dns(host, *args, **kwargs):
+        lookups.append(host)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    assert vitlab.load("hf-hub:tiny-owner/tiny-vit").class_names == ["cat", "dog", "bird"]  # from the cache
+    with pytest.raises(WeightsError) as err:
+        vitlab.load("hf-hub:google/vit-base-patch16-224")
+    assert str(err.value) == ("hf-hub:google/vit-base-patch16-224: config.json not in the Hugging Face cache and "
+                              "huggingface.co does not resolve (offline?); run `vitlab download "
+                              "hf-hub:google/vit-base-patch16-224` where the network is reachable")
+    assert set(lookups) == {"huggingface.co"} and len(lookups) <= 4  # no retries: one lookup per load

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import vitlab
+from tests.conftest import TINY_VIT_ARGS
 from vitlab.models import ViTConfig, config_from_dict
 from vitlab.models.droppath import DropPath, drop_path_rates
 
@@ -61,7 +62,7 @@ def test_model_drops_whole_samples_in_training_only():
 
 
 def test_config_field_defaults_and_round_trips(tmp_path):
-    old = ViTConfig(width=32, depth=1, mlp_dim=64, num_heads=2, image_size=16, patch_size=8).to_dict()
+    old = ViTConfig(**TINY_VIT_ARGS, image_size=16, patch_size=8).to_dict()
     old.pop("drop_path_rate")  # a config written before the field existed
     assert config_from_dict(old).drop_path_rate == 0.0
     model = vitlab.create_model("ViT-Ti/16", image_size=32, drop_path_rate=0.1)

@@ -17,12 +17,11 @@ import pytest
 import torch
 from scipy import stats
 
+from tests.conftest import TINY_VIT_ARGS
 from vitlab.models import VisionTransformer, ViTConfig
 from vitlab.train import resolve_config
 from vitlab.train.optim import classification_loss
 from vitlab.train.trainer import build_run_model
-
-TINY = {"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64}
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +78,7 @@ def test_initial_sigmoid_loss_of_a_fresh_21k_model():
     """Head kernel 0 and bias −10: every logit is −10, so the summed sigmoid cross-entropy per image is
     (K − 1)·log(1 + e^−10) + log(1 + e^10) = K·log(1 + e^−10) + 10."""
     k = 21_843
-    cfg = resolve_config("pretrain", model="ViT-Ti/16", model_args=TINY, image_size=32)
+    cfg = resolve_config("pretrain", model="ViT-Ti/16", model_args=TINY_VIT_ARGS, image_size=32)
     model = build_run_model(cfg, [str(i) for i in range(k)])
     assert model.config.representation_size == 32 and model.pre_logits is not None
     x, y = torch.rand(4, 3, 32, 32) * 2 - 1, torch.randint(0, k, (4,))
@@ -91,7 +90,7 @@ def test_initial_sigmoid_loss_of_a_fresh_21k_model():
 
 
 def test_head_bias_init_only_from_scratch(tmp_path):
-    cfg = resolve_config("demo", model="ViT-Ti/16", model_args=TINY, image_size=32, head_bias_init=-3.0)
+    cfg = resolve_config("demo", model="ViT-Ti/16", model_args=TINY_VIT_ARGS, image_size=32, head_bias_init=-3.0)
     model = build_run_model(cfg, ["a", "b"])
     assert torch.equal(model.head.bias, torch.full((2,), -3.0)) and torch.count_nonzero(model.head.weight) == 0
     assert model.pre_logits is None  # the demo recipe has no representation layer unless asked for

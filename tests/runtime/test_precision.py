@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import vitlab
+from tests.conftest import TINY_TRAIN, TINY_VIT_ARGS
 from vitlab.cli import main
 from vitlab.models.registry import model_config
 from vitlab.runtime.precision import (
@@ -34,12 +35,9 @@ XEON_AMX = "model name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: fpu sse2 a
            "amx_tile amx_int8\n"
 COOPER_LAKE = "model name\t: Intel(R) Xeon(R) Platinum 8380H\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n"
 EPYC_MILAN = "model name\t: AMD EPYC 7763 64-Core Processor\nflags\t\t: fpu sse2 avx2 fma bmi2 sha_ni\n"
-TINY = {"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64}
-
 
 def tiny(out, **overrides):
-    base = dict(out=str(out), model="ViT-Ti/4", model_args=TINY, image_size=8, batch_size=32, steps=8, warmup=1,
-                eval_every=0, save_every=4, log_every=1, workers=0, eval_batch_size=512)
+    base = {**TINY_TRAIN, "out": str(out), "steps": 8, "eval_every": 0, "save_every": 4}
     return resolve_config("demo", **{**base, **overrides})
 
 
@@ -264,7 +262,7 @@ def test_an_experiment_run_computes_in_float32_even_where_auto_would_not(tmp_pat
     from reproduction.spec import RunSpec
 
     monkeypatch.setattr("vitlab.runtime.precision.cpu_flags", lambda text=None: cpu_flags(XEON_AMX))
-    settings = {"model": "ViT-Ti/4", "model_args": {**TINY, "width": 384, "num_heads": 6}, "image_size": 8,
+    settings = {"model": "ViT-Ti/4", "model_args": {**TINY_VIT_ARGS, "width": 384, "num_heads": 6}, "image_size": 8,
                 "batch_size": 16, "steps": 2, "warmup": 0, "workers": 0, "data": "digits"}
     spec = RunSpec("wide", "demo", settings)
     assert resolve("demo", {**settings, "device": "cpu"}).config.precision == "bf16"  # what auto would pick

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from tests.conftest import TINY_VIT_ARGS
 from vitlab.models import ViTConfig, build_model
 from vitlab.selfsup import MaskedPatchPredictor, MPPConfig, corrupt_patches, mean_color_targets
 from vitlab.selfsup.mpp import pixel_targets
@@ -71,7 +72,7 @@ def test_objective_trains_encoder_and_mask_token(target):
 
 
 def test_hybrid_is_refused():
-    enc = build_model(ViTConfig(image_size=32, patch_size=1, width=32, depth=1, mlp_dim=64, num_heads=2,
+    enc = build_model(ViTConfig(image_size=32, patch_size=1, **TINY_VIT_ARGS,
                                 resnet={"layers": ()}))
     with pytest.raises(ValueError, match="plain ViT"):
         MaskedPatchPredictor(enc)
@@ -83,7 +84,7 @@ def mpp_run(tmp_path, name, **overrides):
 
     base = dict(out=str(tmp_path / name), model="ViT-Ti/4", image_size=8, batch_size=32, steps=6, warmup=1,
                 eval_every=3, log_every=1, workers=0, eval_batch_size=512, objective="mpp",
-                model_args={"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64})
+                model_args=TINY_VIT_ARGS)
     return resolve_config("demo", **{**base, **overrides})
 
 

@@ -7,9 +7,10 @@ import math
 import numpy as np
 from PIL import Image
 
+from tests.conftest import TINY_VIT_FLAGS
 from vitlab.cli import main
 
-TINY = ["--model", "ViT-Ti/4", "--depth", "1", "--width", "32", "--heads", "2", "--mlp-dim", "64", "--image-size",
+TINY = [*TINY_VIT_FLAGS, "--image-size",
         "8", "--batch-size", "12", "--warmup", "1", "--workers", "0", "--log-every", "1", "--eval-every", "2"]
 
 

@@ -16,15 +16,14 @@ import torch
 from safetensors.torch import load_file
 
 import vitlab
+from tests.conftest import TINY_TRAIN
 from vitlab.files.rundir import list_checkpoints, verify_checkpoint
 from vitlab.train import resolve_config, run
 
-TINY = {"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64}
-
 
 def tiny(out, **overrides):
-    base = dict(out=str(out), model="ViT-Ti/4", model_args=TINY, image_size=8, batch_size=32, steps=8, warmup=1,
-                eval_every=0, save_every=2, keep_last=3, log_every=1, workers=0, dropout=0.1, eval_batch_size=512)
+    base = {**TINY_TRAIN, "out": str(out), "steps": 8, "eval_every": 0, "save_every": 2, "keep_last": 3,
+            "dropout": 0.1}
     return resolve_config("demo", **{**base, **overrides})
 
 

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import TINY_VIT_FLAGS
 from vitlab.cli import build_parser
 from vitlab.cli.train import build_config
 from vitlab.train import run
 
-ARGS = ["--model", "ViT-Ti/4", "--depth", "1", "--width", "32", "--heads", "2", "--mlp-dim", "64", "--image-size", "8",
+ARGS = [*TINY_VIT_FLAGS, "--image-size", "8",
         "--batch-size", "32", "--warmup", "3", "--workers", "0", "--log-every", "1", "--eval-every", "10",
         "--steps", "20"]
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"

@@ -20,6 +20,7 @@ import torch
 from PIL import Image
 
 import vitlab
+from tests.conftest import TINY_VIT_FLAGS
 from vitlab.cli import main
 from vitlab.errors import WeightsError
 from vitlab.train import resolve
@@ -28,7 +29,7 @@ from vitlab.train.runlog import estimate_line
 from vitlab.train.sweep import SweepResult, SweepRow, format_table, grid_edge, write_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["--model", "ViT-Ti/4", "--depth", "1", "--width", "32", "--heads", "2", "--mlp-dim", "64", "--image-size", "8",
+TINY = [*TINY_VIT_FLAGS, "--image-size", "8",
         "--batch-size", "16", "--workers", "0", "--seed", "3"]
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 import vitlab
+from tests.conftest import TINY_VIT_ARGS
 from vitlab.cli import main
 from vitlab.files import rundir
 from vitlab.train.checkpoint import write_checkpoint
@@ -34,7 +35,7 @@ def count_verifications(monkeypatch, original) -> list[Path]:
 
 def test_finetune_from_a_run_directory_verifies_its_checkpoint_once(tmp_path, monkeypatch, capsys):
     torch.manual_seed(0)
-    source = vitlab.create_model("ViT-Ti/4", image_size=8, width=32, depth=1, num_heads=2, mlp_dim=64, num_classes=10)
+    source = vitlab.create_model("ViT-Ti/4", image_size=8, **TINY_VIT_ARGS, num_classes=10)
     run = tmp_path / "pretrained"  # a run with checkpoints and no final weights yet: --init means its newest one
     for step in (2, 4):
         write_checkpoint(run, step, source.state_dict(), source.config, DIGITS, {"step": step})

@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 import vitlab
+from tests.conftest import TINY_VIT_ARGS
 from vitlab.cli import main
 from vitlab.data import Datasets, ImageSplit
 from vitlab.train import resolve, resolve_config
@@ -67,7 +68,7 @@ def test_finetune_dropout_is_the_official_configs():
 @pytest.mark.parametrize("name, expected", [("ViT-L/16", 0.1), ("ViT-B/16", 0.0)])
 def test_finetuning_takes_the_dropout_of_the_model_unless_given(tmp_path, name, expected):
     # a tiny model carrying an official name, saved with pre-training's dropout 0.1
-    source = vitlab.create_model("ViT-Ti/4", image_size=8, depth=1, width=32, num_heads=2, mlp_dim=64, dropout=0.1,
+    source = vitlab.create_model("ViT-Ti/4", image_size=8, **TINY_VIT_ARGS, dropout=0.1,
                                  name=name)
     vitlab.save(source, tmp_path / "init.safetensors")
     cfg = resolve_config("finetune", init=str(tmp_path / "init.safetensors"), image_size=8)
@@ -157,7 +158,7 @@ def test_typical_image_size_of_a_folder(tmp_path):
 # The model fine-tuned end to end. The BiT line needs the BiT ResNetV2 family (models/bit.py); a tiny width keeps
 # it fast. To test one model only, keep its line.
 MODELS = {
-    "vit": ("ViT-Ti/4", dict(depth=1, width=32, num_heads=2, mlp_dim=64)),
+    "vit": ("ViT-Ti/4", dict(**TINY_VIT_ARGS)),
     "bit": ("BiT-R50x1", dict(layers=(1, 1))),
 }
 

@@ -6,10 +6,11 @@ import json
 import pytest
 
 import vitlab
+from tests.conftest import TINY_VIT_FLAGS
 from vitlab.cli import main
 from vitlab.train import resolve
 
-TINY = ["--model", "ViT-Ti/4", "--depth", "1", "--width", "32", "--heads", "2", "--mlp-dim", "64", "--image-size",
+TINY = [*TINY_VIT_FLAGS, "--image-size",
         "8", "--batch-size", "32", "--warmup", "1", "--workers", "0", "--log-every", "1", "--eval-every", "2"]
 
 

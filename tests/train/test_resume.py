@@ -17,17 +17,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import TINY_TRAIN, TINY_TRAIN_FLAGS
 from vitlab.cli import main
 from vitlab.train import resolve_config, run
 from vitlab.train.checkpoint import RunLock
 from vitlab.train.optim import Schedule
 
-TINY = dict(model="ViT-Ti/4", model_args={"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64}, image_size=8,
-            batch_size=32, steps=4, warmup=1, eval_every=0, save_every=2, log_every=1, workers=0,
-            eval_batch_size=512)
-TINY_FLAGS = ["--model", "ViT-Ti/4", "--depth", "1", "--width", "32", "--heads", "2", "--mlp-dim", "64",
-              "--image-size", "8", "--batch-size", "32", "--warmup", "1", "--eval-every", "0", "--save-every", "2",
-              "--log-every", "1", "--workers", "0", "--eval-batch-size", "512"]
+TINY = {**TINY_TRAIN, "steps": 4, "eval_every": 0, "save_every": 2}
+TINY_FLAGS = [*TINY_TRAIN_FLAGS, "--eval-every", "0", "--save-every", "2", "--eval-batch-size", "512"]
 
 
 def tiny(out, **overrides):

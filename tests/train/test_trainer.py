@@ -10,18 +10,16 @@ import torch
 from PIL import Image
 
 import vitlab
+from tests.conftest import TINY_TRAIN, TINY_VIT_ARGS
 from vitlab.data import DataError
 from vitlab.files.rundir import list_checkpoints, verify_checkpoint
 from vitlab.train import RECIPES, TrainingDiverged, resolve_config, run
 from vitlab.train.optim import Ema, Schedule, classification_loss, param_groups
 
-TINY = {"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64}
-
 
 def tiny(tmp_path, name="run", **overrides):
     """A 1-layer, 32-wide ViT on 8×8 digits: a step takes milliseconds."""
-    base = dict(out=str(tmp_path / name), model="ViT-Ti/4", model_args=TINY, image_size=8, batch_size=32, steps=6,
-                warmup=1, eval_every=3, log_every=1, workers=0, eval_batch_size=512)
+    base = {**TINY_TRAIN, "out": str(tmp_path / name), "steps": 6, "eval_every": 3}
     return resolve_config("demo", **{**base, **overrides})
 
 
@@ -64,7 +62,7 @@ def test_schedule_warmup_then_decay():
 
 
 def test_weight_decay_on_kernels_only():
-    model = vitlab.create_model("ViT-Ti/4", num_classes=3, image_size=8, **TINY)
+    model = vitlab.create_model("ViT-Ti/4", num_classes=3, image_size=8, **TINY_VIT_ARGS)
     decay, rest = param_groups(model, 0.1)
     names = {id(p): n for n, p in model.named_parameters()}
     decayed = {names[id(p)] for p in decay["params"]}
@@ -227,7 +225,7 @@ def test_tensorboard_events_and_progress_bar(tmp_path, monkeypatch):
 def test_compiled_run(tmp_path):
     result = run(tiny(tmp_path, steps=2, compile=True))
     assert result.status == "completed" and set(vitlab.load(result.weights).state_dict()) == set(
-        vitlab.create_model("ViT-Ti/4", num_classes=10, image_size=8, **TINY).state_dict())
+        vitlab.create_model("ViT-Ti/4", num_classes=10, image_size=8, **TINY_VIT_ARGS).state_dict())
 
 
 def test_classification_metrics():

@@ -12,14 +12,14 @@ import time
 import pytest
 import torch
 
+from tests.conftest import TINY_TRAIN
 from vitlab.cli import main
 from vitlab.data import DataError
 from vitlab.files.rundir import verify_checkpoint
 from vitlab.train import resolve_config, run
 from vitlab.train.checkpoint import LOCK, RunLock
 
-TINY = dict(model="ViT-Ti/4", model_args={"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64}, image_size=8,
-            batch_size=32, steps=4, warmup=1, eval_every=2, log_every=1, workers=0, eval_batch_size=8)
+TINY = {**TINY_TRAIN, "steps": 4, "eval_every": 2, "eval_batch_size": 8}
 
 
 def tiny(out, **overrides):

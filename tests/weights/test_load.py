@@ -154,3 +154,29 @@ def test_cli_bad_file_exits_nonzero_with_one_line(tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "bad.safetensors" in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_pruned_model_round_trips_through_save_and_load(tmp_path):
+    model = vitlab.create_model("ViT-Ti/16", num_classes=3, image_size=32, depth=4, drop_path_rate=0.1).eval()
+    model.prune_intermediate_layers(indices=[1])
+    vitlab.save(model, tmp_path / "pruned.safetensors")
+    loaded = vitlab.load(tmp_path / "pruned.safetensors")
+    sample = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(loaded.forward_features(sample), model.forward_features(sample))
+        assert torch.equal(loaded(sample), model(sample))
+    assert loaded.config.depth == 2 and loaded.config.num_classes == 0
+    # the kept blocks keep their stochastic-depth rates: 0.1·i/3 for i = 0, 1
+    assert [getattr(b.drop_path, "p", 0.0) for b in loaded.blocks] == pytest.approx([0.0, 0.1 / 3])
+
+
+def test_a_model_without_its_final_norm_is_refused_at_save(tmp_path):
+    model = vitlab.create_model("ViT-Ti/16", num_classes=3, image_size=32, depth=2)
+    model.prune_intermediate_layers(indices=1, prune_norm=True)
+    with pytest.raises(ValueError) as refused:
+        vitlab.save(model, tmp_path / "p.safetensors")
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith("vitlab.save: the model lacks parameters its config describes (norm.bias, "
+                              "norm.weight), so vitlab.load could not rebuild it")
+    assert list(tmp_path.iterdir()) == []

@@ -22,11 +22,14 @@ import torch
 from safetensors.torch import save_file
 
 import vitlab
+import vitlab.cli
+from tests.conftest import TINY_VIT_ARGS
 from vitlab.cli import main
 from vitlab.errors import WeightsError
 from vitlab.models import BiTConfig, ViTConfig, build_model
+from vitlab.weights.tensors import read_weights_folder
 
-TINY = ViTConfig(image_size=16, patch_size=8, width=32, depth=1, mlp_dim=64, num_heads=2, num_classes=3)
+TINY = ViTConfig(image_size=16, patch_size=8, **TINY_VIT_ARGS, num_classes=3)
 TINY_BIT = BiTConfig(layers=(1,), width_factor=1, image_size=16, num_classes=3)
 SMALL_RUN = ["--steps", "1", "--depth", "1", "--width", "32", "--heads", "2", "--mlp-dim", "32", "--batch-size",
              "8", "--workers", "0"]
@@ -595,3 +598,54 @@ def test_the_first_checkpoint_on_a_full_disk_is_one_line(tmp_path, capsys, small
     one_line_error(capsys, ["train", "--out", str(target / "run"), *SMALL_RUN, "--steps", "2"],
                    "No space left on device", "continue with --resume")
     assert not (target / "run" / "checkpoints").exists() or not list((target / "run" / "checkpoints").iterdir())
+
+
+# --- metadata that contradicts the tensors, shard indexes that leave their folder ----------------------------
+CRAFTED_FROM = ViTConfig(image_size=16, patch_size=8, width=16, depth=1, mlp_dim=32, num_heads=2, num_classes=3)
+
+
+def crafted_file(tmp_path, **config_changes):
+    """A small vitlab file whose metadata declares a different architecture than its tensors hold."""
+    model = build_model(CRAFTED_FROM)
+    tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
+    config = {**CRAFTED_FROM.to_dict(), **config_changes}
+    path = tmp_path / "crafted.safetensors"
+    save_file(tensors, str(path), metadata={"format": "vitlab", "config": json.dumps(config)})
+    return path
+
+
+def test_crafted_image_size_is_refused_before_building(tmp_path, capsys):
+    path = crafted_file(tmp_path, image_size=[40000, 40000])  # a (1, 25M + 1, 16) position embedding: 1.6 GB
+    # refused by the config's bounds, before any tensor shape is even compared
+    with pytest.raises(WeightsError, match=r"image_size 40000x40000 is beyond vitlab's limit of 16,384 pixels"):
+        vitlab.load(path)
+    assert vitlab.cli.main(["info", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "image_size 40000x40000" in err
+
+
+def test_crafted_depth_is_refused(tmp_path):
+    with pytest.raises(WeightsError, match="missing tensors blocks.1"):
+        vitlab.load(crafted_file(tmp_path, depth=2))
+
+
+def test_shard_index_cannot_leave_its_folder(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    outside = tmp_path / "secret.safetensors"
+    save_file({"w": torch.zeros(1)}, str(outside))
+    for name in ("../secret.safetensors", str(outside)):
+        index = {"weight_map": {"w": name}}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+        with pytest.raises(WeightsError, match="names a shard outside its folder"):
+            read_weights_folder(folder, ("model.safetensors",))
+
+
+def test_shard_index_symlink_out_of_folder_is_refused(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    save_file({"w": torch.zeros(1)}, str(tmp_path / "elsewhere.safetensors"))
+    (folder / "shard.safetensors").symlink_to(tmp_path / "elsewhere.safetensors")
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "shard.safetensors"}}))
+    with pytest.raises(WeightsError, match="outside its folder"):
+        read_weights_folder(folder, ("model.safetensors",))
