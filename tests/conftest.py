@@ -1,9 +1,11 @@
-"""Tiny models, settings and runs shared by the library's tests. The fixtures give each test its own copy; the
-constants are for module-level tables and helpers (import them from `tests.conftest`). A file that needs other
-values keeps its own: these are the ones many files use as they are."""
+"""Tiny models, settings and runs shared by the library's tests. The constants are for module-level tables and
+helpers (import them from `tests.conftest`: a run's settings are resolve_config("demo", **TINY_TRAIN, out=...,
+steps=...), its command line `vitlab train --out ... *TINY_TRAIN_FLAGS`); the fixtures give each test its own
+object. A file that needs other values keeps its own: these are the ones many files use as they are."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +16,8 @@ from PIL import Image
 # ViT-Ti/4 made tiny: one 32-wide block; on 8x8 digits a training step takes milliseconds.
 TINY_VIT_ARGS = {"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64}
 TINY_VIT_FLAGS = ["--model", "ViT-Ti/4", "--depth", "1", "--width", "32", "--heads", "2", "--mlp-dim", "64"]
-# a run of that model: resolve_config("demo", **TINY_TRAIN, out=..., steps=...)
 TINY_TRAIN = {"model": "ViT-Ti/4", "model_args": TINY_VIT_ARGS, "image_size": 8, "batch_size": 32, "warmup": 1,
               "log_every": 1, "workers": 0, "eval_batch_size": 512}
-# the same run on the command line: vitlab train --out ... --steps N *TINY_TRAIN_FLAGS
 TINY_TRAIN_FLAGS = [*TINY_VIT_FLAGS, "--image-size", "8", "--batch-size", "32", "--warmup", "1", "--workers", "0",
                     "--log-every", "1"]
 
@@ -28,17 +28,6 @@ def tiny_vit_config():
     from vitlab.models import ViTConfig
 
     return ViTConfig(image_size=8, patch_size=4, num_classes=10, **TINY_VIT_ARGS)
-
-
-@pytest.fixture
-def tiny_train_settings() -> dict:
-    """TINY_TRAIN as a fresh dict: add `out` and `steps`, pass to resolve_config("demo", ...)."""
-    return {**TINY_TRAIN, "model_args": dict(TINY_VIT_ARGS)}
-
-
-@pytest.fixture
-def tiny_train_flags() -> list[str]:
-    return list(TINY_TRAIN_FLAGS)
 
 
 @pytest.fixture(scope="session")
@@ -82,3 +71,26 @@ def noise_image():
         return path
 
     return write
+
+
+@pytest.fixture
+def small_mount(tmp_path):
+    """make(read_only=False): an empty 16 KiB tmpfs (smaller than any export of the tiny models), optionally
+    remounted read-only."""
+    mounted: list[Path] = []
+
+    def make(read_only: bool = False, size: str = "16k") -> Path:
+        target = tmp_path / f"mnt{len(mounted)}"
+        target.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target)],
+                              capture_output=True)
+        if done.returncode != 0:
+            pytest.skip("mounting a small tmpfs needs root (full-disk and read-only cases)")
+        mounted.append(target)
+        if read_only:
+            subprocess.run(["mount", "-o", "remount,ro", str(target)], check=True, capture_output=True)
+        return target
+
+    yield make
+    for target in mounted:
+        subprocess.run(["umount", "-l", str(target)], capture_output=True)

@@ -19,8 +19,10 @@ import torch
 from PIL import Image
 
 import vitlab
+from tests.conftest import TINY_VIT_ARGS
 from vitlab.data import EvalTransform, ShardSampler, TransformedSplit, make_loader, normalize
 from vitlab.data.sources import ImageSplit
+from vitlab.models import ViTConfig, build_model
 from vitlab.train.checkpoint import save_weights
 from vitlab.weights.load import preprocessing
 
@@ -281,3 +283,27 @@ def test_train_transform_is_seeded_and_degenerates_to_eval(random_tiny_vit):
     with pytest.raises(ValueError, match="only with train=True"):
         vitlab.transforms(model, flip=False)
     assert isinstance(vitlab.transforms(model, train=True).rng, random.Random)
+
+
+@pytest.mark.parametrize("value", ["224", "16", 16.0, True, [16], (16, 16, 16), {"h": 16}])
+def test_create_model_refuses_an_image_size_that_is_not_integers(value):
+    with pytest.raises(ValueError, match="image_size must be an integer or two integers"):
+        vitlab.create_model("ViT-Ti/16", image_size=value)
+
+
+def test_create_model_takes_integer_sizes():
+    import numpy as np
+
+    assert vitlab.create_model("ViT-Ti/16", image_size=np.int64(32), depth=1).config.image_size == (32, 32)
+    assert vitlab.create_model("ViT-Ti/16", image_size=[32, 48], depth=1).config.grid_size() == (2, 3)
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".pth", ".bin", ".ckpt"])
+def test_save_refuses_a_name_load_reads_as_a_pickle(tmp_path, suffix):
+    model = build_model(ViTConfig(image_size=16, patch_size=8, **TINY_VIT_ARGS, num_classes=3))
+    with pytest.raises(ValueError, match=f"a {suffix} file is read as a PyTorch pickle; name it m.safetensors"):
+        vitlab.save(model, tmp_path / f"m{suffix}")
+    assert list(tmp_path.iterdir()) == []
+    vitlab.save(model, tmp_path / "m.safetensors")  # what load reads back exactly
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in vitlab.load(tmp_path / "m.safetensors")
+               .state_dict().items())

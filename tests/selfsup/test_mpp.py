@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests.conftest import TINY_VIT_ARGS
+from tests.conftest import TINY_TRAIN, TINY_VIT_ARGS
 from vitlab.models import ViTConfig, build_model
 from vitlab.selfsup import MaskedPatchPredictor, MPPConfig, corrupt_patches, mean_color_targets
 from vitlab.selfsup.mpp import pixel_targets
@@ -82,9 +82,7 @@ def test_hybrid_is_refused():
 def mpp_run(tmp_path, name, **overrides):
     from vitlab.train import resolve_config
 
-    base = dict(out=str(tmp_path / name), model="ViT-Ti/4", image_size=8, batch_size=32, steps=6, warmup=1,
-                eval_every=3, log_every=1, workers=0, eval_batch_size=512, objective="mpp",
-                model_args=TINY_VIT_ARGS)
+    base = {**TINY_TRAIN, "out": str(tmp_path / name), "steps": 6, "eval_every": 3, "objective": "mpp"}
     return resolve_config("demo", **{**base, **overrides})
 
 

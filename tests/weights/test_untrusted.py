@@ -1,5 +1,8 @@
-"""Untrusted weights and settings files cannot make vitlab allocate for
-them or crash, the storage's faults are one line, and settings never silently say something the run does not do.
+"""Untrusted weights files (vitlab, timm, HF, official .npz, sharded folders) cannot make vitlab allocate for them or
+crash: declared sizes are bounded before anything is built, nesting and wrong JSON types are one line, metadata
+that contradicts the tensors is refused, a shard index cannot leave its folder; names too long and full or
+read-only storage are one line when converting. The settings side is tests/train/test_untrusted_settings.py, whose
+helpers are these.
 
 Every CLI case asserts exit code 2, a single `vitlab <verb>: error: ...` line naming the problem, and that the
 user's files are unchanged (sha256). Cases whose failure was unbounded memory run in a subprocess under
@@ -299,56 +302,6 @@ def _listed_run(tmp_path: Path) -> Path:
     return run
 
 
-# --- --config values of the wrong type, and model_args the model does not have --------------------------
-
-
-@pytest.mark.parametrize("text, says", [
-    ('steps: "4"', "steps must be an integer, got '4' (a string); write it unquoted"),
-    ("steps: [1, 2]", "steps must be an integer, got [1, 2] (a list)"),
-    ("steps: 4.5", "steps must be an integer, got 4.5"),
-    ("lr: 1e-3", "lr must be a number, got '1e-3' (a string); write it unquoted, with a decimal point (1.0e-3)"),
-    ('eval_batch_size: "4"', "eval_batch_size must be an integer"),
-    ('flip: "yes"', "flip must be true or false"),
-    ("crop_scale: [0.5]", "crop_scale must be a list of 2 numbers"),
-    ("betas: 0.9", "betas must be a list of 2 numbers"),
-    ("lr_sweep: [0.1, fast]", "lr_sweep must be a list of numbers"),
-    ("model_args: [1]", "model_args must be a mapping"),
-    ("model_args: {bogus: 1}", "bogus does not apply to ViT-Ti/4"),
-    ("model_args: {depth: '2'}", "depth must be a positive integer, got '2'"),
-    ("model_args: {image_size: 32}", "set by the run itself"),
-    ("model: BiT-R50x1\nmodel_args: {depth: 1}", "--depth does not apply to BiT-R50x1"),
-])
-def test_config_values_are_type_checked_at_resolution(tmp_path, capsys, text, says):
-    config = tmp_path / "settings.yaml"
-    config.write_text(text + "\n")
-    before = sha256(config)
-    one_line_error(capsys, ["train", "--config", str(config), "--print-config"], says)  # --print-config refuses too
-    assert sha256(config) == before
-
-
-@pytest.mark.parametrize("argv, says", [
-    (["--model", "BiT-R50x1", "--depth", "1"], "--depth does not apply to BiT-R50x1"),
-    (["--model", "BiT-R50x1", "--heads", "2"], "--heads does not apply to BiT-R50x1"),
-    (["--depth", "2", "--width", "30", "--heads", "4"], "width 30 is not divisible by num_heads 4"),
-])
-def test_model_flags_the_model_lacks_are_refused_at_resolution(capsys, argv, says):
-    one_line_error(capsys, ["train", *argv, "--print-config"], says)
-
-
-def test_a_config_model_builds_what_the_same_flag_builds(tmp_path):
-    from vitlab.train.resolve import resolve
-
-    config = tmp_path / "settings.yaml"
-    config.write_text("model: ViT-Ti/16\n")
-    by_file = resolve(None, {}, config_file=str(config)).config
-    by_flag = resolve(None, {"model": "ViT-Ti/16"}).config
-    assert by_file.model == by_flag.model == "ViT-Ti/16"
-    assert by_file.model_args == by_flag.model_args == {}  # the real ViT-Ti/16, not the demo's width and depth
-    kept = tmp_path / "kept.yaml"  # a file naming both keeps its own model arguments
-    kept.write_text("model: ViT-Ti/16\nmodel_args: {depth: 2}\n")
-    assert resolve(None, {}, config_file=str(kept)).config.model_args == {"depth": 2}
-
-
 # --- Names too long for the file system --------------------------------------------------------------------
 
 
@@ -376,30 +329,7 @@ def test_a_long_name_the_file_system_allows_is_written(tmp_path, capsys):
     assert torch.equal(vitlab.load(dst).pos_embed, vitlab.load(src).pos_embed)
 
 
-# --- Full disk and read-only targets (a small tmpfs; root only) -------------------------------------------------
-
-
-@pytest.fixture
-def small_mount(tmp_path):
-    """make(read_only=False): an empty 16 KiB tmpfs (smaller than any export of the tiny models), optionally
-    remounted read-only."""
-    mounted: list[Path] = []
-
-    def make(read_only: bool = False, size: str = "16k") -> Path:
-        target = tmp_path / f"mnt{len(mounted)}"
-        target.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target)],
-                              capture_output=True)
-        if done.returncode != 0:
-            pytest.skip("mounting a small tmpfs needs root (full-disk and read-only cases)")
-        mounted.append(target)
-        if read_only:
-            subprocess.run(["mount", "-o", "remount,ro", str(target)], check=True, capture_output=True)
-        return target
-
-    yield make
-    for target in mounted:
-        subprocess.run(["umount", "-l", str(target)], capture_output=True)
+# --- Full disk and read-only targets (small_mount: a small tmpfs; root only) -----------------------------------
 
 
 FORMATS = {  # name: (destination, extra flags, source architecture)
@@ -425,20 +355,6 @@ def test_convert_onto_full_or_read_only_storage_is_one_line(tmp_path, capsys, sm
     one_line_error(capsys, ["convert", str(src), str(target / name), *flags], says, str(target / name))
     assert list(target.iterdir()) == []  # nothing half-written, no temporaries
     assert sha256(src) == before
-
-
-def test_training_onto_a_full_disk_is_one_line(tmp_path, capsys, small_mount):
-    """The run's first weights do not fit: one line naming the file and the way on, no half-written file."""
-    target = small_mount(size="32k")
-    err = one_line_error(capsys, ["train", "--out", str(target / "run"), *SMALL_RUN, "--steps", "2"],
-                         "No space left on device", "continue with --resume")
-    assert "safetensors" in err
-    assert not [p.name for p in (target / "run").rglob("*") if "tmp" in p.name]
-
-
-def test_training_into_a_read_only_folder_is_one_line(tmp_path, capsys, small_mount):
-    target = small_mount(read_only=True)
-    one_line_error(capsys, ["train", "--out", str(target / "run"), *SMALL_RUN], "Read-only file system")
 
 
 def test_wrapped_storage_errors_name_the_destination(tmp_path, monkeypatch):
@@ -467,137 +383,6 @@ def test_wrapped_storage_errors_name_the_destination(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="a bug"):  # not the storage's fault: as it was
         atomic_write(dest, fail(ValueError("a bug")))
     assert list(tmp_path.iterdir()) == []
-
-
-# --- Silent surprises ----------------------------------------------------------------------------------------
-
-
-def test_finetune_model_contradicting_init_is_refused(tmp_path, capsys):
-    run = _fake_run(tmp_path)
-    before = tree(run)
-    one_line_error(capsys, ["finetune", "--init", str(run), "--model", "ViT-B/16", "--data", "digits",
-                            "--print-config"], "--model ViT-B/16 (flag) contradicts --init", "width 32, not 768")
-    one_line_error(capsys, ["finetune", "--init", str(run), "--depth", "2", "--data", "digits", "--print-config"],
-                   "--depth 2 (flag) contradicts --init", "(depth 1, not 2)")
-    one_line_error(capsys, ["finetune", "--init", str(run), "--model", "ViT-Ti/8", "--width", "32", "--data",
-                            "digits", "--print-config"], "--model ViT-Ti/8 (flag) and --width 32 (flag) contradict")
-    own = "ViT/8 (depth 1, width 32, 2 heads, MLP 64)"  # the weights' own label, or flags that repeat them: the same
-    for same in (["--model", own], ["--depth", "1"], ["--model", "ViT-Ti/8", "--depth", "1", "--width", "32",
-                                                     "--heads", "2", "--mlp-dim", "64"]):
-        assert main(["finetune", "--init", str(run), *same, "--data", "digits", "--print-config"]) == 0, same
-    assert tree(run) == before
-
-
-def test_finetune_model_naming_the_same_network_is_kept(tmp_path, capsys):
-    from vitlab.train.resolve import resolve
-
-    model = vitlab.create_model("ViT-Ti/16", image_size=16, num_classes=3)
-    weights = tmp_path / "ti16.safetensors"
-    vitlab.save(model, weights)
-    resolved = resolve("finetune", {"init": str(weights), "model": "ViT-Ti/16", "data": "digits"})
-    assert resolved.config.model == "ViT-Ti/16" and resolved.sources["model"] == "flag"
-    with pytest.raises(ValueError, match="ViT-S/16 .* contradicts --init"):
-        resolve("finetune", {"init": str(weights), "model": "ViT-S/16", "data": "digits"})
-
-
-def test_dev_fraction_without_a_sweep_is_refused(tmp_path, capsys):
-    run = _fake_run(tmp_path)
-    one_line_error(capsys, ["finetune", "--init", str(run), "--data", "digits", "--dev-fraction", "0.1",
-                            "--print-config"], "--dev-fraction holds out the dev split of a learning-rate sweep")
-    from vitlab.train.resolve import resolve
-
-    swept = resolve("finetune", {"lr_sweep": (0.01, 0.03), "dev_fraction": 0.1}).config
-    assert swept.dev_fraction == 0.1 and swept.lr_sweep == (0.01, 0.03)
-    one_lr = resolve("finetune", {"preset": "pets", "lr": 0.01}).config  # the preset's split, its sweep cleared
-    assert one_lr.lr_sweep == ()
-
-
-def test_a_swapped_cache_file_is_refused_for_its_published_name(tmp_path, monkeypatch, capsys):
-    """A cache entry replaced by another architecture's file (record rewritten to match, so the size check
-    passes) is refused when read: the name promises a ViT-Ti/16, the file holds something else."""
-    from vitlab.hub import catalogue
-    from vitlab.hub.cache import entry_path, write_meta
-    from vitlab.hub.catalogue import Entry
-    from vitlab.weights.jax_npz import write_jax_npz
-
-    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("VITLAB_OFFLINE", "1")  # nothing may be downloaded
-    entry = Entry(name="test:ViT-Ti/16", tag="test", model="ViT-Ti/16", format="jax-npz",
-                  url="https://example.invalid/vit_models/ti16.npz", resolution=16, num_classes=3)
-    real_entries, real_tags = catalogue.entries(), catalogue.tags()
-    monkeypatch.setattr(catalogue, "entries", lambda: (*real_entries, entry))
-    monkeypatch.setattr(catalogue, "tags", lambda: {**real_tags, "test": "a test checkpoint"})
-    path = entry_path(entry)
-    path.parent.mkdir(parents=True)
-    write_jax_npz(build_model(TINY.replace(gelu="tanh")), path)  # not a ViT-Ti/16
-    write_meta(path, {"name": entry.name, "model": entry.model, "size": path.stat().st_size, "sha256": None})
-    before = sha256(path)
-    with pytest.raises(WeightsError, match="but test:ViT-Ti/16 is a ViT-Ti/16"):
-        vitlab.load("test:ViT-Ti/16")
-    for argv in (["info", "test:ViT-Ti/16"], ["eval", "--weights", "test:ViT-Ti/16", "--data", "digits"]):
-        one_line_error(capsys, argv, "width 32, not 192", "vitlab download test:ViT-Ti/16")
-    assert sha256(path) == before
-
-
-def test_a_hub_repository_of_another_architecture_is_refused_for_its_published_name(tmp_path, monkeypatch):
-    """A Hugging Face repository entry (its files live in huggingface_hub's cache, without vitlab's record) is
-    checked against its name's architecture by vitlab.load too."""
-    import vitlab.hub
-    from vitlab.hub import catalogue
-    from vitlab.hub.catalogue import Entry
-
-    entry = Entry(name="hf-hub:test/tiny", tag="hf-hub", model="ViT-Ti/16", format="hf", repo="test/tiny")
-    real_entries = catalogue.entries()
-    monkeypatch.setattr(catalogue, "entries", lambda: (*real_entries, entry))
-    folder = hf_folder(tmp_path, json.dumps)  # TINY, not a ViT-Ti/16
-    monkeypatch.setattr(vitlab.hub, "fetch", lambda e, **kw: folder if e.name == entry.name else None)
-    with pytest.raises(WeightsError, match=r"holds ViT/8 .*width 32, not 192.*but hf-hub:test/tiny is a ViT-Ti/16"):
-        vitlab.load("hf-hub:test/tiny")
-
-
-@pytest.mark.parametrize("value", ["224", "16", 16.0, True, [16], (16, 16, 16), {"h": 16}])
-def test_create_model_refuses_an_image_size_that_is_not_integers(value):
-    with pytest.raises(ValueError, match="image_size must be an integer or two integers"):
-        vitlab.create_model("ViT-Ti/16", image_size=value)
-
-
-def test_create_model_takes_integer_sizes():
-    import numpy as np
-
-    assert vitlab.create_model("ViT-Ti/16", image_size=np.int64(32), depth=1).config.image_size == (32, 32)
-    assert vitlab.create_model("ViT-Ti/16", image_size=[32, 48], depth=1).config.grid_size() == (2, 3)
-
-
-@pytest.mark.parametrize("suffix", [".pt", ".pth", ".bin", ".ckpt"])
-def test_save_refuses_a_name_load_reads_as_a_pickle(tmp_path, suffix):
-    model = build_model(TINY)
-    with pytest.raises(ValueError, match=f"a {suffix} file is read as a PyTorch pickle; name it m.safetensors"):
-        vitlab.save(model, tmp_path / f"m{suffix}")
-    assert list(tmp_path.iterdir()) == []
-    vitlab.save(model, tmp_path / "m.safetensors")  # what load reads back exactly
-    assert all(torch.equal(v, model.state_dict()[k]) for k, v in vitlab.load(tmp_path / "m.safetensors")
-               .state_dict().items())
-
-
-# --- The run's checkpoints (train/checkpoint.py) ---
-
-
-def test_a_checkpoint_manifest_that_is_a_list_is_one_line(tmp_path, capsys):
-    from vitlab.train.checkpoint import write_checkpoint
-
-    model = build_model(TINY)
-    ckpt = write_checkpoint(tmp_path / "run", 1, model.state_dict(), TINY, ["a", "b", "c"], {"step": 1})
-    (ckpt / "manifest.json").write_text("[1, 2]")
-    before = tree(tmp_path)
-    one_line_error(capsys, ["info", str(ckpt)], "damaged checkpoint")
-    assert tree(tmp_path) == before
-
-
-def test_the_first_checkpoint_on_a_full_disk_is_one_line(tmp_path, capsys, small_mount):
-    target = small_mount(size="96k")  # config, metrics and best.safetensors fit; the checkpoint's state.pt does not
-    one_line_error(capsys, ["train", "--out", str(target / "run"), *SMALL_RUN, "--steps", "2"],
-                   "No space left on device", "continue with --resume")
-    assert not (target / "run" / "checkpoints").exists() or not list((target / "run" / "checkpoints").iterdir())
 
 
 # --- metadata that contradicts the tensors, shard indexes that leave their folder ----------------------------
