@@ -5,7 +5,7 @@
   are bit-identical is recorded too). With one GPU there is one process: FSDP2 shards every block and the root
   (fully_shard runs at any world size), but vitlab wraps in DDP only from 2 processes, so the DDP row proves
   the torchrun start-up, the NCCL process group and rank-0 writing, not the gradient all-reduce (2 processes
-  on one GPU are refused by NCCL; on CPU, gloo DDP with 2 processes is tests/test_train_dist.py's);
+  on one GPU are refused by NCCL; on CPU, gloo DDP with 2 processes is tests/train/test_distributed.py's);
 - the single run's last checkpoint is removed and the run resumed from the one before: its train losses and
   final weights must be bit-identical to the uninterrupted run's (dropout on, so the RNG state is restored too).
 On a GPU every run is a subprocess, so a hung or crashed run fails its row and nothing else; the dry run trains
@@ -111,6 +111,6 @@ def _runs(plan: Any, device: torch.device, work: Path) -> dict[str, Any]:
 
     else:
         skipped.append("torchrun DDP/FSDP2: not in the dry run (on CPU, gloo DDP and FSDP2 with 2 processes equal "
-                       "one process in tests/test_train_dist.py)")
+                       "one process in tests/train/test_distributed.py)")
     checks += resume_check(work / "single", args, device, plan.run_steps, plan.in_process)
     return {"checks": checks, "skipped": skipped, "train_args": args, "single_process_losses": ref}

@@ -1,5 +1,6 @@
 """The documentation site: its CLI reference is generated from the parsers (every verb and every option appears),
-and every page the navigation names exists (`make docs` builds it with --strict in CI)."""
+and every page the navigation names exists (`make docs` builds it with --strict in CI); the README's examples run
+as written."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import argparse
 import re
 from pathlib import Path
 
+import torch
+
+import vitlab
 from vitlab.cli import VERB_MODULES, build_parser
 from vitlab.cli.reference import cli_reference_markdown
+from vitlab.eval.prediction import predict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,3 +102,25 @@ def test_readme_is_a_landing_page_whose_example_runs(tmp_path, monkeypatch):
     exec(compile(blocks[0], "README.md", "exec"), namespace)
     assert namespace["probs"].shape == (10,) and tuple(namespace["tokens"].shape) == (1, 197, 384)
     assert len(namespace["attention"]) == 12 and tuple(namespace["attention"][0].shape) == (1, 6, 197, 197)
+
+
+README_QUICK_START = """\
+import vitlab
+
+model = vitlab.load(WEIGHTS)
+x = vitlab.transforms(model)(IMAGE)
+probs = model(x[None]).softmax(-1)[0]
+print(model.class_names[probs.argmax()])
+"""
+
+
+def test_readme_quick_start(tmp_path, capsys, random_tiny_vit, noise_image):
+    """The README's image -> class name example, run as written; `vitlab predict` (its own code path) agrees."""
+    model = random_tiny_vit(5, image_size=32, patch_size=8, num_classes=4)
+    model.class_names = ["cat", "dog", "fox", "owl"]
+    vitlab.save(model, tmp_path / "w.safetensors")
+    image = noise_image(tmp_path / "photo.jpg", (64, 48))
+    with torch.no_grad():
+        exec(README_QUICK_START, {"WEIGHTS": str(tmp_path / "w.safetensors"), "IMAGE": str(image)})
+    printed = capsys.readouterr().out.strip()
+    assert printed == predict(tmp_path / "w.safetensors", [str(image)], device="cpu")[0]["top"][0]["class"]

@@ -3,6 +3,7 @@
 import importlib.util
 from pathlib import Path
 
+import pytest
 import torch
 
 import vitlab
@@ -23,7 +24,7 @@ def test_entries_cover_every_listed_model():
 def test_hub_model_and_weights(tmp_path):
     model = torch.hub.load(str(REPO), "vit_ti16", source="local", num_classes=3, image_size=32, depth=1)
     assert model.config.num_classes == 3 and model.config.depth == 1
-    # weights= must hold the architecture the entry names: a depth-1 file is not a ViT-Ti/16 (issue 35 item 12)
+    # weights= must hold the architecture the entry names: a depth-1 file is not a ViT-Ti/16
     model = torch.hub.load(str(REPO), "vit_ti16", source="local", num_classes=3, image_size=32)
     with torch.no_grad():
         for p in model.parameters():
@@ -33,3 +34,14 @@ def test_hub_model_and_weights(tmp_path):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert torch.equal(model.eval()(x), loaded(x))
+
+
+def test_hub_entry_refuses_weights_of_another_model(tmp_path):
+    vitlab.save(vitlab.create_model("ViT-Ti/16", num_classes=2, image_size=32), tmp_path / "ti.safetensors")
+    weights = str(tmp_path / "ti.safetensors")
+    with pytest.raises(ValueError) as refused:
+        torch.hub.load(str(REPO), "vit_b16", source="local", weights=weights)
+    assert str(refused.value) == (
+        f"vit_b16: {weights} holds ViT/16 (depth 12, width 192, 3 heads, MLP 768) (width 192, not 768; mlp_dim 768, "
+        "not 3072; num_heads 3, not 12), not ViT-B/16; use that architecture's entry point, or vitlab.load")
+    assert torch.hub.load(str(REPO), "vit_ti16", source="local", weights=weights).config.width == 192

@@ -1,0 +1,290 @@
+"""--precision: the auto rule on both kinds of CPU (simulated through the flag reader) and on CUDA, the
+choice recorded in config.json and kept on resume, bf16's numerical bound against float32 on a trained model,
+bf16 training, and the experiments pinned to float32 without any run key changing."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+import vitlab
+from tests.conftest import TINY_TRAIN, TINY_VIT_ARGS
+from vitlab.cli import main
+from vitlab.models.registry import model_config
+from vitlab.runtime.precision import (
+    MIN_BF16_WIDTH,
+    Precision,
+    autocast_for,
+    config_width,
+    cpu_flags,
+    native_bf16,
+    prepare_for_inference,
+    resolve_precision,
+)
+from vitlab.train import resolve_config, run
+from vitlab.train.resolve import resolve
+
+CPU = torch.device("cpu")
+# /proc/cpuinfo excerpts of the three kinds of CPU (flags abridged to what matters and a few neighbours)
+XEON_AMX = "model name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_bf16 " \
+           "amx_tile amx_int8\n"
+COOPER_LAKE = "model name\t: Intel(R) Xeon(R) Platinum 8380H\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n"
+EPYC_MILAN = "model name\t: AMD EPYC 7763 64-Core Processor\nflags\t\t: fpu sse2 avx2 fma bmi2 sha_ni\n"
+
+def tiny(out, **overrides):
+    base = {**TINY_TRAIN, "out": str(out), "steps": 8, "eval_every": 0, "save_every": 4}
+    return resolve_config("demo", **{**base, **overrides})
+
+
+# --- the auto rule ---------------------------------------------------------------------------------------------
+def test_flag_reader_finds_native_bf16():
+    assert native_bf16(cpu_flags(XEON_AMX)) and native_bf16(cpu_flags(COOPER_LAKE))
+    assert not native_bf16(cpu_flags(EPYC_MILAN))
+    assert cpu_flags("model name\t: no flags line\n") == frozenset()
+
+
+@pytest.mark.parametrize("cpuinfo, width, expected", [
+    (XEON_AMX, 768, "bf16"), (XEON_AMX, 384, "bf16"), (XEON_AMX, 192, "fp32"), (XEON_AMX, 64, "fp32"),
+    (COOPER_LAKE, 1024, "bf16"), (COOPER_LAKE, 64, "fp32"),
+    (EPYC_MILAN, 1280, "fp32"), (EPYC_MILAN, 64, "fp32"),
+    (XEON_AMX, None, "fp32"),  # a model of unknown size: never risk being slower
+])
+def test_auto_on_cpu(cpuinfo, width, expected):
+    chosen = resolve_precision("auto", CPU, use="train", width=width, flags=cpu_flags(cpuinfo))
+    assert chosen.name == expected
+    assert chosen.reason.startswith("auto: ")
+
+
+def test_auto_reasons_say_why():
+    amx = cpu_flags(XEON_AMX)
+    assert resolve_precision("auto", CPU, use="infer", width=768, flags=amx).reason == \
+        f"auto: CPU has amx_bf16 and width 768 >= {MIN_BF16_WIDTH}"
+    assert resolve_precision("auto", CPU, use="infer", width=64, flags=amx).reason == \
+        f"auto: CPU has amx_bf16 but width 64 < {MIN_BF16_WIDTH} (too small to gain from bf16)"
+    assert "no native bf16" in resolve_precision("auto", CPU, use="infer", width=768,
+                                                 flags=cpu_flags(EPYC_MILAN)).reason
+
+
+def test_auto_on_cuda_is_bf16_whatever_the_size():
+    for width in (32, 768):
+        assert resolve_precision("auto", torch.device("cuda"), use="train", width=width, flags=frozenset()) == \
+            Precision("bf16", "auto: CUDA computes bf16 natively")
+
+
+def test_explicit_choices_and_refusals():
+    assert resolve_precision("fp32", torch.device("cuda"), use="train").name == "fp32"
+    assert resolve_precision("bf16", CPU, use="train", flags=frozenset()).name == "bf16"
+    assert resolve_precision("int8", CPU, use="infer").name == "int8"
+    with pytest.raises(ValueError, match=r"^--precision int8 is for the inference verbs only \(eval, predict, bench, "
+                                         r"export\); use auto, fp32 or bf16 here$"):
+        resolve_precision("int8", CPU, use="train")
+    with pytest.raises(ValueError, match=r"^--precision must be one of auto, fp32, bf16, int8, not 'fp16'$"):
+        resolve_precision("fp16", CPU, use="infer")
+
+
+def test_every_named_model_is_fp32_on_a_cpu_without_native_bf16():
+    """On a CPU without native bf16 (an AMD EPYC Milan's flags) auto picks float32 for every model."""
+    amd = cpu_flags(EPYC_MILAN)
+    for name in vitlab.list_models():
+        width = config_width(model_config(name))
+        assert resolve_precision("auto", CPU, use="infer", width=width, flags=amd).name == "fp32", name
+
+
+def test_on_native_bf16_the_catalogue_splits_by_width():
+    """ViT-S/16 and larger (measured 2.6-5.4x faster) compute in bf16, the experiments' width-64 models (measured
+    0.69x) and the unmeasured ViT-Ti in float32."""
+    amx = cpu_flags(XEON_AMX)
+
+    def auto(name: str, **args) -> str:
+        return resolve_precision("auto", CPU, use="infer", width=config_width(model_config(name, **args)),
+                                 flags=amx).name
+
+    assert [auto(n) for n in ("ViT-Ti/16", "ViT-S/16", "ViT-B/16", "ViT-L/16", "R50+ViT-B/16")] == \
+        ["fp32", "bf16", "bf16", "bf16", "bf16"]
+    assert auto("ViT-Ti/4", depth=6, width=64, num_heads=4, mlp_dim=128) == "fp32"  # the experiments' ViT-M
+
+
+# --- the setting recorded and kept ---------------------------------------------------------------------------
+def test_auto_is_resolved_once_with_its_reason(monkeypatch):
+    monkeypatch.setattr("vitlab.runtime.precision.cpu_flags", lambda text=None: cpu_flags(XEON_AMX))
+    wide = resolve("demo", {"model": "ViT-S/16", "image_size": 32, "device": "cpu"})
+    assert wide.config.precision == "bf16"
+    assert wide.sources["precision"] == f"auto: CPU has amx_bf16 and width 384 >= {MIN_BF16_WIDTH}"
+    small = resolve("demo", {"device": "cpu"})  # the demo's ViT, width 128
+    assert (small.config.precision, small.sources["precision"]) == \
+        ("fp32", f"auto: CPU has amx_bf16 but width 128 < {MIN_BF16_WIDTH} (too small to gain from bf16)")
+    given = resolve("demo", {"model": "ViT-S/16", "device": "cpu", "precision": "fp32"})
+    assert (given.config.precision, given.sources["precision"]) == ("fp32", "flag")
+
+
+def test_precision_is_recorded_and_kept_on_resume(tmp_path, caplog):
+    out = tmp_path / "run"
+    with caplog.at_level("INFO", logger="vitlab"):
+        first = run(tiny(out, precision="bf16", steps=2, batch_size=16))
+    assert first.status == "completed"
+    record = json.loads((out / "config.json").read_text())
+    assert (record["precision"], record["sources"]["precision"]) == ("bf16", "given")
+    assert "compute bf16 (given)" in caplog.text  # the banner
+    assert tiny(out, resume=True, precision="auto", steps=6, batch_size=16).precision == "bf16"  # the run's choice
+    assert tiny(out, resume=True, steps=6, batch_size=16).precision == "bf16"
+    with pytest.raises(ValueError, match=r"^--precision fp32 contradicts the run in .*run \(stored: bf16\); resume "
+                                         r"without it, or start a new run with another --out$"):
+        tiny(out, resume=True, precision="fp32", steps=6, batch_size=16)
+
+
+def test_a_run_recorded_before_the_setting_resumes_as_it_computed(tmp_path, monkeypatch):
+    """No 'precision' in config.json: float32 on CPU, as such a run computed (bf16 autocast on CUDA only), even
+    where auto would now choose bf16."""
+    out = tmp_path / "run"
+    run(tiny(out, steps=2, precision="fp32"))
+    record = json.loads((out / "config.json").read_text())
+    del record["precision"], record["sources"]["precision"]
+    (out / "config.json").write_text(json.dumps(record))
+    monkeypatch.setattr("vitlab.runtime.precision.cpu_flags", lambda text=None: cpu_flags(XEON_AMX))
+    resumed = resolve(None, {"out": str(out), "resume": True, "precision": "auto"})
+    assert resumed.config.precision == "fp32" and "recorded before --precision" in resumed.sources["precision"]
+
+
+def test_cli_refuses_int8_for_training_and_another_precision_for_experiments(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--precision", "int8", "--steps", "1"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == ("vitlab train: error: argument --precision: int8 is for the inference verbs "
+                                       "only (eval, predict, bench, export); use auto, fp32 or bf16 here (see "
+                                       "vitlab train --help)\n")
+    assert main(["experiment", "pilot", "--precision", "bf16", "--estimate"]) == 2
+    assert capsys.readouterr().err == ("vitlab experiment: error: --precision bf16: the experiment designs pin fp32 "
+                                       "(their recorded runs were trained in it, and a run's result must not depend "
+                                       "on the machine); use auto or fp32\n")
+
+
+# --- bf16 against float32 on a trained model ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("trained") / "run"
+    run(tiny(out, steps=60, save_every=0, precision="fp32", lr=3e-3))
+    return out
+
+
+def _val_batch(model, n=256):
+    from vitlab.data import build_datasets
+
+    data, transform = build_datasets("digits", None, False), vitlab.transforms(model)
+    return torch.stack([transform(data.val.load(i)) for i in range(n)])  # held-out, normalised as eval does
+
+
+def test_bf16_inference_is_within_its_bound_of_float32(trained):
+    """bf16 weights (prepare_for_inference) on held-out digits: logits within 2% relative (bf16 keeps 8 bits of
+    mantissa: 0.4% per rounding), the same top-1 for at least 98% of the images (measured: 0.51%, 99.6%)."""
+    model = vitlab.load(trained / "model.safetensors")
+    x = _val_batch(model)
+    with torch.no_grad():
+        reference = model(x)
+        fast = prepare_for_inference(vitlab.load(trained / "model.safetensors"), "bf16")
+        assert next(fast.parameters()).dtype == torch.bfloat16
+        with autocast_for(CPU, "bf16"):
+            logits = fast(x)
+    assert logits.dtype == torch.float32  # callers see float32 logits
+    relative = ((logits - reference).norm() / reference.norm()).item()
+    agreement = (logits.argmax(-1) == reference.argmax(-1)).float().mean().item()
+    print(f"bf16 vs float32: logits {relative:.2%} relative, top-1 agreement {agreement:.1%}")
+    assert relative < 0.02 and agreement >= 0.98, (relative, agreement)
+    assert relative > 0  # it did compute in bf16
+
+
+def test_eval_cli_records_the_precision(trained, capsys, tmp_path):
+    weights = tmp_path / "model.safetensors"  # outside its run: no confusion figure to write
+    weights.write_bytes((trained / "model.safetensors").read_bytes())
+    assert main(["eval", "--weights", str(weights), "--data", "digits", "--json", "--precision", "fp32"]) == 0
+    record = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert record["precision"] == {"name": "fp32", "reason": "requested: float32 (exact)"}
+
+
+# --- bf16 training ----------------------------------------------------------------------------------------------
+def test_bf16_training_runs_and_learns_with_float32_master_weights(tmp_path):
+    out = tmp_path / "run"
+    result = run(tiny(out, precision="bf16", steps=30, batch_size=16, lr=3e-3, log_every=1, save_every=30))
+    losses = [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+              if r.get("split") == "train"]
+    assert len(losses) == 30 and sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.1
+    state = torch.load(next((out / "checkpoints").iterdir()) / "state.pt", weights_only=True)
+    moments = [t for s in state["optimizer"]["state"].values() for t in s.values() if t.dim() > 0]
+    assert moments and all(t.dtype == torch.float32 for t in moments)  # optimizer state stays float32
+    assert all(p.dtype == torch.float32 for p in vitlab.load(result.weights).parameters())
+
+
+@pytest.mark.slow
+def test_kill_then_resume_is_bit_identical_under_bf16(tmp_path, monkeypatch):
+    from tests.train.test_checkpoint import _cli, _env, same_weights, signal_at_checkpoint
+    from vitlab.cli import build_parser
+    from vitlab.cli.train import build_config
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    extra = ("--precision", "bf16")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run(build_config(build_parser().parse_args(_cli(tmp_path / "ref", *extra)[3:])))
+    finally:
+        torch.set_num_threads(threads)
+    killed = signal_at_checkpoint(_cli(tmp_path / "run", *extra), _env(), tmp_path / "run", signal.SIGKILL, 40)
+    assert killed.returncode == -signal.SIGKILL
+    resumed = subprocess.run(_cli(tmp_path / "run", "--resume"), env=_env(), capture_output=True, text=True,
+                             timeout=900)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["precision"] == "bf16"
+    assert same_weights(tmp_path / "ref" / "model.safetensors", tmp_path / "run" / "model.safetensors")
+
+
+# --- the experiments stay float32 and keep their keys ----------------------------------------------------------
+RECORDS = Path(__file__).resolve().parents[2] / "reproduction" / "records"
+EXPERIMENTS = ("data-scaling", "compute", "pos-embed", "token-vs-gap", "attention-distance", "mpp")
+
+
+def test_committed_records_keep_their_keys():
+    from reproduction.spec import RunSpec
+
+    paths = sorted(RECORDS.glob("*.json"))
+    assert len(paths) > 100
+    for path in paths:
+        spec = json.loads(path.read_text())["spec"]
+        rebuilt = RunSpec(spec["label"], spec["recipe"], spec["settings"], spec["verb"], spec["init"], spec["curve"])
+        assert rebuilt.key == spec["key"] == path.name.split("-")[0], path.name
+
+
+def test_an_experiment_run_computes_in_float32_even_where_auto_would_not(tmp_path, monkeypatch):
+    from reproduction.runner import train_spec
+    from reproduction.spec import RunSpec
+
+    monkeypatch.setattr("vitlab.runtime.precision.cpu_flags", lambda text=None: cpu_flags(XEON_AMX))
+    settings = {"model": "ViT-Ti/4", "model_args": {**TINY_VIT_ARGS, "width": 384, "num_heads": 6}, "image_size": 8,
+                "batch_size": 16, "steps": 2, "warmup": 0, "workers": 0, "data": "digits"}
+    spec = RunSpec("wide", "demo", settings)
+    assert resolve("demo", {**settings, "device": "cpu"}).config.precision == "bf16"  # what auto would pick
+    train_spec(spec, tmp_path / "run", None)
+    record = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert record["precision"] == "fp32" and record["sources"]["precision"] == "flag"
+
+
+@pytest.mark.slow
+def test_every_experiment_run_is_still_done(tmp_path, capsys, monkeypatch):
+    """`vitlab experiment all --estimate` with the committed records: nothing to train again."""
+    monkeypatch.chdir(RECORDS.parents[1])
+    assert main(["experiment", "all", "--estimate", "--out", str(tmp_path / "x")]) == 0
+    captured = capsys.readouterr()
+    lines = [line for line in (captured.out + captured.err).splitlines() if line.split(":")[0] in EXPERIMENTS]
+    assert len(lines) == 6 and all("every run is already done" in line for line in lines), lines
+
+
+def test_load_with_a_precision(trained):
+    model = vitlab.load(trained / "model.safetensors", precision="bf16")
+    assert model.precision == Precision("bf16", "requested")
+    assert next(model.parameters()).dtype == torch.bfloat16
+    assert model(torch.zeros(2, 3, 8, 8)).dtype == torch.float32  # float32 images in, float32 logits out
+    exact = vitlab.load(trained / "model.safetensors", precision="fp32")
+    assert exact.precision.name == "fp32" and next(exact.parameters()).dtype == torch.float32
