@@ -9,7 +9,7 @@ shear 0.3, translate 150/331 of the side, enhance ±0.9, posterize to 4 bits, so
 values at level 10. AugReg uses levels 15 and 20: the geometric operations extend linearly past 10 as TF's do
 (rotate 45° at 15, 60° at 20); the others stop where torchvision's range does (enhance factors within (0, 2),
 posterize 4 bits, solarize at 0). At the integer levels 0-10 the result equals torchvision's stock RandAugment
-with 11 magnitude bins, sample for sample (tests/test_augreg.py). `randaug_mstd` > 0 draws each image's level
+with 11 magnitude bins, sample for sample (tests/data/test_augment.py). `randaug_mstd` > 0 draws each image's level
 from N(level, std) clipped to [0, 20], as timm's `mstd` (DeiT: m9, mstd 0.5) does per image. Holes are filled
 with grey 128, as TF's `replace` value.
 
