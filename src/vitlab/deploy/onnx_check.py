@@ -46,7 +46,8 @@ def quantize_graph(src: Path, dst: Path) -> None:
     per batch at run time (ONNX Runtime's dynamic quantization), written to `dst`. The encoder's Linear layers
     (on (N, T, D) tokens) are exported as MatMul; the classifier head (on (N, D)) as Gemm, which stays float32 as
     `vitlab.runtime.quantize` keeps it in PyTorch. The quantizer first rewrites every Gemm as MatMul + Add, the MatMul
-    named `<gemm>_MatMul`: both names are excluded (tests/deploy/test_onnx_export.py checks that BiT's head stays float)."""
+    named `<gemm>_MatMul`: both names are excluded (tests/deploy/test_onnx_export.py checks that BiT's head stays
+    float)."""
     onnx, _ = require_onnx()
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
