@@ -191,7 +191,7 @@ def test_unbounded_sizes_are_refused_before_any_allocation(tmp_path):
     """All UNBOUNDED cases in one interpreter capped at its imports plus 2 GiB: each a ValueError, none a
     MemoryError or torch's allocation error."""
     path = model_at(tmp_path / "m.safetensors")
-    code = ("import json, re, resource, vitlab\n"
+    code = ("import json, re, resource, torch, vitlab, vitlab.api\n"  # the imports mapped before the cap
             "vm = int(re.search(r'VmSize:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) * 1024\n"
             "resource.setrlimit(resource.RLIMIT_AS, (vm + 2 * 2**30, vm + 2 * 2**30))\n"
             f"PATH = {str(path)!r}\nout = {{}}\n"

@@ -241,6 +241,7 @@ def test_estimate_with_a_fifo_record_is_one_line_in_bounded_time(tmp_path, capsy
 
 BOUNDED = """
 import resource, sys
+import torch  # noqa: F401  (the library the command loads, mapped before the cap)
 import vitlab.cli
 mapped = int(next(line for line in open("/proc/self/status") if line.startswith("VmSize")).split()[1]) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (mapped + (1 << 30), resource.RLIM_INFINITY))  # 1 GiB more, no further
