@@ -42,8 +42,8 @@ def test_recipes_hold_the_paper_values():
     [
         (dict(recipe="nope"), "unknown recipe 'nope'"),
         (dict(batch_size=30, accum=4), "not divisible by --accum 4"),
-        (dict(warmup=-1), "--warmup must be an integer >= 0, got -1"),
-        (dict(ema=1.5), "--ema must be in"),
+        (dict(warmup=-1), r"--warmup must be an integer in \[0, 1000000000\], got -1"),
+        (dict(ema=1.5), r"--ema must be a number \(finite, > 0 and < 1\), got 1.5"),
         (dict(colour=1), "unknown training settings: colour"),
     ],
 )

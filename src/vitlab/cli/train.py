@@ -20,23 +20,13 @@ from vitlab.cli.types import (
     DATA_SOURCES,
     MODEL_SIZES,
     PRECISION_HELP,
-    batch_size,
-    class_count,
     device_name,
-    float_range,
-    fraction,
-    image_size,
-    int_range,
-    learning_rate,
-    mix_alpha,
-    non_negative_int,
+    flag_type,
     positive_int,
     precision_name,
-    randaug_ops,
-    representation_size,
-    seed,
-    workers,
+    setting_type,
 )
+from vitlab.ranges import EPOCHS, SETTINGS
 
 EVAL_RESIZE_HELP = ("evaluation pre-processing: official (whole image to the input size, aspect ignored; vit_jax), "
                     "big_vision (short side to 8/7 of it: 256 for 224, 448 for 384; central crop), "
@@ -83,12 +73,14 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
            "config.json the run would write")
     g = p.add_argument_group("data")
     g.add_argument("--data", help=DATA_SOURCES)
-    g.add_argument("--val-fraction", type=fraction, help="hold out this fraction of train for validation")
+    g.add_argument("--val-fraction", type=setting_type("val_fraction"),
+                   help="hold out this fraction of train for validation")
     g.add_argument("--strict", action="store_true", default=None, help="unreadable images are fatal")
-    g.add_argument("--num-classes", type=class_count, help="expected class count (checked against the data)")
-    g.add_argument("--workers", type=workers,
+    g.add_argument("--num-classes", type=setting_type("num_classes"),
+                   help="expected class count (checked against the data)")
+    g.add_argument("--workers", type=setting_type("workers"),
                    help="data-loading processes (default: CPUs - 1; on CPU at most 8)")
-    g.add_argument("--crop-scale", type=float_range(0.0, 1.0, low_open=True), nargs=2, metavar=("MIN", "MAX"),
+    g.add_argument("--crop-scale", type=setting_type("crop_scale"), nargs=2, metavar=("MIN", "MAX"),
                    help="inception-crop area range")
     g.add_argument("--train-crop", choices=TRAIN_CROPS,
                    help="inception: TF's sample_distorted_bounding_box (official code); inception-subpixel: "
@@ -103,61 +95,62 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
     m.add_argument("--model", help="variant name, e.g. ViT-B/16 (`vitlab models`)")
     for flag in ("depth", "width", "heads", "mlp-dim"):
         m.add_argument(f"--{flag}", type=MODEL_SIZES[flag], help=f"override the variant's {flag}")
-    m.add_argument("--image-size", type=image_size, help="training resolution")
-    m.add_argument("--dropout", type=float_range(0.0, 1.0, high_open=True),
+    m.add_argument("--image-size", type=setting_type("image_size"), help="training resolution")
+    m.add_argument("--dropout", type=setting_type("dropout"),
                    help="dropout after the position embedding and each Dense (fine-tuning: the official model "
                         "config's)")
-    m.add_argument("--drop-path-rate", type=float_range(0.0, 1.0, high_open=True), metavar="RATE",
+    m.add_argument("--drop-path-rate", type=setting_type("drop_path_rate"), metavar="RATE",
                    help="stochastic depth: the last block's residual branches are dropped with this probability, "
                         "linearly less in earlier blocks (DeiT: 0.1; AugReg: 0 or 0.1)")
-    m.add_argument("--representation-size", type=representation_size, metavar="N",
+    m.add_argument("--representation-size", type=setting_type("representation_size"), metavar="N",
                    help="`pre_logits` Dense(N) + tanh before the head of a model built from scratch (0: none; "
                         "pre-training recipes: the model's width)")
-    m.add_argument("--mean", type=float_range(-10.0, 10.0), nargs=3,
+    m.add_argument("--mean", type=setting_type("mean"), nargs=3,
                    help="input mean (default: what the weights expect)")
-    m.add_argument("--std", type=float_range(0.0, 10.0, low_open=True), nargs=3, help="input std")
+    m.add_argument("--std", type=setting_type("std"), nargs=3, help="input std")
     o = p.add_argument_group("optimisation")
     o.add_argument("--optimizer", choices=["adam", "sgd"],
                    help="adam (decoupled weight decay; pre-training) or sgd with momentum (fine-tuning)")
-    o.add_argument("--lr", type=learning_rate, help="base learning rate")
-    o.add_argument("--wd", type=learning_rate, help="decoupled weight decay")
-    o.add_argument("--betas", type=float_range(0.0, 1.0, high_open=True), nargs=2, help="Adam betas")
-    o.add_argument("--momentum", type=float_range(0.0, 1.0, high_open=True), help="SGD momentum")
-    o.add_argument("--warmup", type=non_negative_int, help="linear warm-up steps")
+    o.add_argument("--lr", type=setting_type("lr"), help="base learning rate")
+    o.add_argument("--wd", type=setting_type("weight_decay"), help="decoupled weight decay")
+    o.add_argument("--betas", type=setting_type("betas"), nargs=2, help="Adam betas")
+    o.add_argument("--momentum", type=setting_type("momentum"), help="SGD momentum")
+    o.add_argument("--warmup", type=setting_type("warmup"), help="linear warm-up steps")
     o.add_argument("--decay", choices=["linear", "cosine", "step"],
                    help="after warm-up: linear (to --linear-end), cosine (to 0), or step (x0.1 at --lr-drops)")
-    o.add_argument("--linear-end", type=learning_rate,
+    o.add_argument("--linear-end", type=setting_type("linear_end"),
                    help="LR at the end of linear decay (official pre-training: 1e-5)")
-    o.add_argument("--lr-drops", type=fraction, nargs="*", metavar="F",
+    o.add_argument("--lr-drops", type=setting_type("lr_drops"), nargs="*", metavar="F",
                    help="step decay: fractions of --steps after which the LR drops x0.1 (BiT-HyperRule 0.3 0.6 0.9)")
-    o.add_argument("--clip", type=float_range(0.0, 1e6), help="global gradient-norm clipping (0: off)")
+    o.add_argument("--clip", type=setting_type("grad_clip"), help="global gradient-norm clipping (0: off)")
     o.add_argument("--objective", choices=["classify", "mpp"],
                    help="classify (default) or mpp: masked patch prediction, self-supervised (recipe mpp)")
     o.add_argument("--mpp-target", choices=["mean-color", "mean-color-4x4", "pixels"],
                    help="mpp: 3-bit mean colour (paper), its 4x4 downsized variant, or L2 on the pixels")
     o.add_argument("--loss", choices=["softmax", "sigmoid"],
                    help="softmax cross-entropy, or sigmoid cross-entropy summed over classes (upstream pre-training)")
-    o.add_argument("--head-bias-init", type=float_range(-100.0, 100.0), metavar="B",
+    o.add_argument("--head-bias-init", type=setting_type("head_bias_init"), metavar="B",
                    help="initial classifier bias of a model built from scratch (pre-training recipes: -10)")
-    o.add_argument("--label-smoothing", type=float_range(0.0, 1.0, high_open=True),
+    o.add_argument("--label-smoothing", type=setting_type("label_smoothing"),
                    help="label smoothing in [0, 1) (the paper: 0)")
-    o.add_argument("--mixup", type=mix_alpha, metavar="ALPHA",
+    o.add_argument("--mixup", type=setting_type("mixup"), metavar="ALPHA",
                    help="MixUp: λ ~ Beta(α, α) per step (BiT-HyperRule: 0.1 above 20k images); 0: off")
-    o.add_argument("--cutmix", type=mix_alpha, metavar="ALPHA",
+    o.add_argument("--cutmix", type=setting_type("cutmix"), metavar="ALPHA",
                    help="CutMix: a box of 1 - λ of the image from another, λ ~ Beta(α, α), labels mixed by its "
                         "pixels (DeiT: 1.0); with --mixup, each step is one of the two at random; 0: off")
-    o.add_argument("--randaug-ops", type=randaug_ops, metavar="N",
+    o.add_argument("--randaug-ops", type=setting_type("randaug_ops"), metavar="N",
                    help="RandAugment: operations per image (AugReg, DeiT: 2; torchvision's RandAugment); 0: off")
-    o.add_argument("--randaug-magnitude", type=float_range(0.0, 20.0), metavar="M",
+    o.add_argument("--randaug-magnitude", type=setting_type("randaug_magnitude"), metavar="M",
                    help="RandAugment level on TF's 0-10 scale, to 20 (AugReg 0/10/15/20, DeiT 9)")
-    o.add_argument("--randaug-mstd", type=float_range(0.0, 20.0), metavar="STD",
+    o.add_argument("--randaug-mstd", type=setting_type("randaug_mstd"), metavar="STD",
                    help="per-image standard deviation of the RandAugment level (DeiT: 0.5)")
-    o.add_argument("--random-erasing", type=float_range(0.0, 1.0), metavar="P",
+    o.add_argument("--random-erasing", type=setting_type("random_erasing"), metavar="P",
                    help="probability of replacing one random box of the image with noise (DeiT: 0.25)")
-    o.add_argument("--batch-size", type=batch_size, help="global batch size (all processes, all accumulation steps)")
-    o.add_argument("--accum", type=batch_size, help="gradient accumulation steps")
-    o.add_argument("--steps", type=positive_int, help="optimiser steps")
-    o.add_argument("--epochs", type=float_range(0.0, 1e6, low_open=True), metavar="N",
+    o.add_argument("--batch-size", type=setting_type("batch_size"),
+                   help="global batch size (all processes, all accumulation steps)")
+    o.add_argument("--accum", type=setting_type("accum"), help="gradient accumulation steps")
+    o.add_argument("--steps", type=setting_type("steps"), help="optimiser steps")
+    o.add_argument("--epochs", type=flag_type(EPOCHS), metavar="N",
                    help="the run's length in passes over the training set: steps = N × training images / batch "
                         "(rounded up); the recipe's warm-up keeps its share; instead of --steps")
     _tuning_flags(p)
@@ -173,7 +166,7 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
     r.add_argument("--resume", nargs="?", const=True, default=None, type=_resume_mode, metavar="auto",
                    help="continue the run in --out (refused if it holds none: a typo in --out starts nothing); "
                         "--resume auto: continue it, or start it when there is none (supervisors, make demo)")
-    r.add_argument("--seed", type=seed,
+    r.add_argument("--seed", type=setting_type("seed"),
                    help="seed of the initialisation, data order and augmentation (default 0)")
     r.add_argument("--device", type=device_name, help="auto, cpu, cuda, cuda:N (default auto: CUDA when available)")
     r.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
@@ -181,13 +174,16 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
                    help=PRECISION_HELP + "; bf16 trains under autocast with float32 weights and optimizer state. "
                         "Recorded in config.json; --resume keeps the run's")
     r.add_argument("--fsdp", action="store_true", default=None, help="shard parameters (FSDP2) instead of DDP")
-    r.add_argument("--eval-every", type=non_negative_int, help="evaluate every N steps (0: at the end)")
-    r.add_argument("--eval-batch-size", type=batch_size, help="images per evaluation batch (default 256)")
-    r.add_argument("--fewshot-every", type=non_negative_int,
+    r.add_argument("--eval-every", type=setting_type("eval_every"), help="evaluate every N steps (0: at the end)")
+    r.add_argument("--eval-batch-size", type=setting_type("eval_batch_size"),
+                   help="images per evaluation batch (default 256)")
+    r.add_argument("--fewshot-every", type=setting_type("fewshot_every"),
                    help="5-shot linear accuracy of the representation every N steps (the paper's pre-training signal)")
-    r.add_argument("--save-every", type=non_negative_int, help="checkpoint every N steps (default: with evaluations)")
-    r.add_argument("--keep-last", type=int_range(1, 1_000_000), help="step checkpoints to keep")
-    r.add_argument("--log-every", type=positive_int, help="steps between training log lines and metrics.jsonl records")
+    r.add_argument("--save-every", type=setting_type("save_every"),
+                   help="checkpoint every N steps (default: with evaluations)")
+    r.add_argument("--keep-last", type=setting_type("keep_last"), help="step checkpoints to keep")
+    r.add_argument("--log-every", type=setting_type("log_every"),
+                   help="steps between training log lines and metrics.jsonl records")
 
 
 def _lora_targets(text: str) -> tuple[str, ...]:
@@ -199,12 +195,12 @@ def _tuning_flags(p: argparse.ArgumentParser) -> None:
     from vitlab.constants import FREEZE_CHOICES
 
     f = p.add_argument_group("fine-tuning tools")
-    f.add_argument("--ema-decay", "--ema", dest="ema", type=fraction, metavar="D",
+    f.add_argument("--ema-decay", "--ema", dest="ema", type=setting_type("ema"), metavar="D",
                    help="EMA of the weights (timm ModelEmaV3): validation, best.safetensors and model.safetensors "
                         "hold them, e.g. 0.9998")
     f.add_argument("--ema-warmup", action="store_true", default=None,
                    help="warm the EMA decay up as timm does: min(D, 1 - k^(-2/3)) at update k")
-    f.add_argument("--layer-decay", type=float_range(0.0, 1.0, low_open=True), metavar="F",
+    f.add_argument("--layer-decay", type=setting_type("layer_decay"), metavar="F",
                    help="layer-wise lr decay (BEiT/MAE/timm): the head at --lr, block i of L at lr * F^(L - i), the "
                         "embeddings at lr * F^(L + 1); e.g. 0.75")
     f.add_argument("--freeze", choices=FREEZE_CHOICES,
@@ -213,7 +209,7 @@ def _tuning_flags(p: argparse.ArgumentParser) -> None:
     f.add_argument("--lora", dest="lora_rank", type=positive_int, metavar="RANK",
                    help="LoRA adapters of this rank on the blocks' Linear layers, via peft (pip install "
                         "'vitlab[lora]'); the head trains too, the rest is frozen; saved weights are merged")
-    f.add_argument("--lora-alpha", type=float_range(0.0, 1e6, low_open=True), metavar="A",
+    f.add_argument("--lora-alpha", type=setting_type("lora_alpha"), metavar="A",
                    help="LoRA alpha: the adapters are scaled by A / RANK (default RANK: scale 1)")
     f.add_argument("--lora-targets", type=_lora_targets, metavar="qkv,proj,...",
                    help="the Linear layers of each block LoRA adapts: qkv, proj, fc1, fc2 (default qkv)")
@@ -286,10 +282,12 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _lr_list(text: str) -> tuple[float, ...]:
+    allowed = SETTINGS["lr_sweep"]
     try:
-        return tuple(learning_rate(x) for x in text.split(",") if x.strip())
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected learning rates in [0, 100] like 0.003,0.01, got {text!r}") from None
+        return tuple(allowed.parse(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected learning rates like 0.003,0.01, each {allowed.allowed()}, got "
+                                         f"{text!r}") from None
 
 
 def _protocol_flags(p: argparse.ArgumentParser) -> None:
@@ -302,7 +300,7 @@ def _protocol_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lr-sweep", type=_lr_list, metavar="LR,LR,...",
                    help="fine-tune once per learning rate on train minus the dev split, choose the best on dev, "
                         "report its test (val split) accuracy; writes sweep.json and sweep.png in --out")
-    g.add_argument("--dev-fraction", type=fraction,
+    g.add_argument("--dev-fraction", type=setting_type("dev_fraction"),
                    help="share of each training class held out as the sweep's dev split (paper: 0.02 CIFAR, "
                         "0.1 Pets/Flowers, 0.01 ImageNet)")
     g.add_argument("--refit", action="store_true", default=None,

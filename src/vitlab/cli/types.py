@@ -1,7 +1,9 @@
 """argparse `type=` helpers that check a flag's range while parsing, so a nonsense number (`--batch-size -1`,
 `--l2 nan`, `--device bogus`) is refused before anything is loaded, as one line naming the allowed range and
-exit code 2. `OneLineParser` makes every argparse error one line (no usage block).
+exit code 2. The ranges are declared in vitlab.ranges (a training flag's is its setting's: `setting_type`);
+`OneLineParser` makes every argparse error one line (no usage block).
 
+    p.add_argument("--steps", type=setting_type("steps"))
     p.add_argument("--batch-size", type=positive_int)
     p.add_argument("--workers", type=non_negative_int)
     p.add_argument("--image-size", type=int_range(1, MAX_IMAGE_SIZE))
@@ -12,16 +14,13 @@ exit code 2. `OneLineParser` makes every argparse error one line (no usage block
 from __future__ import annotations
 
 import argparse
-import math
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from vitlab.models.limits import MAX_CLASSES, MAX_DEPTH, MAX_HEADS, MAX_MLP_DIM, MAX_WIDTH
-
-# Upper bounds where a typo would make vitlab allocate for it: a 4096-px ViT/16 already has 65,536 tokens.
-MAX_IMAGE_SIZE = 4096
+from vitlab import ranges
+from vitlab.ranges import MAX_CLASSES, MAX_IMAGE_SIZE, Range
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -31,72 +30,57 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def int_range(low: int, high: int | None = None) -> Callable[[str], int]:
-    """An integer in [low, high] (high None: no upper bound). int() refuses "nan", "inf", "1e30" and "2.5"."""
-    allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+def flag_type(allowed: Range) -> Callable[[str], int | float]:
+    """The argparse `type=` of a flag whose values are `allowed` (declared in vitlab.ranges): its parse, with a
+    value outside it refused as argparse's one-line error."""
 
-    def parse(text: str) -> int:
+    def parse(text: str) -> int | float:
         try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"must be an integer {allowed}, got {text!r}")
-        return value
+            return allowed.parse(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
 
     return parse
+
+
+def setting_type(name: str) -> Callable[[str], int | float]:
+    """The argparse `type=` of the flag for training setting `name`: the range TrainConfig is checked by."""
+    return flag_type(ranges.SETTINGS[name])
+
+
+def int_range(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An integer in [low, high] (high None: no upper bound)."""
+    return flag_type(ranges.int_range(low, high))
 
 
 def float_range(
     low: float | None = None, high: float | None = None, low_open: bool = False, high_open: bool = False
 ) -> Callable[[str], float]:
     """A finite number between low and high (None: unbounded), each end closed unless said open."""
-    lo = "" if low is None else f"{'>' if low_open else '>='} {low:g}"
-    hi = "" if high is None else f"{'<' if high_open else '<='} {high:g}"
-    allowed = "finite, " + " and ".join(s for s in (lo, hi) if s) if lo or hi else "finite"
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        below = low is not None and (value <= low if low_open else value < low)
-        above = high is not None and (value >= high if high_open else value > high)
-        if not math.isfinite(value) or below or above:
-            raise argparse.ArgumentTypeError(f"must be a number ({allowed}), got {text!r}")
-        return value
-
-    return parse
+    return flag_type(ranges.float_range(low, high, low_open, high_open))
 
 
-# Every count has an upper bound, so that a slip of the keyboard is refused while parsing instead of starting
-# 1,000 processes, allocating for 10^8 images or drawing 10^9 augmentations per image.
-MAX_COUNT = 10**9  # steps, intervals, images: beyond any run on one machine
-MAX_BATCH = 65536  # images per batch (the paper's largest is 4096; SigLIP's 32k)
-MAX_WORKERS = 256  # data-loading processes or jobs: more than the cores of any one machine
-MAX_SEED = 2**32 - 1  # numpy's seed range
-MAX_RANDAUG_OPS = 16  # operations per image (AugReg and DeiT use 2; RandAugment has 14 to pick from)
-
-positive_int = int_range(1, MAX_COUNT)
-non_negative_int = int_range(0, MAX_COUNT)
-image_size = int_range(1, MAX_IMAGE_SIZE)
-class_count = int_range(1, MAX_CLASSES)
-batch_size = int_range(1, MAX_BATCH)
-workers = int_range(0, MAX_WORKERS)
-jobs = int_range(1, MAX_WORKERS)
-seed = int_range(0, MAX_SEED)
-randaug_ops = int_range(0, MAX_RANDAUG_OPS)
-# --depth/--width/--heads/--mlp-dim: the architecture's bounds (models.limits), so a flag fails as the config would
-MODEL_SIZES = {"depth": int_range(1, MAX_DEPTH), "width": int_range(1, MAX_WIDTH), "heads": int_range(1, MAX_HEADS),
-               "mlp-dim": int_range(1, MAX_MLP_DIM)}
-representation_size = int_range(0, MAX_WIDTH)
+positive_int = flag_type(ranges.POSITIVE_INT)
+non_negative_int = flag_type(ranges.NON_NEGATIVE_INT)
+image_size = flag_type(ranges.IMAGE_SIZE)
+class_count = flag_type(ranges.CLASS_COUNT)
+batch_size = flag_type(ranges.BATCH_SIZE)
+workers = flag_type(ranges.WORKERS)
+jobs = flag_type(ranges.JOBS)
+seed = flag_type(ranges.SEED)
+randaug_ops = flag_type(ranges.RANDAUG_OPS)
+# --depth/--width/--heads/--mlp-dim: the architecture's bounds, so a flag fails as the config would
+MODEL_SIZES = {"depth": flag_type(ranges.MODEL_SIZES["depth"]), "width": flag_type(ranges.MODEL_SIZES["width"]),
+               "heads": flag_type(ranges.MODEL_SIZES["num_heads"]),
+               "mlp-dim": flag_type(ranges.MODEL_SIZES["mlp_dim"])}
+representation_size = flag_type(ranges.REPRESENTATION_SIZE)
 finite_float = float_range()
-learning_rate = float_range(0.0, 100.0)  # also weight decay and the linear decay's end value
-mix_alpha = float_range(0.0, 100.0)  # Beta(α, α) of MixUp / CutMix: above ~10 λ is 0.5 every time
+learning_rate = flag_type(ranges.LEARNING_RATE)
+mix_alpha = flag_type(ranges.MIX_ALPHA)
 positive_float = float_range(0.0, low_open=True)
 non_negative_float = float_range(0.0)
-probability = float_range(0.0, 1.0)
-fraction = float_range(0.0, 1.0, low_open=True, high_open=True)  # a held-out share: some, but not all
+probability = flag_type(ranges.PROBABILITY)
+fraction = flag_type(ranges.FRACTION)
 
 
 _DEVICE = re.compile(r"(auto|cpu|cuda(:\d+)?)")
@@ -147,9 +131,10 @@ def new_file(text: str) -> str:
 
 __all__ = [
     "MAX_CLASSES", "MAX_IMAGE_SIZE", "MODEL_SIZES", "OneLineParser", "batch_size", "class_count", "device_name",
-    "finite_float", "float_range", "fraction", "image_size", "int_range", "jobs", "learning_rate", "mix_alpha",
+    "finite_float", "flag_type", "float_range", "fraction", "image_size", "int_range", "jobs", "learning_rate",
+    "mix_alpha",
     "new_file", "new_or_folder", "non_negative_float", "non_negative_int", "positive_float", "positive_int",
-    "precision_name", "probability", "randaug_ops", "representation_size", "seed", "workers",
+    "precision_name", "probability", "randaug_ops", "representation_size", "seed", "setting_type", "workers",
 ]
 
 

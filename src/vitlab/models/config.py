@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from vitlab.constants import OFFICIAL_MEAN, OFFICIAL_STD
-from vitlab.models.limits import check_limits, is_int
+from vitlab.models.limits import check_limits
+from vitlab.ranges import is_int
 
 PosEmbedKind = Literal["none", "learned", "2d", "relative"]
 Classifier = Literal["token", "gap"]

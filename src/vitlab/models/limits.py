@@ -2,33 +2,30 @@
 flag or a file's metadata), so that a typo or a crafted file is one line naming the field instead of a request
 for terabytes or torch's "Storage size calculation overflowed".
 
-Each bound is well above every published model (ViT-22B: width 6144, MLP 24576, 48 heads, depth 48; BiT-R152x4;
-the paper's largest input 518 px) and below sizes no machine can hold.
+The bounds themselves are declared with every other range in vitlab.ranges.
 """
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
-MAX_IMAGE_SIDE = 16384  # pixels per side of the native input size
-MAX_TOKENS = 262_144  # patches of the native grid: a 8192-px ViT/16 (the position embedding is tokens × width)
-MAX_WIDTH = 16384
-MAX_MLP_DIM = 65536
-MAX_HEADS = 1024
-MAX_DEPTH = 1024  # blocks: ViT blocks, ResNet units and stages together (weights.validate checks files by it)
-MAX_PATCH = 1024
-MAX_CHANNELS = 64  # input channels
-MAX_CLASSES = 1_000_000  # ImageNet-21k has 21,843 classes, JFT-300M 18,291
-MAX_WIDTH_FACTOR = 64  # BiT's root width 64·wf (published: up to x4)
+from vitlab.ranges import (
+    MAX_CHANNELS,
+    MAX_CLASSES,
+    MAX_DEPTH,
+    MAX_HEADS,
+    MAX_IMAGE_SIDE,
+    MAX_MLP_DIM,
+    MAX_PATCH,
+    MAX_TOKENS,
+    MAX_WIDTH,
+    MAX_WIDTH_FACTOR,
+    is_int,
+)
 
 _BOUNDS = {"width": MAX_WIDTH, "mlp_dim": MAX_MLP_DIM, "num_heads": MAX_HEADS, "patch_size": MAX_PATCH,
            "in_chans": MAX_CHANNELS, "num_classes": MAX_CLASSES,
            "representation_size": MAX_WIDTH, "width_factor": MAX_WIDTH_FACTOR}
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_blocks(cfg: Any) -> None:

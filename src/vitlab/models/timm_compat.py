@@ -25,7 +25,7 @@ from torch import nn
 
 from vitlab.constants import FEWSHOT_RESIZE, resize_before_crop
 from vitlab.models.inputs import check_pixels
-from vitlab.models.limits import is_int
+from vitlab.ranges import is_int
 
 # How closely timm's transforms reproduce each vitlab evaluation resize (the cfg's "vitlab_eval_resize_in_timm").
 TIMM_EXACTNESS = {

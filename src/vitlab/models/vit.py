@@ -15,7 +15,6 @@ from torch.utils.checkpoint import checkpoint
 from vitlab.models.config import ViTConfig
 from vitlab.models.droppath import DropPath, drop_path_rates
 from vitlab.models.inputs import check_pixels, check_tokens
-from vitlab.models.limits import MAX_CLASSES, is_int
 from vitlab.models.posembed import (
     relative_position_index,
     resample_1d,
@@ -25,6 +24,7 @@ from vitlab.models.posembed import (
 )
 from vitlab.models.resnet import ResNetStem
 from vitlab.models.timm_compat import ViTTimmMixin
+from vitlab.ranges import MAX_CLASSES, is_int
 
 
 class PatchEmbed(nn.Module):

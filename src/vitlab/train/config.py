@@ -1,5 +1,5 @@
-"""Training configuration: one flat dataclass, every value checked against its range (the recipes, plain dicts of
-values over it, are vitlab.train.recipes).
+"""Training configuration: one flat dataclass, every value checked against its range (declared in vitlab.ranges,
+where the flags' parsers read it too; the recipes, plain dicts of values over it, are vitlab.train.recipes).
 
 How a run's values are decided from defaults, recipe, initial weights, preset, config file and flags is
 vitlab.train.resolve; the resolved config is what the run directory records (config.json) and what `--resume`
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from vitlab.constants import EVAL_RESIZES, TRAIN_CROPS, TRAIN_RESIZES
+from vitlab.ranges import MODEL_SIZES, SETTINGS
 from vitlab.runtime.precision import check_precision
 from vitlab.train.finetune import tuning_problems
 
@@ -126,75 +127,40 @@ def _flag(name: str) -> str:
         name, name).replace("_", "-")
 
 
-def _range_problems(cfg: TrainConfig) -> list[str]:
-    def finite(v: Any) -> bool:
-        return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+# Tuple settings: their length and the rule between their elements (each element's range is in SETTINGS).
+_SHAPES: dict[str, tuple[int | None, str, Any]] = {
+    "betas": (2, "two numbers", None),
+    "mean": (3, "three numbers (R, G, B)", None),
+    "std": (3, "three numbers (R, G, B)", None),
+    "crop_scale": (2, "MIN MAX with MIN <= MAX", lambda v: v[0] <= v[1]),
+    "crop_ratio": (2, "MIN MAX with MIN <= MAX", lambda v: v[0] <= v[1]),
+    "lr_drops": (None, "increasing fractions", lambda v: all(a < b for a, b in zip(v, v[1:], strict=False))),
+    "lr_sweep": (None, "learning rates", None),
+}
 
-    rules: list[tuple[str, Any, bool, str]] = [
-        ("steps", cfg.steps, isinstance(cfg.steps, int) and cfg.steps >= 1, "a positive integer"),
-        ("batch_size", cfg.batch_size, isinstance(cfg.batch_size, int) and cfg.batch_size >= 1, "a positive integer"),
-        ("accum", cfg.accum, isinstance(cfg.accum, int) and cfg.accum >= 1, "a positive integer"),
-        ("image_size", cfg.image_size, isinstance(cfg.image_size, int) and cfg.image_size >= 1, "a positive integer"),
-        ("eval_batch_size", cfg.eval_batch_size, cfg.eval_batch_size >= 1, "a positive integer"),
-        ("log_every", cfg.log_every, cfg.log_every >= 1, "a positive integer"),
-        ("eval_every", cfg.eval_every, cfg.eval_every >= 0, ">= 0 (0: at the end)"),
-        ("save_every", cfg.save_every, cfg.save_every >= 0, ">= 0 (0: with every evaluation)"),
-        ("fewshot_every", cfg.fewshot_every, cfg.fewshot_every >= 0, ">= 0 (0: off)"),
-        ("keep_last", cfg.keep_last, cfg.keep_last >= 1, "at least 1"),
-        ("warmup", cfg.warmup, isinstance(cfg.warmup, int) and cfg.warmup >= 0, "an integer >= 0"),
-        ("seed", cfg.seed, isinstance(cfg.seed, int) and cfg.seed >= 0, "an integer >= 0"),
-        ("workers", cfg.workers, cfg.workers is None or cfg.workers >= 0, ">= 0 (0: load in the training process)"),
-        ("num_classes", cfg.num_classes, cfg.num_classes is None or cfg.num_classes >= 1, "a positive integer"),
-        ("lr", cfg.lr, finite(cfg.lr) and cfg.lr >= 0, "a finite number >= 0"),
-        ("weight_decay", cfg.weight_decay, finite(cfg.weight_decay) and cfg.weight_decay >= 0, "a finite number >= 0"),
-        ("grad_clip", cfg.grad_clip, finite(cfg.grad_clip) and cfg.grad_clip >= 0, "a finite number >= 0 (0: off)"),
-        ("momentum", cfg.momentum, finite(cfg.momentum) and 0 <= cfg.momentum < 1, "in [0, 1)"),
-        ("betas", cfg.betas, len(cfg.betas) == 2 and all(finite(b) and 0 <= b < 1 for b in cfg.betas),
-         "two numbers in [0, 1)"),
-        ("label_smoothing", cfg.label_smoothing, finite(cfg.label_smoothing) and 0 <= cfg.label_smoothing < 1,
-         "in [0, 1)"),
-        ("dropout", cfg.dropout, cfg.dropout is None or (finite(cfg.dropout) and 0 <= cfg.dropout < 1), "in [0, 1)"),
-        ("linear_end", cfg.linear_end, finite(cfg.linear_end) and cfg.linear_end >= 0, "a finite number >= 0"),
-        ("head_bias_init", cfg.head_bias_init, finite(cfg.head_bias_init), "a finite number"),
-        ("mixup", cfg.mixup, finite(cfg.mixup) and cfg.mixup >= 0, ">= 0 (a Beta(α, α) parameter; 0: off)"),
-        ("cutmix", cfg.cutmix, finite(cfg.cutmix) and cfg.cutmix >= 0, ">= 0 (a Beta(α, α) parameter; 0: off)"),
-        ("randaug_ops", cfg.randaug_ops, isinstance(cfg.randaug_ops, int) and cfg.randaug_ops >= 0,
-         "an integer >= 0 (0: off)"),
-        ("randaug_magnitude", cfg.randaug_magnitude, finite(cfg.randaug_magnitude)
-         and 0 <= cfg.randaug_magnitude <= 20, "in [0, 20] (TF's RandAugment levels: 10 is the operations' maximum)"),
-        ("randaug_mstd", cfg.randaug_mstd, finite(cfg.randaug_mstd) and cfg.randaug_mstd >= 0, ">= 0"),
-        ("random_erasing", cfg.random_erasing, finite(cfg.random_erasing) and 0 <= cfg.random_erasing <= 1,
-         "a probability in [0, 1]"),
-        ("drop_path_rate", cfg.drop_path_rate, cfg.drop_path_rate is None or (finite(cfg.drop_path_rate)
-                                                                               and 0 <= cfg.drop_path_rate < 1),
-         "in [0, 1)"),
-        ("ema", cfg.ema, cfg.ema is None or (finite(cfg.ema) and 0 < cfg.ema < 1), "in (0, 1)"),
-        ("layer_decay", cfg.layer_decay, cfg.layer_decay is None or (finite(cfg.layer_decay)
-                                                                       and 0 < cfg.layer_decay <= 1), "in (0, 1]"),
-        ("lora_rank", cfg.lora_rank, isinstance(cfg.lora_rank, int) and cfg.lora_rank >= 0, "an integer >= 0"),
-        ("lora_alpha", cfg.lora_alpha, cfg.lora_alpha is None or (finite(cfg.lora_alpha) and cfg.lora_alpha > 0),
-         "a positive number"),
-        ("val_fraction", cfg.val_fraction, cfg.val_fraction is None or (finite(cfg.val_fraction)
-                                                                         and 0 < cfg.val_fraction < 1), "in (0, 1)"),
-        ("dev_fraction", cfg.dev_fraction, cfg.dev_fraction is None or (finite(cfg.dev_fraction)
-                                                                         and 0 < cfg.dev_fraction < 1), "in (0, 1)"),
-        ("representation_size", cfg.representation_size,
-         cfg.representation_size is None or cfg.representation_size >= 0, ">= 0 (0: none)"),
-        ("crop_scale", cfg.crop_scale, len(cfg.crop_scale) == 2 and all(finite(s) for s in cfg.crop_scale)
-         and 0 < cfg.crop_scale[0] <= cfg.crop_scale[1] <= 1, "MIN MAX with 0 < MIN <= MAX <= 1"),
-        ("crop_ratio", cfg.crop_ratio, len(cfg.crop_ratio) == 2 and all(finite(s) for s in cfg.crop_ratio)
-         and 0 < cfg.crop_ratio[0] <= cfg.crop_ratio[1], "MIN MAX with 0 < MIN <= MAX"),
-        ("lr_drops", cfg.lr_drops, all(finite(f) for f in cfg.lr_drops) and all(
-            a < b for a, b in zip((0.0, *cfg.lr_drops), (*cfg.lr_drops, 1.0), strict=True)),
-         "increasing fractions in (0, 1)"),
-        ("lr_sweep", cfg.lr_sweep, all(finite(lr) and lr > 0 for lr in cfg.lr_sweep), "positive learning rates"),
-    ]
-    problems = [f"{_flag(name)} must be {allowed}, got {setting_text(value)}"
-                for name, value, ok, allowed in rules if not ok]
+
+def _range_problems(cfg: TrainConfig) -> list[str]:
+    """Each numeric setting against its range in vitlab.ranges.SETTINGS (the one its flag parses with), so a value
+    from a --config file, a vitlab.fit keyword or a recorded run is held to what the flag accepts."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    problems = []
+    for name, allowed in SETTINGS.items():
+        value = getattr(cfg, name)
+        if value is None and defaults[name] is None:
+            continue
+        if name in _SHAPES:
+            length, what, rule = _SHAPES[name]
+            ok = (isinstance(value, tuple | list) and (length is None or len(value) == length)
+                  and all(allowed.holds(v) for v in value) and (rule is None or rule(value)))
+            if not ok:
+                problems.append(f"{_flag(name)} must be {what}, each {allowed.allowed()}, got "
+                                f"{setting_text(tuple(value) if isinstance(value, list) else value)}")
+        elif not allowed.holds(value):
+            problems.append(f"{_flag(name)} must be {allowed.allowed()}, got {setting_text(value)}")
     for key, value in cfg.model_args.items():
-        if key in ("depth", "width", "num_heads", "mlp_dim") and (not isinstance(value, int) or value < 1):
-            problems.append(f"--{ {'num_heads': 'heads', 'mlp_dim': 'mlp-dim'}.get(key, key)} must be a positive "
-                            f"integer, got {value}")
+        if key in MODEL_SIZES and not MODEL_SIZES[key].holds(value):
+            flag = {"num_heads": "heads", "mlp_dim": "mlp-dim"}.get(key, key)
+            problems.append(f"--{flag} must be {MODEL_SIZES[key].allowed()}, got {value!r}")
     return problems
 
 

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from vitlab.models.config import BiTConfig, ViTConfig
-from vitlab.models.limits import MAX_CLASSES, MAX_IMAGE_SIDE, is_int
+from vitlab.ranges import MAX_CLASSES, MAX_IMAGE_SIDE, is_int
 
 
 def check_source(value: Any, what: str = "vitlab.load") -> None:

@@ -10,12 +10,12 @@ import torch
 
 from vitlab.errors import WeightsError
 from vitlab.models.config import ModelConfig
-from vitlab.models.limits import MAX_DEPTH
 from vitlab.models.registry import build_model
+from vitlab.ranges import MAX_DEPTH
 
 # The deepest published model has 66 units (BiT-R200x3: 3 + 24 + 36 + 3) and the widest stage count is four; a
 # file declaring more blocks than this is corrupt or crafted. Building even a meta-device model costs
-# milliseconds and kilobytes per block, so the bound (models.limits.MAX_DEPTH) comes before anything is built.
+# milliseconds and kilobytes per block, so the bound (vitlab.ranges.MAX_DEPTH) comes before anything is built.
 # Fewest tensors one block brings (a ViT block: two LayerNorms and four Dense kernels at least; a ResNet unit:
 # three convolutions), so a file's tensor count bounds the depth it can honestly declare.
 _TENSORS_PER_BLOCK = {"vit": 8, "unit": 3}
