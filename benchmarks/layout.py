@@ -2,7 +2,7 @@
 calls `optimizer.step()` (the files a reader follows from the command line to the step), the vitlab files whose
 code runs before that step, the import closure of the train verb, and the package's shape.
 
-    python benchmarks/layout.py            # prints one line per figure (figures are recorded in docs/layout.md)
+    python benchmarks/layout.py            # prints one line per figure (recorded in BENCHMARKS.md, 'Layout')
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "vitlab"
+TOP_LEVELS = 3  # below the train verb: its calls (resolve, prepare, run), theirs, and what those call
 
 
 def rel(path: str) -> str | None:
@@ -24,14 +25,16 @@ def rel(path: str) -> str | None:
         return None
 
 
-def trace_train() -> tuple[list[str], list[str], list[str], int]:
+def trace_train() -> tuple[list[str], list[str], list[str], list[str], int]:
     """For a 1-step demo run through the command line: (files on the stack at the first optimizer.step(), those
-    files with the files of every function they called on the way, files with code run before it, vitlab modules
-    imported by then)."""
+    files with the files of every function they called on the way, the files of the calls in the top TOP_LEVELS
+    levels of the train verb's call tree before it (the outline a reader follows: resolving the settings, building
+    the run, the loop), files with code run before it, vitlab modules imported by then)."""
 
     from vitlab.cli import main
 
     ran: set[str] = set()
+    top_levels: set[str] = set()  # files of the vitlab calls at most TOP_LEVELS vitlab frames below the verb
     stack_files: list[str] = []
     followed: list[str] = []
     callees: dict[int, tuple[object, set[str]]] = {}  # id(caller frame) -> (the frame, kept alive; callee files)
@@ -40,6 +43,13 @@ def trace_train() -> tuple[list[str], list[str], list[str], int]:
     def profile(frame, event, arg):  # noqa: ANN001 - sys.setprofile's signature
         if event == "call" and (r := rel(frame.f_code.co_filename)):
             ran.add(r)
+            depth, up = 1, frame.f_back  # vitlab frames between this call and the train verb's function
+            while up is not None and depth <= TOP_LEVELS and not (
+                    up.f_code.co_name == "_train" and rel(up.f_code.co_filename) == "vitlab/cli/train.py"):
+                depth += rel(up.f_code.co_filename) is not None
+                up = up.f_back
+            if up is not None and depth <= TOP_LEVELS and not r.endswith("__init__.py"):
+                top_levels.add(r)  # a package's __init__ runs for its lazy names: not a file a reader opens
             caller = frame.f_back
             if caller is not None and rel(caller.f_code.co_filename):
                 callees.setdefault(id(caller), (caller, set()))[1].add(r)
@@ -66,7 +76,8 @@ def trace_train() -> tuple[list[str], list[str], list[str], int]:
             sys.setprofile(None)
             handle.remove()
     callees.clear()
-    return list(reversed(stack_files)), sorted(set(stack_files) | set(followed)), sorted(ran), imported[0]
+    return (list(reversed(stack_files)), sorted(set(stack_files) | set(followed)), sorted(top_levels), sorted(ran),
+            imported[0])
 
 
 def import_closure(module: str) -> tuple[int, int]:
@@ -97,10 +108,12 @@ def public_definitions() -> int:
 
 
 def main() -> None:
-    stack, followed, ran, imported = trace_train()
+    stack, followed, outline, ran, imported = trace_train()
     print(f"files on the stack at the first optimizer.step(): {len(stack)}: {', '.join(stack)}")
     print(f"files a reader opens following those calls (the stack and what each of its frames called): "
           f"{len(followed)}: {', '.join(followed)}")
+    print(f"files of the calls in the top {TOP_LEVELS} levels below the train verb before it: {len(outline)}: "
+          f"{', '.join(outline)}")
     print(f"vitlab files whose code runs before it: {len(ran)}; vitlab modules imported by then: {imported}")
     for module in ("vitlab.cli.train", "vitlab.cli"):
         n, lines = import_closure(module)
