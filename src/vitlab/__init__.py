@@ -13,9 +13,15 @@ The command line is `vitlab <verb>` (`vitlab --help`). The configuration datacla
 `vitlab.BiTConfig` and `vitlab.ResNetConfig`.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:  # what the lazy names below are, for type checkers and the API reference (read, never run)
+    from vitlab.api import create_model, export_onnx, fit, list_models, load, save, transforms
+    from vitlab.models import BiTConfig as BiTConfig
+    from vitlab.models import ResNetConfig as ResNetConfig
+    from vitlab.models import ViTConfig as ViTConfig
 
 # Each public name and the module that holds it, imported on first use: `vitlab --help` imports the command line,
 # which is inside this package, and must not pay for torch.
