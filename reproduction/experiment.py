@@ -16,9 +16,10 @@ from reproduction.design import Design
 from reproduction.parallel import Pool, run_parallel
 from reproduction.records import read_results_file, write_json
 from reproduction.report.lineage import retrained_runs
-from reproduction.runner import Context, Progress, Runner, Todo, format_seconds
+from reproduction.runner import Context, Progress, Runner, Todo
 from reproduction.scale import FULL, QUICK, Scale
 from vitlab import __version__
+from vitlab.progress import duration
 
 RESULTS = "results.json"
 
@@ -74,9 +75,9 @@ def describe_estimate(experiment: Experiment, dry: Context, runner: Runner, jobs
     times = "; ".join(f"{name} {t.train_s:.3f} s" for name, t in sorted(runner.cost.named().items()))
     if not todo:
         return f"{experiment.name}: every run is already done; analysing"
-    side = (f"about {format_seconds(total / jobs)} with {jobs} runs side by side (runs that wait for another's "
-            f"choice run after it), {format_seconds(total)} one after the other" if jobs > 1
-            else f"about {format_seconds(total)}")
+    side = (f"about {duration(total / jobs)} with {jobs} runs side by side (runs that wait for another's "
+            f"choice run after it), {duration(total)} one after the other" if jobs > 1
+            else f"about {duration(total)}")
     return (f"{experiment.name}: {len(trainings)} run(s) to train ({steps:,} steps) and "
             f"{sum(len(t.evals) for t in todo)} evaluation(s): {side} on this machine, "
             f"estimated from step times measured now:\n  {times}\n  by kind: {cost_by_kind(todo)}"
@@ -91,7 +92,7 @@ def _growth(dry: Context) -> str:
     runs = sum(n for n, _ in dry.growth.values())
     seconds = sum(s for _, s in dry.growth.values())
     return (f"\n  not counted: {len(dry.growth)} learning-rate grid(s) still to be decided may each grow by the "
-            f"extension rule, at most {runs} more run(s), +{format_seconds(seconds)} one after the other")
+            f"extension rule, at most {runs} more run(s), +{duration(seconds)} one after the other")
 
 
 def run_kind(label: str) -> str:
@@ -109,7 +110,7 @@ def cost_by_kind(todo: list[Todo]) -> str:
         total[1] += t.spec.steps if t.train else 0
         total[2] += t.seconds
     ranked = sorted(kinds.items(), key=lambda kv: -kv[1][2])
-    return "; ".join(f"{k} {int(r)} run(s), {int(n):,} steps, {format_seconds(sec)}" for k, (r, n, sec) in ranked)
+    return "; ".join(f"{k} {int(r)} run(s), {int(n):,} steps, {duration(sec)}" for k, (r, n, sec) in ranked)
 
 
 def run_experiment(experiment: Experiment, out: str | Path, quick: bool = False,

@@ -42,7 +42,7 @@ from reproduction.spec import DESIGN_PRECISION, RunSpec
 from reproduction.stopping import raise_if_stopped
 from vitlab import train as training
 from vitlab.files import CHECKPOINTS, METRICS, WEIGHTS, atomic_write, list_checkpoints
-from vitlab.progress import progress, quiet
+from vitlab.progress import duration, progress, quiet
 from vitlab.runtime import cpu_name
 from vitlab.train import read_metrics
 
@@ -367,7 +367,7 @@ class Progress:
         if not self.quiet:
             lr = spec.settings.get("lr")
             self.write(f"[{self.finished}/{self.count}] {spec.label}{f' (lr {lr:g})' if lr else ''}: {what} "
-                       f"({seconds:.0f} s); about {format_seconds(left)} left")
+                       f"({seconds:.0f} s); about {duration(left)} left")
 
     def expects(self, spec: RunSpec) -> bool:
         """Whether the estimate still counts this run (else it is another experiment's, or counted already)."""
@@ -393,10 +393,3 @@ class Progress:
         self.bar.close()
 
 
-def format_seconds(seconds: float) -> str:
-    seconds = max(0, round(seconds))
-    if seconds < 90:
-        return f"{seconds} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"

@@ -1,4 +1,4 @@
-"""Console verbosity and progress bars shared by every verb.
+"""Console verbosity, progress bars and durations shared by every verb.
 
 Bars are tqdm bars on stderr, shown only when stderr is a terminal and the user did not ask for quiet
 (`vitlab -q`): piped output, log files and CI logs stay free of carriage-return noise. The verbosity is one
@@ -50,3 +50,15 @@ def progress(iterable: Iterable | None = None, *, total: int | None = None, desc
     show = bars_enabled() if enabled is None else (enabled and bars_enabled())
     return tqdm(iterable, total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False,
                 disable=not show)
+
+
+def duration(seconds: float) -> str:
+    """`45 s`, `12 min`, `3.4 h`, `2.1 days` (negative: `0 s`): as precise as an estimate is."""
+    seconds = max(float(seconds), 0.0)
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"

@@ -20,7 +20,7 @@ from typing import Any
 from vitlab.files.outputs import atomic_write
 from vitlab.files.rundir import CONFIG, CONSOLE_LOG, METRICS, TENSORBOARD, WANDB
 from vitlab.models.flops import count_macs
-from vitlab.progress import bars_enabled
+from vitlab.progress import bars_enabled, duration
 from vitlab.train.resolve import Resolved
 from vitlab.train.rules import proportion_warning, schedule_line
 
@@ -318,17 +318,6 @@ def estimate_line(stats: dict[str, float], workers: int, remaining: int, measure
             f"{per_step:.3g} s a step, measured on step {measured} (compute "
             f"{max(stats['seconds'] - stats['wait'], 0.0):.3g} s, {loading}); evaluations and checkpoints not "
             "included")
-
-
-def duration(seconds: float) -> str:
-    """`45 s`, `12 min`, `3.4 h`, `2.1 days`: as precise as an estimate is."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 48 * 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} days"
 
 
 # --------------------------------------------------------------------------------------------------------------
