@@ -391,5 +391,3 @@ class Progress:
 
     def close(self) -> None:
         self.bar.close()
-
-

@@ -6,7 +6,7 @@ exit code 2. The ranges are declared in vitlab.ranges (a training flag's is its 
     p.add_argument("--steps", type=setting_type("steps"))
     p.add_argument("--batch-size", type=positive_int)
     p.add_argument("--workers", type=non_negative_int)
-    p.add_argument("--image-size", type=int_range(1, MAX_IMAGE_SIZE))
+    p.add_argument("--image-size", type=int_range(1, 4096))
     p.add_argument("--l2", type=positive_float)
     p.add_argument("--discard-ratio", type=float_range(0.0, 1.0, high_open=True))
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from vitlab import ranges
-from vitlab.ranges import MAX_CLASSES, MAX_IMAGE_SIZE, Range
+from vitlab.ranges import Range
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -130,11 +130,10 @@ def new_file(text: str) -> str:
 
 
 __all__ = [
-    "MAX_CLASSES", "MAX_IMAGE_SIZE", "MODEL_SIZES", "OneLineParser", "batch_size", "class_count", "device_name",
-    "finite_float", "flag_type", "float_range", "fraction", "image_size", "int_range", "jobs", "learning_rate",
-    "mix_alpha",
-    "new_file", "new_or_folder", "non_negative_float", "non_negative_int", "positive_float", "positive_int",
-    "precision_name", "probability", "randaug_ops", "representation_size", "seed", "setting_type", "workers",
+    "MODEL_SIZES", "OneLineParser", "batch_size", "class_count", "device_name", "finite_float", "flag_type",
+    "float_range", "fraction", "image_size", "int_range", "jobs", "learning_rate", "mix_alpha", "new_file",
+    "new_or_folder", "non_negative_float", "non_negative_int", "positive_float", "positive_int", "precision_name",
+    "probability", "randaug_ops", "representation_size", "seed", "setting_type", "workers",
 ]
 
 
