@@ -16,6 +16,7 @@ from vitlab.data import load_split
 from vitlab.eval.classify import confusion_destination
 from vitlab.files.rundir import run_dir_of as run_directory
 from vitlab.models import VisionTransformer, ViTConfig
+from vitlab.weights.vitlab_format import save
 
 # 8×8 inputs: the digits' own size, so the official resize is the identity and a numpy reference is exact.
 CFG = ViTConfig(image_size=8, patch_size=4, **TINY_VIT_ARGS, num_classes=10,
@@ -32,7 +33,7 @@ def weights(tmp_path_factory) -> dict:
     run = root / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text("")
-    vitlab.save(model, run / "model.safetensors")
+    save(model, run / "model.safetensors", user_named=False)  # as a run's training writes them
     vitlab.save(model, root / "plain.safetensors")
     return {"model": model, "run": run, "file": root / "plain.safetensors"}
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 from sklearn.metrics import precision_recall_fscore_support
 
-import vitlab
 from tests.conftest import TINY_VIT_ARGS
 from vitlab.cli import main
 from vitlab.data import load_split
 from vitlab.eval.classify import confusion_name, per_class_lines
 from vitlab.models import VisionTransformer, ViTConfig
+from vitlab.weights.vitlab_format import save
 
 CFG = ViTConfig(image_size=8, patch_size=4, **TINY_VIT_ARGS, num_classes=10,
                 mean=(0.5,) * 3, std=(0.5,) * 3, name="tiny")
@@ -30,7 +30,7 @@ def run(tmp_path_factory):
     run = tmp_path_factory.mktemp("eval") / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text("")  # marks a run directory
-    vitlab.save(model, run / "model.safetensors")
+    save(model, run / "model.safetensors", user_named=False)  # as a run's training writes them
     return run, model
 
 

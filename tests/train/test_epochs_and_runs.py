@@ -27,6 +27,7 @@ from vitlab.train import resolve
 from vitlab.train.rules import proportion_warning, steps_for
 from vitlab.train.runlog import estimate_line
 from vitlab.train.sweep import SweepResult, SweepRow, format_table, grid_edge, write_sweep
+from vitlab.weights.vitlab_format import save
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = [*TINY_VIT_FLAGS, "--image-size", "8",
@@ -247,7 +248,7 @@ def _fake_sweep(tmp_path: Path, folder: Path, lrs=(0.01, 0.03), chosen=0.03) -> 
         model = vitlab.load(run)
         with torch.no_grad():
             model.head.bias.fill_(lr)
-        vitlab.save(model, run / "model.safetensors")
+        save(model, run / "model.safetensors", user_named=False)  # as its training would
         rows.append(SweepRow(lr, 0.9 if lr == chosen else 0.5, 0.8, str(run)))
     chosen_row = next(r for r in rows if r.lr == chosen)
     write_sweep(SweepResult(sweep, rows, chosen_row, 0.1))

@@ -19,6 +19,7 @@ from vitlab.train.checkpoint import write_checkpoint
 from vitlab.weights.convert import convert
 from vitlab.weights.locate import locate as resolve_weights
 from vitlab.weights.locate import weights_path
+from vitlab.weights.vitlab_format import save
 
 try:  # timm writes the folders of the folder test; the run-directory tests need no timm
     import timm
@@ -67,7 +68,7 @@ def test_run_directory_means_newest_intact_checkpoint_then_final_weights(run, ra
     with pytest.raises(WeightsError, match=r"damaged checkpoint .*checksum.*; pass the run directory"):
         vitlab.load(step_dir(run, 20))
     final = random_tiny_vit(30)
-    vitlab.save(final, run / "model.safetensors")  # the run completed
+    save(final, run / "model.safetensors", user_named=False)  # the run completed: its training wrote the weights
     assert same_weights(vitlab.load(run), final) and resolve_weights(run) == run / "model.safetensors"
 
 

@@ -205,14 +205,17 @@ def analyze(
     model: nn.Module, x: torch.Tensor, out_dir: str | Path, *, head_fusion: str = "mean",
     discard_ratio: float = 0.0, components: int = 28, source: str = "images",
     images: Sequence[dict] | None = None, class_names: Sequence[str] | None = None,
+    inputs: Sequence[str | Path] = (),
 ) -> dict[str, Any]:
     """All analyses on normalised images x (N, C, H, W): figures, summary.json and index.html in out_dir.
     `images`: per image {"file", "true_class"} (see analysis.images); `class_names`: the classifier's (default:
-    the model's own, else indices). Returns the summary dict."""
+    the model's own, else indices); `inputs`: the files and folders read, which no output may replace. Returns the
+    summary dict."""
     vit = require_vit(model)
     out = Path(out_dir)
     # before any work: a summary.json or index.html of the user's is never replaced
-    check_replaceable(out, "summary.json", "vitlab analyze", ("index.html", *FIGURE_FILES), legacy_keys=SUMMARY_KEYS)
+    check_replaceable(out, "summary.json", "vitlab analyze", ("index.html", *FIGURE_FILES), legacy_keys=SUMMARY_KEYS,
+                      inputs=inputs)
     out.mkdir(parents=True, exist_ok=True)
     stats = collect_attention(vit, x, head_fusion, discard_ratio)
     records, labels = describe_images(vit, x, images, class_names or getattr(vit, "class_names", None))
@@ -256,12 +259,13 @@ def analyze_weights(
         raise ValueError(f"image size {size[0]}x{size[1]} is not a multiple of the effective patch size {stride}")
     class_names = getattr(model, "class_names", None)
     if images:
-        inputs = image_file_inputs(images, cfg, size, class_names or ())
+        picked = image_file_inputs(images, cfg, size, class_names or ())
     elif Path(data).is_file() and not is_hf_source(data):  # --data photo.jpg: the image itself
-        inputs = image_file_inputs([data], cfg, size, class_names or ())
+        picked = image_file_inputs([data], cfg, size, class_names or ())
     else:
-        inputs = dataset_inputs(data, cfg, size, num_images)
+        picked = dataset_inputs(data, cfg, size, num_images)
     with session.autocast():
-        summary = analyze(model, inputs.x, out_dir, head_fusion=head_fusion, discard_ratio=discard_ratio,
-                          components=components, source=inputs.source, images=inputs.images, class_names=class_names)
+        summary = analyze(model, picked.x, out_dir, head_fusion=head_fusion, discard_ratio=discard_ratio,
+                          components=components, source=picked.source, images=picked.images, class_names=class_names,
+                          inputs=(weights, data, *(images or ())))
     return summary, session.precision

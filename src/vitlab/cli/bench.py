@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from vitlab.cli.types import batch_size, device_name, float_range, image_size, int_range, new_file, workers
+
+WRITER = "vitlab bench"  # the mark of its --json record: the next benchmark may replace it
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -60,10 +60,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from vitlab.files.outputs import check_output
+    from vitlab.files.outputs import JSON, Kind, check_output
 
-    if args.json:  # before the timing: a file of the user's is never replaced unasked
-        check_output(args.json, args.force)
+    if args.json:  # before the timing: a file of the user's (or the data measured) is never replaced unasked
+        check_output(args.json, args.force, kind=Kind(WRITER, JSON), inputs=_inputs(args))
     if args.data is not None:
         return run_data_bench(args)
     from vitlab.bench import BenchSettings, run_benchmark
@@ -90,19 +90,24 @@ def run_bench(args: argparse.Namespace) -> int:
         result = run_benchmark(settings, progress=report)
     finally:
         bar.close()
-    return _report(result, args.json, args.force)
+    return _report(result, args.json, args.force, _inputs(args))
 
 
-def _report(result: Any, json_path: str | None, force: bool = False) -> int:
+def _report(result: Any, json_path: str | None, force: bool = False, inputs: tuple[str, ...] = ()) -> int:
     """The table on stdout and, with --json, the result as JSON (atomic: never a half-written file), marked as
     vitlab's so that the next run may replace it (outputs.check_output)."""
-    from vitlab.files.outputs import WRITTEN_BY, atomic_write
+    from vitlab.files.outputs import WRITTEN_BY, write_json
 
     print(result.table())
     if json_path:
-        text = json.dumps({WRITTEN_BY: "vitlab bench", **result.to_dict()}, indent=2)
-        atomic_write(Path(json_path), lambda tmp: Path(tmp).write_text(text), user_named=True, force=force)
+        write_json(json_path, {WRITTEN_BY: WRITER, **result.to_dict()}, indent=2, user_named=True, force=force,
+                   inputs=inputs)
     return 0
+
+
+def _inputs(args: argparse.Namespace) -> tuple[str, ...]:
+    """What a benchmark reads from disk: the data of a data benchmark."""
+    return (args.data,) if getattr(args, "data", None) else ()
 
 
 def run_data_bench(args: argparse.Namespace) -> int:
@@ -125,4 +130,4 @@ def run_data_bench(args: argparse.Namespace) -> int:
         result = run_data_benchmark(settings, on_repeat=report, on_batch=bar.update)
     finally:
         bar.close()
-    return _report(result, args.json, args.force)
+    return _report(result, args.json, args.force, _inputs(args))

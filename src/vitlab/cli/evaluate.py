@@ -64,14 +64,16 @@ def _eval(args: argparse.Namespace) -> int:
         per_class_lines,
         per_class_metrics,
     )
+    from vitlab.eval.metrics import CONFUSION_KIND
     from vitlab.files.outputs import check_output, check_replaceable
 
+    inputs = (args.weights, args.data)  # never replaced by what the evaluation writes
     if args.confusion:  # before any work, as for --out: a file of the user's is never replaced unasked
-        check_output(args.confusion, args.force)
+        check_output(args.confusion, args.force, kind=CONFUSION_KIND, inputs=inputs)
     if args.out:  # before any work: a metrics.json or figure of the user's is never replaced
         check_replaceable(args.out, "metrics.json", "vitlab eval",
                           () if args.confusion else (confusion_name(args.data, args.split),),
-                          legacy_keys=EVAL_RECORD_KEYS)
+                          legacy_keys=EVAL_RECORD_KEYS, inputs=inputs)
     r = evaluate_weights(args.weights, args.data, args.split, args.batch_size, args.workers, args.device,
                          None, args.strict, args.eval_resize, precision=args.precision, compile=args.compile)
     record = {**r.metrics, "eval_resize": r.eval_resize, "weights": str(args.weights), "data": args.data,
@@ -113,7 +115,7 @@ def _write_outputs(args: argparse.Namespace, r, record: dict, png) -> list[str]:
         try:
             write_confusion(r, png, f"Confusion matrix: {args.data} ({args.split}), top-1 "
                                     f"{100 * r.metrics['top1']:.2f}%", user_named=bool(args.confusion),
-                            force=args.force)
+                            force=args.force, inputs=(args.weights, args.data))
         except OSError as err:
             failures.append(f"cannot write the confusion matrix to {png}: {_why(err)}")
     return failures

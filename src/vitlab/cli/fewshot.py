@@ -82,11 +82,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.eval.fewshot_data import fewshot_from_weights, write_json
+    from vitlab.eval.fewshot_data import FEWSHOT_KIND, fewshot_from_weights, write_json
     from vitlab.files.outputs import check_output
 
+    inputs = (args.weights, args.data)  # never replaced by the table
     if args.json_out:  # before minutes of features: a file of the user's is never replaced unasked
-        check_output(args.json_out, args.force)
+        check_output(args.json_out, args.force, kind=FEWSHOT_KIND, inputs=inputs)
     result = fewshot_from_weights(args.weights, args.data, args.shots, args.seeds, args.l2, args.l2_sweep,
                                   args.batch_size, resize=args.eval_resize, val_fraction=args.val_fraction,
                                   device=args.device, precision=args.precision, random_init=args.random_init,
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json_out:
         write_json(result, args.json_out, {"weights": str(args.weights), "data": args.data,
                                            "random_init": args.random_init, "eval_resize": args.eval_resize},
-                   force=args.force)
+                   force=args.force, inputs=inputs)
         print(f"wrote {args.json_out}")
     return 0
 

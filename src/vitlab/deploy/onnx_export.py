@@ -37,8 +37,10 @@ from vitlab.deploy.onnx_check import (
     sample_inputs,
     session,
 )
-from vitlab.files.outputs import atomic_write, mark_text
+from vitlab.files.outputs import ONNX, Kind, atomic_write, check_output, mark_text
 from vitlab.runtime.quantize import is_int8
+
+ONNX_KIND = Kind("vitlab export", ONNX)  # what an earlier export left: replaced by the next one
 
 EXPORT_PRECISIONS = ("auto", "fp32", "int8", "bf16")
 INT8_OPS = ("MatMulInteger", "DynamicQuantizeMatMul", "DynamicQuantizeLinear")  # what the int8 graph computes with
@@ -62,10 +64,13 @@ class ExportReport:
 
 
 def export_onnx(model: nn.Module, path: str | Path, *, precision: str = "fp32", batch_size: int = 2,
-                opset: int | None = None, force: bool = False) -> ExportReport:
+                opset: int | None = None, force: bool = False, inputs: tuple[str | os.PathLike, ...] = ()
+                ) -> ExportReport:
     """Write `model` (a vitlab model in float32) to `path` as ONNX, checked against ONNX Runtime first (see the
-    module docstring). `force`: replace a file vitlab did not write (outputs.check_output). ValueError in one line
-    for a missing package, a precision ONNX Runtime cannot check or a failed check; nothing is written then."""
+    module docstring). The output rule (outputs.check_output, kind `ONNX_KIND`): never one of `inputs` (the
+    weights the model came from) or a run's files, never over weights; `force`: replace a file vitlab did not write.
+    ValueError in one line for a missing package, a precision ONNX Runtime cannot check or a failed check; nothing
+    is written then."""
     onnx, _ = require_onnx()
     name = _export_precision(precision)
     model = _float32_cpu(model)
@@ -75,7 +80,7 @@ def export_onnx(model: nn.Module, path: str | Path, *, precision: str = "fp32", 
     if size > MAX_PROTO_BYTES:
         raise ValueError(f"the model's {size / 2**30:.1f} GiB of weights exceed ONNX's 2 GiB for one file (external "
                          "data, which vitlab export does not write); export a smaller model")
-    inputs = sample_inputs(model, (batch_size, batch_size + 1))
+    samples = sample_inputs(model, (batch_size, batch_size + 1))
     path = Path(path)
     result: list[Agreement] = []
     quantized: list[int] = []
@@ -83,7 +88,7 @@ def export_onnx(model: nn.Module, path: str | Path, *, precision: str = "fp32", 
     def write(tmp: str) -> None:
         with tempfile.TemporaryDirectory(dir=path.parent, prefix=".vitlab-onnx-") as work:
             traced = Path(work) / "float32.onnx"
-            _trace(model, inputs[0], traced, opset)
+            _trace(model, samples[0], traced, opset)
             if name == "int8":
                 quantize_graph(traced, Path(work) / "int8.onnx")
                 traced = Path(work) / "int8.onnx"
@@ -91,13 +96,13 @@ def export_onnx(model: nn.Module, path: str | Path, *, precision: str = "fp32", 
             quantized.append(sum(n.op_type in INT8_OPS for n in proto.graph.node))
             _describe(proto, model, name)
             onnx.save(proto, tmp)
-        agreement = compare(session(tmp), model, inputs, name)
+        agreement = compare(session(tmp), model, samples, name)
         if not agreement.passed:
             raise ValueError(f"ONNX Runtime's output differs from PyTorch's by {agreement.error:.3g} relative "
                              f"(bound {agreement.bound:.3g}, {name}); nothing written to {path}")
         result.append(agreement)
 
-    atomic_write(path, write, user_named=True, force=force)
+    atomic_write(path, write, user_named=True, force=force, kind=ONNX_KIND, inputs=inputs)
     return ExportReport(path, name, os.path.getsize(path), result[0], _note(name, result[0], quantized[0]))
 
 
@@ -111,11 +116,13 @@ def _note(precision: str, check: Agreement, quantized: int) -> str:
 
 
 def export_weights(weights: str | Path, path: str | Path, **kwargs) -> ExportReport:
-    """`export_onnx` of what `vitlab.load` reads from `weights` (a file, folder, run or published name)."""
+    """`export_onnx` of what `vitlab.load` reads from `weights` (a file, folder, run or published name), which the
+    export never replaces."""
     from vitlab.weights.load import load
 
     require_onnx()  # before minutes of loading
-    return export_onnx(load(weights), path, **kwargs)
+    check_output(path, kwargs.get("force", False), kind=ONNX_KIND, inputs=(weights,))
+    return export_onnx(load(weights), path, inputs=(weights,), **kwargs)
 
 
 def _export_precision(precision: str) -> str:
@@ -155,7 +162,7 @@ def _describe(proto, model: nn.Module, precision: str) -> None:
     """vitlab's mark (doc_string, serialised before the graph, so `outputs.written_by` finds it in the file's
     first bytes) and what a deployment needs to feed the model: its config, normalisation and class names."""
     cfg = model.config
-    proto.doc_string = mark_text("vitlab export")
+    proto.doc_string = mark_text(ONNX_KIND.writer)
     meta = {"vitlab_config": json.dumps(cfg.to_dict()), "precision": precision,
             "image_size": json.dumps(list(cfg.image_size)), "mean": json.dumps(list(cfg.mean)),
             "std": json.dumps(list(cfg.std))}

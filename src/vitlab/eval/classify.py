@@ -131,12 +131,12 @@ def per_class_lines(rows: list[dict[str, Any]], limit: int = 30) -> list[str]:
 
 
 def write_confusion(result: EvalResult, path: str | Path, title: str = "Confusion matrix", *, user_named: bool = True,
-                    force: bool = False) -> Path:
+                    force: bool = False, inputs: tuple[str | Path, ...] = ()) -> Path:
     """The row-normalised confusion matrix as a PNG (atomic); sets result.confusion_png. OSError if the
     destination cannot be written, OutputRefused (an OSError) if it holds what vitlab may not replace (see
     plot_confusion_matrix)."""
     result.confusion_png = plot_confusion_matrix(result.confusion, result.class_names, path, title,
-                                                 user_named=user_named, force=force)
+                                                 user_named=user_named, force=force, inputs=inputs)
     return result.confusion_png
 
 

@@ -20,11 +20,13 @@ from vitlab.data.loader import UnreadableImages
 from vitlab.data.transforms import FEWSHOT_RESIZE, as_size
 from vitlab.errors import DataError
 from vitlab.eval.fewshot_lsr import DEFAULT_L2, FewshotResult, fewshot_on_features, representations
-from vitlab.files.outputs import WRITTEN_BY
+from vitlab.files.outputs import JSON, WRITTEN_BY, Kind
 from vitlab.files.outputs import write_json as write_json_file
 from vitlab.models import build_model
 from vitlab.progress import progress as progress_bar
 from vitlab.runtime.session import open_session
+
+FEWSHOT_KIND = Kind("vitlab fewshot", JSON)  # the accuracy table: replaced by the next few-shot run
 
 
 def split_features(
@@ -112,8 +114,9 @@ def fewshot_from_weights(
     return result
 
 
-def write_json(result: FewshotResult, path: str | Path, extra: dict | None = None, force: bool = False) -> None:
+def write_json(result: FewshotResult, path: str | Path, extra: dict | None = None, force: bool = False,
+               inputs: tuple[str | Path, ...] = ()) -> None:
     """The table as JSON, marked as vitlab's (its first key) so that a later run may replace it; an existing file
-    that is not vitlab's is replaced only with `force` (outputs.check_output)."""
-    write_json_file(path, {WRITTEN_BY: "vitlab fewshot", **(extra or {}), **result.to_dict()}, indent=2,
-                    user_named=True, force=force)
+    that is not an earlier table is replaced only with `force`, and `inputs` never (outputs.check_output)."""
+    write_json_file(path, {WRITTEN_BY: FEWSHOT_KIND.writer, **(extra or {}), **result.to_dict()}, indent=2,
+                    user_named=True, force=force, inputs=inputs)

@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vitlab.files.outputs import atomic_write, mark
+from vitlab.files.outputs import PNG, Kind, atomic_write, mark
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+CONFUSION_KIND = Kind("vitlab eval", PNG)  # a confusion-matrix figure: replaced by the next evaluation
 
 
 def topk_correct(logits: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...] = (1, 5)) -> list[torch.Tensor]:
@@ -79,16 +81,17 @@ def per_class_accuracy(confusion: torch.Tensor) -> torch.Tensor:
 
 def plot_confusion_matrix(
     confusion: torch.Tensor, class_names: list[str], path: str | Path, title: str = "Confusion matrix", *,
-    user_named: bool = True, force: bool = False,
+    user_named: bool = True, force: bool = False, inputs: tuple[str | Path, ...] = (),
 ) -> Path:
     """A PNG of the row-normalised matrix (each true class's row sums to 100%); counts are written in the cells
     when there are few classes. Written atomically: a failed write leaves no partial file (OSError is raised).
-    A `user_named` path is held to the output rule (outputs.check_output: an existing file must be vitlab's, or
-    `force`); the PNG carries vitlab's mark so that the next evaluation may replace it."""
+    A `user_named` path is held to the output rule (outputs.check_output, kind `CONFUSION_KIND`: never one of
+    `inputs` or a run's files; an existing file must be an earlier confusion matrix, or `force`); the PNG carries
+    vitlab's mark so that the next evaluation may replace it."""
     fig = confusion_figure(confusion, class_names, title)
     path = Path(path)
-    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png", metadata=mark("vitlab eval")),
-                 user_named=user_named, force=force)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png", metadata=mark(CONFUSION_KIND.writer)),
+                 user_named=user_named, force=force, kind=CONFUSION_KIND, inputs=inputs)
     return path
 
 

@@ -9,12 +9,14 @@ their `format: vitlab` metadata.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import re
 import stat
 import zipfile
 from pathlib import Path
+from typing import NamedTuple
 
 WRITTEN_BY = "written_by"  # the key of a verb's JSON record that names the verb: its outputs may be replaced
 _TEXT_MARK = re.compile(rb"<!-- written_by: (vitlab[^>\n]{0,80}?) -->")  # Markdown (model cards), HTML
@@ -39,10 +41,44 @@ def mark_zip(path: str | Path, writer: str = "vitlab") -> None:
         archive.comment = f"written_by: {writer}".encode()
 
 
+# What a file holds, read from its first bytes: the kinds of output a verb writes.
+WEIGHTS = "weights"  # safetensors, or a zip archive (torch.save, .npz): weights or arrays, never replaced by others
+PNG, JSON, ONNX, TEXT, OTHER = "png", "json", "onnx", "text", "other"
+
+
+class Kind(NamedTuple):
+    """A kind of output: who writes it and in what format, e.g. Kind("vitlab eval", PNG) for a confusion matrix.
+    An existing file is replaced without --force only by an output of its own kind (`outputs.check_output`);
+    for weights any vitlab writer will do (the writer then only tells vitlab's weights from others')."""
+
+    writer: str | None
+    format: str
+
+    def __str__(self) -> str:
+        what = "weights" if self.format == WEIGHTS else f"{'an' if self.format in (ONNX, OTHER) else 'a'} " \
+            f"{self.format.upper() if self.format in (PNG, JSON, ONNX) else self.format} file"
+        return what + (f" written by {self.writer}" if self.writer and self.format != WEIGHTS else "")
+
+
 def written_by(path: str | Path) -> str | None:
     """The writer a regular file's mark names ("vitlab convert", …), None when it has none. Reads at most a bounded
     header and never blocks (a FIFO is not opened for reading). vitlab safetensors from before the mark count as
     vitlab's by their `format` metadata."""
+    found = _read(path, _mark_in)
+    return found if isinstance(found, str) else None
+
+
+def kind_of(path: str | Path) -> Kind | None:
+    """The kind of the regular file at `path` (its writer None when it carries no mark), None when there is no
+    readable regular file. Weights are recognised by format, whoever wrote them: a safetensors header, or a zip
+    archive (what torch.save and numpy's .npz write)."""
+    found = _read(path, _kind_in)
+    return found if isinstance(found, Kind) else None
+
+
+def _read(path: str | Path, parse) -> object:
+    """`parse(file, head)` on the regular file at `path`, opened without following a link or blocking on a FIFO;
+    None when it cannot be read or parsed."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
@@ -51,9 +87,34 @@ def written_by(path: str | Path) -> str | None:
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 return None
-            return _mark_in(f, f.read(_HEAD))
+            return parse(f, f.read(_HEAD))
         except (OSError, ValueError, AttributeError, zipfile.BadZipFile, RecursionError, EOFError):
             return None  # unreadable or not a format with a mark: not recognisably vitlab's
+
+
+def _kind_in(f, head: bytes) -> Kind:
+    try:
+        writer = _mark_in(f, head)
+    except (OSError, ValueError, AttributeError, zipfile.BadZipFile, RecursionError, EOFError):
+        writer = None
+    if head.startswith(b"PK") or _is_safetensors(head):
+        return Kind(writer, WEIGHTS)
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return Kind(writer, PNG)
+    if _JSON_MARK.match(head) or head.lstrip()[:1] in (b"{", b"["):
+        return Kind(writer, JSON)
+    if writer is not None and head[:1] == b"\x08":  # an ONNX ModelProto opens with its ir_version field
+        return Kind(writer, ONNX)
+    try:  # the head may end inside a character: an incremental decoder waits for the rest instead of failing
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError:
+        return Kind(writer, OTHER)
+    return Kind(writer, TEXT)
+
+
+def _is_safetensors(head: bytes) -> bool:
+    """8 bytes of little-endian header size, then the header's JSON object."""
+    return len(head) > 8 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 1 << 27
 
 
 def _mark_in(f, head: bytes) -> str | None:
@@ -62,7 +123,8 @@ def _mark_in(f, head: bytes) -> str | None:
     if head.startswith(b"PK"):
         comment = zipfile.ZipFile(f).comment
         return comment.split(b": ", 1)[1].decode() if comment.startswith(b"written_by: vitlab") else None
-    if len(head) > 8 and head[8:9] == b"{" and (size := int.from_bytes(head[:8], "little")) < 1 << 27:
+    if _is_safetensors(head):
+        size = int.from_bytes(head[:8], "little")
         f.seek(8)  # safetensors: 8 bytes of header size, then the JSON header (metadata included)
         meta = json.loads(f.read(size)).get("__metadata__") or {}
         if str(meta.get(WRITTEN_BY, "")).startswith("vitlab") or meta.get("format") == "vitlab":

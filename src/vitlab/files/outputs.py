@@ -25,17 +25,25 @@ import shutil
 import socket
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from vitlab.errors import OutputRefused
 
-# The marks, re-exported: writers import the rule and the marks from one place.
+# The marks and kinds, re-exported: writers import the rule and the marks from one place.
+from vitlab.files.marks import JSON as JSON
+from vitlab.files.marks import ONNX as ONNX
+from vitlab.files.marks import PNG as PNG
+from vitlab.files.marks import TEXT as TEXT
+from vitlab.files.marks import WEIGHTS as WEIGHTS
 from vitlab.files.marks import WRITTEN_BY as WRITTEN_BY
+from vitlab.files.marks import Kind as Kind
+from vitlab.files.marks import kind_of as kind_of
 from vitlab.files.marks import mark as mark
 from vitlab.files.marks import mark_text as mark_text
 from vitlab.files.marks import mark_zip as mark_zip
 from vitlab.files.marks import written_by as written_by
+from vitlab.files.rundir import is_run_dir, run_owning
 
 _TAG = "vitlab-tmp"
 # Failures of the storage rather than of vitlab: what the user can fix, and how.
@@ -181,12 +189,14 @@ def remove_stale_temporaries(folder: Path) -> list[Path]:
 
 
 def atomic_write(path: str | Path, write: Callable[[str], object], *, user_named: bool = False,
-                 force: bool = False) -> None:
+                 force: bool = False, kind: Kind | None = None, inputs: Iterable[str | os.PathLike] = ()) -> None:
     """Call write(tmp_path) for a temporary file beside `path`, then rename it into place. What is at `path` is
     checked before the work and again before the rename: never a special file or link (`refuse_special`); with
-    `user_named` (a path the user gave) only a file vitlab wrote, unless `force` (`check_output`)."""
+    `user_named` (a path the user gave) by the whole output rule, `check_output(path, force, kind=, inputs=)`."""
     path = Path(path)
-    guard = (lambda: check_output(path, force)) if user_named else (lambda: refuse_special(path))
+    inputs = tuple(inputs)
+    guard = ((lambda: check_output(path, force, kind=kind, inputs=inputs)) if user_named
+             else (lambda: refuse_special(path)))
     guard()
     try:
         check_name_length(path)
@@ -264,12 +274,17 @@ _LEGACY = "a vitlab version from before written_by"
 
 
 def check_replaceable(folder: str | Path, record: str, verb: str, others: tuple[str, ...] = (),
-                      legacy_keys: frozenset[str] = frozenset()) -> None:
+                      legacy_keys: frozenset[str] = frozenset(), inputs: Iterable[str | os.PathLike] = ()) -> None:
     """ValueError (one line) unless the files `verb` writes into `folder` (its JSON `record` and `others`) are
     absent or its own: the record says `"written_by": verb` (or, from before the key existed, holds every one of
     `legacy_keys`), or each file present carries the verb's own mark (a run stopped before its record). A file
-    that a user put there is never replaced; a device, FIFO, socket, link or folder there is refused."""
+    that a user put there is never replaced; a device, FIFO, socket, link or folder there is refused, and so are
+    the verb's `inputs` and a run's own files (`check_output`'s first rules), --force or not."""
     folder = Path(folder)  # a link to a folder is fine here: files are written into it, it is not replaced
+    inputs = tuple(inputs)
+    for name in (record, *others):
+        refuse_input(folder / name, inputs)
+        refuse_run_file(folder / name)
     present = [name for name in (record, *others) if os.path.lexists(folder / name)]
     for name in present:
         refuse_special(folder / name)
@@ -301,9 +316,6 @@ _KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")
 FORCE_FIX = "pass --force to replace it, or choose a new name"
 
 
-
-
-
 def refuse_special(path: str | Path, what: str = "file") -> None:
     """OutputRefused when `path` exists and is not a regular file (or, for what="folder", not a real folder):
     renaming over a character device replaces it (run as root, /dev/null itself), over a FIFO or socket breaks
@@ -321,34 +333,93 @@ def refuse_special(path: str | Path, what: str = "file") -> None:
 
 
 def write_json(path: str | Path, record: object, *, indent: int = 1, end: str = "", user_named: bool = False,
-               force: bool = False) -> str:
-    """`record` as JSON (`indent`, then `end`) written atomically by `atomic_write`'s rule (`user_named`, `force`
-    as there); the text written. The one JSON writer: every JSON output goes through the output rule."""
+               force: bool = False, inputs: Iterable[str | os.PathLike] = ()) -> str:
+    """`record` as JSON (`indent`, then `end`) written atomically by `atomic_write`'s rule (`user_named`, `force`,
+    `inputs` as there; the kind: a JSON file of the record's `written_by`); the text written. The one JSON writer:
+    every JSON output goes through the output rule."""
     text = json.dumps(record, indent=indent) + end
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), user_named=user_named, force=force)
+    writer = record.get(WRITTEN_BY) if isinstance(record, dict) else None
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), user_named=user_named, force=force,
+                 kind=Kind(writer, JSON) if writer else None, inputs=inputs)
     return text
 
 
-def check_output(path: str | Path, force: bool = False, fix: str = FORCE_FIX) -> None:
-    """The rule for every file a user names as an output (checked before the work and again before the rename):
-    - absent: written;
-    - not a regular file (a character or block device, FIFO, socket, symbolic link, folder): refused, --force or not;
-    - a regular file vitlab wrote, recognisably: replaced. Recognised by its mark `written_by: vitlab…`: a JSON
-      record's first key, safetensors metadata (or vitlab's own `format: vitlab`), a PNG tEXt chunk, the zip
-      comment of an .npz/.pth, a comment line in Markdown/HTML;
-    - any other regular file: refused (OutputRefused, one line ending in `fix`) unless `force`."""
+def check_output(path: str | Path, force: bool = False, fix: str = FORCE_FIX, *, kind: Kind | None = None,
+                 inputs: Iterable[str | os.PathLike] = ()) -> None:
+    """The rule for every file a user names as an output (checked before the work and again before the rename).
+    Refused whatever `force` says:
+    - one of the verb's `inputs`: the same file (by inode: links, hard links and other spellings included) or a
+      file inside an input folder (a dataset, a weights folder; a run's folder is held by the next rule);
+    - one of a run's own files (weights, best weights, checkpoints, config.json, records: `rundir.run_owning`):
+      only the run's training writes them;
+    - what is not a regular file (a character or block device, FIFO, socket, symbolic link, folder);
+    - weights (a safetensors or zip archive, whoever wrote it) when the output is not weights (`kind`).
+    Otherwise an absent path is written, and an existing file is replaced when it is an earlier output of the same
+    `kind` (vitlab's mark `written_by: vitlab…` and the format; for weights, any vitlab weights), or when `force`.
+    Any other file is refused (OutputRefused, one line ending in `fix`). `kind` None: any file vitlab marked."""
+    refuse_input(path, inputs)
+    refuse_run_file(path)
     refuse_special(path)
-    if force or not os.path.lexists(path) or written_by(path) is not None:
+    if not os.path.lexists(path):
         return
-    raise OutputRefused(path, "exists and vitlab did not write it", fix)
+    there = kind_of(path)
+    if there is not None and there.format == WEIGHTS and kind is not None and kind.format != WEIGHTS:
+        raise OutputRefused(path, f"holds weights (a safetensors or zip archive), which only weights replace; this "
+                                  f"output is {kind}", "choose another name")
+    if force:
+        return
+    if there is None or there.writer is None:
+        raise OutputRefused(path, "exists and vitlab did not write it", fix)
+    if kind is not None and there != kind and not (kind.format == WEIGHTS == there.format):
+        raise OutputRefused(path, f"is {there}, not {kind}", fix)
+
+
+def refuse_input(path: str | Path, inputs: Iterable[str | os.PathLike]) -> None:
+    """OutputRefused when `path` is one of `inputs` (the same file by inode) or an existing file inside an input
+    folder (a dataset's image, a weights folder's config). Two exceptions, files the folder holds beside what is
+    read: in a run's folder, guarded by `refuse_run_file`, and vitlab's own earlier non-weights outputs (a metrics
+    record, a figure). Inputs that do not exist as paths (published names, embedded datasets) hold nothing."""
+    if not os.path.lexists(path):
+        return
+    for given in inputs:
+        if not os.path.exists(given):
+            continue
+        if os.path.isdir(given):
+            inside = Path(os.path.realpath(path)).is_relative_to(os.path.realpath(given))
+            there = kind_of(path) if inside else None
+            if inside and not is_run_dir(Path(given)) and not (there and there.writer and there.format != WEIGHTS):
+                raise OutputRefused(path, f"lies inside {os.fsdecode(given)}, which this command reads",
+                                    "write the output somewhere else")
+        elif os.path.exists(path) and os.path.samefile(path, given):
+            raise OutputRefused(path, f"is {os.fsdecode(given)}, which this command reads", "give another output "
+                                "path (--force does not replace an input)")
+
+
+def refuse_run_file(path: str | Path) -> None:
+    """OutputRefused when `path` is one of a run's own files (`rundir.run_owning`): a run's weights, best weights,
+    checkpoints, config.json and records are written only by its training, so no other output may take their
+    place, --force or not."""
+    try:
+        run = run_owning(path)
+    except OSError:  # a path the system cannot look up (a name too long): the write itself reports it
+        return
+    if run is not None:
+        raise OutputRefused(path, f"is one of the files of the run in {run}, which only its training writes",
+                            "write the output outside the run's files (--force does not replace them)")
 
 
 def check_output_folder(folder: str | Path, names: tuple[str, ...], card: str, force: bool = False,
-                        fix: str = FORCE_FIX) -> None:
+                        fix: str = FORCE_FIX, inputs: Iterable[str | os.PathLike] = ()) -> None:
     """The rule for a folder export (timm, HF): absent or empty, or an earlier export: nothing in it but `names`
     (never a special file) and its model card `card` marked as vitlab's (`force`: the card may be anyone's). A
-    folder holding anything else is refused even with `force`: replacing it would delete the user's data."""
+    folder holding anything else is refused even with `force`: replacing it would delete the user's data; so is
+    one that holds (or is) one of `inputs`, or lies among a run's files."""
     folder = Path(folder)
+    refuse_run_file(folder / card)
+    for given in inputs:
+        if os.path.exists(given) and Path(os.path.realpath(given)).is_relative_to(os.path.realpath(folder)):
+            raise OutputRefused(folder, f"holds {os.fsdecode(given)}, which this command reads",
+                                "write the export to a new folder (--force does not replace an input)")
     refuse_special(folder, "folder")
     if not folder.exists():
         return

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -36,6 +37,8 @@ LOCK = ".vitlab.lock"  # held while a process writes the run
 TENSORBOARD = "tensorboard"  # event files, with --tb
 WANDB = "wandb"  # the Weights & Biases run and its id, with --wandb
 CHECKPOINT_FILES = (WEIGHTS, STATE)  # what a manifest lists, no more and no fewer
+RUN_FILES = (CONFIG, METRICS, WEIGHTS, BEST, CURVES, CONSOLE_LOG, LOCK)  # a run's own files at its top level
+RUN_FOLDERS = (CHECKPOINTS, TENSORBOARD, WANDB)  # a run's own folders: everything in them is the run's
 _STEP_NAME = re.compile(r"step_(\d+)")
 
 log = logging.getLogger("vitlab.files.rundir")
@@ -54,6 +57,22 @@ def is_run_dir(path: Path) -> bool:
     """A folder a vitlab run wrote: metrics or checkpoints. timm and HF folders hold config.json and a
     model.safetensors too, but never these, so config.json alone does not make a run for a reader."""
     return path.is_dir() and ((path / METRICS).exists() or (path / CHECKPOINTS).is_dir())
+
+
+def run_owning(path: str | Path) -> Path | None:
+    """The run (or lone checkpoint) folder whose own file `path` is or would be: one of a run's `RUN_FILES`, anything
+    under its `RUN_FOLDERS`, or any file of a checkpoint folder; None otherwise. Folders are compared with links
+    resolved, so another spelling of the same folder is the same run."""
+    path = Path(os.path.abspath(path))
+    folder = Path(os.path.realpath(path.parent))
+    if path.name in RUN_FILES and is_run_dir(folder):
+        return folder
+    if is_checkpoint_dir(folder):
+        return folder
+    for inner, outer in zip((folder, *folder.parents), folder.parents, strict=False):
+        if inner.name in RUN_FOLDERS and is_run_dir(outer):
+            return outer
+    return None
 
 
 def holds_run(out: Path) -> bool:

@@ -83,8 +83,9 @@ def save_weights(
     path: Path, state: dict[str, torch.Tensor], config: ModelConfig, class_names: list[str],
     meta: dict[str, Any] | None = None,
 ) -> None:
-    """vitlab safetensors (atomic): loadable by `vitlab.load`, class names (and `meta`) in the metadata."""
-    save(WeightsHolder(state, config, class_names), path, meta=meta)
+    """vitlab safetensors (atomic): loadable by `vitlab.load`, class names (and `meta`) in the metadata. Written by
+    the run's own training, so its own files may be replaced (`user_named=False`)."""
+    save(WeightsHolder(state, config, class_names), path, meta=meta, user_named=False)
 
 
 def weights_meta(cfg: Any) -> dict[str, Any]:

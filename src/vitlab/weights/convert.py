@@ -8,7 +8,7 @@ from typing import Any
 from torch import nn
 
 from vitlab.errors import WeightsError
-from vitlab.files.outputs import FORCE_FIX, check_output, check_output_folder
+from vitlab.files.outputs import FORCE_FIX, TEXT, Kind, check_output, check_output_folder
 from vitlab.models.config import BiTConfig, ViTConfig
 from vitlab.progress import progress
 from vitlab.weights.bit_npz import write_bit_npz
@@ -21,7 +21,9 @@ from vitlab.weights.locate import locate
 from vitlab.weights.tensors import PICKLE_SUFFIXES
 from vitlab.weights.timm import HUB_FILES, write_timm
 from vitlab.weights.validate import check_values
-from vitlab.weights.vitlab_format import save
+from vitlab.weights.vitlab_format import WEIGHTS_KIND, save
+
+CARD_KIND = Kind("vitlab", TEXT)  # a model card beside a file export (card.write_card's mark)
 
 TARGETS = ("vitlab", "jax-npz", "bit-npz", "timm", "hf")
 
@@ -42,17 +44,17 @@ def target_format(dst: str | Path, to: str | None) -> str:
 
 def write(
     model: nn.Module, dst: str | Path, fmt: str, source: str | Path | None = None, card: bool | None = None,
-    force: bool = False, **options: Any,
+    force: bool = False, inputs: tuple[str | Path, ...] = (), **options: Any,
 ) -> Path | None:
     """Write `model` as `fmt`, the one dispatch over the writers ("jax-npz" of a BiT means big_transfer's .npz).
     Folder exports (timm hub folders, HF) always hold a model card (README.md); `card=True` also writes
     `<dst stem>.md` beside a file export. Returns that card's path, if written. What is at `dst` (and the
-    card's path) is held to the output rule first (`check_outputs`)."""
-    check_outputs(dst, fmt, card, force)
+    card's path) is held to the output rule first (`check_outputs`; never one of `inputs`)."""
+    check_outputs(dst, fmt, card, force, inputs)
     is_bit = isinstance(model.config, BiTConfig)
     if fmt == "vitlab":
         resize = getattr(model, "eval_resize", None)  # how the run evaluated: kept through conversions
-        save(model, dst, meta={"eval_resize": resize} if resize else None, force=force, fix=FORCE_FIX)
+        save(model, dst, meta={"eval_resize": resize} if resize else None, force=force, fix=FORCE_FIX, inputs=inputs)
     elif fmt == "bit-npz" or (fmt == "jax-npz" and is_bit):  # the official .npz of a BiT: big_transfer's layout
         write_bit_npz(model, dst, gn_4d=options.get("gn_4d", False))
     elif fmt == "jax-npz":
@@ -66,16 +68,18 @@ def write(
     return None
 
 
-def check_outputs(dst: str | Path, fmt: str, card: bool | None = None, force: bool = False) -> None:
-    """OutputRefused (one line) unless `dst` may be written (outputs.check_output): a file vitlab wrote or none;
-    a folder export's folder absent, empty or an earlier export (its README.md card marked as vitlab's); never
-    a device, FIFO, socket or link. `force` lets a regular file (or an export folder's files) of anyone's go."""
+def check_outputs(dst: str | Path, fmt: str, card: bool | None = None, force: bool = False,
+                  inputs: tuple[str | Path, ...] = ()) -> None:
+    """OutputRefused (one line) unless `dst` may be written (outputs.check_output, weights): weights vitlab wrote
+    or none; a folder export's folder absent, empty or an earlier export (its README.md card marked as vitlab's);
+    never one of `inputs`, a run's files, a device, FIFO, socket or link. `force` lets a regular file (or an
+    export folder's files) of anyone's go, but never an input or a run's file."""
     if is_folder_export(dst, fmt):
-        check_output_folder(dst, HF_FILES if fmt == "hf" else HUB_FILES, CARD, force)
+        check_output_folder(dst, HF_FILES if fmt == "hf" else HUB_FILES, CARD, force, inputs=inputs)
         return
-    check_output(dst, force)
+    check_output(dst, force, kind=WEIGHTS_KIND, inputs=inputs)
     if card:
-        check_output(Path(dst).with_suffix(".md"), force)
+        check_output(Path(dst).with_suffix(".md"), force, kind=CARD_KIND, inputs=inputs)
 
 
 def is_folder_export(dst: str | Path, fmt: str) -> bool:
@@ -99,15 +103,13 @@ def convert(
     held to the output rule before anything is read (`check_outputs`; `force`: replace a file of anyone's)."""
     fmt = target_format(dst, to)
     file = locate(src)  # the weights file it means, named as the card's source
-    if Path(dst).resolve() in (Path(src).resolve(), file.resolve()):
-        raise ValueError("destination is the source; write to a new path")
-    check_outputs(dst, fmt, card, force)  # before minutes of reading
+    check_outputs(dst, fmt, card, force, (src, file))  # before minutes of reading
     with progress(total=2, desc=f"convert {file.name}", unit="phase") as bar:  # read, then write
         model = load(file, image_size=image_size, num_classes=num_classes, arch=arch)
         bar.update(1)
         if fmt == "jax-npz" and isinstance(model.config, BiTConfig):
             fmt = "bit-npz"  # what was written: the official .npz of a BiT is big_transfer's layout
-        write(model, dst, fmt, source=file, card=card, force=force, **options)
+        write(model, dst, fmt, source=file, card=card, force=force, inputs=(src, file), **options)
         bar.update(1)
     return fmt
 

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from vitlab.errors import WeightsError
-from vitlab.files.outputs import atomic_write, check_output, mark
+from vitlab.files.outputs import WEIGHTS, Kind, atomic_write, check_output, mark
 from vitlab.models.config import config_from_dict
 from vitlab.weights.arguments import check_matches_config, check_model
 from vitlab.weights.record import WeightsRecord
@@ -22,17 +22,23 @@ from vitlab.weights.validate import check_state_dict, expected_shapes
 FORMAT_TAG = "vitlab"
 
 
+WEIGHTS_KIND = Kind("vitlab", WEIGHTS)
+
+
 def is_vitlab_file(path: str | Path) -> bool:
     meta = safetensors_header(path).get("__metadata__") or {}
     return meta.get("format") == FORMAT_TAG
 
 
 def save(model: torch.nn.Module, path: str | Path, meta: dict[str, Any] | None = None, force: bool = False,
-         fix: str = "pass force=True to replace it, or choose a new name") -> None:
+         fix: str = "pass force=True to replace it, or choose a new name", *, user_named: bool = True,
+         inputs: tuple[str | os.PathLike, ...] = ()) -> None:
     """Weights + config (+ meta such as class names) in one safetensors file, written atomically. A name that
     `load` would read as another format (`m.pt`: a PyTorch pickle) is refused, so that load(save(m)) holds. The
-    output rule (`outputs.check_output`): an existing file is replaced only if vitlab wrote it (or with `force`),
-    never a device, FIFO, socket, link or folder; a refusal is a FileExistsError whose one line ends in `fix`."""
+    output rule (`outputs.check_output`, weights): an existing file is replaced only if it is vitlab's weights (or
+    with `force`), never one of `inputs`, a run's own files, a device, FIFO, socket, link or folder; a refusal is a
+    FileExistsError whose one line ends in `fix`. `user_named` False: a run's training writing its own files (only
+    special files are refused there: the run's folder was checked when it started)."""
     check_model(model)
     if not isinstance(path, str | os.PathLike):
         raise TypeError(f"vitlab.save takes a file path (str or pathlib.Path), got {type(path).__name__}")
@@ -41,13 +47,15 @@ def save(model: torch.nn.Module, path: str | Path, meta: dict[str, Any] | None =
                          f"pickle; name it {Path(path).with_suffix('.safetensors').name}")
     check_matches_config(model, model.state_dict(), expected_shapes(model.config))  # load must rebuild it
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-    check_output(path, force, fix)  # before the tensors are copied
+    if user_named:
+        check_output(path, force, fix, kind=WEIGHTS_KIND, inputs=inputs)  # before the tensors are copied
     metadata = {"format": FORMAT_TAG, **mark(), "config": model.config.to_json()}
     class_names = (meta or {}).get("class_names", getattr(model, "class_names", None))
     extra = {**(meta or {}), **({"class_names": list(class_names)} if class_names else {})}
     if extra:
         metadata["meta"] = json.dumps(extra)
-    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata), user_named=True, force=force)
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata), user_named=user_named, force=force,
+                 kind=WEIGHTS_KIND, inputs=inputs)
 
 
 def read_vitlab(path: str | Path) -> WeightsRecord:
