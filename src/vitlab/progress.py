@@ -62,3 +62,12 @@ def duration(seconds: float) -> str:
     if seconds < 48 * 3600:
         return f"{seconds / 3600:.1f} h"
     return f"{seconds / 86400:.1f} days"
+
+
+def printable(text: str) -> str:
+    """`text` with every character a terminal would not show as itself (newlines, tabs, escape sequences, bytes
+    of a name that is not UTF-8) written as a Python escape such as `\\n`: a file name then prints on one line
+    and cannot move the cursor or recolour the terminal. Printable text, accents and all, is returned as it is."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

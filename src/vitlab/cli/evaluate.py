@@ -164,17 +164,19 @@ def _predict(args: argparse.Namespace) -> int:
     (images, skipped, img/s). Unreadable files under a folder are skipped with a warning each."""
     from vitlab.eval.prediction import predict_images
     from vitlab.eval.prediction_files import check_destinations, write_csv, write_json
+    from vitlab.progress import printable
 
-    check_destinations(args.csv, args.json_out, args.force)  # before any work: never a file of the user's
+    inputs = (args.weights, *args.images)  # never replaced by the predictions
+    check_destinations(args.csv, args.json_out, args.force, inputs)  # before any work: never a file of the user's
     run = predict_images(args.weights, args.images, args.top_k, args.device, args.precision, args.batch_size,
                          args.compile)
-    written = [write_csv(run, args.csv, args.force)] if args.csv else []
-    written += [write_json(run, args.json_out, args.weights, args.force)] if args.json_out else []
+    written = [write_csv(run, args.csv, args.force, inputs)] if args.csv else []
+    written += [write_json(run, args.json_out, args.weights, args.force, inputs)] if args.json_out else []
     if args.json:
         print(json.dumps(run.results, indent=1))
     elif not written:
-        for r in run.results:
-            tops = ", ".join(f"{t['class']} {100 * t['probability']:.1f}%" for t in r["top"])
-            print(f"{r['image']}: {tops}")
-    print(run.summary() + "".join(f"; written to {path}" for path in written), file=sys.stderr)
+        for r in run.results:  # names escaped: a newline or terminal escape in a file name stays on its line
+            tops = ", ".join(f"{printable(t['class'])} {100 * t['probability']:.1f}%" for t in r["top"])
+            print(f"{printable(r['image'])}: {tops}")
+    print(run.summary() + "".join(f"; written to {printable(str(path))}" for path in written), file=sys.stderr)
     return 0

@@ -79,9 +79,13 @@ def not_regular(path: str | Path) -> str | None:
     mode = os.stat(path).st_mode
     if stat.S_ISREG(mode):
         return None
-    kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+    return f"{path} is {special_kind(mode)}, not a regular file"
+
+
+def special_kind(mode: int) -> str:
+    """What a file that is not regular is, in words, from its `st_mode`."""
+    return ("a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
             else "a socket" if stat.S_ISSOCK(mode) else "a folder" if stat.S_ISDIR(mode) else "a special file")
-    return f"{path} is {kind}, not a regular file"
 
 
 def open_regular(path: str | Path) -> IO[bytes]:

@@ -8,6 +8,8 @@ eval` skips it, so that one broken file does not stop a folder of thousands. Res
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,26 +22,66 @@ from PIL import UnidentifiedImageError
 from vitlab.data import EvalTransform, normalize
 from vitlab.data.folder import IMAGE_EXTENSIONS
 from vitlab.data.sources import DECODE_ERRORS, decode_rgb
+from vitlab.data.untrusted import special_kind
 from vitlab.errors import DataError
 from vitlab.models.timm_compat import eval_resize_of
+from vitlab.progress import printable
 from vitlab.progress import progress as progress_bar
 from vitlab.runtime.precision import Precision
 from vitlab.runtime.session import open_session
 
+NOT_AN_IMAGE = f"not an image file name ({', '.join(IMAGE_EXTENSIONS)})"
 
-def expand_images(paths: list[str | Path]) -> list[str]:
-    """Image files as given, each folder replaced by the images under it (sorted, any depth)."""
+
+def expand_images(paths: list[str | Path]) -> tuple[list[str], list[dict[str, str]]]:
+    """Image files as given, each folder replaced by the images under it (sorted, any depth), and every other entry
+    under a folder with why it is left out (`{"image", "reason"}`): a name without an image extension, a broken
+    symbolic link, a FIFO, socket or device (never opened: a FIFO would block), a link to a folder (not followed: a
+    loop would never end). Nothing under a folder goes unmentioned."""
     images: list[str] = []
+    left_out: list[dict[str, str]] = []
     for path in map(Path, paths):
         if not path.is_dir():
             images.append(str(path))
             continue
-        found = sorted(str(p) for p in path.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+        found, skipped = _walk(path)
         if not found:
-            raise DataError(f"{path} is a folder without images ({', '.join(IMAGE_EXTENSIONS)}); pass image files "
-                            "or a folder that holds some")
+            raise DataError(f"{printable(str(path))} is a folder without images ({', '.join(IMAGE_EXTENSIONS)})"
+                            + (f"; it holds {len(skipped):,} other entries" if skipped else "")
+                            + "; pass image files or a folder that holds some")
         images += found
-    return images
+        left_out += skipped
+    return images, left_out
+
+
+def _walk(folder: Path) -> tuple[list[str], list[dict[str, str]]]:
+    found, skipped = [], []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in list(dirs):
+            if os.path.islink(os.path.join(root, name)):
+                dirs.remove(name)
+                skipped.append({"image": os.path.join(root, name), "reason": "a link to a folder, not followed; "
+                                "name it to predict what it holds"})
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            why = _not_an_image(path)
+            if why is None:
+                found.append(path)
+            else:
+                skipped.append({"image": path, "reason": why})
+    return sorted(found), sorted(skipped, key=lambda entry: entry["image"])  # one order, whatever the file system's
+
+
+def _not_an_image(path: str) -> str | None:
+    """Why a folder entry is not predicted, None for an image file to read."""
+    if Path(path).suffix.lower() not in IMAGE_EXTENSIONS:
+        return NOT_AN_IMAGE
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as err:
+        return "a broken symbolic link" if os.path.islink(path) else f"cannot be listed: {err.strerror}"
+    return None if stat.S_ISREG(mode) else f"{special_kind(mode)}, not a regular file"
 
 
 log = logging.getLogger("vitlab")
@@ -52,6 +94,7 @@ class Predictions:
 
     results: list[dict[str, Any]]
     skipped: list[dict[str, str]] = field(default_factory=list)  # {"image": path, "reason": "OSError: ..."}
+    left_out: int = 0  # the first entries of `skipped`: what a folder holds besides image files
     seconds: float = 0.0
     precision: Precision | None = None
 
@@ -60,9 +103,13 @@ class Predictions:
         return len(self.results) / self.seconds if self.seconds > 0 else 0.0
 
     def summary(self) -> str:
-        """'predicted 997 images, skipped 3 unreadable, in 12.3 s: 81.1 img/s'."""
+        """'predicted 997 images, skipped 3 unreadable, in 12.3 s: 81.1 img/s'; entries of a folder that are not
+        images are counted apart: 'skipped 2 unreadable and 5 not images'."""
+        listed = self.left_out
+        others = f" and {listed:,} not image{'s' if listed != 1 else ''}" if listed else ""
         return (f"predicted {len(self.results):,} image{'s' if len(self.results) != 1 else ''}, skipped "
-                f"{len(self.skipped):,} unreadable, in {self.seconds:.1f} s: {self.images_per_second:.1f} img/s")
+                f"{len(self.skipped) - listed:,} unreadable{others}, in {self.seconds:.1f} s: "
+                f"{self.images_per_second:.1f} img/s")
 
 
 def predict(weights: str | Path, images: list[str], top_k: int | None = None, device: str = "auto",
@@ -85,13 +132,15 @@ def predict_images(weights: str | Path, images: list[str], top_k: int | None = N
     model, dev, chosen, names = session.model, session.device, session.precision, list(session.class_names)
     log.info("precision %s (%s)", chosen.name, chosen.reason)
     named = {str(p) for p in images if not Path(p).is_dir()}
-    paths = expand_images(images)
+    paths, left_out = expand_images(images)
     if top_k is None:
         top_k = min(5, len(names))
     elif top_k > len(names):
         log.warning("top-k %d is more than the model's %d classes: showing all %d", top_k, len(names), len(names))
     transform = EvalTransform(model.config.image_size, eval_resize_of(model))
     out = Predictions([], precision=chosen)
+    _report_left_out(left_out)
+    out.skipped, out.left_out = list(left_out), len(left_out)
     start = time.perf_counter()
     batches = [paths[lo : lo + batch_size] for lo in range(0, len(paths), batch_size)]
     for batch in progress_bar(batches, desc="predict", unit="batch"):
@@ -105,15 +154,17 @@ def predict_images(weights: str | Path, images: list[str], top_k: int | None = N
         finite = torch.isfinite(probs).all(-1)
         if not finite.all():
             path = kept[int((~finite).nonzero()[0])]
-            raise ValueError(f"the model's output for {path} is not finite (NaN or inf); check the weights")
+            raise ValueError(f"the model's output for {printable(path)} is not finite (NaN or inf); check the "
+                             "weights")
         top = probs.topk(min(top_k, probs.shape[-1]))
         for path, values, indices in zip(kept, top.values.tolist(), top.indices.tolist(), strict=True):
             out.results.append({"image": path, "top": [{"class": names[j], "index": int(j), "probability": float(p)}
                                                        for p, j in zip(values, indices, strict=True)]})
     out.seconds = time.perf_counter() - start
     if not out.results:
-        raise DataError(f"none of the {len(paths)} images could be read (first: {out.skipped[0]['image']}: "
-                        f"{out.skipped[0]['reason']}); check the files")
+        first = out.skipped[out.left_out]
+        raise DataError(f"none of the {len(paths)} images could be read (first: {printable(first['image'])}: "
+                        f"{printable(first['reason'])}); check the files")
     return out
 
 
@@ -128,12 +179,25 @@ def _decode_batch(batch: list[str], transform: EvalTransform, named: set[str], s
         except (FileNotFoundError, *DECODE_ERRORS) as err:
             reason = _reason(err)
             if path in named:
-                raise DataError(f"cannot read image {path}: {reason}") from None
-            log.warning("skipping unreadable image %s (%s)", path, reason)
+                raise DataError(f"cannot read image {printable(path)}: {printable(reason)}") from None
+            log.warning("skipping unreadable image %s (%s)", printable(path), printable(reason))
             skipped.append({"image": path, "reason": reason})
             continue
         kept.append(path)
     return arrays, kept
+
+
+def _report_left_out(left_out: list[dict[str, str]]) -> None:
+    """A warning for each entry that is not a regular image file (few, and each a surprise), one line for the
+    files whose names are not images (often many: notes, sidecar files)."""
+    names = [e["image"] for e in left_out if e["reason"] == NOT_AN_IMAGE]
+    for entry in left_out:
+        if entry["reason"] != NOT_AN_IMAGE:
+            log.warning("skipping %s (%s)", printable(entry["image"]), entry["reason"])
+    if names:
+        shown = ", ".join(printable(Path(n).name) for n in names[:3]) + (", …" if len(names) > 3 else "")
+        log.warning("left out %d file%s whose names are %s: %s", len(names), "s" if len(names) != 1 else "",
+                    NOT_AN_IMAGE, shown)
 
 
 def _reason(err: BaseException) -> str:
