@@ -258,11 +258,13 @@ def load(
         for ImageNet classifiers, `.class_names`. Raises `vitlab.weights.WeightsError` (one line naming the file,
         the tensor and the fix) for a file it cannot read; nothing is loaded partially.
 
-    `precision` (auto, fp32, bf16, int8; None: float32 as stored) prepares the model for inference on the CPU as
-    `vitlab eval --precision` does (vitlab.runtime.precision): `model.precision` is the choice and its reason. A bf16
-    ViT
-    holds bf16 weights and takes float32 images; hybrids and BiT keep float32 weights and compute in bf16 under
-    `vitlab.runtime.precision.autocast_for("cpu", model.precision)`."""
+    `precision` (auto, fp32, bf16, int8; None: float32 as stored) prepares the model for inference as
+    `vitlab eval --precision` does (vitlab.runtime.precision): `model.precision` is what the model computes in and
+    why (a BiT asked for int8 says fp32: its only Linear layer is its head, which stays float32). Every public
+    forward path (`forward`, `forward_features`, `forward_head`, `forward_intermediates`, `forward_inspect`)
+    computes in it, takes float32 input and returns float32 outputs. bf16 computes the matmuls and convolutions in
+    bf16 under the model's own autocast: from bf16 weights for a ViT, from float32 weights for the hybrids and BiT,
+    whose weight standardisation is computed in float32."""
     model = load_weights(path, image_size=image_size, num_classes=num_classes, pretrained=pretrained, arch=arch)
     if precision is None:
         return model

@@ -19,8 +19,10 @@ Exactness paths (`convert`, `info`, the parity tests, `--precision fp32`) comput
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from types import MethodType
 
 import torch
 from torch import nn
@@ -150,36 +152,87 @@ def autocast_for(device: torch.device | str, precision: Precision | str) -> Abst
 
 def _has_weight_standardisation(model: nn.Module) -> bool:
     """The hybrid's and BiT's convolutions standardise their weights on each call: computed from bf16 weights
-    that statistic loses precision, so those models keep float32 weights and compute under autocast."""
+    that statistic loses precision, so those models keep float32 weights (autocast rounds the standardised kernels
+    to bf16 for the convolutions)."""
     config = getattr(model, "config", None)
     return config is not None and (getattr(config, "resnet", None) is not None or hasattr(config, "root_width"))
 
 
-def _inputs_to_bf16(module: nn.Module, args: tuple) -> tuple:
-    return tuple(a.to(torch.bfloat16) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
+def _forward_paths(model: nn.Module) -> list[str]:
+    """The model's public forward methods: `forward` and every `forward_*` of its class."""
+    return [n for n in dir(type(model)) if (n == "forward" or n.startswith("forward_"))
+            and callable(getattr(type(model), n))]
 
 
-def _outputs_to_fp32(module: nn.Module, args: tuple, out):
-    if torch.is_tensor(out) and out.is_floating_point():
-        return out.float()  # callers (softmax, metrics, JSON) see float32 logits whatever the weights are
+def _in_bf16(path: str) -> Callable:
+    """The class's method `path` computed in bf16: floating tensor arguments cast to the dtype the weights are
+    stored in, the call under bf16 autocast, floating outputs returned in float32."""
+
+    def method(model: nn.Module, *args, **kwargs):
+        weight = next(model.parameters())
+        args = tuple(_to_dtype(a, weight.dtype) for a in args)
+        kwargs = {k: _to_dtype(v, weight.dtype) for k, v in kwargs.items()}
+        with autocast_for(weight.device, "bf16"):
+            out = getattr(type(model), path)(model, *args, **kwargs)
+        return _to_float32(out)
+
+    method.__name__ = method.__qualname__ = path
+    return method
+
+
+def _to_dtype(value, dtype: torch.dtype):
+    return value.to(dtype) if torch.is_tensor(value) and value.is_floating_point() else value
+
+
+def _to_float32(out):
+    """Every floating tensor of an output (nested in tuples, lists and dicts) in float32: callers (softmax, metrics,
+    JSON, analysis) see float32 whatever the model computed in."""
+    if torch.is_tensor(out):
+        return out.float() if out.is_floating_point() else out
+    if isinstance(out, dict):
+        return {k: _to_float32(v) for k, v in out.items()}
+    if isinstance(out, tuple | list):
+        return type(out)(_to_float32(o) for o in out)
     return out
 
 
 def prepare_for_inference(model: nn.Module, precision: Precision | str) -> nn.Module:
-    """The model in the fastest form of `precision` for inference (call `autocast_for` around it as well):
-    fp32 unchanged; bf16 weights cast to bfloat16 for a ViT (faster than autocast alone, BENCHMARKS.md "bf16 on
-    a CPU that computes it natively"), inputs cast to bf16 and logits back to float32 by hooks on `model(x)`;
-    hybrids and BiT keep float32 weights (weight standardisation) and rely on autocast; int8
-    `vitlab.runtime.quantize.quantize_int8`."""
+    """The model in the fastest form of `precision` for inference, computing in it on every public forward path
+    (`forward`, `forward_features`, `forward_head`, `forward_intermediates`, `forward_inspect`; `_forward_paths`).
+
+    - fp32: unchanged.
+    - bf16: each forward path takes float32 (or bf16) input and returns its floating outputs in float32, and
+      computes its matmuls and convolutions in bf16 under bf16 autocast of its own (no caller's autocast
+      needed). A ViT's weights are cast to bf16 (faster than autocast alone, BENCHMARKS.md "bf16 on a CPU that
+      computes it natively"); the hybrids and BiT keep float32 weights, so that their weight standardisation is
+      computed in float32 (`_has_weight_standardisation`), and compute in bf16 under the autocast.
+    - int8: `vitlab.runtime.quantize.quantize_int8` (the encoder's Linear layers, whichever path calls them).
+
+    The methods are wrapped on the model itself (bound to it, so a deep copy stays prepared); the model is
+    returned for chaining."""
     name = precision.name if isinstance(precision, Precision) else precision
     if name == "int8":
         from vitlab.runtime.quantize import quantize_int8  # optional dependencies live there; import only when asked
 
         return quantize_int8(model)
-    if name != "bf16" or _has_weight_standardisation(model) or getattr(model, "_vitlab_bf16", False):
+    if name != "bf16" or getattr(model, "_vitlab_bf16", False):
         return model
-    model = model.to(torch.bfloat16)
-    model.register_forward_pre_hook(_inputs_to_bf16)
-    model.register_forward_hook(_outputs_to_fp32)
+    if not _has_weight_standardisation(model):
+        model = model.to(torch.bfloat16)
+    for path in _forward_paths(model):
+        setattr(model, path, MethodType(_in_bf16(path), model))
     model._vitlab_bf16 = True
     return model
+
+
+def computed_precision(model: nn.Module, chosen: Precision) -> Precision:
+    """What a model `prepare_for_inference` prepared computes in: `chosen`, except int8 for a model with no Linear
+    layer to quantize (BiT: its head, kept float32, is its only one), which computes in float32 and says why."""
+    if chosen.name != "int8":
+        return chosen
+    from vitlab.runtime.quantize import is_int8
+
+    if is_int8(model):
+        return chosen
+    return Precision("fp32", "int8 requested, but the model has no Linear layer to quantize besides its head, "
+                             "which stays float32")

@@ -17,7 +17,14 @@ import torch
 from torch import nn
 
 from vitlab.runtime.device import pick_device
-from vitlab.runtime.precision import Precision, autocast_for, model_width, prepare_for_inference, resolve_precision
+from vitlab.runtime.precision import (
+    Precision,
+    autocast_for,
+    computed_precision,
+    model_width,
+    prepare_for_inference,
+    resolve_precision,
+)
 from vitlab.weights.load import load
 
 
@@ -46,12 +53,12 @@ def open_session(
     directory, a published name) with `image_size` / `num_classes` as `load` takes them.
 
     `device`: auto, cpu, cuda, cuda:N (`pick_device`). `precision`: auto, fp32, bf16 or int8, resolved for
-    inference on that device and the model's width (`resolve_precision`), or a choice already resolved.
-    `cast_weights`: prepare the model for `model(x)` in the precision's fastest form (`prepare_for_inference`: bf16
-    weights for a ViT, dynamic int8 Linear layers); False keeps float32 weights and computes bf16 under autocast
-    alone, for callers of other entry points (`forward_features`, `forward_inspect`), which the bf16 input and
-    output casts on `forward` do not cover. `compile`: wrap the prepared model with `torch.compile` (the wrapper
-    still exposes `config` and `class_names`; compiling costs seconds, see BENCHMARKS.md)."""
+    inference on that device and the model's width (`resolve_precision`), or a choice already resolved; the
+    session's `precision` is what the prepared model computes in (`computed_precision`: a BiT asked for int8 says
+    fp32). `cast_weights`: prepare the model in the precision's fastest form (`prepare_for_inference`: every public
+    forward path computes in it, float32 in and out); False keeps the float32 model as it is, computing bf16 only
+    under `autocast()`. `compile`: wrap the prepared model with `torch.compile` (the wrapper still exposes `config`
+    and `class_names`; compiling costs seconds, see BENCHMARKS.md)."""
     dev = pick_device(str(device))  # before the weights are read: a device that is not there is refused at once
     if isinstance(weights, nn.Module):
         if image_size is not None or num_classes is not None:
@@ -66,6 +73,7 @@ def open_session(
         precision, dev, use="infer", width=model_width(model))
     if cast_weights:
         model = prepare_for_inference(model, chosen)
+        chosen = computed_precision(model, chosen)
     elif chosen.name == "int8":
         raise ValueError("int8 computes in int8 Linear layers, which replace the float32 weights: it needs "
                          "cast_weights; use auto, fp32 or bf16 here")
