@@ -299,17 +299,22 @@ def export_onnx(model_or_weights: nn.Module | str | os.PathLike, path: str | os.
         model_or_weights: a model, or weights `load` reads (path, run directory, published name).
         path: the `.onnx` file, written atomically only after the check passes.
         precision: fp32 (or auto) or int8 (ONNX Runtime's dynamic quantization of the encoder's matmuls).
-        batch_size: the batch the export traces; the file also runs at other batch sizes (checked at two).
-        opset: the ONNX opset (None: the exporter's default).
+        batch_size: the batch the export traces (1 to 1024); the file also runs at other batch sizes (checked at
+            two).
+        opset: the ONNX opset, 14 to 20: those torch's exporter writes for every vitlab model
+            (`vitlab.ranges.ONNX_OPSET`; None: the exporter's default).
         force: replace an existing file that vitlab did not write.
 
     Returns:
         The export report (`.line()` says what was checked and how close). A failed check raises ValueError
-        and writes nothing.
+        and writes nothing; a wrong argument is a TypeError or ValueError naming it, before anything is loaded.
     """
     from vitlab.deploy import export_onnx as export_model
     from vitlab.deploy import export_weights
 
+    if not isinstance(model_or_weights, nn.Module | str | os.PathLike):
+        raise TypeError(f"model_or_weights must be a vitlab model (vitlab.load, create_model) or weights (a path or "
+                        f"a published name), got {type(model_or_weights).__name__}")
     export = export_weights if isinstance(model_or_weights, str | os.PathLike) else export_model
     return export(model_or_weights, path, precision=precision, batch_size=batch_size, opset=opset, force=force)
 
