@@ -25,6 +25,7 @@ from vitlab.hub.catalogue import timm_name
 from vitlab.models.config import BiTConfig, ModelConfig
 from vitlab.models.registry import build_model, model_config
 from vitlab.models.timm_compat import FeatureExtractor
+from vitlab.ranges import check_choice
 from vitlab.weights.load import load as load_weights
 from vitlab.weights.load import preprocessing
 from vitlab.weights.timm_arch import LAYER_SCALE_NAMES, timm_config
@@ -263,6 +264,7 @@ def load(
     ViT
     holds bf16 weights and takes float32 images; hybrids and BiT keep float32 weights and compute in bf16 under
     `vitlab.runtime.precision.autocast_for("cpu", model.precision)`."""
+    _check_load_options(pretrained, precision, arch)  # path and sizes: weights.load's own checks
     model = load_weights(path, image_size=image_size, num_classes=num_classes, pretrained=pretrained, arch=arch)
     if precision is None:
         return model
@@ -271,6 +273,18 @@ def load(
     session = open_session(model, device=next(model.parameters()).device, precision=precision)
     session.model.precision = session.precision
     return session.model
+
+
+def _check_load_options(pretrained: Any, precision: Any, arch: Any) -> None:
+    """TypeError / ValueError naming a wrong `load` keyword, before any file is read."""
+    if pretrained is not None and not isinstance(pretrained, bool | str):
+        raise TypeError(f"pretrained must be a tag name (str), True, False or None, got {pretrained!r}")
+    if arch is not None and not isinstance(arch, str):
+        raise TypeError(f"arch must be a timm architecture name (str) or None, got {arch!r}")
+    if precision is not None:
+        from vitlab.runtime.precision import PRECISIONS
+
+        check_choice("precision", precision, PRECISIONS)
 
 
 def save(model: nn.Module, path: str | os.PathLike, *, force: bool = False) -> None:
@@ -285,7 +299,18 @@ def save(model: nn.Module, path: str | os.PathLike, *, force: bool = False) -> N
 
     Raises:
         FileExistsError: the one-line refusal (a `.pt`/`.pth` name: ValueError, pickles are not written).
+        TypeError, ValueError: a wrong argument, or a model `load` could not rebuild (int8, pruned), in one line.
     """
+    from vitlab.runtime.quantize import is_int8
+    from vitlab.weights.arguments import check_model
+
+    check_model(model)
+    if is_int8(model):  # its Linear layers are packed int8 kernels, which no weights file describes
+        raise ValueError("vitlab.save: an int8 (quantized) model cannot be saved as weights; save the float32 model "
+                         "before quantizing it (load(path, precision='int8') quantizes it again), or export it as "
+                         "int8 ONNX with export_onnx(model, path, precision='int8') (vitlab export --precision int8)")
+    if not isinstance(force, bool):
+        raise TypeError(f"force must be True or False, got {force!r}")
     resize = getattr(model, "eval_resize", None)
     save_weights(model, path, meta={"eval_resize": resize} if resize else None, force=force)
 
