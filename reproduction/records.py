@@ -117,6 +117,9 @@ def verify(content: Any, path: Path, what: str, fix: str = RECORD_FIX) -> dict[s
     """`content` if it is an object whose checksum matches; else a RecordError naming the file."""
     if not isinstance(content, dict):
         raise RecordError(f"{path} holds a JSON {type(content).__name__}, not {what}; {fix}")
+    if content.get(CHECKSUM) is not None and not isinstance(content[CHECKSUM], str):
+        raise RecordError(f"{path} is malformed (its checksum is a JSON {type(content[CHECKSUM]).__name__}, not a "
+                          f"string): {fix}")
     if not isinstance(content.get(CHECKSUM), str):
         raise RecordError(f"{path} has no checksum, so it cannot be told from a hand-edited copy; if you trust it "
                           f"(written by a vitlab before checksums), seal it with `python -m reproduction.seal "

@@ -1,9 +1,10 @@
 """`python -m reproduction.seal FILE...`: give records and results.json files written by a vitlab before
-checksums (experiments.records) their checksum, after checking their types and ranges. For files you trust, once:
+checksums (reproduction.records) their checksum, after checking their types and ranges. For files you trust, once:
 the history of a committed file shows what changed in it."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -12,9 +13,16 @@ from reproduction import records as r
 
 def main(argv: list[str] | None = None) -> int:
     """Seal each file (one already sealed is verified and left as it is): 0; 2 with one line at the first file
-    that cannot be sealed."""
+    that cannot be sealed, or with the usage when no file is named."""
+    what = __doc__.split("`: ", 1)[1]
+    parser = argparse.ArgumentParser(prog="python -m reproduction.seal", description=what[0].upper() + what[1:])
+    parser.add_argument("files", nargs="+", metavar="FILE", help="a record or results.json to seal")
     try:
-        for path in [Path(p) for p in (sys.argv[1:] if argv is None else argv)]:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # argparse has printed the usage (or the help) and says how to exit
+        return int(stop.code or 0)
+    try:
+        for path in [Path(p) for p in args.files]:
             seal_file(path)
     except (r.RecordError, OSError) as err:
         print(f"reproduction.seal: {err}", file=sys.stderr)

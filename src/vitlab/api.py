@@ -25,6 +25,7 @@ from vitlab.hub.catalogue import timm_name
 from vitlab.models.config import BiTConfig, ModelConfig
 from vitlab.models.registry import build_model, model_config
 from vitlab.models.timm_compat import FeatureExtractor
+from vitlab.ranges import check_choice
 from vitlab.weights.load import load as load_weights
 from vitlab.weights.load import preprocessing
 from vitlab.weights.timm_arch import LAYER_SCALE_NAMES, timm_config
@@ -265,6 +266,7 @@ def load(
     computes in it, takes float32 input and returns float32 outputs. bf16 computes the matmuls and convolutions in
     bf16 under the model's own autocast: from bf16 weights for a ViT, from float32 weights for the hybrids and BiT,
     whose weight standardisation is computed in float32."""
+    _check_load_options(pretrained, precision, arch)  # path and sizes: weights.load's own checks
     model = load_weights(path, image_size=image_size, num_classes=num_classes, pretrained=pretrained, arch=arch)
     if precision is None:
         return model
@@ -273,6 +275,18 @@ def load(
     session = open_session(model, device=next(model.parameters()).device, precision=precision)
     session.model.precision = session.precision
     return session.model
+
+
+def _check_load_options(pretrained: Any, precision: Any, arch: Any) -> None:
+    """TypeError / ValueError naming a wrong `load` keyword, before any file is read."""
+    if pretrained is not None and not isinstance(pretrained, bool | str):
+        raise TypeError(f"pretrained must be a tag name (str), True, False or None, got {pretrained!r}")
+    if arch is not None and not isinstance(arch, str):
+        raise TypeError(f"arch must be a timm architecture name (str) or None, got {arch!r}")
+    if precision is not None:
+        from vitlab.runtime.precision import PRECISIONS
+
+        check_choice("precision", precision, PRECISIONS)
 
 
 def save(model: nn.Module, path: str | os.PathLike, *, force: bool = False) -> None:
@@ -287,7 +301,18 @@ def save(model: nn.Module, path: str | os.PathLike, *, force: bool = False) -> N
 
     Raises:
         FileExistsError: the one-line refusal (a `.pt`/`.pth` name: ValueError, pickles are not written).
+        TypeError, ValueError: a wrong argument, or a model `load` could not rebuild (int8, pruned), in one line.
     """
+    from vitlab.runtime.quantize import is_int8
+    from vitlab.weights.arguments import check_model
+
+    check_model(model)
+    if is_int8(model):  # its Linear layers are packed int8 kernels, which no weights file describes
+        raise ValueError("vitlab.save: an int8 (quantized) model cannot be saved as weights; save the float32 model "
+                         "before quantizing it (load(path, precision='int8') quantizes it again), or export it as "
+                         "int8 ONNX with export_onnx(model, path, precision='int8') (vitlab export --precision int8)")
+    if not isinstance(force, bool):
+        raise TypeError(f"force must be True or False, got {force!r}")
     resize = getattr(model, "eval_resize", None)
     save_weights(model, path, meta={"eval_resize": resize} if resize else None, force=force)
 
@@ -301,17 +326,22 @@ def export_onnx(model_or_weights: nn.Module | str | os.PathLike, path: str | os.
         model_or_weights: a model, or weights `load` reads (path, run directory, published name).
         path: the `.onnx` file, written atomically only after the check passes.
         precision: fp32 (or auto) or int8 (ONNX Runtime's dynamic quantization of the encoder's matmuls).
-        batch_size: the batch the export traces; the file also runs at other batch sizes (checked at two).
-        opset: the ONNX opset (None: the exporter's default).
+        batch_size: the batch the export traces (1 to 1024); the file also runs at other batch sizes (checked at
+            two).
+        opset: the ONNX opset, 14 to 20: those torch's exporter writes for every vitlab model
+            (`vitlab.ranges.ONNX_OPSET`; None: the exporter's default).
         force: replace an existing file that vitlab did not write.
 
     Returns:
         The export report (`.line()` says what was checked and how close). A failed check raises ValueError
-        and writes nothing.
+        and writes nothing; a wrong argument is a TypeError or ValueError naming it, before anything is loaded.
     """
     from vitlab.deploy import export_onnx as export_model
     from vitlab.deploy import export_weights
 
+    if not isinstance(model_or_weights, nn.Module | str | os.PathLike):
+        raise TypeError(f"model_or_weights must be a vitlab model (vitlab.load, create_model) or weights (a path or "
+                        f"a published name), got {type(model_or_weights).__name__}")
     export = export_weights if isinstance(model_or_weights, str | os.PathLike) else export_model
     return export(model_or_weights, path, precision=precision, batch_size=batch_size, opset=opset, force=force)
 

@@ -83,6 +83,14 @@ class Range:
             text = "a number (" + ", ".join(["finite", " and ".join(s for s in (lo, hi) if s)]).rstrip(", ") + ")"
         return f"{text} ({self.note})" if self.note and note else text
 
+    def check(self, name: str, value: Any) -> Any:
+        """`value` when it holds; else the one line a Python caller gets, naming the argument `name`: TypeError for
+        a value of another kind (a str, a bool, 2.5 for an integer), ValueError for one outside the range."""
+        if not self.holds(value):
+            kind = is_number(value) and (self.kind is float or is_int(value))
+            raise (ValueError if kind else TypeError)(f"{name} must be {self.allowed()}, got {value!r}")
+        return value
+
     def parse(self, text: str) -> int | float:
         """The value a flag's text gives; ValueError naming the range otherwise. int() refuses "nan", "inf",
         "1e30" and "2.5"; float() accepts them and the range then refuses the non-finite ones."""
@@ -93,6 +101,15 @@ class Range:
         if value is None or not self.holds(value):
             raise ValueError(f"must be {self.allowed(note=False)}, got {text!r}")
         return value
+
+
+def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    """`value` when it is one of `choices`; else the one line a Python caller gets, naming the argument `name`
+    (TypeError for a value that is not a str)."""
+    if not isinstance(value, str) or value not in choices:
+        error = ValueError if isinstance(value, str) else TypeError
+        raise error(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return value
 
 
 def int_range(low: int, high: int | None = None, note: str = "") -> Range:
@@ -123,6 +140,12 @@ PROBABILITY = float_range(0.0, 1.0)
 FRACTION = float_range(0.0, 1.0, low_open=True, high_open=True)  # a held-out share: some, but not all
 BELOW_ONE = float_range(0.0, 1.0, high_open=True)  # a rate in [0, 1): dropout, momentum, smoothing
 EPOCHS = float_range(0.0, 1e6, low_open=True)
+EXPORT_BATCH = int_range(1, 1024)  # the batch an ONNX export traces; its check also runs batch + 1
+# The opsets an ONNX export of every vitlab model writes and ONNX Runtime checks (`vitlab.deploy`): attention
+# (scaled_dot_product_attention) needs 14; 20 is the highest torch's TorchScript exporter supports (above it, it
+# warns and writes opset-20 operators under a higher version). The measurement: BENCHMARKS.md "int8, ONNX and
+# compile".
+ONNX_OPSET = int_range(14, 20)
 
 # Each numeric training setting (a TrainConfig field) and its range; for a tuple setting, the range of each
 # element. A setting whose default is None also takes None (the recipe's, the model's or the weights' value).

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from vitlab.cli.types import int_range
+from vitlab.cli.types import flag_type
+from vitlab.ranges import EXPORT_BATCH, ONNX_OPSET
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,9 +22,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="fp32 (auto: fp32, the runtime then picks its own precision) or int8: ONNX Runtime's "
                         "dynamic quantization of the encoder's MatMul weights, head kept float32 (bf16 is refused: "
                         "ONNX Runtime's CPU provider has no bf16 kernels to check it with)")
-    p.add_argument("--batch-size", type=int_range(1, 1024), default=2,
-                   help="batch of the traced sample; the check also runs batch + 1 (default 2)")
-    p.add_argument("--opset", type=int_range(9, 30), help="ONNX opset (default: torch's exporter's)")
+    p.add_argument("--batch-size", type=flag_type(EXPORT_BATCH), default=2,
+                   help=f"batch of the traced sample, {EXPORT_BATCH.allowed()}; the check also runs batch + 1 "
+                        "(default 2)")
+    p.add_argument("--opset", type=flag_type(ONNX_OPSET),
+                   help=f"ONNX opset, {ONNX_OPSET.allowed()}: attention needs {ONNX_OPSET.low}, torch's exporter "
+                        f"writes up to {ONNX_OPSET.high} (default: the exporter's own)")
     p.add_argument("--force", action="store_true",
                    help="replace an existing file vitlab did not write (vitlab's own exports are replaced anyway)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

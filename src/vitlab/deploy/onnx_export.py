@@ -9,7 +9,10 @@ int8 10 %); a failing check is one line and no file (the write is atomic).
 
 The exporter is torch's TorchScript-based one (`dynamo=False`): both exporters reproduce ViT, hybrid and BiT
 within the bound, and it takes seconds where the dynamo exporter takes far longer (BENCHMARKS.md "int8, ONNX and
-compile"), which is what a user waits for on every export.
+compile"), which is what a user waits for on every export. The opsets are `vitlab.ranges.ONNX_OPSET`'s, those it
+writes for every vitlab model. What torch prints on the way (warnings, the graph it dumps when it fails) is the
+exporter's, not the user's: it is captured, logged at debug level (`vitlab -v export`) and, when the export fails,
+summed up in the error's one line.
 
 Precisions: fp32 (and auto, which is fp32: an ONNX file's precision is then the runtime's choice) or int8 (ONNX
 Runtime's dynamic quantization of the encoder's MatMul weights, head kept float32). bf16 is refused: ONNX Runtime's
@@ -18,10 +21,15 @@ CPU provider has no bf16 kernels (its Conv rejects tensor(bfloat16)), so the che
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
+import logging
 import os
+import sys
 import tempfile
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +46,7 @@ from vitlab.deploy.onnx_check import (
     session,
 )
 from vitlab.files.outputs import ONNX, Kind, atomic_write, check_output, mark_text
+from vitlab.ranges import EXPORT_BATCH, ONNX_OPSET, check_choice
 from vitlab.runtime.quantize import is_int8
 
 ONNX_KIND = Kind("vitlab export", ONNX)  # what an earlier export left: replaced by the next one
@@ -45,6 +54,7 @@ ONNX_KIND = Kind("vitlab export", ONNX)  # what an earlier export left: replaced
 EXPORT_PRECISIONS = ("auto", "fp32", "int8", "bf16")
 INT8_OPS = ("MatMulInteger", "DynamicQuantizeMatMul", "DynamicQuantizeLinear")  # what the int8 graph computes with
 MAX_PROTO_BYTES = 2**31 - 1  # protobuf's limit on one file; larger models need external data, not written here
+log = logging.getLogger("vitlab.deploy")
 
 
 @dataclass(frozen=True)
@@ -69,13 +79,11 @@ def export_onnx(model: nn.Module, path: str | Path, *, precision: str = "fp32", 
     """Write `model` (a vitlab model in float32) to `path` as ONNX, checked against ONNX Runtime first (see the
     module docstring). The output rule (outputs.check_output, kind `ONNX_KIND`): never one of `inputs` (the
     weights the model came from) or a run's files, never over weights; `force`: replace a file vitlab did not write.
-    ValueError in one line for a missing package, a precision ONNX Runtime cannot check or a failed check; nothing
-    is written then."""
+    ValueError in one line for a missing package, a precision ONNX Runtime cannot check, an export torch cannot
+    make or a failed check; nothing is written then. A wrong argument is one line naming it (`check_arguments`)."""
+    name = check_arguments(path, precision, batch_size, opset, force)
     onnx, _ = require_onnx()
-    name = _export_precision(precision)
     model = _float32_cpu(model)
-    if batch_size < 1:
-        raise ValueError(f"batch size must be positive, not {batch_size}")
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     if size > MAX_PROTO_BYTES:
         raise ValueError(f"the model's {size / 2**30:.1f} GiB of weights exceed ONNX's 2 GiB for one file (external "
@@ -86,7 +94,9 @@ def export_onnx(model: nn.Module, path: str | Path, *, precision: str = "fp32", 
     quantized: list[int] = []
 
     def write(tmp: str) -> None:
-        with tempfile.TemporaryDirectory(dir=path.parent, prefix=".vitlab-onnx-") as work:
+        # The exporter's own files go in a folder named after the temporary: a failure to write them names the
+        # destination (outputs.storage_error), and the folder of a killed export is removed as its temporary is.
+        with tempfile.TemporaryDirectory(dir=path.parent, prefix=f"{Path(tmp).name}-") as work:
             traced = Path(work) / "float32.onnx"
             _trace(model, samples[0], traced, opset)
             if name == "int8":
@@ -115,19 +125,36 @@ def _note(precision: str, check: Agreement, quantized: int) -> str:
     return ""
 
 
-def export_weights(weights: str | Path, path: str | Path, **kwargs) -> ExportReport:
+def export_weights(weights: str | Path, path: str | Path, *, precision: str = "fp32", batch_size: int = 2,
+                   opset: int | None = None, force: bool = False) -> ExportReport:
     """`export_onnx` of what `vitlab.load` reads from `weights` (a file, folder, run or published name), which the
     export never replaces."""
     from vitlab.weights.load import load
 
-    require_onnx()  # before minutes of loading
-    check_output(path, kwargs.get("force", False), kind=ONNX_KIND, inputs=(weights,))
-    return export_onnx(load(weights), path, inputs=(weights,), **kwargs)
+    check_arguments(path, precision, batch_size, opset, force)  # before minutes of loading
+    require_onnx()
+    check_output(path, force, kind=ONNX_KIND, inputs=(weights,))
+    return export_onnx(load(weights), path, precision=precision, batch_size=batch_size, opset=opset, force=force,
+                       inputs=(weights,))
 
 
-def _export_precision(precision: str) -> str:
-    if precision not in EXPORT_PRECISIONS:
-        raise ValueError(f"--precision must be one of {', '.join(EXPORT_PRECISIONS)}, not {precision!r}")
+def check_arguments(path: object, precision: object, batch_size: object, opset: object, force: object) -> str:
+    """The precision to export ("fp32" or "int8"), once every argument but the model is of its type and range
+    (`vitlab.ranges`: the command line's flags parse by the same ranges); else a TypeError or ValueError naming the
+    argument, before anything is loaded or traced."""
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"path must be a file path (str or pathlib.Path), got {type(path).__name__}")
+    name = _export_precision(precision)
+    EXPORT_BATCH.check("batch_size", batch_size)
+    if opset is not None:
+        ONNX_OPSET.check("opset", opset)
+    if not isinstance(force, bool):
+        raise TypeError(f"force must be True or False, got {force!r}")
+    return name
+
+
+def _export_precision(precision: object) -> str:
+    check_choice("precision", precision, EXPORT_PRECISIONS)
     if precision == "bf16":
         raise ValueError("ONNX Runtime's CPU provider has no bf16 kernels, so a bf16 file could not be checked; "
                          "export fp32 (a GPU runtime may compute it in bf16/fp16) or int8")
@@ -137,8 +164,9 @@ def _export_precision(precision: str) -> str:
 def _float32_cpu(model: nn.Module) -> nn.Module:
     """The model to trace: float32, on the CPU, in eval mode; refuse one already prepared for another precision
     (the export applies the precision itself, to the graph)."""
-    if getattr(model, "config", None) is None:
-        raise ValueError("export_onnx takes a vitlab model (one with a .config): vitlab.load or create_model")
+    if not isinstance(model, nn.Module) or getattr(model, "config", None) is None:
+        raise TypeError(f"model must be a vitlab model (from vitlab.load or create_model: a module with a .config), "
+                        f"got {type(model).__name__}")
     if is_int8(model) or any(p.dtype != torch.float32 for p in model.parameters()):
         raise ValueError("export the float32 model and pass precision='int8' (or --precision int8) instead of a "
                          "model already converted to another precision")
@@ -148,14 +176,62 @@ def _float32_cpu(model: nn.Module) -> nn.Module:
 
 
 def _trace(model: nn.Module, x: torch.Tensor, dst: Path, opset: int | None) -> None:
+    """`model` traced at `x` into the ONNX file `dst`. The tracer's warnings are about Python conditions on shapes
+    (fixed here: only the batch varies, and the check runs a second batch size) and its own deprecations, and its
+    C++ side prints the whole graph when it fails: nothing the user can act on, so all of it is logged at debug
+    level. A failure of the storage stays an OSError (the caller names the destination); any other is one line."""
     output = "logits" if model.config.num_classes else "features"
-    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
-        # The tracer's warnings are about Python conditions on shapes (fixed here: only the batch varies, and the
-        # check runs a second batch size) and its own deprecation: nothing the user can act on.
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, (x,), str(dst), dynamo=False, input_names=["pixels"], output_names=[output],
-                          dynamic_axes={"pixels": {0: "batch"}, output: {0: "batch"}},
-                          **({"opset_version": opset} if opset else {}))
+    printed: list[str] = []
+    try:
+        with _captured(printed), torch.inference_mode(False), torch.no_grad():
+            torch.onnx.export(model, (x,), str(dst), dynamo=False, input_names=["pixels"], output_names=[output],
+                              dynamic_axes={"pixels": {0: "batch"}, output: {0: "batch"}},
+                              **({"opset_version": opset} if opset else {}))
+    except OSError:
+        raise
+    except Exception as err:
+        said = str(err).strip().splitlines() or [type(err).__name__]
+        at = f"opset {opset}" if opset else "its default opset"
+        raise ValueError(f"torch's ONNX exporter cannot export this {type(model).__name__} at {at}: {said[0][:300]} "
+                         "(what it printed is logged at debug level: vitlab -v export)") from err
+    finally:
+        if printed:
+            log.debug("torch's ONNX exporter said:\n%s", "\n".join(printed))
+
+
+@contextlib.contextmanager
+def _captured(lines: list[str]) -> Iterator[None]:
+    """What is printed inside the block, by Python warnings and by native code writing to the process's stdout
+    and stderr (file descriptors 1 and 2), appended to `lines` instead of reaching the terminal."""
+    with warnings.catch_warnings(record=True) as caught, tempfile.TemporaryFile() as sink:
+        warnings.simplefilter("always")
+        _flush()
+        try:
+            saved = [os.dup(1), os.dup(2)]
+        except OSError:  # no stdout or stderr to capture (closed by a daemon): native output goes nowhere anyway
+            saved = []
+        for fd in (1, 2) if saved else ():
+            os.dup2(sink.fileno(), fd)
+        try:
+            yield
+        finally:
+            _flush()
+            for fd, copy in zip((1, 2), saved, strict=False):
+                os.dup2(copy, fd)
+                os.close(copy)
+            sink.seek(0)
+            lines.extend(f"{w.category.__name__}: {w.message}" for w in caught)
+            lines.extend(sink.read().decode(errors="replace").splitlines())
+
+
+def _flush() -> None:
+    """Python's and C's buffered output written out, so that each lands on the side of the capture it was
+    printed on."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).fflush(None)
 
 
 def _describe(proto, model: nn.Module, precision: str) -> None:
