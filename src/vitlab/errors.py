@@ -30,6 +30,11 @@ class DataError(VitlabError, ValueError):
     class-count mismatch, unreadable image."""
 
 
+class EnvironmentSettingError(VitlabError, RuntimeError):
+    """An environment variable vitlab reads holds a value it cannot use (VITLAB_MAX_IMAGE_PIXELS not a count). Not
+    a ValueError: it is raised where images are opened, and the image readers take a ValueError for a broken file."""
+
+
 class CacheDirError(VitlabError, ValueError):
     """The cache folder cannot be a folder (VITLAB_CACHE names a file)."""
 

@@ -22,6 +22,9 @@ MAX_WORKERS = 256  # data-loading processes or jobs: more than the cores of any 
 MAX_SEED = 2**32 - 1  # numpy's seed range
 MAX_RANDAUG_OPS = 16  # operations per image (AugReg and DeiT use 2; RandAugment has 14 to pick from)
 MAX_IMAGE_SIZE = 4096  # the side an image is resized to for a run: a 4096-px ViT/16 already has 65,536 tokens
+# Pixels an image file may declare to be decoded (width x height, read from its header); $VITLAB_MAX_IMAGE_PIXELS
+# overrides it. vitlab.data.sources.pixel_budget says why this many.
+MAX_IMAGE_PIXELS = 8192 * 8192
 
 # Upper bounds on an architecture's sizes (vitlab.models.limits checks configs by them), well above every
 # published model (ViT-22B: width 6144, MLP 24576, 48 heads, depth 48; BiT-R152x4; the paper's largest input

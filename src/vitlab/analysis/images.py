@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from vitlab.data import EMBEDDED, DataError, is_embedded, load_split
-from vitlab.data.sources import DECODE_ERRORS, to_rgb
+from vitlab.data.sources import DECODE_ERRORS, open_image, to_rgb
 from vitlab.data.untrusted import open_regular
 from vitlab.models.config import ViTConfig
 
@@ -70,16 +70,14 @@ def _mode(config: ViTConfig) -> str:
 
 def load_images(paths: Sequence[str | Path], config: ViTConfig, image_size: tuple[int, int]) -> torch.Tensor:
     """Image files -> (N, C, H, W) normalised model inputs: grayscale for 1-channel models, RGB for 3."""
-    from PIL import Image, UnidentifiedImageError
-
     batch = []
     for path in paths:
         try:
-            with open_regular(path) as f, Image.open(f) as img:  # a FIFO named x.png would block Image.open
+            with open_regular(path) as f, open_image(f) as img:  # a FIFO named x.png would block Image.open
                 batch.append(_to_input(img, _mode(config), image_size))
         except FileNotFoundError:
             raise FileNotFoundError(f"image not found: {path}") from None
-        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+        except DECODE_ERRORS as err:  # an image over the image budget included
             raise ValueError(f"cannot read image {path}: {err}") from None
     if not batch:
         raise ValueError("no images given")

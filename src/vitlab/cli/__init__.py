@@ -46,6 +46,9 @@ def say_warnings(verb: str) -> None:
 
     # the formatter, not showwarning: warnings recorded (catch_warnings(record=True), pytest.warns) stay recorded
     warnings.formatwarning = one_line
+    # Pillow's warning about images over 89 M pixels: vitlab refuses images over its own budget before decoding them
+    # (vitlab.data.sources.pixel_budget), in one line that this one would only precede
+    warnings.filterwarnings("ignore", message=r"Image size \(\d+ pixels\) exceeds limit of")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ import numpy as np
 from PIL import Image
 
 from vitlab.data.errors import describe_paths, log
-from vitlab.data.sources import DECODE_ERRORS, ImageSplit
+from vitlab.data.sources import DECODE_ERRORS, PIXELS_ENV, ImageSplit, open_image, pixel_budget
 from vitlab.data.untrusted import open_regular
 from vitlab.errors import DataError
 
@@ -29,38 +29,37 @@ def class_folders(split_dir: Path) -> list[str]:
     return names
 
 
-BOMB = "bomb"  # a header whose pixel count is over Pillow's decompression-bomb limit
+BOMB = "bomb"  # a header that declares more pixels than the image budget (a decompression bomb, or just too big)
 
 
 def header_problem(path: str) -> str | None:
-    """None if the image header reads; BOMB for an image over Pillow's decompression-bomb limit; else
-    "unreadable" (not an image, truncated header, or not a regular file: a FIFO would block the open)."""
+    """None if the image header reads; BOMB for an image over the budget of `pixel_budget()`; else "unreadable"
+    (not an image, truncated header, or not a regular file: a FIFO would block the open)."""
     try:
-        with open_regular(path) as f, Image.open(f) as img:
-            img.size  # noqa: B018 - opening parses the header; that is the check
-        return None
-    except Image.DecompressionBombError:
+        with open_regular(path) as f, open_image(f):  # opening parses the header and checks its size
+            return None
+    except Image.DecompressionBombError:  # vitlab's ImageTooLarge, or Pillow's refusal under a raised budget
         return BOMB
     except DECODE_ERRORS:
         return "unreadable"
 
 
 def bomb_limit() -> str:
-    """Pillow's refusal threshold in words (it refuses images over twice MAX_IMAGE_PIXELS)."""
-    return f"{2 * Image.MAX_IMAGE_PIXELS:,} pixels" if Image.MAX_IMAGE_PIXELS else "no limit"
+    """The image budget in words; the messages that say it name PIXELS_ENV as the way to raise it."""
+    return f"{pixel_budget():,} pixels"
 
 
 def report_skipped(bad: list[str], bombs: list[str], where: str, strict: bool) -> None:
     """The one-line warnings (or, with --strict, the error) for files a scan leaves out."""
     if bombs and strict:
-        raise DataError(f"{len(bombs)} image(s) in {where} over Pillow's decompression-bomb limit of {bomb_limit()}: "
-                        f"{describe_paths(bombs)} (--strict); remove or shrink them")
+        raise DataError(f"{len(bombs)} image(s) in {where} over the image budget of {bomb_limit()}: "
+                        f"{describe_paths(bombs)} (--strict); remove or shrink them, or raise {PIXELS_ENV}")
     if bad and strict:
         raise DataError(f"{len(bad)} unreadable image(s) in {where}: {describe_paths(bad)} (--strict)")
     if bombs:
-        log.warning("skipping %d image(s) in %s over Pillow's decompression-bomb limit of %s (a decompression bomb, "
-                    "or an image too large to decode safely): %s", len(bombs), where, bomb_limit(),
-                    describe_paths(bombs))
+        log.warning("skipping %d image(s) in %s over the image budget of %s (a decompression bomb, or an image "
+                    "too large to decode safely; %s raises the budget): %s", len(bombs), where, bomb_limit(),
+                    PIXELS_ENV, describe_paths(bombs))
     if bad:
         log.warning("skipping %d unreadable image(s) in %s: %s", len(bad), where, describe_paths(bad))
 

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from vitlab.data.errors import describe_paths, log
 from vitlab.data.folder import bomb_limit
-from vitlab.data.sources import DECODE_ERRORS, ImageSplit
+from vitlab.data.sources import DECODE_ERRORS, PIXELS_ENV, ImageSplit, pixel_budget
 from vitlab.data.transforms import EvalTransform, as_size
 from vitlab.errors import DataError
 
@@ -51,6 +51,7 @@ class TransformedSplit(Dataset):
         self.split, self.transform = split, transform
         self.skip_unreadable = isinstance(transform, EvalTransform) if skip_unreadable is None else skip_unreadable
         self.reported: set[str] = set()  # files already warned about (main process: a run evaluates often)
+        pixel_budget()  # a bad VITLAB_MAX_IMAGE_PIXELS is one line here, not an error in a loader worker
 
     @property
     def strict(self) -> bool:
@@ -80,9 +81,9 @@ class TransformedSplit(Dataset):
             return None
 
     def _unreadable(self, index: int, err: BaseException) -> str:
-        """How an unreadable image is named in warnings: a decompression bomb says so (it is not broken data)."""
+        """How an unreadable image is named in warnings: one over the image budget says so (it is not broken data)."""
         if isinstance(err, Image.DecompressionBombError):
-            return f"{self.split.describe(index)} (a decompression bomb: over Pillow's limit of {bomb_limit()})"
+            return f"{self.split.describe(index)} (over the image budget of {bomb_limit()}: {PIXELS_ENV} raises it)"
         return self.split.describe(index)
 
     def __getitems__(self, keys: list[Key]) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from vitlab.data.hf_split import hf_split, is_hf_source, open_hf
 from vitlab.data.packlock import PackLock
 from vitlab.data.shardindex import fingerprint
 from vitlab.data.shards import INFO_NAME
-from vitlab.data.sources import DECODE_ERRORS, ImageSplit, stratified_holdout
+from vitlab.data.sources import DECODE_ERRORS, PIXELS_ENV, ImageSplit, decode_rgb, open_image, stratified_holdout
 from vitlab.data.untrusted import parse_json, read_regular
 from vitlab.errors import DataError
 from vitlab.files.outputs import atomic_write
@@ -67,12 +67,13 @@ class PackResult:
 
 
 SHARD_FORMATS = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}  # what the shard reader takes, by extension
+OVER_BUDGET = "(over the image budget)"  # how a skipped image over the budget is listed
 
 
 def _decodes(data: bytes) -> str | None:
-    """The image format (JPEG, PNG, …) if the bytes decode, BOMB for a decompression bomb, else None."""
+    """The image format (JPEG, PNG, …) if the bytes decode, BOMB for an image over the image budget, else None."""
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with open_image(io.BytesIO(data)) as img:
             if img.format == "JPEG":
                 img.draft("RGB", (64, 64))  # reduced-size decode still reads every entropy-coded byte
             img.load()
@@ -96,8 +97,8 @@ class _Row:
 
 
 def _payload(item: str | _Row) -> tuple[bytes | None, str]:
-    """(encoded bytes, extension) of a file or row; bytes None when they do not decode (extension BOMB for a
-    decompression bomb). Files keep their bytes and extension. Rows keep their bytes, named by their format; a
+    """(encoded bytes, extension) of a file or row; bytes None when they do not decode (extension BOMB for an
+    image over the image budget). Files keep their bytes and extension. Rows keep their bytes, named by their format; a
     format the shard reader does not take (BMP, TIFF, GIF) is stored as lossless PNG of the RGB image the loader
     would make of it."""
     if isinstance(item, str):
@@ -116,8 +117,8 @@ def _payload(item: str | _Row) -> tuple[bytes | None, str]:
     if kind in (None, BOMB) or kind in SHARD_FORMATS:
         return (data if kind not in (None, BOMB) else None), BOMB if kind == BOMB else SHARD_FORMATS.get(kind, "")
     buf = io.BytesIO()
-    with Image.open(io.BytesIO(data)) as img:
-        img.convert("RGB").save(buf, format="PNG")
+    with decode_rgb(io.BytesIO(data)) as img:
+        img.save(buf, format="PNG")
     return buf.getvalue(), "png"
 
 
@@ -164,7 +165,7 @@ def _scan(names: list[str], train_dir: Path, val_dir: Path | None, val_fraction:
         val, bad_val = scan_with_classes(val_dir, names, "val", strict=False)
         splits["val"] = (val.paths, val.labels)
         bad += bad_val
-    return names, splits, [f"{p} (decompression bomb)" if header_problem(p) == BOMB else p for p in bad]
+    return names, splits, [f"{p} {OVER_BUDGET}" if header_problem(p) == BOMB else p for p in bad]
 
 
 def _shuffled(paths: list[str], labels: np.ndarray) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -271,7 +272,7 @@ def _pack_split(recorder: _Recorder, name: str, paths: list[str], labels: np.nda
         data, ext = _payload(paths[i])
         bar.update(1)
         if data is None:
-            bad.append(f"{paths[i]} (decompression bomb)" if ext == BOMB else str(paths[i]))
+            bad.append(f"{paths[i]} {OVER_BUDGET}" if ext == BOMB else str(paths[i]))
             continue
         members.append((f"{keys[i]}.{ext}", data, int(labels[i])))
         used += len(data) + 3 * tarfile.BLOCKSIZE  # two headers and the padding, roughly
@@ -383,8 +384,8 @@ def _pack_locked(src: Path, out: Path, names: list[str], splits: dict, bad: list
     recorder.save()
     shutil.rmtree(out / PENDING, ignore_errors=True)  # everything is in _info.json now
     if bad:
-        bombs = sum(p.endswith("(decompression bomb)") for p in bad)
-        over = f" ({bombs} over Pillow's decompression-bomb limit of {bomb_limit()})" if bombs else ""
+        bombs = sum(p.endswith(OVER_BUDGET) for p in bad)
+        over = f" ({bombs} over the image budget of {bomb_limit()}: {PIXELS_ENV} raises it)" if bombs else ""
         log.warning("skipped %d undecodable image(s)%s, not packed: %s", len(bad), over, describe_paths(bad))
     return PackResult(out, {k: v["num_samples"] for k, v in info["splits"].items()},
                       {k: len(v["filenames"]) for k, v in info["splits"].items()}, written, bad)

@@ -8,7 +8,9 @@ several times faster but changes the pixels, so only augmentation that crops and
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,11 +18,55 @@ import numpy as np
 from PIL import Image
 
 from vitlab.data.untrusted import open_regular
-from vitlab.errors import DataError
+from vitlab.errors import DataError, EnvironmentSettingError
+from vitlab.ranges import MAX_IMAGE_PIXELS, POSITIVE_INT
 
 # Errors Pillow raises for files it cannot decode: truncated (OSError), not an image (UnidentifiedImageError,
-# an OSError), broken PNG chunks (SyntaxError), bad headers (ValueError), absurd sizes (DecompressionBombError).
+# an OSError), broken PNG chunks (SyntaxError), bad headers (ValueError), absurd sizes (DecompressionBombError,
+# and vitlab's ImageTooLarge under it).
 DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+
+PIXELS_ENV = "VITLAB_MAX_IMAGE_PIXELS"
+
+
+def pixel_budget() -> int:
+    """The most pixels (width x height, as the header declares them) an image file may have to be decoded:
+    $VITLAB_MAX_IMAGE_PIXELS, default MAX_IMAGE_PIXELS (8192 x 8192), never above Pillow's own refusal threshold
+    (twice PIL.Image.MAX_IMAGE_PIXELS, checked by Pillow as it opens a file). The default admits a full-frame
+    camera's photographs (61 megapixels: 9504 x 6336) and a phone's, and bounds what one image costs to decode:
+    192 MiB as 8-bit RGB, where Pillow's threshold lets a PNG of a few hundred KB of zeros take gigabytes."""
+    budget = _parse_budget(os.environ.get(PIXELS_ENV, "").strip())
+    pillow = 2 * Image.MAX_IMAGE_PIXELS if Image.MAX_IMAGE_PIXELS else budget
+    return min(budget, pillow)
+
+
+@functools.lru_cache(maxsize=4)
+def _parse_budget(text: str) -> int:
+    if not text:
+        return MAX_IMAGE_PIXELS
+    try:
+        return int(POSITIVE_INT.parse(text))
+    except ValueError as err:
+        raise EnvironmentSettingError(f"{PIXELS_ENV} {err}; set it to the most pixels an image may have, e.g. "
+                                      f"{MAX_IMAGE_PIXELS} (the default), or unset it") from None
+
+
+class ImageTooLarge(Image.DecompressionBombError):
+    """An image whose header declares more pixels than `pixel_budget()`: refused before anything is decoded. A
+    DecompressionBombError, so whatever handles Pillow's refusal handles this one."""
+
+
+def open_image(source: Any) -> Image.Image:
+    """`Image.open(source)`: the header read, nothing decoded; ImageTooLarge (one line: the size, the budget and
+    how to raise it) when it declares more pixels than `pixel_budget()`, the image then closed."""
+    budget = pixel_budget()  # a bad setting fails here, as itself, before Pillow's errors are caught as a bad file
+    img = Image.open(source)
+    width, height = img.size
+    if width * height > budget:
+        img.close()
+        raise ImageTooLarge(f"{width:,} x {height:,} = {width * height:,} pixels, over the budget of {budget:,} "
+                            f"pixels an image may have; raise it with {PIXELS_ENV}=N if this image is wanted")
+    return img
 
 
 def decode_rgb(source: Any, min_size: int | None = None) -> Image.Image:
@@ -38,7 +84,7 @@ def decode_rgb(source: Any, min_size: int | None = None) -> Image.Image:
 
 def _decode(source: Any, min_size: int | None, owned: bool) -> Image.Image:
     """`owned`: `source` is a file the caller closes, so a decoded image may be returned while it is open."""
-    img = Image.open(source)
+    img = open_image(source)
     try:
         if min_size and img.format == "JPEG" and min(img.size) >= 2 * min_size:
             img.draft("RGB", (min_size, min_size))  # both sides stay >= min_size
@@ -56,27 +102,58 @@ def _decode(source: Any, min_size: int | None, owned: bool) -> Image.Image:
 # and 32-bit float (TIFF). Pillow's own convert("RGB") clips them to 0-255: a 16-bit PNG saturates to white, a
 # float TIFF in [0, 1] comes out black. They are scaled to 8 bits here instead, or refused.
 WIDE_INT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+_SLICE_PIXELS = 1 << 20  # wide images are scaled a slice of rows at a time, never widened whole
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
     """`img` as 8-bit RGB: 16-bit greyscale scaled by 255/65535 (rounded), float images with values in [0, 1]
-    by 255 (rounded); ValueError (one of DECODE_ERRORS) for other float or 32-bit ranges."""
+    by 255 (rounded); ValueError (one of DECODE_ERRORS) for other float or 32-bit ranges. Wide images are
+    converted in slices of rows, so the conversion needs the 8-bit result and one slice, not a 64-bit copy of
+    the whole image."""
     if img.mode == "RGB":
         return img
     if img.mode not in (*WIDE_INT_MODES, "F"):
         return img.convert("RGB")
-    values = np.asarray(img)
+    grey = np.empty((img.height, img.width), dtype=np.uint8)
+    for top, values in _row_slices(img):
+        if not _in_range(values, img.mode):
+            raise _out_of_range(img)
+        grey[top : top + len(values)] = _to_8_bits(values, img.mode)
+    return Image.fromarray(grey).convert("RGB")
+
+
+def _row_slices(img: Image.Image) -> Iterator[tuple[int, np.ndarray]]:
+    """(first row, pixel values) of consecutive slices of about _SLICE_PIXELS pixels: each a copy of its rows only
+    (np.asarray of a whole image copies all of it)."""
+    rows = max(1, _SLICE_PIXELS // max(img.width, 1))
+    for top in range(0, img.height, rows):
+        with img.crop((0, top, img.width, min(img.height, top + rows))) as part:
+            yield top, np.asarray(part)
+
+
+def _in_range(values: np.ndarray, mode: str) -> bool:
+    if not values.size:
+        return True
+    if mode == "F":
+        return bool(np.isfinite(values).all() and values.min() >= 0 and values.max() <= 1)
+    return bool(values.min() >= 0 and values.max() <= 65535)
+
+
+def _to_8_bits(values: np.ndarray, mode: str) -> np.ndarray:
+    if mode == "F":
+        return np.round(values.astype(np.float64) * 255).astype(np.uint8)
+    return ((values.astype(np.uint32) * 255 + 32767) // 65535).astype(np.uint8)  # 0 -> 0, 65535 -> 255, rounded
+
+
+def _out_of_range(img: Image.Image) -> ValueError:
+    """The refusal of an image whose values vitlab does not read, naming their range over the whole image."""
+    lows, highs = zip(*((v.min(), v.max()) for _, v in _row_slices(img) if v.size), strict=True)
+    low, high = np.min(lows), np.max(highs)  # NaN, if any, propagates as in values.min()
     if img.mode == "F":
-        if values.size and (not np.isfinite(values).all() or values.min() < 0 or values.max() > 1):
-            raise ValueError(f"a floating-point image with values from {values.min():g} to {values.max():g}: vitlab "
-                             "reads float images in [0, 1]; scale it to [0, 1] or save it as 8-bit")
-        grey = np.round(values.astype(np.float64) * 255)
-    else:
-        if values.size and (values.min() < 0 or values.max() > 65535):
-            raise ValueError(f"a 32-bit integer image with values from {values.min()} to {values.max()}: vitlab reads "
-                             "8- and 16-bit images; save it as 16-bit")
-        grey = (values.astype(np.int64) * 255 + 32767) // 65535  # 0 -> 0, 65535 -> 255, rounded to nearest
-    return Image.fromarray(grey.astype(np.uint8), mode="L").convert("RGB")
+        return ValueError(f"a floating-point image with values from {low:g} to {high:g}: vitlab reads float images "
+                          "in [0, 1]; scale it to [0, 1] or save it as 8-bit")
+    return ValueError(f"a 32-bit integer image with values from {low} to {high}: vitlab reads 8- and 16-bit images; "
+                      "save it as 16-bit")
 
 
 @dataclass

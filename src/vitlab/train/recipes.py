@@ -197,15 +197,13 @@ def typical_image_size(split: ImageSplit, probe: int = 64) -> tuple[int, int]:
     only: nothing is decoded)."""
     if split.arrays is not None:
         return int(split.arrays.shape[1]), int(split.arrays.shape[2])
-    from PIL import Image
-
-    from vitlab.data.sources import DECODE_ERRORS
+    from vitlab.data.sources import DECODE_ERRORS, open_image
 
     n, m = len(split), min(probe, len(split))
     sizes = []
     for i in sorted({k * n // m for k in range(m)}):
         try:
-            with Image.open(split.encoded(i)) as img:
+            with open_image(split.encoded(i)) as img:  # one over the image budget is skipped, as the loader skips it
                 sizes.append((img.height, img.width))
         except DECODE_ERRORS:
             continue  # the loader reports unreadable files
