@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from vitlab.constants import EVAL_RESIZES, TRAIN_CROPS, TRAIN_RESIZES
-from vitlab.ranges import MODEL_FLAGS, MODEL_SIZES, SETTINGS
+from vitlab.ranges import EPOCHS, MODEL_FLAGS, MODEL_SIZES, SETTINGS, Range
 from vitlab.runtime.precision import check_precision
 from vitlab.train.finetune import tuning_problems
 
@@ -130,7 +130,7 @@ def validate(cfg: TrainConfig, recorded_in: str | Path | None = None) -> TrainCo
 # A setting's flag where its name differs from the field's (the others: the field with dashes).
 FLAG_NAMES = {"weight_decay": "wd", "grad_clip": "clip", "lora_rank": "lora", "tensorboard": "tb",
               "wandb_project": "wandb"}
-_MODEL_FIELDS = {field: dest for dest, field in MODEL_FLAGS.items()}  # model_args field -> its flag's name
+MODEL_FIELD_FLAGS = {field: dest for dest, field in MODEL_FLAGS.items()}  # model_args field -> its flag's name
 
 
 def _flag(name: str) -> str:
@@ -160,15 +160,19 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train_crop": TRAIN_CROPS, "train_resize": TRAIN_RESIZES, "eval_resize": EVAL_RESIZES,
 }
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+# The flags that are no TrainConfig field, with their type and range: --epochs (the steps, from the data) and the
+# architecture flags (model_args).
+FLAG_ONLY: dict[str, tuple[type, Range]] = {"epochs": (float, EPOCHS),
+                                            **{dest: (int, MODEL_SIZES[f]) for dest, f in MODEL_FLAGS.items()}}
 
 
 def setting_problem(key: str, value: Any, label: str) -> str | None:
     """What is wrong with one setting's value on its own (its range in vitlab.ranges.SETTINGS, the one its flag parses
     with; its shape; its choices), as one line about `label` (the flag, the vitlab.fit keyword or the recorded
-    setting); None when the value is allowed. `key` is a TrainConfig field or an architecture flag's name (depth,
-    heads). The value is of the setting's type already (vitlab.train.config.type_problem)."""
-    if key in MODEL_FLAGS:
-        allowed = MODEL_SIZES[MODEL_FLAGS[key]]
+    setting); None when the value is allowed. `key` is a TrainConfig field or a FLAG_ONLY flag's name (epochs,
+    depth, heads). The value is of the setting's type already (vitlab.train.config.type_problem)."""
+    if key in FLAG_ONLY:
+        allowed = FLAG_ONLY[key][1]
         return None if allowed.holds(value) else f"{label} must be {allowed.allowed()}, got {value!r}"
     if value is None and _DEFAULTS.get(key, ...) is None:
         return None
@@ -198,8 +202,8 @@ def _setting_problems(cfg: TrainConfig, name: Callable[[str], str]) -> list[str]
     """Each setting on its own (setting_problem), so that a value from a --config file, a vitlab.fit keyword or a
     recorded run is held to what the flag accepts."""
     problems = [setting_problem(key, getattr(cfg, key), name(key)) for key in _DEFAULTS]
-    problems += [setting_problem(_MODEL_FIELDS[key], value, name(_MODEL_FIELDS[key]))
-                 for key, value in cfg.model_args.items() if key in _MODEL_FIELDS]
+    problems += [setting_problem(MODEL_FIELD_FLAGS[key], value, name(MODEL_FIELD_FLAGS[key]))
+                 for key, value in cfg.model_args.items() if key in MODEL_FIELD_FLAGS]
     return [p for p in problems if p]
 
 
@@ -339,11 +343,12 @@ def check_types(values: Mapping[str, Any], where: str) -> None:
 
 def type_problem(key: str, value: Any) -> str | None:
     """"KEY must be <its TrainConfig field's type>, got VALUE (its kind)" when `value` is not of that type; None
-    when it is, or when `key` is no TrainConfig field."""
-    hint = _field_types().get(key)
+    when it is, or when `key` is neither a TrainConfig field nor a FLAG_ONLY flag."""
+    hint = FLAG_ONLY[key][0] if key in FLAG_ONLY else _field_types().get(key)
     if hint is None or _matches(value, hint):
         return None
-    return f"{key} must be {_describe(hint)}, got {value!r} ({_kind(value)})"
+    text = repr(value)
+    return f"{key} must be {_describe(hint)}, got {text if len(text) <= 60 else text[:57] + '...'} ({_kind(value)})"
 
 
 def check_record(path: Path, record: dict[str, Any], record_keys: frozenset[str]) -> None:
