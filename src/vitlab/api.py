@@ -352,8 +352,12 @@ def fit(recipe: str | None = None, **settings: Any) -> Any:
 
     Args:
         recipe: a recipe name (`vitlab recipes`; None: the demo recipe, or `finetune` with `init`).
-        **settings: the command line's flags as keywords (`data`, `init`, `out`, `epochs` or `steps`, `lr`,
-            `batch_size`, `lr_sweep`, …), checked and resolved as the command line's are.
+        **settings: the command line's flags as keywords, a flag's dashes as underscores (`data`, `init`, `out`,
+            `epochs` or `steps`, `lr`, `batch_size`, `depth`, `width`, `heads`, `mlp_dim`, `lr_sweep`, …; --wd,
+            --clip, --lora, --tb and --wandb by their settings' names: `weight_decay`, `grad_clip`, `lora_rank`,
+            `tensorboard`, `wandb_project`; a model's other settings in `model_args`), each checked as its flag
+            is: TypeError naming the keyword for an unknown keyword or a value of the wrong type, ValueError
+            (the flag's one line) for a value outside its range; then resolved as the command line's are.
 
         result = vitlab.fit("finetune", init="vit.npz", data="photos/", epochs=10, out="runs/photos")
         result.metrics["top1"], result.out_dir, result.model

@@ -137,6 +137,9 @@ REPRESENTATION_SIZE = int_range(0, MAX_WIDTH)
 # The architecture flags (--depth, --width, --heads, --mlp-dim) and model_args: a flag fails as the config would.
 MODEL_SIZES = {"depth": int_range(1, MAX_DEPTH), "width": int_range(1, MAX_WIDTH), "num_heads": int_range(1, MAX_HEADS),
                "mlp_dim": int_range(1, MAX_MLP_DIM)}
+# Each architecture flag (argparse's name for it, which is also its vitlab.fit keyword) and the model_args field it
+# sets.
+MODEL_FLAGS = {"depth": "depth", "width": "width", "heads": "num_heads", "mlp_dim": "mlp_dim"}
 LEARNING_RATE = float_range(0.0, 100.0)  # also weight decay and the linear decay's end value
 MIX_ALPHA = float_range(0.0, 100.0)  # Beta(α, α) of MixUp / CutMix: above ~10 λ is 0.5 every time
 PROBABILITY = float_range(0.0, 1.0)

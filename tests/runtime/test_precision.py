@@ -145,6 +145,9 @@ def test_a_run_recorded_before_the_setting_resumes_as_it_computed(tmp_path, monk
     record = json.loads((out / "config.json").read_text())
     del record["precision"], record["sources"]["precision"]
     (out / "config.json").write_text(json.dumps(record))
+    manifest = json.loads((out / "checkpoints" / "step_00000002" / "manifest.json").read_text())
+    del manifest["settings"]["precision"]  # nor did its checkpoints record it
+    (out / "checkpoints" / "step_00000002" / "manifest.json").write_text(json.dumps(manifest))
     monkeypatch.setattr("vitlab.runtime.precision.cpu_flags", lambda text=None: cpu_flags(XEON_AMX))
     resumed = resolve(None, {"out": str(out), "resume": True, "precision": "auto"})
     assert resumed.config.precision == "fp32" and "recorded before --precision" in resumed.sources["precision"]

@@ -26,7 +26,7 @@ from vitlab.cli.types import (
     precision_name,
     setting_type,
 )
-from vitlab.ranges import EPOCHS, SETTINGS
+from vitlab.ranges import EPOCHS, MODEL_FLAGS, SETTINGS
 
 EVAL_RESIZE_HELP = ("evaluation pre-processing: official (whole image to the input size, aspect ignored; vit_jax), "
                     "big_vision (short side to 8/7 of it: 256 for 224, 448 for 384; central crop), "
@@ -34,7 +34,7 @@ EVAL_RESIZE_HELP = ("evaluation pre-processing: official (whole image to the inp
 
 # flag dest -> TrainConfig field, where the names differ
 _RENAMED = {"wd": "weight_decay", "clip": "grad_clip", "tb": "tensorboard", "wandb": "wandb_project"}
-_MODEL_ARGS = {"depth": "depth", "width": "width", "heads": "num_heads", "mlp_dim": "mlp_dim"}
+_MODEL_ARGS = MODEL_FLAGS  # --depth, --width, --heads, --mlp-dim: argparse dest -> model_args field
 _NOT_CONFIG = {"func", "verb", "verbosity", "recipe", "flip", "no_flip", "config", "print_config",
                *_MODEL_ARGS}
 
@@ -93,8 +93,8 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
     g.add_argument("--flip", dest="flip", action="store_true", help="random horizontal flip")
     m = p.add_argument_group("model")
     m.add_argument("--model", help="variant name, e.g. ViT-B/16 (`vitlab models`)")
-    for flag in ("depth", "width", "heads", "mlp-dim"):
-        m.add_argument(f"--{flag}", type=MODEL_SIZES[flag], help=f"override the variant's {flag}")
+    for flag, parse in MODEL_SIZES.items():
+        m.add_argument(f"--{flag}", type=parse, help=f"override the variant's {flag}")
     m.add_argument("--image-size", type=setting_type("image_size"), help="training resolution")
     m.add_argument("--dropout", type=setting_type("dropout"),
                    help="dropout after the position embedding and each Dense (fine-tuning: the official model "

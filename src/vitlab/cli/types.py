@@ -70,9 +70,8 @@ jobs = flag_type(ranges.JOBS)
 seed = flag_type(ranges.SEED)
 randaug_ops = flag_type(ranges.RANDAUG_OPS)
 # --depth/--width/--heads/--mlp-dim: the architecture's bounds, so a flag fails as the config would
-MODEL_SIZES = {"depth": flag_type(ranges.MODEL_SIZES["depth"]), "width": flag_type(ranges.MODEL_SIZES["width"]),
-               "heads": flag_type(ranges.MODEL_SIZES["num_heads"]),
-               "mlp-dim": flag_type(ranges.MODEL_SIZES["mlp_dim"])}
+MODEL_SIZES = {dest.replace("_", "-"): flag_type(ranges.MODEL_SIZES[field])
+               for dest, field in ranges.MODEL_FLAGS.items()}
 representation_size = flag_type(ranges.REPRESENTATION_SIZE)
 finite_float = float_range()
 learning_rate = flag_type(ranges.LEARNING_RATE)

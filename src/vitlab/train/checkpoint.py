@@ -49,7 +49,6 @@ from vitlab.files.rundir import (
     METRICS,
     STATE,
     WEIGHTS,
-    checkpoint_settings,
     holds_run,
     latest_valid_checkpoint,
     list_checkpoints,
@@ -61,7 +60,7 @@ from vitlab.train.config import TrainConfig
 from vitlab.train.distributed import Dist, all_gather_objects, barrier
 from vitlab.train.finetune import Ema
 from vitlab.train.optim import replan_schedule
-from vitlab.train.resolve import SAFE_ON_RESUME
+from vitlab.train.resolve import json_excerpt
 from vitlab.train.runlog import log
 from vitlab.weights.vitlab_format import read_vitlab, save
 
@@ -205,8 +204,8 @@ def prune_checkpoints(run_dir: Path, keep_last: int) -> None:
 #
 # 1. the newest intact checkpoint (vitlab.files.rundir verifies manifests; damaged ones are skipped with a warning), its
 #    contents checked against the run: a training state vitlab wrote, weights of the run's architecture and
-#    classes, and the run's settings as the checkpoint recorded them (a config.json edited since is refused, naming
-#    the setting, instead of being trained with and credited to the recipe in the banner);
+#    classes (the run's settings were held to those its checkpoints recorded when they were resolved:
+#    vitlab.train.resolve.recorded_settings);
 # 2. else the run's final weights (`model.safetensors`, whose metadata records the step they were trained to): a
 #    finished run whose checkpoints were deleted to save space continues from them with a fresh optimizer state
 #    (Adam's moments and SGD's momentum start at zero; the schedule is placed at their step), as the log says;
@@ -232,7 +231,6 @@ def find_resume_point(run_dir: Path, objective: Any, class_names: list[str], sou
     if ckpt is None:
         return _without_checkpoint(run_dir, record, objective, class_names, is_main)
     advice = f"move {ckpt} aside to resume from the previous checkpoint"
-    _check_settings(run_dir, record, ckpt)
     weights, state = read_training_checkpoint(ckpt)
     if list(state["class_names"]) != class_names:
         raise DataError(
@@ -256,35 +254,6 @@ def _stored_record(run_dir: Path) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
-def _check_settings(run_dir: Path, record: dict[str, Any], ckpt: Path) -> None:
-    """config.json against the settings the checkpoint was trained with: a setting that changes what the run
-    computes (lr, model, data, …) must be the checkpoint's, or the edit is refused before it is trained with and
-    credited, in the banner, to the source of the value it replaced; one a resume may change (steps, workers, …)
-    may differ, with a warning unless a resume flag changed it."""
-    trained = checkpoint_settings(ckpt) or {}
-    sources = record.get("sources") if isinstance(record.get("sources"), dict) else {}
-    for key, before in trained.items():
-        if key in ("out", "resume") or key not in record:  # a moved run continues where it now is
-            continue
-        now = record[key]
-        if json.dumps(now, sort_keys=True) == json.dumps(before, sort_keys=True):
-            continue
-        if key in SAFE_ON_RESUME:  # how long the run goes and what it reports, not what it computes: said, kept
-            if sources.get(key) != "flag (on resume)":
-                log.warning("%s says %s %s, checkpoint %s was trained with %s (edited, or changed by a resume that "
-                            "did not record it): continuing with %s; a resume flag (--%s) is the way to change it",
-                            run_dir / CONFIG, key, _json_excerpt(now), ckpt,
-                            _json_excerpt(before), _json_excerpt(now), key.replace("_", "-"))
-            continue
-        raise ValueError(f"{run_dir / CONFIG} says {key} {_json_excerpt(now)} but checkpoint {ckpt} was trained with "
-                         f"{key} {_json_excerpt(before)}: config.json was edited after the run started; put "
-                         f"{_json_excerpt(before)} back, or start a new run with another --out")
-
-
-def _json_excerpt(value: Any) -> str:
-    return json.dumps(value)[:80]
-
-
 def _check_architecture(record: dict[str, Any], config: Any, what: str, advice: str) -> None:
     """The weights' architecture against the one config.json recorded for the run (the keys both know)."""
     recorded = record.get("model_config")
@@ -293,8 +262,8 @@ def _check_architecture(record: dict[str, Any], config: Any, what: str, advice: 
     held = json.loads(json.dumps(config.to_dict()))
     for key in sorted(set(held) & set(recorded) - {"name"}):  # the name describes, the other fields build
         if held[key] != recorded[key]:
-            raise ValueError(f"{what} holds a model with {key} {_json_excerpt(held[key])}, the run trains {key} "
-                             f"{_json_excerpt(recorded[key])} ({CONFIG}): the weights are not this run's; {advice}")
+            raise ValueError(f"{what} holds a model with {key} {json_excerpt(held[key])}, the run trains {key} "
+                             f"{json_excerpt(recorded[key])} ({CONFIG}): the weights are not this run's; {advice}")
 
 
 def _load(objective: Any, weights: Any, extras: dict[str, Any], what: str, advice: str) -> nn.Module:

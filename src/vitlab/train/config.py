@@ -14,13 +14,13 @@ import json
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from vitlab.constants import EVAL_RESIZES, TRAIN_CROPS, TRAIN_RESIZES
-from vitlab.ranges import MODEL_SIZES, SETTINGS
+from vitlab.ranges import EPOCHS, MODEL_FLAGS, MODEL_SIZES, SETTINGS, Range
 from vitlab.runtime.precision import check_precision
 from vitlab.train.finetune import tuning_problems
 
@@ -114,17 +114,33 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-def validate(cfg: TrainConfig) -> TrainConfig:
+def validate(cfg: TrainConfig, recorded_in: str | Path | None = None) -> TrainConfig:
     """Every setting against its allowed range, before anything runs: a bad value is one line naming the flag,
-    the value and the range, never a traceback minutes into a run."""
-    for message in _range_problems(cfg) + _choice_problems(cfg):
+    the value and the range, never a traceback minutes into a run. `recorded_in`: the file the values were read
+    from (a stored run's config.json), which the line then names with the setting, not a flag no one passed."""
+    name = _flag if recorded_in is None else _recorded
+    for message in _setting_problems(cfg, name) + _rule_problems(cfg, name):
+        if recorded_in is not None:
+            message = (f"{recorded_in}: {message}; the file was edited, or written by another vitlab: put the run's "
+                       "value back, or start a new run with another --out")
         raise ValueError(message)
     return cfg
 
 
+# A setting's flag where its name differs from the field's (the others: the field with dashes).
+FLAG_NAMES = {"weight_decay": "wd", "grad_clip": "clip", "lora_rank": "lora", "tensorboard": "tb",
+              "wandb_project": "wandb"}
+MODEL_FIELD_FLAGS = {field: dest for dest, field in MODEL_FLAGS.items()}  # model_args field -> its flag's name
+
+
 def _flag(name: str) -> str:
-    return "--" + {"weight_decay": "wd", "grad_clip": "clip", "lora_rank": "lora"}.get(
-        name, name).replace("_", "-")
+    """A setting (or an architecture flag's name: heads) as the command line spells its flag."""
+    return "--" + FLAG_NAMES.get(name, name).replace("_", "-")
+
+
+def _recorded(name: str) -> str:
+    """A setting as a run's config.json spells it (an architecture flag's value lives in its model_args)."""
+    return f"model_args {MODEL_FLAGS[name]}" if name in MODEL_FLAGS else name
 
 
 # Tuple settings: their length and the rule between their elements (each element's range is in SETTINGS).
@@ -137,31 +153,58 @@ _SHAPES: dict[str, tuple[int | None, str, Any]] = {
     "lr_drops": (None, "increasing fractions", lambda v: all(a < b for a, b in zip(v, v[1:], strict=False))),
     "lr_sweep": (None, "learning rates", None),
 }
+# Settings whose value is one of a few words.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "optimizer": ("adam", "sgd"), "decay": ("linear", "cosine", "step"), "loss": ("softmax", "sigmoid"),
+    "objective": ("classify", "mpp"), "mpp_target": ("mean-color", "mean-color-4x4", "pixels"),
+    "train_crop": TRAIN_CROPS, "train_resize": TRAIN_RESIZES, "eval_resize": EVAL_RESIZES,
+}
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+# The flags that are no TrainConfig field, with their type and range: --epochs (the steps, from the data) and the
+# architecture flags (model_args).
+FLAG_ONLY: dict[str, tuple[type, Range]] = {"epochs": (float, EPOCHS),
+                                            **{dest: (int, MODEL_SIZES[f]) for dest, f in MODEL_FLAGS.items()}}
 
 
-def _range_problems(cfg: TrainConfig) -> list[str]:
-    """Each numeric setting against its range in vitlab.ranges.SETTINGS (the one its flag parses with), so a value
-    from a --config file, a vitlab.fit keyword or a recorded run is held to what the flag accepts."""
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-    problems = []
-    for name, allowed in SETTINGS.items():
-        value = getattr(cfg, name)
-        if value is None and defaults[name] is None:
-            continue
-        if name in _SHAPES:
-            length, what, rule = _SHAPES[name]
-            ok = (isinstance(value, tuple | list) and (length is None or len(value) == length)
-                  and all(allowed.holds(v) for v in value) and (rule is None or rule(value)))
-            if not ok:
-                problems.append(f"{_flag(name)} must be {what}, each {allowed.allowed()}, got "
+def setting_problem(key: str, value: Any, label: str) -> str | None:
+    """What is wrong with one setting's value on its own (its range in vitlab.ranges.SETTINGS, the one its flag parses
+    with; its shape; its choices), as one line about `label` (the flag, the vitlab.fit keyword or the recorded
+    setting); None when the value is allowed. `key` is a TrainConfig field or a FLAG_ONLY flag's name (epochs,
+    depth, heads). The value is of the setting's type already (vitlab.train.config.type_problem)."""
+    if key in FLAG_ONLY:
+        allowed = FLAG_ONLY[key][1]
+        return None if allowed.holds(value) else f"{label} must be {allowed.allowed()}, got {value!r}"
+    if value is None and _DEFAULTS.get(key, ...) is None:
+        return None
+    if key in _SHAPES:
+        length, what, rule = _SHAPES[key]
+        allowed = SETTINGS[key]
+        ok = (isinstance(value, tuple | list) and (length is None or len(value) == length)
+              and all(allowed.holds(v) for v in value) and (rule is None or rule(value)))
+        return None if ok else (f"{label} must be {what}, each {allowed.allowed()}, got "
                                 f"{setting_text(tuple(value) if isinstance(value, list) else value)}")
-        elif not allowed.holds(value):
-            problems.append(f"{_flag(name)} must be {allowed.allowed()}, got {setting_text(value)}")
-    for key, value in cfg.model_args.items():
-        if key in MODEL_SIZES and not MODEL_SIZES[key].holds(value):
-            flag = {"num_heads": "heads", "mlp_dim": "mlp-dim"}.get(key, key)
-            problems.append(f"--{flag} must be {MODEL_SIZES[key].allowed()}, got {value!r}")
-    return problems
+    if key in SETTINGS:
+        allowed = SETTINGS[key]
+        return None if allowed.holds(value) else f"{label} must be {allowed.allowed()}, got {setting_text(value)}"
+    if key in CHOICES and value not in CHOICES[key]:
+        return f"unknown {label} {value!r}; use {', '.join(CHOICES[key])}"
+    if key == "precision":
+        try:
+            check_precision(value, "train")
+        except ValueError as err:  # the flag's words, about `label`
+            return label + str(err).removeprefix("--precision")
+    if key == "device" and not _valid_device(value):
+        return f"unknown {label} {value!r}; use auto, cpu, cuda or cuda:N"
+    return None
+
+
+def _setting_problems(cfg: TrainConfig, name: Callable[[str], str]) -> list[str]:
+    """Each setting on its own (setting_problem), so that a value from a --config file, a vitlab.fit keyword or a
+    recorded run is held to what the flag accepts."""
+    problems = [setting_problem(key, getattr(cfg, key), name(key)) for key in _DEFAULTS]
+    problems += [setting_problem(MODEL_FIELD_FLAGS[key], value, name(MODEL_FIELD_FLAGS[key]))
+                 for key, value in cfg.model_args.items() if key in MODEL_FIELD_FLAGS]
+    return [p for p in problems if p]
 
 
 def setting_text(value: Any) -> str:
@@ -174,40 +217,24 @@ def setting_text(value: Any) -> str:
     return str(value)
 
 
-def _choice_problems(cfg: TrainConfig) -> list[str]:
+def _rule_problems(cfg: TrainConfig, name: Callable[[str], str]) -> list[str]:
+    """The settings against each other."""
+    crop, resize = name("train_crop"), name("train_resize")
     checks = [
-        (cfg.batch_size % max(cfg.accum, 1) == 0, f"--batch-size {cfg.batch_size} is not divisible by --accum "
-                                                   f"{cfg.accum}"),
-        (cfg.optimizer in ("adam", "sgd"), f"unknown optimizer {cfg.optimizer!r}; use adam or sgd"),
-        (cfg.decay in ("linear", "cosine", "step"), f"unknown decay {cfg.decay!r}; use linear, cosine or step"),
-        (cfg.loss in ("softmax", "sigmoid"), f"unknown loss {cfg.loss!r}; use softmax or sigmoid"),
-        (cfg.objective in ("classify", "mpp"), f"unknown objective {cfg.objective!r}; use classify or mpp"),
-        (cfg.mpp_target in ("mean-color", "mean-color-4x4", "pixels"),
-         f"unknown --mpp-target {cfg.mpp_target!r}; use mean-color, mean-color-4x4 or pixels"),
+        (cfg.batch_size % max(cfg.accum, 1) == 0, f"{name('batch_size')} {cfg.batch_size} is not divisible by "
+                                                   f"{name('accum')} {cfg.accum}"),
         (cfg.objective != "mpp" or not cfg.init, "masked patch prediction pre-trains; fine-tune with finetune"),
-        (not (cfg.fewshot_every and cfg.fsdp), "--fewshot-every runs on one process: use DDP, not --fsdp"),
-        (not (cfg.mixup and cfg.objective != "classify"), "--mixup mixes labelled images: use it with classify"),
-        (not (cfg.cutmix and cfg.objective != "classify"), "--cutmix mixes labelled images: use it with classify"),
-        (cfg.train_crop in TRAIN_CROPS, f"unknown --train-crop {cfg.train_crop!r}; use {', '.join(TRAIN_CROPS)}"),
-        (cfg.train_resize in TRAIN_RESIZES,
-         f"unknown --train-resize {cfg.train_resize!r}; use {', '.join(TRAIN_RESIZES)}"),
+        (not (cfg.fewshot_every and cfg.fsdp), f"{name('fewshot_every')} runs on one process: use DDP, not "
+                                               f"{name('fsdp')}"),
+        (not (cfg.mixup and cfg.objective != "classify"), f"{name('mixup')} mixes labelled images: use it with "
+                                                           "classify"),
+        (not (cfg.cutmix and cfg.objective != "classify"), f"{name('cutmix')} mixes labelled images: use it with "
+                                                            "classify"),
         (not (cfg.train_resize == "tensor" and cfg.train_crop == "inception-subpixel"),
-         "--train-resize tensor resamples integer crop boxes, --train-crop inception-subpixel draws fractional "
-         "ones: use --train-resize pil or --train-crop inception"),
-        (cfg.eval_resize in EVAL_RESIZES,
-         f"unknown --eval-resize {cfg.eval_resize!r}; use {', '.join(EVAL_RESIZES)}"),
-        (_valid_device(cfg.device), f"unknown --device {cfg.device!r}; use auto, cpu, cuda or cuda:N"),
-        (cfg.precision in ("auto", "fp32", "bf16"), _precision_problem(cfg.precision)),
+         f"{resize} tensor resamples integer crop boxes, {crop} inception-subpixel draws fractional ones: use "
+         f"{resize} pil or {crop} inception"),
     ]
     return [message for ok, message in checks if not ok] + tuning_problems(cfg)
-
-
-def _precision_problem(precision: str) -> str:
-    try:
-        check_precision(precision, "train")
-    except ValueError as err:
-        return str(err)
-    return ""
 
 
 def _valid_device(device: str) -> bool:
@@ -216,6 +243,11 @@ def _valid_device(device: str) -> bool:
 
 def config_from_json(path: str | Path) -> TrainConfig:
     """The config a run directory recorded; lists become tuples again."""
+    return config_from_record(read_record(path))
+
+
+def read_record(path: str | Path) -> dict[str, Any]:
+    """A run's config.json as a mapping; ValueError naming the file when it holds none."""
     try:
         d = json.loads(Path(path).read_text())
     except RecursionError:
@@ -223,8 +255,13 @@ def config_from_json(path: str | Path) -> TrainConfig:
     if not isinstance(d, dict):
         raise ValueError(f"{path}: holds a JSON {type(d).__name__}, not a run's settings (an object); the file is "
                          "damaged")
+    return d
+
+
+def config_from_record(record: Mapping[str, Any]) -> TrainConfig:
+    """The TrainConfig of a run's recorded settings (its other keys ignored); lists become tuples again."""
     known = {f.name for f in dataclasses.fields(TrainConfig)}
-    d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in known}  # `auto`: older runs
+    d = {k: tuple(v) if isinstance(v, list) else v for k, v in record.items() if k in known}  # `auto`: older runs
     # Runs recorded before these settings existed used the sub-pixel crop and short-side evaluation resize.
     return TrainConfig(**{"train_crop": "inception-subpixel", "eval_resize": "resize-short-crop", **d})
 
@@ -292,16 +329,26 @@ def _field_types() -> dict[str, Any]:
 def check_types(values: Mapping[str, Any], where: str) -> None:
     """ValueError naming the first setting whose value is not of its TrainConfig field's type (unknown keys are
     left to the caller). Ranges and choices are vitlab.train.config.validate's."""
-    hints = _field_types()
     for key, value in values.items():
-        hint = hints.get(key)
-        if hint is None or _matches(value, hint):
+        problem = type_problem(key, value)
+        if problem is None:
             continue
+        hint = _field_types()[key]
         hint_text = ""
         if isinstance(value, str) and _is_number_text(value) and _describe(hint) in ("an integer", "a number"):
             # quoted, or YAML 1.1 reading an exponent without a decimal point (1e-3) as text
             hint_text = "; write it unquoted" + (", with a decimal point (1.0e-3)" if "e" in value.lower() else "")
-        raise ValueError(f"{where}: {key} must be {_describe(hint)}, got {value!r} ({_kind(value)}){hint_text}")
+        raise ValueError(f"{where}: {problem}{hint_text}")
+
+
+def type_problem(key: str, value: Any) -> str | None:
+    """"KEY must be <its TrainConfig field's type>, got VALUE (its kind)" when `value` is not of that type; None
+    when it is, or when `key` is neither a TrainConfig field nor a FLAG_ONLY flag."""
+    hint = FLAG_ONLY[key][0] if key in FLAG_ONLY else _field_types().get(key)
+    if hint is None or _matches(value, hint):
+        return None
+    text = repr(value)
+    return f"{key} must be {_describe(hint)}, got {text if len(text) <= 60 else text[:57] + '...'} ({_kind(value)})"
 
 
 def check_record(path: Path, record: dict[str, Any], record_keys: frozenset[str]) -> None:
@@ -318,10 +365,17 @@ def check_record(path: Path, record: dict[str, Any], record_keys: frozenset[str]
 
 
 def check_model_args_type(model_args: Any, where: str) -> None:
+    """ValueError naming `where` unless model_args_problem finds nothing."""
+    problem = model_args_problem(model_args)
+    if problem:
+        raise ValueError(f"{where}: {problem}")
+
+
+def model_args_problem(model_args: Any) -> str | None:
     """model_args: a mapping of model config field names to values (the model decides which names it has)."""
-    if not isinstance(model_args, Mapping) or not all(isinstance(k, str) for k in model_args):
-        raise ValueError(f"{where}: model_args must be a mapping of model settings (e.g. {{depth: 4}}), got "
-                         f"{model_args!r}")
+    if isinstance(model_args, Mapping) and all(isinstance(k, str) for k in model_args):
+        return None
+    return f"model_args must be a mapping of model settings (e.g. {{depth: 4}}), got {model_args!r}"
 
 
 def _matches(value: Any, hint: Any) -> bool:

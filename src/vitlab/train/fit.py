@@ -5,21 +5,23 @@ trained model with the run's result.
     result = vitlab.fit("finetune", init="vit_s16.safetensors", data="photos/", epochs=10, out="runs/photos")
     result.metrics["top1"], result.out_dir, result.model      # final validation metrics, run folder, the model
 
-A thin layer over the command line's path: the settings are the flags' (TrainConfig fields as keywords, plus
-`epochs`), resolved by `vitlab.train.resolve`, checked by `vitlab.train.fit.prepare` as the run would, trained
-by `vitlab.train.run` (or `run_sweep` with `lr_sweep`). The console shows what the command line shows (the
-banner, the time estimate, step and validation lines, a progress bar on a terminal, the final `done:` line)
-unless `progress=False` or the program has set up logging itself.
+A thin layer over the command line's path: the settings are the flags as keywords (TrainConfig fields, plus
+`epochs` and the architecture flags `depth`, `width`, `heads`, `mlp_dim`, which set `model_args` as their flags
+do), each checked as its flag is (`fit_flags`), resolved by `vitlab.train.resolve`, checked by
+`vitlab.train.fit.prepare` as the run would, trained by `vitlab.train.run` (or `run_sweep` with `lr_sweep`). The
+console shows what the command line shows (the banner, the time estimate, step and validation lines, a progress bar
+on a terminal, the final `done:` line) unless `progress=False` or the program has set up logging itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -29,6 +31,17 @@ import torch
 
 from vitlab.data import build_datasets
 from vitlab.files.rundir import CONFIG
+from vitlab.models.config import BiTConfig, ViTConfig
+from vitlab.ranges import MODEL_FLAGS
+from vitlab.train.config import (
+    FLAG_NAMES,
+    FLAG_ONLY,
+    MODEL_FIELD_FLAGS,
+    TrainConfig,
+    model_args_problem,
+    setting_problem,
+    type_problem,
+)
 from vitlab.train.resolve import Resolved, resolve
 from vitlab.train.runlog import append_to_console_log, check_trackers, result_line, schedule_lines, settings_lines
 from vitlab.train.trainer import RunResult, build_run_model, check_classes, objective_for, run, run_record
@@ -99,16 +112,19 @@ class FitResult(RunResult):
     sweep: Any = None
 
 
-def fit(recipe: str | None = None, *, config_file: str | None = None, progress: bool = True,
+def fit(recipe: str | None = None, *, config_file: str | os.PathLike | None = None, progress: bool = True,
         **settings: Any) -> FitResult:
     """Train (fine-tune, with `init`) as the command line does; see the module doc. `recipe`: as `--recipe`
-    (default: `demo`, or `finetune` with `init`); `config_file`: as `--config`; `settings`: the flags as
-    TrainConfig fields (`data`, `init`, `out`, `lr`, `batch_size`, `steps` or `epochs`, …; paths as str or
-    Path). ValueError (one line) for settings or data the run would refuse."""
-    settings = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in settings.items()}  # as typed
-    verb = "finetune" if settings.get("init") else "train"
+    (default: `demo`, or `finetune` with `init`); `config_file`: as `--config`; `settings`: the flags as keywords
+    (`data`, `init`, `out`, `lr`, `batch_size`, `steps` or `epochs`, `depth`, `heads`, …; paths as str or Path).
+    TypeError (one line, naming the keyword) for a keyword or a value of the wrong type, ValueError (one line) for
+    settings or data the run would refuse."""
+    _check_call(recipe, config_file, progress)
+    flags = fit_flags(settings)
+    verb = "finetune" if flags.get("init") else "train"
+    config_file = os.fspath(config_file) if config_file is not None else None
     with _console(progress):
-        resolved = prepare(resolve(recipe, settings, config_file=config_file, verb=verb))
+        resolved = prepare(resolve(recipe, flags, config_file=config_file, verb=verb))
         outcome = train_resolved(resolved, verb, say=lambda line: log.info("%s", line))
     if resolved.config.lr_sweep:
         model = load(outcome.out_dir)  # the run the sweep chose (its refit, if it made one)
@@ -116,6 +132,95 @@ def fit(recipe: str | None = None, *, config_file: str | None = None, progress: 
                          seconds=outcome.seconds, model=model, sweep=outcome)
     model = load(outcome.weights) if outcome.weights is not None else None
     return FitResult(**{f.name: getattr(outcome, f.name) for f in fields(RunResult)}, model=model)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# vitlab.fit's keywords are the command line's flags (dashes as underscores; --wd, --clip, --lora, --tb and --wandb by
+# their settings' names), checked one by one before anything is resolved, as argparse checks the flags: a keyword
+# vitlab.fit does not take, or a value of the wrong type, is a TypeError naming the keyword; a value outside its
+# flag's range a ValueError in the flag's words (vitlab.train.config.setting_problem); never an error from inside
+# the resolution.
+
+# Keywords whose value is a path (str or os.PathLike), with what else it may name.
+PATHS = {"data": "a path or dataset name", "init": "a path or weights name", "out": "a path"}
+_KEYWORDS = frozenset(f.name for f in dataclasses.fields(TrainConfig)) | set(FLAG_ONLY)
+# What a model's config has that a run sets through model_args (the run sets its size and classes itself).
+_MODEL_SETTINGS = frozenset(f.name for c in (ViTConfig, BiTConfig) for f in dataclasses.fields(c)) - _KEYWORDS - {
+    "name"}
+
+
+def fit_flags(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """vitlab.fit's keywords as the flags `vitlab.train.resolve` takes (TrainConfig fields and `epochs`; the
+    architecture flags gathered into model_args); None is a keyword left out. TypeError / ValueError (one line,
+    naming the keyword) for what the command line would refuse."""
+    flags: dict[str, Any] = {}
+    model_args: dict[str, Any] = {}
+    for key, value in settings.items():
+        if key not in _KEYWORDS:
+            raise TypeError(_unknown_keyword(key))
+        if value is None:
+            continue
+        value = os.fspath(value) if isinstance(value, os.PathLike) else value
+        problem = _type_problem(key, value)
+        if problem:
+            raise TypeError(problem)
+        problem = setting_problem(key, value, key)
+        if problem:
+            raise ValueError(problem)
+        if key in MODEL_FLAGS:
+            model_args[MODEL_FLAGS[key]] = value
+        else:
+            flags[key] = value
+    if model_args:
+        given = flags.get("model_args", {})
+        for field, value in model_args.items():
+            if field in given and given[field] != value:
+                raise ValueError(f"{MODEL_FIELD_FLAGS[field]}={value!r} and model_args {field} {given[field]!r} "
+                                 "disagree; pass one")
+        flags["model_args"] = {**given, **model_args}
+    return flags
+
+
+def _type_problem(key: str, value: Any) -> str | None:
+    if key in PATHS:
+        return None if isinstance(value, str) else (f"{key} must be {PATHS[key]} (str or os.PathLike), got "
+                                                     f"{type(value).__name__}")
+    if key == "resume":  # as --resume [auto]; auto: continue the run, or start it when there is none
+        ok = isinstance(value, bool) or (isinstance(value, str) and value == "auto")
+        return None if ok else f"resume must be True, False or 'auto', got {repr(value)[:60]}"
+    if key == "model_args":
+        return model_args_problem(value)
+    return type_problem(key, value)
+
+
+def _unknown_keyword(key: str) -> str:
+    """One line for a keyword vitlab.fit does not take: the setting it spells (a flag's own name, a model setting,
+    a slip of the keyboard)."""
+    renamed = {flag: field for field, flag in FLAG_NAMES.items()} | {"ema_decay": "ema"}  # --ema-decay, alias --ema
+    field = renamed.get(key)
+    if field is not None:
+        return f"vitlab.fit has no keyword {key!r}: the flag --{key.replace('_', '-')} is the keyword {field}"
+    if key in _MODEL_SETTINGS:
+        flag = MODEL_FIELD_FLAGS.get(key)
+        return (f"vitlab.fit has no keyword {key!r}: it is a model setting; pass "
+                f"{f'{flag}=… (the --{flag} flag) or ' if flag else ''}model_args={{{key!r}: …}}")
+    close = difflib.get_close_matches(key, sorted(_KEYWORDS | _MODEL_SETTINGS), n=1)
+    if close and close[0] in _MODEL_SETTINGS:
+        return f"vitlab.fit has no keyword {key!r}; did you mean the model setting model_args={{{close[0]!r}: …}}?"
+    if close:
+        return f"vitlab.fit has no keyword {key!r}; did you mean {close[0]}?"
+    return (f"vitlab.fit has no keyword {key!r}: its keywords are vitlab train's flags (vitlab train --help), a "
+            "model's own settings go in model_args")
+
+
+def _check_call(recipe: Any, config_file: Any, progress: Any) -> None:
+    """fit's own arguments: TypeError naming the one of the wrong type."""
+    if recipe is not None and not isinstance(recipe, str):
+        raise TypeError(f"recipe must be a recipe name (str; `vitlab recipes` lists them), got {type(recipe).__name__}")
+    if config_file is not None and not isinstance(config_file, str | os.PathLike):
+        raise TypeError(f"config_file must be a path (str or os.PathLike), got {type(config_file).__name__}")
+    if not isinstance(progress, bool):
+        raise TypeError(f"progress must be True or False, got {type(progress).__name__}")
 
 
 def train_resolved(resolved: Resolved, verb: str, say: Callable[[str], None]) -> Any:

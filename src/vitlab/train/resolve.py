@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.data import build_datasets
-from vitlab.files.rundir import CONFIG, run_dir_of
+from vitlab.files.rundir import CONFIG, MANIFEST, checkpoint_settings, list_checkpoints, run_dir_of
 from vitlab.models.config import BiTConfig, ViTConfig
 from vitlab.models.registry import architecture_differences, describe_architecture, model_config
+from vitlab.ranges import MODEL_FLAGS
 from vitlab.runtime.precision import device_kind, training_precision
 from vitlab.train.config import (
     TrainConfig,
@@ -33,7 +35,9 @@ from vitlab.train.config import (
     check_record,
     check_types,
     config_from_json,
+    config_from_record,
     parse_settings,
+    read_record,
     setting_text,
     validate,
 )
@@ -60,7 +64,7 @@ from vitlab.weights.locate import locate
 # network is kept as the run's label.
 
 # model_args keys the command line sets, by their flags
-FLAGS = {"depth": "--depth", "width": "--width", "num_heads": "--heads", "mlp_dim": "--mlp-dim"}
+FLAGS = {field: "--" + dest.replace("_", "-") for dest, field in MODEL_FLAGS.items()}
 # Fields the run sets itself (from --image-size, the data's classes, --dropout …), never through model_args.
 _RUN_FIELDS = ("image_size", "num_classes", "name")
 
@@ -169,9 +173,7 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
     _check_known(flags, "training settings")
     if flags.get("resume"):
         if flags.get("out") and (Path(flags["out"]) / CONFIG).exists():
-            if epochs is not None:
-                flags["steps"] = steps_on_resume(Path(flags["out"]), epochs)
-            return _resume(Path(flags["out"]), flags, recipe)
+            return _resume(Path(flags["out"]), flags, recipe, epochs)
         if flags["resume"] != "auto" and not _holds_sweep(flags.get("out")):  # a typo in --out starts nothing
             raise ValueError(f"--resume: {flags.get('out')} holds no run to continue (no config.json); check --out, "
                              "or pass --resume auto to start a run there when there is none")
@@ -421,27 +423,35 @@ def _steps_of(layers: _Layers, source: str, recipe: str) -> int | None:
     return None
 
 
-def _resume(out: Path, flags: Mapping[str, Any], recipe: str | None) -> Resolved:
+def _resume(out: Path, flags: Mapping[str, Any], recipe: str | None, epochs: float | None) -> Resolved:
     """The stored run, with the flags that are safe to change; any other flag must equal the stored value."""
+    path = out / CONFIG
     try:
-        record = json.loads((out / CONFIG).read_text())
-        stored = config_from_json(out / CONFIG)
-    except (OSError, ValueError, TypeError) as err:
-        raise ValueError(f"{out / 'config.json'}: cannot read the stored run ({err}); it is damaged") from None
-    check_record(out / CONFIG, record, RUN_RECORD_KEYS)
-    sources = {**dict.fromkeys(stored.to_dict(), f"run {out}"), **record.get("sources", {})}
+        record = read_record(path)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: cannot read the stored run ({err}); it is damaged") from None
+    check_record(path, record, RUN_RECORD_KEYS)
+    record, checkpoint, filled = recorded_settings(out, record)
+    try:
+        stored = config_from_record(record)
+    except TypeError as err:  # a list where a value belongs
+        raise ValueError(f"{path}: cannot read the stored run ({err}); it is damaged") from None
+    validate(stored, recorded_in=path)
+    sources = {**dict.fromkeys(stored.to_dict(), f"run {out}"), **record.get("sources", {}),
+               **dict.fromkeys(filled, f"checkpoint {checkpoint} ({CONFIG} lacks it)")}
     if "precision" not in record:  # recorded before --precision existed: bf16 autocast on CUDA, float32 on CPU
         stored = stored.replace(precision="bf16" if device_kind(stored.device).type == "cuda" else "fp32")
         sources["precision"] = f"run {out}: recorded before --precision (bf16 on CUDA, float32 on CPU)"
+    if epochs is not None:
+        flags = {**flags, "steps": steps_on_resume(record, epochs, path)}
     if recipe is not None and recipe != stored.recipe:
         raise ValueError(f"--recipe {recipe} contradicts the run in {out} (recipe {stored.recipe}); resume without "
                          "it, or start a new run with another --out")
     changes: dict[str, list[Any]] = {}
     for key, value in flags.get("model_args", {}).items():  # --depth/--width/--heads/--mlp-dim, one by one
         if stored.model_args.get(key) != value:
-            flag = {"num_heads": "heads", "mlp_dim": "mlp-dim"}.get(key, key)
-            raise ValueError(f"--{flag} {value} contradicts the run in {out} (stored: {stored.model_args.get(key)}); "
-                             "resume without it, or start a new run with another --out")
+            raise ValueError(f"{FLAGS.get(key, key)} {value} contradicts the run in {out} (stored: "
+                             f"{stored.model_args.get(key)}); resume without it, or start a new run with another --out")
     for key, value in flags.items():
         if key == "model_args":
             continue
@@ -463,6 +473,69 @@ def _resume(out: Path, flags: Mapping[str, Any], recipe: str | None) -> Resolved
     notes = tuple(f"resumed with --{k.replace('_', '-')} {setting_text(v[1])} (was {setting_text(v[0])})"
                   + _extension(k, v, stored) for k, v in changes.items())
     return Resolved(config, sources, tuple(record.get("notes", ())) + notes, resumed_changes=changes)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A resumed run's settings are the ones it recorded: its config.json, held to the settings its newest checkpoint
+# was trained with (each checkpoint's manifest records them all, vitlab.train.checkpoint.write_checkpoint).
+#
+# - a setting config.json lacks is the checkpoint's, with a warning: a deleted line never becomes a default (a bf16
+#   run resumed in float32, a 4-step run extended to the default 1,000 steps);
+# - a setting that changes what the run computes (lr, model, data, precision, …) must be the checkpoint's, or the
+#   edit is refused, naming config.json, before it is trained with and credited in the banner to the source of the
+#   value it replaced;
+# - a setting a resume may change (steps, workers, …) may differ, with a warning unless a resume flag changed it.
+#
+# The manifests are read, not verified (resuming verifies the checkpoint it continues from): a checkpoint whose files
+# were damaged since still records the run's settings, and the check costs no hashing of gigabytes.
+
+log = logging.getLogger("vitlab.train")
+
+
+def recorded_settings(out: Path, record: dict[str, Any]) -> tuple[dict[str, Any], Path | None, list[str]]:
+    """(config.json's `record` with the settings it lacks taken from the newest checkpoint that records settings,
+    that checkpoint, the keys taken); ValueError naming config.json for an edit that changes what the run computes."""
+    checkpoint, trained = None, None
+    for checkpoint in list_checkpoints(out):
+        trained = checkpoint_settings(checkpoint)
+        if trained is not None:
+            break
+    if trained is None:  # no checkpoint, or written before checkpoints recorded settings: config.json is the record
+        return record, None, []
+    path = out / CONFIG
+    sources = record.get("sources") if isinstance(record.get("sources"), dict) else {}
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    lacking = {}
+    for key, before in trained.items():
+        if key in ("out", "resume") or key not in fields:  # a moved run continues where it now is
+            continue
+        if key not in record:
+            lacking[key] = before
+            continue
+        now = record[key]
+        if json.dumps(now, sort_keys=True) == json.dumps(before, sort_keys=True):
+            continue
+        if key in SAFE_ON_RESUME:  # how long the run goes and what it reports, not what it computes: said, kept
+            if sources.get(key) != "flag (on resume)":
+                log.warning("%s says %s %s, checkpoint %s was trained with %s (edited, or changed by a resume that "
+                            "did not record it): continuing with %s; a resume flag (--%s) is the way to change it",
+                            path, key, json_excerpt(now), checkpoint, json_excerpt(before), json_excerpt(now),
+                            key.replace("_", "-"))
+            continue
+        was = json_excerpt(before)
+        raise ValueError(f"{path} says {key} {json_excerpt(now)} but checkpoint {checkpoint} was trained with {key} "
+                         f"{was}: config.json was edited after the run started; put {was} back, or start a new run "
+                         "with another --out")
+    if lacking:
+        check_types(lacking, f"checkpoint {checkpoint} ({MANIFEST})")
+        log.warning("%s lacks %s: continuing with what checkpoint %s recorded (%s)", path, ", ".join(lacking),
+                    checkpoint, ", ".join(f"{k} {json_excerpt(v)}" for k, v in lacking.items()))
+    return {**record, **lacking}, checkpoint, list(lacking)
+
+
+def json_excerpt(value: Any) -> str:
+    """A recorded value in a message: its JSON, cut at 80 characters."""
+    return json.dumps(value)[:80]
 
 
 def _holds_sweep(out: str | None) -> bool:

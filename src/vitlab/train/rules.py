@@ -21,13 +21,11 @@ banner says what it chose and from what.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from vitlab.data import DataError, build_datasets
-from vitlab.files.rundir import CONFIG
 from vitlab.train.recipes import (
     EPOCHS,
     FINETUNE_PRESETS,
@@ -203,15 +201,14 @@ def mark_given(layers: Any, epochs: float | None) -> None:
         layers.sources["steps"] = FLAG
 
 
-def steps_on_resume(run: Path, epochs: float) -> int:
+def steps_on_resume(record: dict[str, Any], epochs: float, path: Path) -> int:
     """`--epochs` on `--resume`: the steps of that many epochs of the stored run (its recorded training images
-    and batch), which the resumed run extends its schedule to as with `--steps`."""
+    and batch; `record`: its config.json, `path`), which the resumed run extends its schedule to as with `--steps`."""
     try:
-        record = json.loads((run / CONFIG).read_text())
         images, batch = int(record["train_images"]), int(record["batch_size"])
-    except (OSError, ValueError, KeyError, TypeError):
-        raise ValueError(f"--epochs with --resume: {run / 'config.json'} does not record the run's training images "
-                         "and batch; pass --steps instead") from None
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"--epochs with --resume: {path} does not record the run's training images and batch; pass "
+                         "--steps instead") from None
     return steps_for(epochs, images, batch)
 
 
