@@ -207,6 +207,26 @@ def _setting_problems(cfg: TrainConfig, name: Callable[[str], str]) -> list[str]
     return [p for p in problems if p]
 
 
+COMMA_SETTINGS = frozenset({"lora_targets"})  # settings whose flag takes one comma-separated word
+
+
+def flag_text(name: str, value: Any) -> str:
+    """A setting with its value as the command line spells it: `--lora 8`, `--lora-targets qkv,fc2`,
+    `--ema-warmup` (on), `no --ema-warmup` (off)."""
+    if isinstance(value, bool):
+        return _flag(name) if value else f"no {_flag(name)}"
+    return f"{_flag(name)} {value_text(name, value)}"
+
+
+def value_text(name: str, value: Any) -> str:
+    """A setting's value as its flag takes it: `qkv,fc2` for a comma list, on/off for a switch."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if name in COMMA_SETTINGS and isinstance(value, tuple | list):
+        return ",".join(map(str, value))
+    return setting_text(value)
+
+
 def setting_text(value: Any) -> str:
     """A setting's value as the command line spells it: floats in %g, tuples space-separated ("(none)" when
     empty), everything else as str."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,10 +37,12 @@ from vitlab.train.config import (
     check_types,
     config_from_json,
     config_from_record,
+    flag_text,
     parse_settings,
     read_record,
     setting_text,
     validate,
+    value_text,
 )
 from vitlab.train.finetune import frozen_backbone_settings
 from vitlab.train.recipes import (
@@ -234,6 +237,18 @@ class _Layers:
         resolution) still replaces them."""
         source = self.sources[key]
         return source not in ("default", f"recipe {recipe}") and not source.startswith("weights ")
+
+
+def _same_file(given: Any, recorded: Any, out: Path) -> bool:
+    """Whether two spellings of `--init` name one existing file or folder (by inode; a published name is only
+    ever equal to itself). A relative recorded path is tried from the working folder and from the run's parent."""
+    for base in (Path.cwd(), out.parent):
+        try:
+            if os.path.samefile(given, base / recorded):
+                return True
+        except (OSError, TypeError, ValueError):
+            continue
+    return False
 
 
 def _lists_to_tuples(value: Any) -> Any:
@@ -458,11 +473,14 @@ def _resume(out: Path, flags: Mapping[str, Any], recipe: str | None, epochs: flo
         now, before = _lists_to_tuples(value), getattr(stored, key)
         if now == before or key in ("resume", "out") or (key == "precision" and now == "auto"):
             continue  # --precision auto: the choice the run made when it started
+        if key == "init" and _same_file(now, before, Path(out)):
+            continue  # the run's own --init by another spelling (relative to another folder, absolute)
         if key not in SAFE_ON_RESUME:
-            raise ValueError(f"--{key.replace('_', '-')} {setting_text(now)} contradicts the run in {out} (stored: "
-                             f"{setting_text(before)}); resume without it, or start a new run with another --out")
+            raise ValueError(f"{flag_text(key, now)} contradicts the run in {out} (stored: "
+                             f"{value_text(key, before)}); resume without it, or start a new run with another --out")
         if key == "steps" and now < before:
-            raise ValueError(f"--steps {now} is below the run's {before}: a resumed run continues to its end or "
+            asked = f"--epochs {setting_text(epochs)} ({now} steps)" if epochs is not None else f"--steps {now}"
+            raise ValueError(f"{asked} is below the run's {before} steps: a resumed run continues to its end or "
                              "further; evaluate a checkpoint with `vitlab eval` instead")
         changes[key] = [before, now]
         sources[key] = "flag (on resume)"
@@ -470,7 +488,7 @@ def _resume(out: Path, flags: Mapping[str, Any], recipe: str | None, epochs: flo
     # recorded in its config.json (which would rewrite the original's weights and checkpoints).
     sources["out"] = "flag (on resume)" if str(stored.out) != str(flags["out"]) else sources.get("out", "flag")
     config = validate(stored.replace(resume=True, out=str(flags["out"]), **{k: v[1] for k, v in changes.items()}))
-    notes = tuple(f"resumed with --{k.replace('_', '-')} {setting_text(v[1])} (was {setting_text(v[0])})"
+    notes = tuple(f"resumed with {flag_text(k, v[1])} (was {setting_text(v[0])})"
                   + _extension(k, v, stored) for k, v in changes.items())
     return Resolved(config, sources, tuple(record.get("notes", ())) + notes, resumed_changes=changes)
 
