@@ -81,15 +81,21 @@ def test_sigterm_during_export_removes_its_work_folder(tmp_path, random_tiny_vit
 
 def test_a_process_forked_under_the_handler_dies_of_sigterm_as_before():
     """Loader workers and other forked children keep the default action: the parent's exception is not theirs."""
+    import time
+
     from vitlab.cli import terminated_as_exception
 
     with terminated_as_exception():
+        ready, tell = os.pipe()
         pid = os.fork()
-        if pid == 0:  # the child: wait for the signal, never return into pytest
+        if pid == 0:  # the child: say it runs, then wait for the signal; never return into pytest
             try:
-                signal.pause()
+                os.write(tell, b"1")
+                for _ in range(1000):  # 10 s at most; each wake-up runs a handler due
+                    time.sleep(0.01)
             finally:
                 os._exit(0)
+        assert os.read(ready, 1) == b"1"
         os.kill(pid, signal.SIGTERM)
         _, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
