@@ -97,6 +97,29 @@ def test_finetune_from_vitlab_weights_on_a_folder(trained, tmp_path, capsys):
     assert model.class_names == ["a", "b", "c"]
 
 
+def test_finetune_resumes_without_init_from_another_folder(trained, tmp_path, monkeypatch, capsys):
+    """The run records its --init (as typed: here relative); a resume needs nothing of it, so it may leave it out,
+    as the refusal of another --init advises, wherever it is started from."""
+    (tmp_path / "a").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    (tmp_path / "a" / "init.safetensors").write_bytes((trained / "model.safetensors").read_bytes())
+    flags = ["--data", "digits", "--steps", "2", "--batch-size", "32", "--warmup", "1", "--workers", "0",
+             "--eval-every", "0", "--save-every", "2"]
+    assert main(["finetune", "--init", "init.safetensors", "--out", "../run", *flags]) == 0
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["finetune", "--out", "run", "--resume", "--steps", "3"]) == 0
+    assert capsys.readouterr().out.startswith("done: step 3,")
+
+
+def test_finetune_without_init_is_one_line_unless_it_resumes(tmp_path, capsys):
+    for resume in ([], ["--resume", "auto"]):
+        assert main(["finetune", "--data", "digits", "--out", str(tmp_path / "run"), *resume]) == 2
+        line = "vitlab finetune: error: --init WEIGHTS is required for finetune: the weights to start from\n"
+        assert capsys.readouterr().err == line
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize(
     "case, message",
     [

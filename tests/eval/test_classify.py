@@ -75,6 +75,24 @@ def test_the_figure_is_named_after_data_and_split(run, tmp_path, capsys):
     assert confusion_name("hf:owner/cats & dogs", "val") == "confusion-cats_dogs-val.png"
 
 
+def test_figure_names_of_datasets_in_different_folders_differ(tmp_path, monkeypatch):
+    """`.` and `..` name the folder they stand for, and names in other alphabets stay what they are: otherwise
+    `vitlab eval --data .` in two dataset folders, or datasets named 'фото' and '写真', share one figure, the
+    second replacing the first."""
+    (tmp_path / "cats" / "val").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "cats")
+    assert confusion_name(".", "val") == confusion_name("./", "val") == "confusion-cats-val.png"
+    assert confusion_name("val/..", "val") == "confusion-cats-val.png"
+    monkeypatch.chdir(tmp_path / "cats" / "val")
+    assert confusion_name("..", "train") == "confusion-cats-train.png"
+    assert confusion_name("/data/фото", "val") == "confusion-фото-val.png"
+    assert confusion_name("写真", "val") == "confusion-写真-val.png"
+    long = confusion_name("/data/" + "写" * 200, "train")
+    assert len(long.encode()) <= 150 and long.startswith("confusion-写写") and long.endswith("-train.png")
+    assert confusion_name("/", "val") == confusion_name("😀", "val") == "confusion-data-val.png"
+    assert "/" not in confusion_name("digits", "val/../x")
+
+
 def test_many_classes_show_the_lowest_recall():
     rows = [{"class": f"c{k}", "precision": 0.5, "recall": k / 100, "images": 10} for k in range(100)]
     lines = per_class_lines(rows, limit=5)

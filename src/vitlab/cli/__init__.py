@@ -4,9 +4,13 @@ function. Errors the user can fix become one line on stderr and exit code 2, nev
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 
 from vitlab.errors import VitlabError
 
@@ -17,6 +21,34 @@ VERB_MODULES = ["models", "bench", "weights", "train", "evaluate", "recipes", "f
 
 class UserError(VitlabError):
     """A problem with the user's input: printed as one line."""
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt: the verb unwinds, so what it was
+    writing (a temporary beside the output, a work folder) is removed rather than left by a silent death."""
+
+
+@contextlib.contextmanager
+def terminated_as_exception() -> Iterator[None]:
+    """SIGTERM raises `Terminated` in this process during the block (the training loop and `vitlab experiment`
+    install their own stop handlers inside it); a process forked meanwhile dies of it as before."""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread only
+        yield
+        return
+    owner = os.getpid()
+
+    def terminate(signum: int, frame: object) -> None:
+        if os.getpid() != owner:  # a forked child that kept the handler: the default action
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     say_warnings(args.verb)
 
     try:
-        result = args.func(args)
+        with terminated_as_exception():
+            result = args.func(args)
     except (VitlabError, ValueError, FileNotFoundError) as err:
         print(f"vitlab {args.verb}: error: {err}", file=sys.stderr)
         return 2
@@ -74,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"vitlab {args.verb}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"vitlab {args.verb}: terminated (SIGTERM)", file=sys.stderr)
+        return 128 + signal.SIGTERM
     return int(result or 0)
 
 

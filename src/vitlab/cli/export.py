@@ -14,7 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Write weights as an ONNX file with a dynamic batch dimension: input 'pixels' "
                                    "(N, 3, H, W) normalised as the weights expect, output 'logits'. ONNX Runtime "
                                    "runs the file on sample images at two batch sizes before it is written; its "
-                                   "output must agree with PyTorch's float32 (fp32: 1e-5 relative, int8: 10%%), "
+                                   "output must agree with PyTorch's float32 (fp32: 1e-5 relative, int8: 10%), "
                                    "otherwise nothing is written. Needs pip install 'vitlab[onnx]'.")
     p.add_argument("weights", help="weights file or folder, run or checkpoint directory, or a published name")
     p.add_argument("out", help="the .onnx file to write")

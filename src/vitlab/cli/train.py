@@ -50,7 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     tune = sub.add_parser("finetune", help="fine-tune weights (official .npz, timm, HF, vitlab) on new data",
                           description="Fine-tune: new zero-init head, position embedding resized, SGD recipe.",
                           add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter)
-    tune.add_argument("--init", required=True, metavar="WEIGHTS", help="weights file or folder to start from")
+    tune.add_argument("--init", metavar="WEIGHTS",
+                      help="weights file or folder to start from (required; --resume of a run may leave it out: the "
+                           "run records it)")
     _training_flags(tune, default_recipe="finetune")
     _protocol_flags(tune)
     tune.set_defaults(func=_train)
@@ -247,6 +249,8 @@ def build_config(args: argparse.Namespace) -> Any:
     if not args.out and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UserError("pass --out with torchrun: every process must write to the same run directory")
     resuming = bool(args.resume) and (Path(args.out) / "config.json").exists()
+    if args.verb == "finetune" and not resuming and "init" not in flags:
+        raise UserError("--init WEIGHTS is required for finetune: the weights to start from")
     if args.verb == "finetune" and not (resuming or args.config) and "data" not in flags:
         raise UserError("--data is required for finetune (an image folder, or digits / mnist)")
     return resolve(args.recipe, flags, config_file=args.config, verb=args.verb)

@@ -3,6 +3,7 @@ on a dataset split with its confusion matrix (the library side of `vitlab eval`)
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,11 +83,22 @@ class EvalResult:
 
 
 def confusion_name(data: str, split: str) -> str:
-    """'confusion-photos-val.png': the figure's name says which data it shows (a path's last part, a named set as
-    written), so that evaluating the same run on another dataset or split adds a figure beside the earlier one."""
+    """'confusion-photos-val.png': the figure's name says which data it shows (a path's last part, `.` and `..` the
+    folder they stand for; a named set as written; letters of any alphabet kept), so that evaluating the same run on
+    another dataset or split adds a figure beside the earlier one rather than replacing it."""
     text = str(data).rstrip("/")
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(text).name if "/" in text else text).strip("._") or "data"
-    return f"confusion-{slug[:60]}-{split}.png"
+    if "/" in text or text in (".", ".."):
+        text = Path(os.path.abspath(text)).name  # 'photos/', '../photos', '.' inside photos: 'photos'
+    slug = _slug(text)[:60].encode()[:_SLUG_BYTES].decode(errors="ignore") or "data"
+    return f"confusion-{slug}-{_slug(split)}.png"
+
+
+_SLUG_BYTES = 120  # the data's part of the name in UTF-8: with the rest, well within any file system's 255 bytes
+
+
+def _slug(text: str) -> str:
+    """Letters and digits of any alphabet, '.', '_' and '-'; any other run of characters one '_'."""
+    return re.sub(r"[^\w.-]+", "_", text).strip("._")
 
 
 def confusion_destination(weights: str | Path, confusion: str | Path | None, out: str | Path | None,
