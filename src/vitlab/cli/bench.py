@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from vitlab.cli.types import batch_size, device_name, float_range, image_size, int_range, new_file, workers
+from vitlab.cli.types import batch_size, device_name, float_range, force_help, image_size, int_range, new_file, workers
 
 WRITER = "vitlab bench"  # the mark of its --json record: the next benchmark may replace it
 
@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="keep glibc's default of mapping large tensors afresh (page faults on every step)")
     p.add_argument("--json", metavar="OUT", type=new_file, help="also write the full result as JSON to this file")
     p.add_argument("--force", action="store_true",
-                   help="let --json replace a file vitlab did not write (devices, FIFOs and links: never)")
+                   help=force_help("--json"))
     d = p.add_argument_group("data loading (--data)")
     d.add_argument("--data", metavar="SRC", help="time the training loader on this source instead of a model: an "
                                                  "image folder, WebDataset shards or any other --data of vitlab train")

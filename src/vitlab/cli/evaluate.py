@@ -8,7 +8,16 @@ import sys
 from pathlib import Path
 
 from vitlab.cli.train import EVAL_RESIZE_HELP
-from vitlab.cli.types import DATA_SOURCES, PRECISION_HELP, batch_size, class_count, device_name, precision_name, workers
+from vitlab.cli.types import (
+    DATA_SOURCES,
+    PRECISION_HELP,
+    batch_size,
+    class_count,
+    device_name,
+    force_help,
+    precision_name,
+    workers,
+)
 
 INFER_PRECISION_HELP = PRECISION_HELP + ", or int8 (dynamic int8 Linear layers, CPU)"
 COMPILE_HELP = ("torch.compile the model before the first batch (off by default: on CPU the compilation costs more "
@@ -45,7 +54,7 @@ def _register_eval(sub: argparse._SubParsersAction) -> None:
                    help="folder for metrics.json and confusion-DATA-SPLIT.png (created if needed)")
     p.add_argument("--strict", action="store_true", help="unreadable images are fatal")
     p.add_argument("--force", action="store_true",
-                   help="let --confusion replace a file vitlab did not write (devices, FIFOs and links: never)")
+                   help=force_help("--confusion"))
     p.add_argument("--json", action="store_true",
                    help="print the metrics as JSON (top1/top5 as fractions in [0, 1]; the text output is in %%)")
     p.set_defaults(func=_eval)
@@ -156,7 +165,7 @@ def _register_predict_serving(p: argparse.ArgumentParser) -> None:
                    "instead of printing them; replacing an existing CSV takes --force")
     p.add_argument("--json-out", metavar="PATH",
                    help="write the predictions and the skipped images as one JSON record instead of printing them")
-    p.add_argument("--force", action="store_true", help="replace --csv/--json-out files vitlab did not write")
+    p.add_argument("--force", action="store_true", help=force_help("--csv and --json-out"))
 
 
 def _predict(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from vitlab.cli.types import flag_type
+from vitlab.cli.types import flag_type, force_help
 from vitlab.ranges import EXPORT_BATCH, ONNX_OPSET
 
 
@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"ONNX opset, {ONNX_OPSET.allowed()}: attention needs {ONNX_OPSET.low}, torch's exporter "
                         f"writes up to {ONNX_OPSET.high} (default: the exporter's own)")
     p.add_argument("--force", action="store_true",
-                   help="replace an existing file vitlab did not write (vitlab's own exports are replaced anyway)")
+                   help=force_help("the export"))
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run_export)
 

@@ -11,6 +11,7 @@ from vitlab.cli.types import (
     batch_size,
     device_name,
     float_range,
+    force_help,
     fraction,
     int_range,
     new_file,
@@ -77,7 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", dest="json_out", metavar="PATH", type=new_file,
                    help="also write the table as JSON here (accuracies as fractions in [0, 1]; printed in %%)")
     p.add_argument("--force", action="store_true",
-                   help="let --json replace a file vitlab did not write (devices, FIFOs and links: never)")
+                   help=force_help("--json"))
     p.set_defaults(func=run)
 
 

@@ -137,6 +137,12 @@ __all__ = [
 
 
 # What --data accepts, for every verb that reads data (vitlab.data.build_datasets and load_split dispatch on it).
+def force_help(what: str) -> str:
+    """The help of a verb's --force: what it lets `what` replace, and what no flag lets any output replace."""
+    return (f"let {what} replace a file vitlab did not write, or an earlier output of another kind (never: a file "
+            "the command reads, a run's own files, weights by anything but weights, devices, FIFOs, links)")
+
+
 DATA_SOURCES = ("embedded digits or mnist (NAME:K: K training images per class), "
                 "fractal:C:N[:SEED] (FractalDB, C categories x N images), "
                 "strokes:C:N[:SEED] (pen-stroke glyphs, C classes x N images), fonts:C:N[:SEED] (characters "

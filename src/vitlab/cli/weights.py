@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from vitlab.cli.types import class_count, image_size
+from vitlab.cli.types import class_count, force_help, image_size
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,8 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also write a model card <name>.md beside a file export (architecture, source, "
                    "pre-processing, how to load); folder exports (timm, hf) always hold one as README.md")
     p.add_argument("--force", action="store_true",
-                   help="replace an existing output that vitlab did not write (by default only vitlab's own files "
-                   "and export folders are replaced; devices, FIFOs, sockets and links never are)")
+                   help=force_help("the output") + "; an export folder holding other files is never replaced")
     p.set_defaults(func=run_convert)
 
 
