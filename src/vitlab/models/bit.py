@@ -25,9 +25,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from vitlab.models.config import BiTConfig
-from vitlab.models.inputs import check_pixels
+from vitlab.models.inputs import check_pixels, is_symbolic
 from vitlab.models.timm_compat import BiTTimmMixin
 from vitlab.models.vit import zero_head
+
+torch.fx.wrap("check_pixels")  # a torch.fx leaf: the trace runs the input check on the real tensor
 
 
 def standardize(weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -54,7 +56,7 @@ class StdConv2d(nn.Conv2d):
         is unchanged (in place: its version counter; replaced, moved or cast: its storage and dtype), which
         saves a pass over every kernel per forward at the cost of one copy of them; any mode switch drops it."""
         w = self.weight
-        if self.training or torch.is_grad_enabled() or torch.compiler.is_compiling():
+        if self.training or torch.is_grad_enabled() or torch.compiler.is_compiling() or is_symbolic(w):
             return standardize(w, self.eps)
         key = (id(w), w._version, w.data_ptr(), w.dtype, w.device, self.eps)
         if self._standardized is None or self._standardized[0] != key:

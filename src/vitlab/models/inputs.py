@@ -4,11 +4,16 @@ message about bias types or group sizes.
 
 Only attributes are read (type, dim, one size, dtype): no pass over the values, nothing that breaks graph capture.
 Under torch.export / ONNX tracing the channel count is static, so the comparisons add no guards on dynamic sizes.
+Under torch.fx symbolic tracing the input is a Proxy whose sizes are unknown: the model modules register these
+checks (and their other size-dependent helpers) as fx leaves with `torch.fx.wrap`, so a trace records each call as
+one graph node that runs, with its messages, on the real tensor.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.fx
+import torch.nn.functional as F
 
 
 def check_pixels(x: object, in_chans: int, weight: torch.Tensor | None = None) -> None:
@@ -31,6 +36,23 @@ def check_pixels(x: object, in_chans: int, weight: torch.Tensor | None = None) -
     if weight is not None and x.dtype != weight.dtype and not _autocast(x):
         raise TypeError(f"model input is {x.dtype} but the model's weights are {weight.dtype}; convert the input "
                         f"with x.to({weight.dtype}) (or the model with model.to({x.dtype}))")
+
+
+def pad_to_stride(x: torch.Tensor, stride: int, pad: bool) -> torch.Tensor:
+    """x zero-padded right and bottom to a multiple of `stride` (timm's dynamic_img_pad) if `pad`; else x, or
+    ValueError when its height or width is not a multiple."""
+    if not (x.shape[-2] % stride or x.shape[-1] % stride):
+        return x
+    if pad:
+        return F.pad(x, (0, -x.shape[-1] % stride, 0, -x.shape[-2] % stride))
+    raise ValueError(f"input size {tuple(x.shape[-2:])} is not divisible by the effective patch size {stride}; "
+                     f"resize or crop to a multiple of {stride}")
+
+
+def is_symbolic(value: object) -> bool:
+    """True for a torch.fx Proxy, the stand-in for a tensor or size during symbolic tracing: a cache keyed on
+    values cannot be read or filled then."""
+    return isinstance(value, torch.fx.Proxy)
 
 
 def _channel_fix(x: torch.Tensor, in_chans: int) -> str:

@@ -18,8 +18,10 @@ GN_EPS = 1e-6
 WS_EPS = 1e-5
 
 
+@torch.fx.wrap
 def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
-    """JAX/TF "SAME": output ceil(size/stride); the odd pixel of padding goes after, not before."""
+    """JAX/TF "SAME": output ceil(size/stride); the odd pixel of padding goes after, not before. A torch.fx leaf:
+    it branches on the size, so a trace records the call and runs it on the real size."""
     total = max((math.ceil(size / stride) - 1) * stride + kernel - size, 0)
     return total // 2, total - total // 2
 

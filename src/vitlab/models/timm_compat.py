@@ -27,6 +27,8 @@ from vitlab.constants import FEWSHOT_RESIZE, resize_before_crop
 from vitlab.models.inputs import check_pixels
 from vitlab.ranges import is_int
 
+torch.fx.wrap("check_pixels")  # a torch.fx leaf: the trace runs the input check on the real tensor
+
 # How closely timm's transforms reproduce each vitlab evaluation resize (the cfg's "vitlab_eval_resize_in_timm").
 TIMM_EXACTNESS = {
     "official": "exact",

@@ -14,7 +14,7 @@ from torch.utils.checkpoint import checkpoint
 
 from vitlab.models.config import ViTConfig
 from vitlab.models.droppath import DropPath, drop_path_rates
-from vitlab.models.inputs import check_pixels, check_tokens
+from vitlab.models.inputs import check_pixels, check_tokens, is_symbolic, pad_to_stride
 from vitlab.models.posembed import (
     relative_position_index,
     resample_1d,
@@ -25,6 +25,12 @@ from vitlab.models.posembed import (
 from vitlab.models.resnet import ResNetStem
 from vitlab.models.timm_compat import ViTTimmMixin
 from vitlab.ranges import MAX_CLASSES, is_int
+
+# Leaves of a torch.fx trace: each branches on a type or a size, which symbolic tracing cannot evaluate, so the trace
+# records the call as one node that runs on real values (torch.fx.wrap acts on this module's names).
+for _leaf in ("check_pixels", "check_tokens", "pad_to_stride", "resample_pos_embed", "resample_1d",
+              "resample_relative_table", "relative_position_index"):
+    torch.fx.wrap(_leaf)
 
 
 class PatchEmbed(nn.Module):
@@ -55,7 +61,7 @@ class RelativeLogits(nn.Module):
         table = resample_relative_table(self.embed, num_keys)  # other input sizes: offsets stretched
         logits = torch.einsum("nhqd,hod->nhqo", q, table)  # (N, H, Tq, 2T-1)
         index = relative_position_index(q.shape[2], num_keys, query_offset, q.device)  # (Tq, T)
-        return logits.gather(-1, index.expand(*logits.shape[:2], *index.shape))
+        return logits.gather(-1, index.expand(logits.shape[0], logits.shape[1], -1, -1))
 
 
 class Attention(nn.Module):
@@ -75,7 +81,8 @@ class Attention(nn.Module):
         # Unbinding the stacked axis in place (not after a permute) makes the backward one stack straight into
         # qkv's (N, T, 3, H, hd) layout, where a permute first would cost an extra copy of the qkv gradient.
         qkv = self.qkv(x).reshape(n, t, 3, self.num_heads, self.head_dim)
-        q, k, v = (z.transpose(1, 2) for z in qkv.unbind(2))  # each (N, H, T, hd)
+        q, k, v = qkv.unbind(2)  # unpacked, not iterated: an fx trace knows the length of an unpacking only
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # each (N, H, T, hd)
         if num_queries is not None:
             q = q[:, :, :num_queries]
         scale = 1.0 / math.sqrt(self.head_dim)
@@ -182,7 +189,7 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
         if cfg.pos_embed in ("none", "relative"):
             return None
         key = None
-        if not torch.is_grad_enabled() and grid != self.native_grid:
+        if not torch.is_grad_enabled() and not is_symbolic(grid[0]) and grid != self.native_grid:
             params = self.parameters_of_pos()
             # _version moves on every in-place update (optimizer step, load_state_dict), data_ptr on .to()
             key = (grid, *((p.data_ptr(), p._version, p.dtype) for p in params))
@@ -218,14 +225,7 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
     def embed_patches(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """Pixels -> patch embeddings x_p·E (after the ResNet stem for hybrids): (N, gh*gw, D), (gh, gw)."""
         check_pixels(x, self.config.in_chans, self.patch_embed.proj.weight)
-        s = self.config.total_stride
-        if (x.shape[-2] % s or x.shape[-1] % s) and self.config.dynamic_img_pad:
-            x = F.pad(x, (0, -x.shape[-1] % s, 0, -x.shape[-2] % s))  # zeros right and bottom, as timm pads
-        elif x.shape[-2] % s or x.shape[-1] % s:
-            raise ValueError(
-                f"input size {tuple(x.shape[-2:])} is not divisible by the effective patch size {s}; "
-                f"resize or crop to a multiple of {s}"
-            )
+        x = pad_to_stride(x, self.config.total_stride, self.config.dynamic_img_pad)
         if self.stem is not None:
             x = self.stem(x)
         return self.patch_embed(x)
