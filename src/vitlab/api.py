@@ -19,7 +19,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitlab.constants import IMAGENET_MEAN, IMAGENET_STD
 from vitlab.data.transforms import model_transform
 from vitlab.hub.catalogue import timm_name
 from vitlab.models.config import BiTConfig, ModelConfig
@@ -28,7 +27,7 @@ from vitlab.models.timm_compat import FeatureExtractor
 from vitlab.ranges import check_choice
 from vitlab.weights.load import load as load_weights
 from vitlab.weights.load import preprocessing
-from vitlab.weights.timm_arch import LAYER_SCALE_NAMES, timm_config
+from vitlab.weights.timm_arch import LAYER_SCALE_NAMES, timm_config, timm_normalisation
 from vitlab.weights.vitlab_format import save as save_weights
 
 # timm keyword -> vitlab config field (global_pool and class_token choose `classifier`, mlp_ratio `mlp_dim`)
@@ -116,8 +115,9 @@ def model_config_for(name: str, overrides: dict[str, Any]) -> ModelConfig:
         overrides = {"num_classes": timm.num_classes, **overrides}
         if not timm.arch.startswith("resnetv2_"):
             overrides = {"image_size": timm.resolution, **overrides}
-    if timm is not None and timm.arch.startswith("deit_"):  # DeiT normalises with ImageNet's mean and std
-        overrides = {"mean": IMAGENET_MEAN, "std": IMAGENET_STD, **overrides}
+    if timm is not None:  # timm's statistics for the weights of the name (DeiT, DINO, MAE: ImageNet's)
+        mean, std = timm_normalisation(f"{timm.arch}.{timm.tag}" if timm.tag else timm.arch)
+        overrides = {"mean": mean, "std": std, **overrides}
     if overrides.get("classifier") == "gap" and base.startswith("ViT-") and not base.endswith("-gap"):
         base, overrides = base + "-gap", {k: v for k, v in overrides.items() if k != "classifier"}
     if isinstance(model_config(base), BiTConfig):

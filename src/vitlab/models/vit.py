@@ -6,6 +6,7 @@ Shapes: N batch, T tokens (prefix + grid), D width, H heads, hd head dim, (gh, g
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -181,6 +182,19 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
         self.head = nn.Linear(self.num_features, cfg.num_classes) if cfg.num_classes else nn.Identity()
         self._pos_cache: dict[tuple, torch.Tensor] = {}
         init_weights(self)
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        """timm's tensor names load as well as vitlab's (the hybrid stem's `patch_embed.backbone.*`, old
+        `pre_logits.fc.*`), renamed by vitlab's timm reader's own map: so that timm's `load_checkpoint(model, path)`
+        and `model.load_state_dict(timm_model.state_dict())` work on vitlab's model. Children load after this
+        call, from the renamed dict."""
+        from vitlab.weights.timm import vitlab_key
+
+        for key in [k for k in state_dict if k.startswith(prefix)]:
+            new = prefix + vitlab_key(key[len(prefix) :])
+            if new != key and new not in state_dict:
+                state_dict[new] = state_dict.pop(key)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # --- embedding -------------------------------------------------------------------------------------
     def position_embedding(self, grid: tuple[int, int]) -> torch.Tensor | None:

@@ -44,6 +44,7 @@ from vitlab.weights.timm_arch import (
     timm_config,
     timm_eval_crop,
     timm_name_options,
+    timm_normalisation,
 )
 from vitlab.weights.timm_bit import is_timm_bit, read_timm_bit, rename_key, timm_bit_hub_config, to_timm_bit_state_dict
 from vitlab.weights.validate import check_against, expected_shapes
@@ -127,7 +128,9 @@ def read_timm(path: str | Path, arch: str | None = None) -> WeightsRecord:
         opts["num_classes"] = hub["num_classes"]
     opts = complete_from_tensors(opts, tensors, file)
     pcfg = hub.get("pretrained_cfg") or {}
-    config = config_from_timm_options(opts, path / "config.json" if hub else file, pcfg.get("mean"), pcfg.get("std"))
+    mean, std = timm_normalisation(name) if name else (None, None)  # the file's own, else timm's for the name
+    config = config_from_timm_options(opts, path / "config.json" if hub else file, pcfg.get("mean") or mean,
+                                      pcfg.get("std") or std)  # fmt: skip
     # A timm name fixes a listed architecture (its tensor check names it); model_args or inference from the
     # tensors are the file's own declarations, bounded by its tensor count.
     declared_in, count = (path / "config.json" if hub else file), None if name and not args else len(tensors)
@@ -161,7 +164,7 @@ def _meta(name: str | None, hub: dict[str, Any], config: ModelConfig) -> dict[st
         labels = [labels.get(str(i), labels.get(i)) for i in range(config.num_classes)]
     if isinstance(labels, list) and len(labels) == config.num_classes and all(isinstance(x, str) for x in labels):
         meta["class_names"] = labels
-    notes = [] if "mean" in pcfg else ["input normalisation not in the file: assumed mean = std = 0.5"]
+    notes = [] if "mean" in pcfg or name else ["input normalisation not in the file: assumed mean = std = 0.5"]
     if getattr(config, "resnet", None) is not None:
         notes.append(HYBRID_NOTE)
     return {**meta, "notes": notes} if notes else meta

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from vitlab.constants import OFFICIAL_MEAN, OFFICIAL_STD
+from vitlab.constants import CLIP_MEAN, CLIP_STD, IMAGENET_MEAN, IMAGENET_STD, OFFICIAL_MEAN, OFFICIAL_STD
 from vitlab.errors import WeightsError
 from vitlab.models.config import ResNetConfig, ViTConfig
 from vitlab.models.registry import HYBRIDS, VIT_SIZES, model_config
@@ -60,6 +60,11 @@ LAYER_SCALE_NAMES: dict[str, tuple[int, int, int, int, float, int, dict[str, Any
     "vit_base_patch14_dinov2": (14, 768, 12, 12, 4.0, 518, _DINOV2),
     "vit_large_patch14_dinov2": (14, 1024, 24, 16, 4.0, 518, _DINOV2),
 }  # fmt: skip
+# timm's head size for a name without weights of its own (its pretrained cfg): DINOv2's are feature extractors.
+DEFAULT_CLASSES = {name: 0 for name in LAYER_SCALE_NAMES if name.endswith("_dinov2")}
+# Weights timm normalises with other statistics than Google's 0.5: by tag (DINO, MAE, BAMBOO) or by name prefix.
+_TAG_NORMALISATION = {"dino": (IMAGENET_MEAN, IMAGENET_STD), "mae": (IMAGENET_MEAN, IMAGENET_STD),
+                      "bamboo": (CLIP_MEAN, CLIP_STD)}  # fmt: skip
 HEADS_BY_WIDTH = {width: heads for _, width, _, heads in VIT_SIZES.values()}
 _PLAIN_NAME = re.compile(r"^vit_(tiny|small|base|large|huge)_patch(\d+)(_gap)?_(\d+)(_miil)?(_in21k)?$")
 _DEIT_NAME = re.compile(r"^deit_(tiny|small|base)_patch16_(224|384)$")  # DeiT without distillation: a plain ViT
@@ -121,6 +126,21 @@ def timm_name_options(name: str, source: str | Path = "arch") -> dict[str, Any]:
                 mlp_ratio=cfg.mlp_dim / cfg.width)  # fmt: skip
     opts.update(NAME_OVERRIDES.get(base, {}))
     return opts
+
+
+def timm_normalisation(name: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The mean and std timm's pretrained cfg gives the weights of a timm name ("ARCH.TAG"; a bare "ARCH" is its
+    default tag): ImageNet's for DeiT, DINOv2, DINO and MAE, CLIP's for BAMBOO, 0.5 for Google's (augreg, orig,
+    sam) and the others. A model of a timm name normalises as its weights were trained, however it was made."""
+    from vitlab.hub.catalogue import timm_name
+
+    arch, _, tag = name.partition(".")
+    if not tag:
+        known = timm_name(arch)
+        tag = (known.tag if known else None) or ""
+    if arch.startswith("deit_") or arch.endswith("_dinov2"):
+        return IMAGENET_MEAN, IMAGENET_STD
+    return _TAG_NORMALISATION.get(tag, (OFFICIAL_MEAN, OFFICIAL_STD))
 
 
 def infer_timm_options(tensors: dict[str, torch.Tensor], path: str | Path) -> dict[str, Any]:
@@ -261,8 +281,9 @@ def vitlab_name(config: ViTConfig) -> str:
 
 
 def timm_config(name: str, **options: Any) -> ViTConfig:
-    """The vitlab config of a timm model name at its own resolution; `options` are timm constructor arguments
-    (img_size=64, num_classes=10, …) as timm.create_model takes them."""
-    opts = {"num_classes": 1000, "in_chans": 3, **timm_name_options(name), **options}
+    """The vitlab config of a timm model name at its own resolution, with timm's head size and normalisation for
+    it; `options` are timm constructor arguments (img_size=64, num_classes=10, …) as timm.create_model takes them."""
+    base = name.split(".", 1)[0]
+    opts = {"num_classes": DEFAULT_CLASSES.get(base, 1000), "in_chans": 3, **timm_name_options(name), **options}
     opts.setdefault("img_size", opts["_img_size"])
-    return config_from_timm_options(opts, f"timm:{name}")
+    return config_from_timm_options(opts, f"timm:{name}", *timm_normalisation(name))
