@@ -36,21 +36,28 @@ TIMM_KEYWORDS = {"img_size": "image_size", "drop_rate": "dropout", "attn_drop_ra
 # Settings that change no parameter: a loaded model takes them without touching its weights.
 REGULARISATION = ("dropout", "attn_dropout", "drop_path_rate")
 POOLS = {"token": "token", "avg": "gap"}
+FEATURE_CLS = "getter"  # timm's name for a feature extractor built on forward_intermediates
 
 
 def create_model(
     name: str, /, pretrained: bool | str = False, features_only: bool = False,
-    out_indices: int | list[int] | tuple[int, ...] | None = None, **kwargs: Any,
+    out_indices: int | list[int] | tuple[int, ...] | None = None, feature_cls: str | None = None, **kwargs: Any,
 ) -> nn.Module:
     """A model by vitlab or timm name. `pretrained=True` loads the published weights (timm names: the tag in the
     name, else timm's default tag; vitlab names: the catalogue's default tags; a string: that vitlab tag).
     `features_only=True` returns timm's feature extractor: a list of (N, C, H, W) maps at `out_indices`
-    (ViT: the last 3 blocks by default; BiT: the root and every stage), described by `.feature_info`."""
+    (ViT: the last 3 blocks by default; BiT: the root and every stage), described by `.feature_info`; it reads
+    `forward_intermediates`, which is timm's `feature_cls="getter"` (the only one accepted)."""
     if not isinstance(name, str):
         raise TypeError(f"create_model takes a model name (a str such as 'ViT-B/16'; vitlab.list_models() lists "
                         f"them), got {type(name).__name__}")
     if not isinstance(pretrained, bool | str):
         raise TypeError(f"pretrained must be True, False or a tag name (str), got {pretrained!r}")
+    if feature_cls is not None and not features_only:
+        raise ValueError("feature_cls applies only with features_only=True")
+    if feature_cls not in (None, FEATURE_CLS):
+        raise ValueError(f"feature_cls={feature_cls!r}: vitlab's feature extractor reads forward_intermediates, "
+                         f"timm's {FEATURE_CLS!r}; pass feature_cls={FEATURE_CLS!r} or leave it out")
     overrides = vitlab_overrides(kwargs)
     if pretrained:
         model = _load_pretrained(name, pretrained, overrides)
@@ -125,7 +132,7 @@ def model_config_for(name: str, overrides: dict[str, Any]) -> ModelConfig:
     try:
         return model_config(base, **overrides)
     except TypeError as e:
-        raise ValueError(_unknown_keyword(base, overrides, e)) from None
+        raise ValueError(_unknown_keyword(name, type(model_config(base)), overrides, e)) from None
 
 
 def _timm_only_config(name: str, overrides: dict[str, Any]) -> ModelConfig:
@@ -135,10 +142,12 @@ def _timm_only_config(name: str, overrides: dict[str, Any]) -> ModelConfig:
     if "." in name:
         raise ValueError(f"{name}: load timm's published weights of {arch} with vitlab.load('hf-hub:timm/{name}')")
     config = timm_config(arch)
+    if arch.endswith("_dinov2"):  # timm's default cfg: published as a backbone, without a classifier
+        overrides = {"num_classes": 0, **overrides}
     try:
         return config.replace(**overrides)
     except TypeError as e:
-        raise ValueError(_unknown_keyword("ViT-B/16", overrides, e)) from None
+        raise ValueError(_unknown_keyword(name, type(config), overrides, e)) from None
 
 
 def _bit_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
@@ -156,10 +165,10 @@ def _bit_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _unknown_keyword(name: str, overrides: dict[str, Any], err: TypeError) -> str:
+def _unknown_keyword(name: str, cls: type, overrides: dict[str, Any], err: TypeError) -> str:
+    """The message for a keyword the config class `cls` of the model `name` (as the caller spelled it) lacks."""
     import dataclasses
 
-    cls = type(model_config(name))
     fields = {f.name for f in dataclasses.fields(cls)}
     bad = sorted(set(overrides) - fields)
     if not bad:

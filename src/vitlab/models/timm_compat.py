@@ -104,11 +104,18 @@ class FeatureInfo(list):
         return [f["module"] for f in self]
 
 
+# Parameters timm's ViTs exclude from weight decay by name, and timm's ordinal "joins the group before it".
+TIMM_NO_DECAY = ("pos_embed", "cls_token", "reg_token", "dist_token")
+MATCH_PREVIOUS = 99999
+
+
 class TimmCompatMixin:
     """Shared by ViT and BiT; the class sets `config` and `head`."""
 
     _first_conv = "patch_embed.proj"
     _pretrained_cfg_overlay: dict[str, Any] | None = None
+    # timm's cfg flag read by its test helpers: a ViT's inputs must be a multiple of its patch size, a CNN's not
+    _fixed_input_size = False
 
     @property
     def pretrained_cfg(self) -> dict[str, Any]:
@@ -116,7 +123,8 @@ class TimmCompatMixin:
         cfg = self.config
         resize = eval_resize_of(self)
         out = {
-            "architecture": cfg.name, "input_size": (cfg.in_chans, *cfg.image_size), "fixed_input_size": False,
+            "architecture": cfg.name, "input_size": (cfg.in_chans, *cfg.image_size),
+            "fixed_input_size": self._fixed_input_size,
             **timm_eval_crop(cfg.image_size, resize), "mean": tuple(cfg.mean), "std": tuple(cfg.std),
             "num_classes": cfg.num_classes, "first_conv": self._first_conv, "classifier": "head",
             "vitlab_eval_resize": resize, "vitlab_eval_resize_in_timm": TIMM_EXACTNESS.get(resize, "unknown"),
@@ -135,6 +143,11 @@ class TimmCompatMixin:
     def num_classes(self) -> int:
         return self.config.num_classes
 
+    @property
+    def head_hidden_size(self) -> int:
+        """timm's: the width of what the classifier reads (`forward_head(x, pre_logits=True)`)."""
+        return self.num_features
+
     def get_classifier(self) -> nn.Module:
         return self.head
 
@@ -147,6 +160,7 @@ class TimmCompatMixin:
 class ViTTimmMixin(TimmCompatMixin):
     # timm's attribute names for what the config says; dynamic_img_size: vitlab takes any multiple of the patch size
     dynamic_img_size = True
+    _fixed_input_size = True
 
     @property
     def global_pool(self) -> str:
@@ -189,10 +203,19 @@ class ViTTimmMixin(TimmCompatMixin):
 
     def no_weight_decay(self) -> set[str]:
         """Embeddings timm's optimizer factory must not decay (it decays every other tensor of 2 or more
-        dimensions): the position embeddings and the class token, so that its groups are vitlab's own
-        (train/optim.py: weight decay on kernels only)."""
-        return {name for name, p in self.named_parameters() if "pos_embed" in name or name == "cls_token"
-                or name.endswith("attn.rel.embed")}
+        dimensions): the tokens and position embeddings timm names, and vitlab's own position tables, so that its
+        groups are vitlab's own (train/optim.py: weight decay on kernels only)."""
+        own = {name for name, _ in self.named_parameters() if name.startswith("pos_embed")
+               or name.endswith("attn.rel.embed")}
+        return own | set(TIMM_NO_DECAY)
+
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """timm's layer groups (layer-wise learning-rate decay reads them): the embeddings (tokens, position,
+        patch projection, a hybrid's ResNet stem) first, one group per block, the final norm with the last block;
+        what matches nothing (fc_norm, representation layer, head) comes last. `coarse` changes nothing for a
+        ViT, as in timm."""
+        return {"stem": r"^(?:cls_token|reg_token|dist_token|pos_embed|patch_embed\.|stem\.)",
+                "blocks": [(r"^blocks\.(\d+)\.", None), (r"^norm\.", (MATCH_PREVIOUS,))]}
 
     def forward_intermediates(
         self, x: torch.Tensor, indices: int | list[int] | None = None, return_prefix_tokens: bool = False,
@@ -233,7 +256,7 @@ class ViTTimmMixin(TimmCompatMixin):
                                   prune_head: bool = True) -> list[int]:
         """timm's: drop the blocks after the last index taken (and the head, and the final norm if asked). The
         config follows (depth, no head), so that `vitlab.save` writes a file `load` rebuilds; a pruned final norm
-        has no config field, and `save` refuses that model."""
+        or fc_norm has no config field, and `save` refuses that model."""
         take, max_index = feature_take_indices(len(self.blocks), indices)
         cfg, depth = self.config, len(self.blocks)
         self.blocks = self.blocks[: max_index + 1]
@@ -242,8 +265,8 @@ class ViTTimmMixin(TimmCompatMixin):
         changes = {"depth": max_index + 1, "drop_path_rate": rate}
         if prune_norm:
             self.norm = nn.Identity()
-        if prune_head:
-            self.pre_logits, self.head = None, nn.Identity()
+        if prune_head:  # the LayerNorm after pooling goes with the head, as timm prunes
+            self.fc_norm, self.pre_logits, self.head = None, None, nn.Identity()
             self.num_features = cfg.width
             changes.update(num_classes=0, representation_size=None)
         self.config = cfg.replace(**changes)
