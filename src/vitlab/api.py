@@ -142,8 +142,6 @@ def _timm_only_config(name: str, overrides: dict[str, Any]) -> ModelConfig:
     if "." in name:
         raise ValueError(f"{name}: load timm's published weights of {arch} with vitlab.load('hf-hub:timm/{name}')")
     config = timm_config(arch)
-    if arch.endswith("_dinov2"):  # timm's default cfg: published as a backbone, without a classifier
-        overrides = {"num_classes": 0, **overrides}
     try:
         return config.replace(**overrides)
     except TypeError as e:
