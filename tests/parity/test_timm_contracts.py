@@ -16,7 +16,7 @@ from timm.optim import create_optimizer_v2
 
 import vitlab
 from vitlab.api import model_config_for
-from vitlab.weights.timm import timm_key
+from vitlab.models.timm_keys import timm_key
 
 warnings.filterwarnings("ignore", category=UserWarning)
 

@@ -25,6 +25,7 @@ from vitlab.models.posembed import (
 )
 from vitlab.models.resnet import ResNetStem
 from vitlab.models.timm_compat import ViTTimmMixin
+from vitlab.models.timm_keys import vitlab_key
 from vitlab.ranges import MAX_CLASSES, is_int
 
 # Leaves of a torch.fx trace: each branches on a type or a size, which symbolic tracing cannot evaluate, so the trace
@@ -188,8 +189,6 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
         `pre_logits.fc.*`), renamed by vitlab's timm reader's own map: so that timm's `load_checkpoint(model, path)`
         and `model.load_state_dict(timm_model.state_dict())` work on vitlab's model. Children load after this
         call, from the renamed dict."""
-        from vitlab.weights.timm import vitlab_key
-
         for key in [k for k in state_dict if k.startswith(prefix)]:
             new = prefix + vitlab_key(key[len(prefix) :])
             if new != key and new not in state_dict:

@@ -23,6 +23,7 @@ from vitlab.errors import WeightsError
 from vitlab.files.outputs import atomic_write, mark, mark_zip
 from vitlab.models.config import BiTConfig, ModelConfig, ViTConfig
 from vitlab.models.registry import HYBRIDS, VIT_SIZES
+from vitlab.models.timm_keys import timm_key, vitlab_key
 from vitlab.weights.card import CARD, model_card
 from vitlab.weights.record import WeightsRecord
 from vitlab.weights.tensors import (
@@ -46,7 +47,7 @@ from vitlab.weights.timm_arch import (
     timm_name_options,
     timm_normalisation,
 )
-from vitlab.weights.timm_bit import is_timm_bit, read_timm_bit, rename_key, timm_bit_hub_config, to_timm_bit_state_dict
+from vitlab.weights.timm_bit import is_timm_bit, read_timm_bit, timm_bit_hub_config, to_timm_bit_state_dict
 from vitlab.weights.validate import check_against, expected_shapes
 
 __all__ = ["read_timm", "timm_config", "timm_model_args", "timm_model_name", "to_timm_state_dict", "write_timm"]
@@ -65,35 +66,6 @@ _UNSUPPORTED_TENSORS = [
     (r"\.(attn|mlp)\.norm\.", "scale_attn_norm / scale_mlp_norm"), (r"\.mlp\.(fc1_[gx]|w12)\.", "a gated MLP"),
     (r"^patch_embed\.backbone\.(conv1|layer\d|stem\.conv1|\d)", "a backbone other than BiT's ResNet"),
 ]  # fmt: skip
-# timm -> vitlab key renames, first match wins; keys matching none are the same in both.
-_TO_VITLAB = [
-    (r"^patch_embed\.backbone\.(?:stem\.)?(conv|norm)\.", r"stem.\1."),  # root-only stems lack "stem."
-    (r"^patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.downsample\.conv\.", r"stem.stages.\1.\2.downsample.0."),
-    (r"^patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.downsample\.norm\.", r"stem.stages.\1.\2.downsample.1."),
-    (r"^patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.", r"stem.stages.\1.\2."),
-    (r"^pre_logits\.fc\.", "pre_logits.0."),  # timm < 0.6 kept the in21k representation layer
-]
-_TO_TIMM = [
-    (r"^stem\.stages\.(\d+)\.(\d+)\.downsample\.0\.", r"patch_embed.backbone.stages.\1.blocks.\2.downsample.conv."),
-    (r"^stem\.stages\.(\d+)\.(\d+)\.downsample\.1\.", r"patch_embed.backbone.stages.\1.blocks.\2.downsample.norm."),
-    (r"^stem\.stages\.(\d+)\.(\d+)\.", r"patch_embed.backbone.stages.\1.blocks.\2."),
-    (r"^pre_logits\.0\.", "pre_logits.fc."),
-]
-
-
-def vitlab_key(key: str) -> str:
-    """timm's name for a tensor -> vitlab's."""
-    return rename_key(key, _TO_VITLAB)
-
-
-def timm_key(key: str, config: ViTConfig) -> str:
-    """vitlab's name for a tensor -> timm's. timm's root-only stem (layers=()) is the stem Sequential itself."""
-    if key.startswith(("stem.conv.", "stem.norm.")):
-        root = "patch_embed.backbone." if config.resnet and not config.resnet.layers else "patch_embed.backbone.stem."
-        return root + key[len("stem.") :]
-    return rename_key(key, _TO_TIMM)
-
-
 def reject_unsupported_tensors(tensors: dict[str, torch.Tensor], path: str | Path) -> None:
     for key in tensors:
         for pattern, what in _UNSUPPORTED_TENSORS:

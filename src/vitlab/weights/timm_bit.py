@@ -19,6 +19,7 @@ from vitlab.constants import OFFICIAL_MEAN, OFFICIAL_STD
 from vitlab.errors import WeightsError
 from vitlab.models.config import BiTConfig
 from vitlab.models.registry import RESNET_DEPTHS
+from vitlab.models.timm_keys import rename_key
 from vitlab.weights.tensors import units_per_stage
 from vitlab.weights.timm_arch import timm_eval_crop
 from vitlab.weights.validate import check_against, expected_shapes
@@ -42,15 +43,6 @@ _TO_TIMM = [(r"^stages\.(\d+)\.(\d+)\.downsample\.", r"stages.\1.blocks.\2.downs
             (r"^stages\.(\d+)\.(\d+)\.", r"stages.\1.blocks.\2."), (r"^head\.", "head.fc.")]  # fmt: skip
 _TO_VITLAB = [(r"^stages\.(\d+)\.blocks\.(\d+)\.downsample\.conv\.", r"stages.\1.\2.downsample."),
               (r"^stages\.(\d+)\.blocks\.(\d+)\.", r"stages.\1.\2."), (r"^head\.fc\.", "head.")]  # fmt: skip
-
-
-def rename_key(key: str, rules: list[tuple[str, str]]) -> str:
-    """`key` renamed by the first of `rules` (regex, replacement) that matches it; unchanged if none does."""
-    for pattern, repl in rules:
-        new, n = re.subn(pattern, repl, key)
-        if n:
-            return new
-    return key
 
 
 def is_timm_bit(name: str | None, tensors: dict[str, torch.Tensor]) -> bool:
