@@ -127,7 +127,7 @@ def build_run_model(cfg: TrainConfig, class_names: list[str], with_head: bool = 
             raise ValueError("--representation-size and --head-bias-init shape a model trained from scratch; "
                              "fine-tuning replaces the head with a zero one (paper Section 3.2): leave them unset")
         init = init or read_init(cfg.init)
-        model = model_from_checkpoint(init.checkpoint, init.path, image_size=cfg.image_size)
+        model = model_from_checkpoint(init.checkpoint, init.path or cfg.init, image_size=cfg.image_size)
         model.reset_classifier(k)
         model = _with_config(model, model.config.replace(**_setting_changes(cfg, model.config)))
     else:

@@ -143,8 +143,10 @@ def timm_normalisation(name: str) -> tuple[tuple[float, ...], tuple[float, ...]]
     return _TAG_NORMALISATION.get(tag, (OFFICIAL_MEAN, OFFICIAL_STD))
 
 
-def infer_timm_options(tensors: dict[str, torch.Tensor], path: str | Path) -> dict[str, Any]:
-    """A plain or BiT-hybrid timm ViT's options from tensor shapes alone; heads from the standard width table."""
+def infer_timm_options(tensors: dict[str, torch.Tensor], path: str | Path, num_heads: int | None = None
+                       ) -> dict[str, Any]:
+    """A plain or BiT-hybrid timm ViT's options from tensor shapes alone; heads, unless given, from the standard
+    width table."""
     proj = tensors.get("patch_embed.proj.weight")
     if proj is None or proj.ndim != 4:
         raise WeightsError(path, "no 4-D tensor 'patch_embed.proj.weight'", "not a timm ViT state dict")
@@ -154,7 +156,7 @@ def infer_timm_options(tensors: dict[str, torch.Tensor], path: str | Path) -> di
     blocks = [int(m.group(1)) for k in tensors if (m := re.match(r"blocks\.(\d+)\.", k))]
     if not blocks:
         raise WeightsError(path, "no transformer blocks ('blocks.0.…')", "not a timm ViT state dict")
-    if width not in HEADS_BY_WIDTH:
+    if num_heads is None and width not in HEADS_BY_WIDTH:
         raise WeightsError(
             path, f"cannot tell the number of heads of width {width} from the tensors",
             "pass arch=<timm model name>, or read a hub folder whose config.json has model_args.num_heads",
@@ -162,7 +164,8 @@ def infer_timm_options(tensors: dict[str, torch.Tensor], path: str | Path) -> di
     fc1 = tensors.get("blocks.0.mlp.fc1.weight")
     has_cls, reg = "cls_token" in tensors, tensors.get("reg_token")
     opts = {
-        "patch_size": ph, "embed_dim": width, "depth": max(blocks) + 1, "num_heads": HEADS_BY_WIDTH[width],
+        "patch_size": ph, "embed_dim": width, "depth": max(blocks) + 1,
+        "num_heads": num_heads or HEADS_BY_WIDTH[width],
         "_mlp_dim": fc1.shape[0] if fc1 is not None else 4 * width, "class_token": has_cls,
         "global_pool": "token" if has_cls else "avg", "fc_norm": "fc_norm.weight" in tensors,
         "qkv_bias": "blocks.0.attn.qkv.bias" in tensors, "pos_embed": "learn" if "pos_embed" in tensors else "none",
