@@ -55,7 +55,14 @@ from vitlab.train.recipes import (
     finetune_dropout,
     hyperrule_from_data,
 )
-from vitlab.train.rules import apply_epochs, check_epochs, follow_data, mark_given, steps_on_resume
+from vitlab.train.rules import (
+    apply_epochs,
+    check_epochs,
+    follow_data,
+    interval_rules,
+    mark_given,
+    steps_on_resume,
+)
 from vitlab.weights.load import read_weights
 from vitlab.weights.locate import locate
 
@@ -211,6 +218,7 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
     data = apply_epochs(layers, epochs, data)  # after the batch is decided, before BiT-HyperRule's warm-up
     data = _data_rules(layers, name, auto, data)
     _warmup_rule(layers, name)
+    interval_rules(layers, epochs, data)
     for key, (value, source) in frozen_backbone_settings(layers.values, layers.sources).items():
         layers.apply({key: value}, source)
     _precision_rule(layers, checkpoint)

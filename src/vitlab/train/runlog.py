@@ -213,6 +213,9 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+FEW_POINTS = 50  # logged steps up to which curves.png marks each point
+
+
 def plot_curves(metrics_path: Path, out: Path) -> Path | None:
     """curves.png: loss (train and val), accuracy (val top-1 and top-5) and learning rate against step."""
     records = read_metrics(metrics_path) if metrics_path.exists() else []
@@ -226,7 +229,8 @@ def plot_curves(metrics_path: Path, out: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     fig, (ax_loss, ax_acc, ax_lr) = plt.subplots(1, 3, figsize=(15, 4))
-    ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train", lw=1)
+    dots = "o" if len(train) <= FEW_POINTS else None  # a short run's few points (or one) stay visible
+    ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train", lw=1, marker=dots, ms=3)
     ax_loss.plot([r["step"] for r in val], [r["loss"] for r in val], "o-", label="val")
     ax_loss.set_yscale("log")
     for key in ("top1", "top5"):
@@ -234,7 +238,7 @@ def plot_curves(metrics_path: Path, out: Path) -> Path | None:
     fewshot = [r for r in records if r["split"] == "fewshot"]
     if fewshot:  # the paper's progress signal during pre-training
         ax_acc.plot([r["step"] for r in fewshot], [r["5shot"] for r in fewshot], "s--", label="5-shot linear")
-    ax_lr.plot([r["step"] for r in train], [r["lr"] for r in train])
+    ax_lr.plot([r["step"] for r in train], [r["lr"] for r in train], marker=dots, ms=3)
     for ax, title in ((ax_loss, "loss"), (ax_acc, "accuracy"), (ax_lr, "learning rate")):
         ax.set_xlabel("step")
         ax.set_title(title)
