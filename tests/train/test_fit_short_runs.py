@@ -1,5 +1,6 @@
 """A short run can be watched: with --epochs it validates once per epoch and logs at least every tenth of the run
-unless the user set the intervals (the banner names the rule as their source)."""
+unless the user set the intervals (the banner names the rule as their source), and an EMA longer than the run
+is warned about in one line."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import vitlab
 from tests.conftest import TINY_VIT_FLAGS
 from vitlab.cli import main
+from vitlab.train.finetune import ema_warning
 from vitlab.train.resolve import resolve
 
 
@@ -63,3 +66,21 @@ def test_a_long_recipe_interval_follows_a_run_of_steps(folder):
     assert resolved.config.log_every == 3
     assert resolved.sources["log_every"] == "a tenth of the run's 30 steps (recipe finetune says 50)"
     assert resolved.config.eval_every == 1000  # without --epochs, the recipe's (the run validates at its end)
+
+
+def test_the_ema_warning_rule():
+    assert ema_warning(0.99, False, 7) == (
+        "--ema-decay 0.99 averages over about 100 steps (1/(1 − decay)), more than this run's 7: the saved EMA "
+        "weights are 93% the initial ones (0.99^7); add --ema-warmup, lower the decay below 0.857, or train longer")
+    assert ema_warning(0.99, False, 100) is None  # as long as the horizon
+    assert ema_warning(0.99, True, 7) is None  # the warm-up's first update copies the weights
+    assert ema_warning(0.5, False, 7) is None
+
+
+def test_an_ema_longer_than_the_run_is_warned_about_once(tmp_path, caplog):
+    from tests.conftest import TINY_TRAIN
+
+    with caplog.at_level(logging.INFO, logger="vitlab"):
+        vitlab.fit(data="digits", out=tmp_path / "run", steps=7, ema=0.99, progress=False, **TINY_TRAIN)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["warning: " + ema_warning(0.99, False, 7)]

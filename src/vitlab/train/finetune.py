@@ -19,6 +19,7 @@ models keep no floating-point buffers, so the parameters are the whole state (ti
 from __future__ import annotations
 
 import copy
+import math
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,6 +41,19 @@ def ema_decay(decay: float, step: int | None, warmup: bool) -> float:
     if s <= 0:
         return 0.0
     return max(min(1.0 - (1.0 + s) ** -WARMUP_POWER, decay), 0.0)
+
+
+def ema_warning(decay: float, warmup: bool, steps: int) -> str | None:
+    """One line when the EMA would still be mostly the initial weights at the run's end, else None. The rule: without
+    warm-up the average starts from the initial weights, which keep a share decay^steps of it, and its horizon is
+    about 1/(1 − decay) steps; a run shorter than that horizon keeps more than e^−1 (37%) of its start. With warm-up
+    the first update copies the weights (decay 0), so the start leaves the average at once."""
+    horizon = 1.0 / (1.0 - decay) if decay < 1 else math.inf
+    if warmup or steps >= horizon:
+        return None
+    return (f"--ema-decay {decay:g} averages over about {horizon:,.0f} steps (1/(1 − decay)), more than this run's "
+            f"{steps:,}: the saved EMA weights are {100 * decay ** steps:.0f}% the initial ones ({decay:g}^{steps}); "
+            f"add --ema-warmup, lower the decay below {1 - 1 / steps:.3g}, or train longer")
 
 
 def _trained(model: nn.Module) -> list[nn.Parameter]:
