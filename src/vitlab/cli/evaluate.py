@@ -20,7 +20,9 @@ from vitlab.cli.types import (
     workers,
 )
 
-WEIGHTS_HELP = "weights file, checkpoint directory or run directory"
+WEIGHTS_HELP = ("weights file, checkpoint directory or run directory, or a .onnx file vitlab export wrote (run in "
+                "ONNX Runtime with the pre-processing its metadata records; needs pip install 'vitlab[onnx]'; see "
+                "docs/deployment.md, 'Serving an ONNX file')")
 INFER_PRECISION_HELP = PRECISION_HELP + ", or int8 (dynamic int8 Linear layers, CPU)"
 COMPILE_HELP = ("torch.compile the model before the first batch (off by default: on CPU the compilation costs more "
                 "than the faster inference saves except in evaluations of many minutes; figures in BENCHMARKS.md)")
@@ -35,7 +37,8 @@ def _register_eval(sub: argparse._SubParsersAction) -> None:
     from vitlab.constants import EVAL_RESIZES
 
     p = sub.add_parser("eval", help="top-1/top-5 and a confusion matrix of weights on a dataset",
-                       description="Evaluate weights (file, checkpoint or run directory) on a dataset split.")
+                       description="Evaluate weights (file, checkpoint or run directory, or an ONNX file vitlab "
+                                   "exported) on a dataset split.")
     p.add_argument("--weights", required=True, help=WEIGHTS_HELP)
     p.add_argument("--data", required=True, help=DATA_SOURCES)
     p.add_argument("--split", default="val", choices=["val", "train"],
@@ -96,7 +99,7 @@ def _eval(args: argparse.Namespace) -> int:
                           legacy_keys=EVAL_RECORD_KEYS, inputs=inputs)
     r = evaluate_weights(args.weights, args.data, args.split, args.batch_size, args.workers, args.device,
                          None, args.strict, args.eval_resize, precision=args.precision, compile=args.compile,
-                         errors=bool(args.errors))
+                         errors=bool(args.errors), session=_onnx_session(args))
     m = informative_metrics(r.metrics, len(r.class_names))  # top-5 only where it is not 100% by construction
     record = {**m, "eval_resize": r.eval_resize, "weights": str(args.weights), "data": args.data,
               "split": args.split, "precision": r.precision.to_dict(), "compile": args.compile,
@@ -154,6 +157,15 @@ def _write_outputs(args: argparse.Namespace, r, record: dict, png) -> list[str]:
         except OSError as err:
             failures.append(f"cannot write the confusion matrix to {png}: {_why(err)}")
     return failures
+
+
+def _onnx_session(args: argparse.Namespace):
+    """The ONNX Runtime session for a .onnx --weights (`deploy.onnx_serve`), None for weights PyTorch reads."""
+    from vitlab.deploy.onnx_serve import is_onnx_path, open_onnx_session
+
+    if not is_onnx_path(args.weights):
+        return None
+    return open_onnx_session(args.weights, device=args.device, precision=args.precision, compile=args.compile)
 
 
 def _distinct_outputs(*paths: Path | str | None) -> None:
@@ -216,7 +228,7 @@ def _predict(args: argparse.Namespace) -> int:
     inputs = (args.weights, *args.images)  # never replaced by the predictions
     check_destinations(args.csv, args.json_out, args.force, inputs)  # before any work: never a file of the user's
     run = predict_images(args.weights, args.images, args.top_k, args.device, args.precision, args.batch_size,
-                         args.compile)
+                         args.compile, session=_onnx_session(args))
     written = [write_csv(run, args.csv, args.force, inputs)] if args.csv else []
     written += [write_json(run, args.json_out, args.weights, args.force, inputs)] if args.json_out else []
     if args.json:

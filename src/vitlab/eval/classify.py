@@ -22,7 +22,7 @@ from vitlab.models.timm_compat import eval_resize_of
 from vitlab.progress import progress as progress_bar
 from vitlab.runtime.device import all_reduce
 from vitlab.runtime.precision import Precision, autocast_for
-from vitlab.runtime.session import open_session
+from vitlab.runtime.session import InferenceSession, open_session
 
 
 def per_image_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str = "softmax",
@@ -176,14 +176,15 @@ def evaluate_weights(
     weights: str | Path, data: str, split: str = "val", batch_size: int = 256, workers: int = 0,
     device: str = "auto", confusion_png: str | Path | None = None, strict: bool = False,
     eval_resize: str | None = None, progress: bool = True, precision: str = "auto", compile: bool = False,
-    errors: bool = False,
+    errors: bool = False, session: InferenceSession | None = None,
 ) -> EvalResult:
     """`vitlab eval`: top-1/top-5/loss of saved weights on a dataset split, and (with `confusion_png`) a
     confusion-matrix PNG. `eval_resize` None: the resize the weights were evaluated with in training (recorded
     in vitlab weights), else "official". `progress`: a bar on a terminal. `precision`: auto, fp32, bf16 or int8
     (vitlab.runtime.precision; the choice is in the result). `compile`: torch.compile the model (`open_session`).
-    `errors`: list the misclassified images in the result."""
-    session = open_session(weights, device=device, precision=precision, compile=compile)
+    `errors`: list the misclassified images in the result. `session`: one already open on `weights` (an ONNX
+    file's, `deploy.onnx_serve`), used instead of opening one; `weights` then only names it."""
+    session = session or open_session(weights, device=device, precision=precision, compile=compile)
     model, dev, chosen, names = session.model, session.device, session.precision, list(session.class_names)
     has_names = getattr(model, "class_names", None) is not None
     data_split: ImageSplit = load_split(data, split, names if has_names else None, strict)
