@@ -14,6 +14,7 @@ from vitlab.bench import BenchSettings, run_benchmark, timm_equivalent
 from vitlab.cli import main
 from vitlab.cli.models import model_rows
 from vitlab.models.flops import count_macs
+from vitlab.runtime.allocator import allocator_name
 
 # ViT-Ti/16 on 32×32 inputs: 4 patches, a fraction of a second per step.
 TINY = dict(model="ViT-Ti/16", batch_size=2, image_size=32, repeats=2, warmup=1, min_time=0.0, gemm_size=128,
@@ -64,7 +65,8 @@ def test_report_and_json(result: bench.BenchResult) -> None:
     d = json.loads(json.dumps(result.to_dict()))
     assert d["environment"]["torch"] == torch.__version__ and d["environment"]["threads"] == 1
     assert len(d["measurements"]) == 4 and d["ratios"]["infer"]["median"] > 0
-    assert d["environment"]["malloc"] in ("glibc tuned (no mmap, no trim)", "default")
+    assert d["environment"]["malloc"] == allocator_name()  # tuned by the module's run: the process's allocator
+    assert f"malloc: {allocator_name()}" in table
 
 
 def test_single_mode_without_comparison_restores_threads() -> None:

@@ -1,8 +1,7 @@
-"""The machine side of a benchmark: what to record for reproduction, and the allocator setting."""
+"""The machine side of a benchmark: what to record for reproduction."""
 
 from __future__ import annotations
 
-import ctypes
 import datetime
 import os
 import platform
@@ -29,16 +28,3 @@ def environment(settings: BenchSettings) -> dict[str, Any]:
 
         env["timm"] = timm.__version__
     return env
-
-
-def tune_malloc() -> bool:
-    """Process-wide, irreversible: glibc maps every allocation above 32 MB afresh with mmap and returns freed heap
-    to the OS, so the large activations of every layer are page-faulted in again on every step (a cost that
-    varies from run to run; BENCHMARKS.md "Protocol"). Serving all allocations from a heap that is never
-    trimmed removes that cost and its noise for every implementation alike. False where the C library is not glibc."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
-    return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))

@@ -14,12 +14,13 @@ from torch import nn
 
 from vitlab.bench import forms
 from vitlab.bench.compare import timm_equivalent
-from vitlab.bench.machine import environment, tune_malloc
+from vitlab.bench.machine import environment
 from vitlab.bench.peaks import precision_peak
 from vitlab.bench.result import MODES, BenchResult, BenchSettings, Measurement
 from vitlab.models.config import BiTConfig, ViTConfig
 from vitlab.models.flops import count_macs
 from vitlab.models.registry import build_model, model_config
+from vitlab.runtime.allocator import allocator_name, tune_for_compute
 from vitlab.runtime.precision import autocast_for
 from vitlab.weights.timm_bit import to_timm_bit_state_dict
 
@@ -108,8 +109,9 @@ def run_benchmark(settings: BenchSettings, progress: Callable[[str], None] | Non
     """Measure every implementation in every mode; see the module docstring for the protocol."""
     _check(settings)
     device = torch.device(settings.device)
-    malloc = "glibc tuned (no mmap, no trim)" if device.type == "cpu" and settings.tune_malloc and tune_malloc() \
-        else "default"
+    if settings.tune_malloc:
+        tune_for_compute()
+    malloc = allocator_name()  # what the process runs with, whoever tuned it
     old_threads = torch.get_num_threads()
     if settings.threads:
         torch.set_num_threads(settings.threads)

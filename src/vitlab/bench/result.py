@@ -36,7 +36,7 @@ class BenchSettings:
     num_classes: int = 1000
     seed: int = 0
     gemm_size: int | None = None  # side of the peak-measuring matmul (default 4096 on CPU, 8192 on CUDA)
-    tune_malloc: bool = True  # CPU: serve large tensors from glibc's heap (see `tune_malloc`)
+    tune_malloc: bool = True  # serve large tensors from glibc's heap (vitlab.runtime.allocator)
 
 
 @dataclass
@@ -126,7 +126,8 @@ class BenchResult:
         peaks = ", ".join(f"{k} {v['gflops']:.1f}" for k, v in self.gemm_peaks.items())
         lines = [
             f"{s.model}, batch {s.batch_size}, {s.image_size}x{s.image_size}, {s.device} {env['precision']}, "
-            f"{env['threads']} threads, compile={s.compile}; GEMM peak {self.gemm_peak_gflops:.1f} GFLOP/s"
+            f"{env['threads']} threads, malloc: {env.get('malloc', 'not recorded')}, compile={s.compile}; "
+            f"GEMM peak {self.gemm_peak_gflops:.1f} GFLOP/s"
             + (f" ({peaks} GFLOP/s measured)" if len(self.gemm_peaks) > 1 else ""),
             *([f"precision: {self.precision['name']} ({self.precision['reason']}); {self.precision['forms']}"]
               if self.precision else []),

@@ -17,6 +17,9 @@ from vitlab.errors import VitlabError
 # Each module defines `register(subparsers)`; its parsers set `func` to a callable taking the parsed args.
 VERB_MODULES = ["models", "bench", "weights", "train", "evaluate", "recipes", "fewshot", "analyze", "download",
                 "shards", "experiment", "export"]
+# The verbs that compute with a model start with the allocator tuning (vitlab.runtime.allocator); bench applies it
+# itself, under its --no-malloc-tuning.
+COMPUTING_VERBS = ("train", "finetune", "eval", "predict", "fewshot", "analyze", "experiment")
 
 
 class UserError(VitlabError):
@@ -89,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
 
     set_verbosity(args.verbosity)
     say_warnings(args.verb)
+    if args.verb in COMPUTING_VERBS:
+        from vitlab.runtime.allocator import tune_for_compute
+
+        tune_for_compute()
 
     try:
         with terminated_as_exception():

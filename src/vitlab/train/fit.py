@@ -47,6 +47,7 @@ from vitlab.files.rundir import CONFIG
 from vitlab.models.config import BiTConfig, ViTConfig
 from vitlab.models.registry import describe_architecture
 from vitlab.ranges import MODEL_FLAGS
+from vitlab.runtime.allocator import tune_for_compute
 from vitlab.train.config import (
     FLAG_NAMES,
     FLAG_ONLY,
@@ -293,7 +294,10 @@ def _check_call(recipe: Any, config_file: Any, progress: Any) -> None:
 def train_resolved(resolved: Resolved, verb: str, say: Callable[[str], None]) -> Any:
     """The run (or the learning-rate sweep) of prepared settings, as `vitlab train`/`finetune` and `vitlab.fit`
     both perform it: the first process of a job says the result line (or the sweep's table) and adds it to the
-    run's console.log. Returns the RunResult, or the SweepResult of a sweep."""
+    run's console.log. Returns the RunResult, or the SweepResult of a sweep. A library call tunes the process's
+    allocator as the command line does (`tune_for_compute`; `VITLAB_MALLOC_TUNING=0` opts out), so that a run
+    from Python trains at the command line's speed."""
+    tune_for_compute()
     first = int(os.environ.get("RANK", "0")) == 0
     if resolved.config.lr_sweep:
         from vitlab.train.sweep import format_table, run_sweep
