@@ -104,8 +104,24 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
     if cfg.layer_decay is not None:  # per-block learning rates (vitlab.train.optim)
         groups = layer_decay_groups(model, groups, cfg.lr, cfg.layer_decay)
     if cfg.optimizer == "adam":
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8, foreach=True)
+        fused = fused_adamw_fits([p for g in groups for p in g["params"]])
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8, fused=fused or None,
+                                 foreach=not fused)
     return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, foreach=True)
+
+
+def fused_adamw_fits(params: list[torch.Tensor]) -> bool:
+    """AdamW's fused kernel (one kernel over all parameters, the step `vitlab bench` times) where torch has it: every
+    parameter floating point on a CPU or CUDA device. Its result equals the per-tensor (foreach) step's within float
+    rounding; elsewhere the foreach step."""
+    return bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+
+
+def describe_optimizer(optimizer: torch.optim.Optimizer) -> str:
+    """The banner's line: the optimizer and how its step computes (a resumed run keeps its checkpoint's form)."""
+    group = optimizer.param_groups[0]
+    form = "fused kernel" if group.get("fused") else "foreach kernels" if group.get("foreach") else "per tensor"
+    return f"optim   {type(optimizer).__name__}, {form}"
 
 
 class Schedule:

@@ -59,7 +59,7 @@ from vitlab.train.distributed import (
     wrap_model,
 )
 from vitlab.train.finetune import Ema, Tuning, ema_warning
-from vitlab.train.optim import build_optimizer, build_scheduler, classification_loss
+from vitlab.train.optim import build_optimizer, build_scheduler, classification_loss, describe_optimizer
 from vitlab.train.optim import describe as describe_layer_decay
 from vitlab.train.resolve import InitWeights, Resolved, read_init
 from vitlab.train.runlog import ConsoleLog, RunLog, StepWindow, banner_lines, log, plot_curves, to_float
@@ -446,7 +446,7 @@ class Trainer:
 
     def _tuning_lines(self) -> list[str]:
         """The banner's lines on what trains, at which learning rates, and the EMA."""
-        lines = [self.tuning.describe()]
+        lines = [self.tuning.describe(), describe_optimizer(self.optimizer)]
         if self.cfg.layer_decay is not None:
             lines.append(describe_layer_decay(self.model, self.cfg.layer_decay))
         return lines + ([self.ema.describe()] if self.ema is not None else [])
