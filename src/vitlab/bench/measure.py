@@ -22,6 +22,7 @@ from vitlab.models.flops import count_macs
 from vitlab.models.registry import build_model, model_config
 from vitlab.runtime.allocator import allocator_name, tune_for_compute
 from vitlab.runtime.precision import autocast_for
+from vitlab.runtime.session import compile_for_inference
 from vitlab.weights.timm_bit import to_timm_bit_state_dict
 
 
@@ -127,13 +128,12 @@ def run_benchmark(settings: BenchSettings, progress: Callable[[str], None] | Non
         size = (settings.image_size, settings.image_size)
         x = torch.randn(settings.batch_size, 3, *size, device=device)
         y = torch.randint(0, settings.num_classes, (settings.batch_size,), device=device)
-        compiled: dict[int, nn.Module] = {}  # one compilation per distinct model object
         for mode in settings.modes:
             steps = {}
             for impl, _, m in models:
                 m = forms.inference_model(impl, m, chosen) if mode == "infer" else m
-                if settings.compile:
-                    m = compiled.setdefault(id(m), torch.compile(m))
+                if settings.compile:  # inference: weights frozen into the graph; training: the plain form
+                    m = compile_for_inference(m) if mode == "infer" else torch.compile(m)
                 steps[impl] = make_step(m, mode, x, y, autocast_for(device, chosen))
             times = _interleaved(steps, settings, device, mode, progress)
             for impl, name, _ in models:

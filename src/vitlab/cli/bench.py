@@ -32,8 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="seconds each timed repeat lasts at least (default 1)")
     p.add_argument("--compare", choices=["timm"], help="also measure this library's equivalent model")
     p.add_argument("--compile", action="store_true",
-                   help="wrap every model with torch.compile (off by default: on a CPU the compilation takes longer "
-                        "than it saves in a benchmark's repeats; figures in BENCHMARKS.md)")
+                   help="compile every model with torch.compile: inference with its weights frozen into the graph "
+                        "(as eval --compile), training in the plain form (as train --compile); the compile time is "
+                        "shown. Off by default: on a CPU the compilation takes longer than it saves in a benchmark's "
+                        "repeats; figures in BENCHMARKS.md")
     p.add_argument("--device", type=device_name, default="cpu", help="cpu or cuda[:N] (default cpu)")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8"], default="auto",
                    help="what both implementations compute in, each in its fastest form (vitlab: as eval "

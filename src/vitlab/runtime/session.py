@@ -10,6 +10,9 @@ compiled, with the autocast of that precision. `vitlab.load(precision=)`, `vitla
 from __future__ import annotations
 
 import os
+import sys
+import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
@@ -57,8 +60,8 @@ def open_session(
     session's `precision` is what the prepared model computes in (`computed_precision`: a BiT asked for int8 says
     fp32). `cast_weights`: prepare the model in the precision's fastest form (`prepare_for_inference`: every public
     forward path computes in it, float32 in and out); False keeps the float32 model as it is, computing bf16 only
-    under `autocast()`. `compile`: wrap the prepared model with `torch.compile` (the wrapper still exposes `config`
-    and `class_names`; compiling costs seconds, see BENCHMARKS.md)."""
+    under `autocast()`. `compile`: the prepared model compiled with frozen weights (`compile_for_inference`; the
+    wrapper still exposes `config` and `class_names`; compiling costs seconds, see BENCHMARKS.md)."""
     dev = pick_device(str(device))  # before the weights are read: a device that is not there is refused at once
     if isinstance(weights, nn.Module):
         if image_size is not None or num_classes is not None:
@@ -78,5 +81,40 @@ def open_session(
         raise ValueError("int8 computes in int8 Linear layers, which replace the float32 weights: it needs "
                          "cast_weights; use auto, fp32 or bf16 here")
     if compile:
-        model = torch.compile(model)
+        model = compile_for_inference(model)
     return InferenceSession(model, dev, chosen, tuple(names))
+
+
+def compile_for_inference(model: nn.Module, say: Callable[[str], None] | None = None) -> nn.Module:
+    """`torch.compile` of a model whose weights do not change: Inductor's freezing folds the weights into the graph
+    as constants (prepacked for oneDNN's matmuls on a CPU, pointwise epilogues fused), the form that measures fastest
+    for inference (BENCHMARKS.md "Frozen compiled inference"); plain `torch.compile` keeps the weights as inputs,
+    as training needs. Freezing applies to calls without autograd (inference_mode, no_grad), as every inference
+    verb runs; the shapes are static, so the first call of each input shape compiles, and `say` (default: a line on
+    stderr unless `vitlab -q`) is told how long it took. The weights must not change afterwards: the graph holds
+    them as constants, some as prepacked copies, so a change would reach it only in part."""
+    compiled = torch.compile(model, dynamic=False, options={"freezing": True})
+    seen: set[tuple] = set()
+    started: list[float] = []
+    say = say or _say_on_stderr
+
+    def before(module: nn.Module, args: tuple) -> None:
+        started[:] = [time.perf_counter()]
+
+    def after(module: nn.Module, args: tuple, output: object) -> None:
+        key = tuple((tuple(a.shape), a.dtype) for a in args if torch.is_tensor(a))
+        if key not in seen and started:
+            seen.add(key)
+            shapes = ", ".join("x".join(map(str, shape)) for shape, _ in key)
+            say(f"compiled (Inductor, frozen weights) for input {shapes} in {time.perf_counter() - started[0]:.1f} s")
+
+    compiled.register_forward_pre_hook(before)
+    compiled.register_forward_hook(after)
+    return compiled
+
+
+def _say_on_stderr(line: str) -> None:
+    from vitlab.progress import quiet
+
+    if not quiet():
+        print(line, file=sys.stderr, flush=True)
