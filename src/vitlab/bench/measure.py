@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -14,6 +15,7 @@ from torch import nn
 
 from vitlab.bench import forms
 from vitlab.bench.compare import timm_equivalent
+from vitlab.bench.latency import measure_latency
 from vitlab.bench.machine import environment
 from vitlab.bench.peaks import precision_peak
 from vitlab.bench.result import MODES, BenchResult, BenchSettings, Measurement
@@ -140,6 +142,8 @@ def run_benchmark(settings: BenchSettings, progress: Callable[[str], None] | Non
                 n_steps, seconds = times[impl]
                 ips = [settings.batch_size * n_steps / s for s in seconds]
                 result.measurements.append(_measurement(settings, impl, name, mode, ips, peak, n_steps))
+        if "infer" in settings.modes and settings.latency:
+            result.latency = measure_latency(models[0][2], settings, device)
         return result
     finally:
         torch.set_num_threads(old_threads)
@@ -194,6 +198,12 @@ def _measurement(
 def _check(settings: BenchSettings) -> None:
     if settings.batch_size < 1 or settings.repeats < 1 or settings.image_size < 1:
         raise ValueError("batch size, repeats and image size must be positive")
+    if settings.onnx and ("infer" not in settings.modes or not settings.latency):
+        raise ValueError("--onnx times the file's batch-1 latency beside inference: add --mode infer, without "
+                         "--no-latency")
+    if settings.onnx and not os.path.isfile(settings.onnx):
+        raise FileNotFoundError(f"{settings.onnx}: no such ONNX file; export one with: vitlab export WEIGHTS "
+                                f"{settings.onnx}")
     if settings.threads is not None and settings.threads < 1:
         raise ValueError(f"--threads must be positive, not {settings.threads}")
     bad = [m for m in settings.modes if m not in MODES]

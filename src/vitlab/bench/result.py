@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,12 @@ def verdict(wins: int, n: int, better: str = "faster", worse: str = "slower") ->
     if wins == 0:
         return f"vitlab {worse} in every repeat ({n} of {n})"
     return f"no consistent winner: vitlab {better} in {wins} of {n} repeats, {worse} in {n - wins}"
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank percentile (q in 0-100): a value that was measured, never an interpolation."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 @dataclass
@@ -37,6 +44,8 @@ class BenchSettings:
     seed: int = 0
     gemm_size: int | None = None  # side of the peak-measuring matmul (default 4096 on CPU, 8192 on CUDA)
     tune_malloc: bool = True  # serve large tensors from glibc's heap (vitlab.runtime.allocator)
+    latency: bool = True  # with inference: batch-1 latency of fp32, bf16, int8 (vitlab.bench.latency)
+    onnx: str | None = None  # an exported ONNX file whose batch-1 latency is measured beside them
 
 
 @dataclass
@@ -80,6 +89,25 @@ class Measurement:
 
 
 @dataclass
+class Latency:
+    form: str  # fp32, bf16, int8 or "onnx <precision>"
+    computes: str  # how, in words (the precision's reason)
+    ms: list[float]  # every timed batch-1 call, in order
+
+    @property
+    def p50(self) -> float:
+        return percentile(self.ms, 50)
+
+    @property
+    def p90(self) -> float:
+        return percentile(self.ms, 90)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"form": self.form, "computes": self.computes, "batch_size": 1, "p50_ms": self.p50,
+                "p90_ms": self.p90, "images_per_s_at_p50": 1000 / self.p50, "samples": len(self.ms), "ms": self.ms}
+
+
+@dataclass
 class BenchResult:
     settings: BenchSettings
     environment: dict[str, Any]
@@ -87,6 +115,7 @@ class BenchResult:
     measurements: list[Measurement] = field(default_factory=list)
     precision: dict[str, str] = field(default_factory=dict)  # requested, name (resolved), reason, forms
     gemm_peaks: dict[str, dict[str, float]] = field(default_factory=dict)  # precision -> gflops, size
+    latency: list[Latency] = field(default_factory=list)  # batch 1, one per serving form (inference only)
 
     def get(self, impl: str, mode: str) -> Measurement | None:
         return next((m for m in self.measurements if m.impl == impl and m.mode == mode), None)
@@ -141,10 +170,22 @@ class BenchResult:
                 f"{max(m.images_per_s):.2f} | {m.macs_per_image / 1e9:.3f} | {m.gflops:.1f} | {m.pct_peak:.1f} | "
                 f"{m.executed_pct_peak:.1f} |"
             )
-        lines += ["", *self.ratio_lines()]
+        lines += ["", *self.ratio_lines(), *self.latency_lines()]
         return "\n".join(lines).rstrip()
+
+    def latency_lines(self) -> list[str]:
+        """The batch-1 latency table of the serving forms (empty without one)."""
+        if not self.latency:
+            return []
+        lines = ["", f"batch-1 latency, vitlab's {self.settings.model} (forms called in turn, "
+                     f"{len(self.latency[0].ms)} calls each):", "",
+                 "| form | p50 ms | p90 ms | img/s at p50 | computes |", "|---|---|---|---|---|"]
+        for lat in self.latency:
+            lines.append(f"| {lat.form} | {lat.p50:.2f} | {lat.p90:.2f} | {1000 / lat.p50:.1f} | {lat.computes} |")
+        return lines
 
     def to_dict(self) -> dict[str, Any]:
         return {"settings": dataclasses.asdict(self.settings), "environment": self.environment,
                 "gemm_peak_gflops": self.gemm_peak_gflops, "gemm_peaks": self.gemm_peaks, "precision": self.precision,
-                "measurements": [m.to_dict() for m in self.measurements], "ratios": self.ratios()}
+                "measurements": [m.to_dict() for m in self.measurements], "ratios": self.ratios(),
+                "latency": [lat.to_dict() for lat in self.latency]}

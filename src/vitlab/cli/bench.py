@@ -44,6 +44,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "every verb resolves it (bf16 on CUDA and on CPUs with native bf16 for wide models)")
     p.add_argument("--mode", choices=["infer", "train", "both"], default="both",
                    help="what to time: inference, training steps or both (default both)")
+    p.add_argument("--no-latency", action="store_true",
+                   help="with inference: skip the batch-1 latency (p50, p90) of the fp32, bf16 and int8 forms that is "
+                        "otherwise measured after the throughput, the forms called in turn")
+    p.add_argument("--onnx", metavar="FILE",
+                   help="with inference: also the batch-1 latency of this vitlab-exported ONNX file in ONNX Runtime "
+                        "(vitlab export WEIGHTS FILE), beside the PyTorch forms")
     p.add_argument("--no-malloc-tuning", action="store_true",
                    help="keep glibc's default of mapping large tensors afresh (page faults on every step)")
     p.add_argument("--json", metavar="OUT", type=new_file, help="also write the full result as JSON to this file")
@@ -77,6 +83,7 @@ def run_bench(args: argparse.Namespace) -> int:
         model=args.model, batch_size=args.batch_size, image_size=args.image_size, threads=args.threads,
         repeats=args.repeats, warmup=args.warmup, min_time=args.min_time, modes=modes, compare=args.compare,
         compile=args.compile, device=args.device, tune_malloc=not args.no_malloc_tuning, precision=args.precision,
+        latency=not args.no_latency, onnx=args.onnx,
     )
     from vitlab.progress import progress, quiet
 
@@ -108,8 +115,8 @@ def _report(result: Any, json_path: str | None, force: bool = False, inputs: tup
 
 
 def _inputs(args: argparse.Namespace) -> tuple[str, ...]:
-    """What a benchmark reads from disk: the data of a data benchmark."""
-    return (args.data,) if getattr(args, "data", None) else ()
+    """What a benchmark reads from disk: the data of a data benchmark, an ONNX file to time."""
+    return tuple(path for path in (getattr(args, "data", None), getattr(args, "onnx", None)) if path)
 
 
 def run_data_bench(args: argparse.Namespace) -> int:
