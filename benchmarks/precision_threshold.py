@@ -1,17 +1,22 @@
-"""Measure bf16 against float32 on this CPU over the catalogue's sizes and the experiment models, and print the
-width threshold of `--precision auto` (vitlab.runtime.precision.MIN_BF16_WIDTH) that the measurements support.
+"""Measure bf16 against float32 on this CPU over a sweep of widths, the catalogue's sizes and the experiment models,
+and print, for inference and for training, the width threshold of `--precision auto`
+(vitlab.runtime.precision.MIN_BF16_WIDTH, one entry per use) that the measurements support.
 
-    python benchmarks/precision_threshold.py                 # inference and training, every model (~15 min)
-    python benchmarks/precision_threshold.py --quick         # fewer models and repeats (~3 min)
+    python benchmarks/precision_threshold.py                       # widths, catalogue and experiments (~25 min)
+    python benchmarks/precision_threshold.py --rows widths         # the width sweep alone (~8 min)
+    python benchmarks/precision_threshold.py --quick               # fewer models and repeats (~4 min)
     python benchmarks/precision_threshold.py --json out.json
 
 Meant for a CPU that computes bf16 natively (flags amx_bf16 or avx512_bf16: Intel Sapphire/Emerald/Granite
 Rapids, Cooper Lake, AMD Zen 4); elsewhere bf16 is emulated and every ratio is below 1, which the script says.
-Each model is timed fp32 / bf16 / fp32 / bf16 ... interleaved (median of --repeats), in the form vitlab uses:
-inference with `prepare_for_inference` (bf16 weights for a ViT) under `autocast_for`; a training step (AdamW,
-forward + backward + step) under autocast with float32 master weights. A model "gains" when bf16 is at least
---gain (default 1.05x) faster in both uses. The threshold printed is the smallest width W such that every
-measured model of width >= W gains and none below it does; if no W separates them it says so.
+The width sweep is a ViT-Ti/16 with width W (64, 128, 192, 256, 384; heads W/64, MLP 4W: 192 is ViT-Ti/16 and 384
+ViT-S/16) at 224 px, inference at batch 1, 8 and 32 and training at batch 32. Each model is timed fp32 / bf16 /
+fp32 / bf16 ... interleaved (median of --repeats), in the form vitlab uses: inference with `prepare_for_inference`
+(bf16 weights for a ViT) under `autocast_for`; a training step (fused AdamW as `vitlab train` takes it, forward +
+backward + step) under autocast with float32 master weights. A model gains in a use when bf16 is at least --gain
+(default 1.05x) faster there, at every batch size measured (the rule has one threshold per use, whatever the
+batch). The crossing printed for each use is the smallest width W such that every measured model of width >= W
+gains in that use and none below it does; if no W separates them it says so.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch
 
 from reproduction.families import MODELS
 from vitlab.models.registry import build_model, model_config
+from vitlab.runtime.allocator import tune_for_compute
 from vitlab.runtime.device import cpu_name
 from vitlab.runtime.precision import (
     MIN_BF16_WIDTH,
@@ -35,19 +41,23 @@ from vitlab.runtime.precision import (
     native_bf16,
     prepare_for_inference,
 )
+from vitlab.train.optim import fused_adamw_fits
 
-# (label, model name, model args, image size, inference batch, training batch)
+# (label, model name, model args, image size, inference batches, training batch)
+WIDTHS = [(f"width {w}", "ViT-Ti/16", {"width": w, "num_heads": max(1, w // 64), "mlp_dim": 4 * w}, 224, (1, 8, 32),
+           32) for w in (64, 128, 192, 256, 384)]
 CATALOGUE = [
-    ("ViT-Ti/16", "ViT-Ti/16", {}, 224, 16, 32),
-    ("ViT-S/16", "ViT-S/16", {}, 224, 16, 32),
-    ("ViT-B/16", "ViT-B/16", {}, 224, 16, 16),
-    ("ViT-L/16", "ViT-L/16", {}, 224, 8, 8),
-    ("R50+ViT-B/16", "R50+ViT-B/16", {}, 224, 8, 8),
-    ("BiT-R50x1", "BiT-R50x1", {}, 224, 16, 16),
+    ("ViT-Ti/16", "ViT-Ti/16", {}, 224, (16,), 32),
+    ("ViT-S/16", "ViT-S/16", {}, 224, (16,), 32),
+    ("ViT-B/16", "ViT-B/16", {}, 224, (16,), 16),
+    ("ViT-L/16", "ViT-L/16", {}, 224, (8,), 8),
+    ("R50+ViT-B/16", "R50+ViT-B/16", {}, 224, (8,), 8),
+    ("BiT-R50x1", "BiT-R50x1", {}, 224, (16,), 16),
 ]
-EXPERIMENTS = [(f"{family}-{size} (experiments)", name, args, 32, 64, 64)
+EXPERIMENTS = [(f"{family}-{size} (experiments)", name, args, 32, (64,), 64)
                for (family, size), (name, args) in MODELS.items()]
-QUICK = {"ViT-Ti/16", "ViT-S/16", "ViT-B/16", "ViT-M (experiments)", "ViT-L (experiments)", "BiT-L (experiments)"}
+ROWS = {"widths": WIDTHS, "catalogue": CATALOGUE, "experiments": EXPERIMENTS}
+QUICK = {"width 64", "width 192", "width 384", "ViT-B/16", "ViT-M (experiments)", "BiT-L (experiments)"}
 
 
 def _median_seconds(fn: Callable[[], None], repeats: int) -> float:
@@ -73,7 +83,7 @@ def _inference(name: str, args: dict, size: int, batch: int, precision: str) -> 
 
 def _training(name: str, args: dict, size: int, batch: int, precision: str) -> Callable[[], None]:
     model = build_model(model_config(name, image_size=size, num_classes=1000, **args)).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused_adamw_fits(list(model.parameters())))
     x, y = torch.randn(batch, 3, size, size), torch.randint(0, 1000, (batch,))
 
     def step() -> None:
@@ -86,44 +96,62 @@ def _training(name: str, args: dict, size: int, batch: int, precision: str) -> C
     return step
 
 
+def _timed(steps: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
+    """Median seconds per call of each precision's step, interleaved so that a change of load hits both alike."""
+    for fn in steps.values():  # warm-up: allocations, oneDNN kernel selection
+        fn()
+    seconds: dict[str, list[float]] = {p: [] for p in steps}
+    for _ in range(repeats):
+        for p, fn in steps.items():
+            seconds[p].append(_median_seconds(fn, 1))
+    return {p: statistics.median(s) for p, s in seconds.items()}
+
+
+def _speed(batch: int, seconds: dict[str, float]) -> dict:
+    return {"batch": batch, "fp32_img_s": round(batch / seconds["fp32"], 2),
+            "bf16_img_s": round(batch / seconds["bf16"], 2), "speedup": round(seconds["fp32"] / seconds["bf16"], 3)}
+
+
 def measure(row: tuple, repeats: int) -> dict:
-    label, name, args, size, infer_batch, train_batch = row
+    """Inference at each of the row's batches and training at its batch; each use's `speedup` is its smallest."""
+    label, name, args, size, infer_batches, train_batch = row
     result = {"model": label, "width": config_width(model_config(name, **args)), "image_size": size}
-    for use, build, batch in (("infer", _inference, infer_batch), ("train", _training, train_batch)):
-        steps = {p: build(name, args, size, batch, p) for p in ("fp32", "bf16")}
-        for fn in steps.values():  # warm-up: allocations, oneDNN kernel selection
-            fn()
-        seconds: dict[str, list[float]] = {"fp32": [], "bf16": []}
-        for _ in range(repeats):  # interleaved, so that a change of load hits both alike
-            for p, fn in steps.items():
-                seconds[p].append(_median_seconds(fn, 1))
-        fp32, bf16 = statistics.median(seconds["fp32"]), statistics.median(seconds["bf16"])
-        result[use] = {"batch": batch, "fp32_img_s": round(batch / fp32, 2), "bf16_img_s": round(batch / bf16, 2),
-                       "speedup": round(fp32 / bf16, 3)}
+    batches = [_speed(b, _timed({p: _inference(name, args, size, b, p) for p in ("fp32", "bf16")}, repeats))
+               for b in infer_batches]
+    result["infer"] = {"batches": batches, "speedup": min(b["speedup"] for b in batches)}
+    train = _speed(train_batch, _timed({p: _training(name, args, size, train_batch, p) for p in ("fp32", "bf16")},
+                                       repeats))
+    result["train"] = {"batches": [train], "speedup": train["speedup"]}
     return result
 
 
-def threshold(results: list[dict], gain: float) -> tuple[int | None, str]:
-    """The smallest width W with every model >= W gaining (both uses) and every one below not gaining."""
-    gains = {r["model"]: min(r["infer"]["speedup"], r["train"]["speedup"]) >= gain for r in results}
+def threshold(results: list[dict], gain: float, use: str) -> tuple[int | None, str]:
+    """The smallest width W with every model >= W gaining in `use` and every one below not gaining."""
+    gains = {r["model"]: r[use]["speedup"] >= gain for r in results}
     if not any(gains.values()):
-        return None, f"no measured model gains >= {gain}x from bf16 on this CPU: auto must pick float32 for all"
+        return None, f"no measured model gains >= {gain}x from bf16 in {use} on this CPU: auto must pick float32"
     widths = sorted({r["width"] for r in results})
     for w in widths:
         if all(gains[r["model"]] == (r["width"] >= w) for r in results):
-            return w, f"every measured model of width >= {w} gains >= {gain}x in both uses, none below"
-    return None, "no width separates the models that gain from those that do not: see the table"
+            return w, f"every measured model of width >= {w} gains >= {gain}x in {use}, none below"
+    return None, f"no width separates the models that gain in {use} from those that do not: see the table"
+
+
+def _cell(use: dict) -> str:
+    return " ".join(f"b{b['batch']} {b['fp32_img_s']}/{b['bf16_img_s']} {b['speedup']:.2f}x" for b in use["batches"])
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="six models, 3 repeats")
+    p.add_argument("--rows", nargs="+", choices=list(ROWS), help="which sets of models (default: all)")
     p.add_argument("--repeats", type=int, default=5, help="interleaved repeats per model and use (default 5)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--gain", type=float, default=1.05, help="the speed-up that counts as a gain (default 1.05)")
     p.add_argument("--models", nargs="+", metavar="LABEL", help="only these rows (labels as printed)")
     p.add_argument("--json", metavar="PATH", help="also write the measurements here")
     args = p.parse_args()
+    tune_for_compute()  # the allocator every verb computes with
     if args.threads:
         torch.set_num_threads(args.threads)
     flags = cpu_flags()
@@ -132,26 +160,28 @@ def main() -> None:
           f"torch {torch.__version__}")
     if not native_bf16(flags):
         print("this CPU emulates bf16: expect every ratio below 1 (auto picks float32 here whatever the threshold)")
+    sets = args.rows or list(ROWS)
     wanted = set(args.models or (QUICK if args.quick else ()))
-    rows = [r for r in CATALOGUE + EXPERIMENTS if not wanted or r[0] in wanted]
+    rows = [r for key in sets for r in ROWS[key] if not wanted or r[0] in wanted]
     repeats = 3 if args.quick else args.repeats
     results = []
-    print(f"{'model':28} {'width':>5} {'px':>4}  {'infer fp32':>10} {'bf16':>8} {'x':>6}  {'train fp32':>10} "
-          f"{'bf16':>8} {'x':>6}")
+    print(f"{'model':28} {'width':>5} {'px':>4}  inference (batch: fp32/bf16 img/s, bf16 speed-up) | training")
     for row in rows:
         r = measure(row, repeats)
         results.append(r)
-        i, t = r["infer"], r["train"]
-        print(f"{r['model']:28} {r['width']:>5} {r['image_size']:>4}  {i['fp32_img_s']:>10} {i['bf16_img_s']:>8} "
-              f"{i['speedup']:>5.2f}x  {t['fp32_img_s']:>10} {t['bf16_img_s']:>8} {t['speedup']:>5.2f}x", flush=True)
-    width, why = threshold(results, args.gain)
-    print(f"threshold supported: {width if width is not None else 'none'} ({why}); "
-          "vitlab.runtime.precision.MIN_BF16_WIDTH "
-          f"is {MIN_BF16_WIDTH}")
+        print(f"{r['model']:28} {r['width']:>5} {r['image_size']:>4}  {_cell(r['infer'])} | {_cell(r['train'])}",
+              flush=True)
+    crossings = {}
+    for use in ("infer", "train"):
+        width, why = threshold(results, args.gain, use)
+        crossings[use] = width
+        print(f"{use}: crossing width {width if width is not None else 'none'} ({why}); "
+              f"vitlab.runtime.precision.MIN_BF16_WIDTH[{use!r}] is {MIN_BF16_WIDTH[use]}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cpu": cpu_name(), "flags": native, "threads": torch.get_num_threads(),
-                       "torch": torch.__version__, "results": results, "threshold": width}, f, indent=1)
+                       "torch": torch.__version__, "gain": args.gain, "results": results, "crossing": crossings},
+                      f, indent=1)
 
 
 if __name__ == "__main__":

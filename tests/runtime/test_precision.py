@@ -18,6 +18,7 @@ from vitlab.cli import main
 from vitlab.models.registry import model_config
 from vitlab.runtime.precision import (
     MIN_BF16_WIDTH,
+    USES,
     Precision,
     autocast_for,
     config_width,
@@ -63,9 +64,9 @@ def test_auto_on_cpu(cpuinfo, width, expected):
 def test_auto_reasons_say_why():
     amx = cpu_flags(XEON_AMX)
     assert resolve_precision("auto", CPU, use="infer", width=768, flags=amx).reason == \
-        f"auto: CPU has amx_bf16 and width 768 >= {MIN_BF16_WIDTH}"
+        "auto: CPU has amx_bf16 and width 768 >= 384 (bf16 gains in inference)"
     assert resolve_precision("auto", CPU, use="infer", width=64, flags=amx).reason == \
-        f"auto: CPU has amx_bf16 but width 64 < {MIN_BF16_WIDTH} (too small to gain from bf16)"
+        "auto: CPU has amx_bf16 but width 64 < 384 (too small to gain from bf16 in inference)"
     assert "no native bf16" in resolve_precision("auto", CPU, use="infer", width=768,
                                                  flags=cpu_flags(EPYC_MILAN)).reason
 
@@ -109,15 +110,34 @@ def test_on_native_bf16_the_catalogue_splits_by_width():
     assert auto("ViT-Ti/4", depth=6, width=64, num_heads=4, mlp_dim=128) == "fp32"  # the experiments' ViT-M
 
 
+def test_each_use_has_its_own_threshold(monkeypatch):
+    """Inference and training read their own entry of the one table: a width between the two gets bf16 for the use
+    whose threshold it reaches and float32 for the other, and the reason names the use."""
+    monkeypatch.setitem(MIN_BF16_WIDTH, "infer", 192)
+    amx = cpu_flags(XEON_AMX)
+    ti = config_width(model_config("ViT-Ti/16"))
+    infer = resolve_precision("auto", CPU, use="infer", width=ti, flags=amx)
+    train = resolve_precision("auto", CPU, use="train", width=ti, flags=amx)
+    assert infer == Precision("bf16", "auto: CPU has amx_bf16 and width 192 >= 192 (bf16 gains in inference)")
+    assert train == Precision("fp32", "auto: CPU has amx_bf16 but width 192 < 384 (too small to gain from bf16 in "
+                                      "training)")
+    assert resolve_precision("auto", CPU, use="infer", width=128, flags=amx).name == "fp32"
+    assert resolve_precision("auto", CPU, use="infer", width=ti, flags=cpu_flags(EPYC_MILAN)).name == "fp32"
+
+
+def test_the_table_has_one_threshold_per_use():
+    assert set(MIN_BF16_WIDTH) == set(USES)
+
+
 # --- the setting recorded and kept ---------------------------------------------------------------------------
 def test_auto_is_resolved_once_with_its_reason(monkeypatch):
     monkeypatch.setattr("vitlab.runtime.precision.cpu_flags", lambda text=None: cpu_flags(XEON_AMX))
     wide = resolve("demo", {"model": "ViT-S/16", "image_size": 32, "device": "cpu"})
     assert wide.config.precision == "bf16"
-    assert wide.sources["precision"] == f"auto: CPU has amx_bf16 and width 384 >= {MIN_BF16_WIDTH}"
+    assert wide.sources["precision"] == "auto: CPU has amx_bf16 and width 384 >= 384 (bf16 gains in training)"
     small = resolve("demo", {"device": "cpu"})  # the demo's ViT, width 128
     assert (small.config.precision, small.sources["precision"]) == \
-        ("fp32", f"auto: CPU has amx_bf16 but width 128 < {MIN_BF16_WIDTH} (too small to gain from bf16)")
+        ("fp32", "auto: CPU has amx_bf16 but width 128 < 384 (too small to gain from bf16 in training)")
     given = resolve("demo", {"model": "ViT-S/16", "device": "cpu", "precision": "fp32"})
     assert (given.config.precision, given.sources["precision"]) == ("fp32", "flag")
 

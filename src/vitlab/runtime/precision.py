@@ -7,10 +7,12 @@ The rule for `auto` (the measurements behind it: BENCHMARKS.md "bf16 on a CPU th
 - CPU without a native bf16 instruction (no `amx_bf16` and no `avx512_bf16` flag, e.g. AMD Zen 2/3): float32;
   bf16 is emulated there and always slower.
 - CPU with one: bf16 when the model's width (the inner dimension of its matmuls, what AMX tiles and AVX512-BF16
-  dot products need to amortise the casts) is at least `MIN_BF16_WIDTH`, float32 below. It is the smallest
-  measured width that gains; narrower widths either lost or are unmeasured and stay float32, so `auto` is never
-  slower than float32 on a measured model. `benchmarks/precision_threshold.py`, run on such a machine, measures
-  every catalogue size and experiment model and prints the threshold the measurements support. The rule keys on
+  dot products need to amortise the casts) is at least the use's entry of `MIN_BF16_WIDTH` (inference and
+  training gain from different widths: a training step adds the backward's attention and the float32 optimizer
+  step), float32 below. Each is the smallest measured width that gains in that use; narrower widths either lost
+  or are unmeasured and stay float32, so `auto` is never slower than float32 on a measured model.
+  `benchmarks/precision_threshold.py`, run on such a machine, measures a sweep of widths and every catalogue size
+  and experiment model and prints, for each use, the threshold the measurements support. The rule keys on
   width, not token count, because token count did not separate the measured points; every catalogue model at its
   native resolution has at least as many tokens as the fast ones.
 
@@ -29,8 +31,10 @@ from torch import nn
 
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
 USES = ("train", "infer")
+USE_WORDS = {"train": "training", "infer": "inference"}
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
-MIN_BF16_WIDTH = 384  # the smallest width measured to gain under bf16 on a CPU that computes it natively
+# The smallest width measured to gain under bf16 on a CPU that computes it natively, per use (USES).
+MIN_BF16_WIDTH: dict[str, int] = {"infer": 384, "train": 384}
 
 
 @dataclass(frozen=True)
@@ -118,10 +122,11 @@ def resolve_precision(requested: str, device: torch.device, *, use: str, width: 
         return Precision("fp32", "auto: this CPU has no native bf16 (no amx_bf16/avx512_bf16 flag)")
     if width is None:
         return Precision("fp32", f"auto: CPU has {found[0]} but the model's width is unknown")
-    if width < MIN_BF16_WIDTH:
-        return Precision("fp32", f"auto: CPU has {found[0]} but width {width} < {MIN_BF16_WIDTH} "
-                                 "(too small to gain from bf16)")
-    return Precision("bf16", f"auto: CPU has {found[0]} and width {width} >= {MIN_BF16_WIDTH}")
+    least = MIN_BF16_WIDTH[use]
+    if width < least:
+        return Precision("fp32", f"auto: CPU has {found[0]} but width {width} < {least} "
+                                 f"(too small to gain from bf16 in {USE_WORDS[use]})")
+    return Precision("bf16", f"auto: CPU has {found[0]} and width {width} >= {least} (bf16 gains in {USE_WORDS[use]})")
 
 
 def device_kind(name: str) -> torch.device:
