@@ -14,6 +14,11 @@ the output's scale (logits, or attention weights). Rows per model:
   at most BIT_BF16_VS_TIMM x timm's bf16 error, measured in the same run;
 - ViTs: the attention weights of every layer (`forward_inspect`, or the dict-returning
   `forward_intermediates` it was called before), the same three rows.
+- `vitlab train`'s AdamW step on the device: the fused kernel against the per-tensor (foreach) one, 20 steps on the
+  same gradients, at most FUSED_BOUND apart;
+- compiled inference as the inference verbs compile it (Inductor with frozen weights, `--compile`) against eager on
+  the device, float32 (TF32 off) at most FP32_BOUND and bf16 at most BF16_BOUND (full plan only: Inductor
+  compiles for minutes on a small CPU).
 The head is re-drawn at random (std 0.02): a zero-initialised head would make every logit 0 and the
 comparison empty.
 """
@@ -29,6 +34,8 @@ from torch import nn
 FP32_BOUND = 1e-5
 BF16_BOUND = 5e-2
 BIT_BF16_VS_TIMM = 2.0
+FUSED_BOUND = 1e-6
+FROZEN_MODEL = ("ViT-B/16", {"depth": 2}, 224)  # B/16's layers at 224 px; two blocks keep the compile short
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -132,6 +139,49 @@ def model_parity(name: str, overrides: dict[str, int], size: int, batch: int,
     return rows
 
 
+def fused_adamw_parity(device: torch.device, steps: int = 20) -> dict[str, Any]:
+    """`vitlab train`'s optimizer (fused where torch has it) against foreach AdamW, both fed the same gradients."""
+    from vitlab.train.config import TrainConfig
+    from vitlab.train.optim import build_optimizer, param_groups
+
+    model = _build("ViT-B/16", {"depth": 1, "width": 64, "num_heads": 2, "mlp_dim": 128}, 32).to(device).train()
+    twin = copy.deepcopy(model)
+    cfg = TrainConfig(lr=3e-3, weight_decay=0.1)
+    fused = build_optimizer(model, cfg)
+    foreach = torch.optim.AdamW(param_groups(twin, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8,
+                                foreach=True)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(steps):
+        for a, b in zip(model.parameters(), twin.parameters(), strict=True):
+            grad = torch.randn(a.shape, generator=g).to(device)
+            a.grad, b.grad = grad.clone(), grad.clone()
+        fused.step()
+        foreach.step()
+    ours = torch.cat([p.detach().flatten() for p in model.parameters()])
+    theirs = torch.cat([p.detach().flatten() for p in twin.parameters()])
+    form = "fused" if fused.param_groups[0].get("fused") else "foreach (no fused kernel here)"
+    return check(f"AdamW {form} vs foreach {device.type}, {steps} steps", rel_error(ours, theirs), FUSED_BOUND)
+
+
+def frozen_compile_parity(device: torch.device, batch: int) -> list[dict[str, Any]]:
+    """The inference verbs' compiled form (Inductor freezing) against the same prepared model run eagerly."""
+    from vitlab.runtime.session import open_session
+
+    name, overrides, size = FROZEN_MODEL
+    x = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(1)).to(device)
+    rows = []
+    for precision, bound in (("fp32", FP32_BOUND), ("bf16", BF16_BOUND)):
+        eager = open_session(_build(name, overrides, size), device=device, precision=precision).model
+        compiled = open_session(_build(name, overrides, size), device=device, precision=precision,
+                                compile=True).model
+        with torch.inference_mode():
+            ref, out = eager(x).float().cpu(), compiled(x).float().cpu()
+        shape = ", ".join(f"{k} {v}" for k, v in overrides.items())
+        rows.append(check(f"{name} ({shape}) {precision} compiled with frozen weights vs eager {device.type}",
+                          rel_error(out, ref), bound))
+    return rows
+
+
 def run(plan: Any, device: torch.device) -> dict[str, Any]:
     skipped = []
     if device.type != "cuda":
@@ -143,7 +193,13 @@ def run(plan: Any, device: torch.device) -> dict[str, Any]:
     try:
         for name, overrides, size in plan.parity_models:
             checks += model_parity(name, overrides, size, plan.parity_batch, device)
+        checks.append(fused_adamw_parity(device))
+        if plan.compile:
+            checks += frozen_compile_parity(device, plan.parity_batch)
+        else:
+            skipped.append("compiled inference with frozen weights: not in the dry run (Inductor compiles for "
+                           "minutes on 2 cores)")
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
     return {"checks": checks, "skipped": skipped, "error_measure": "max|a-b| / max|ref|",
-            "bounds": {"fp32": FP32_BOUND, "bf16": BF16_BOUND}}
+            "bounds": {"fp32": FP32_BOUND, "bf16": BF16_BOUND, "fused_adamw": FUSED_BOUND}}

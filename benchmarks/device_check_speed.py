@@ -1,6 +1,9 @@
 """device_check section "speed": training and inference images/s of vitlab against timm in the same process,
 same batch, repeats interleaved (vitlab.bench's protocol: `run_benchmark` with --compare timm), eager and then
-compiled (both libraries compiled alike). On CUDA both run under bf16 autocast with fused AdamW.
+compiled (both libraries compiled alike: inference with frozen weights, as `--compile` on the inference verbs,
+training in the plain form, as `vitlab train --compile`). On CUDA both run under bf16 autocast with fused AdamW,
+the step `vitlab train` takes. The eager run also times vitlab's batch-1 latency (p50, p90) of the fp32 and bf16
+forms (`vitlab bench --mode infer`'s latency rows).
 
 MFU = model FLOPs per second / the device's dense bf16 peak. Model FLOPs per training image = 3 x the forward
 pass's (forward + the two products of the backward), 2 FLOPs per multiply-add, the multiply-adds of the full
@@ -50,7 +53,7 @@ def _bench(plan: Any, device: torch.device, compiled: bool) -> Any:
                              repeats=plan.speed_repeats, warmup=plan.speed_warmup, min_time=plan.speed_min_time,
                              modes=("infer",) if plan.precision == "int8" else ("train", "infer"), compare="timm",
                              compile=compiled, device=str(device), gemm_size=plan.gemm_size, threads=plan.threads,
-                             precision=plan.precision)
+                             precision=plan.precision, latency=not compiled)
     return run_benchmark(settings)
 
 
@@ -111,6 +114,9 @@ def run(plan: Any, device: torch.device, report: Any) -> dict[str, Any]:
         ratios["compiled"] = compiled.ratios()
     return {"model": plan.speed_model, "image_size": plan.speed_image, "batch": plan.speed_batch,
             "precision": f"{eager.precision['name']} ({eager.precision['forms']}), fused AdamW",
+            "compiled_forms": "inference: torch.compile with Inductor freezing (weights as constants); training: "
+                              "plain torch.compile",
+            "latency_batch_1": [{k: v for k, v in lat.items() if k != "ms"} for lat in eager.to_dict()["latency"]],
             "precision_reason": eager.precision["reason"], "gemm_peaks": eager.gemm_peaks,
             "peak_tflops": peak / 1e12, "peak_source": source, "measured_gemm_tflops": gemm / 1e12,
             "flops_per_train_image": model_flops_per_image(plan.speed_model, plan.speed_image, "train"),
