@@ -81,3 +81,38 @@ def test_frozen_inductor_logits_match_eager(precision, tolerance, monkeypatch):
             reference, got = eager(x), compiled(x)
             assert ((got - reference).abs().max() / reference.abs().max()).item() < tolerance
     assert len(frozen) == 2  # one frozen graph per input shape
+
+
+def test_fewshot_compile_freezes_the_features_path_and_gives_eager_accuracy(compiles, tmp_path, capsys):
+    """`vitlab fewshot --compile` compiles `forward_features`, the path its features take, with frozen weights and
+    draws the same table as eager."""
+    import json
+
+    from vitlab.cli import main
+
+    vitlab.save(random_vit(), tmp_path / "m.safetensors")
+    tables = []
+    for extra in ([], ["--compile"]):
+        out = tmp_path / f"fs{len(extra)}.json"
+        assert main(["fewshot", "--weights", str(tmp_path / "m.safetensors"), "--data", "digits", "--shots", "1,5",
+                     "--seeds", "2", "--json", str(out), "--device", "cpu", "--precision", "fp32", *extra]) == 0
+        tables.append(json.loads(out.read_text())["accuracy"])
+    assert compiles == [{"dynamic": False, "options": {"freezing": True}}]
+    assert "compiled (Inductor, frozen weights) for input " in capsys.readouterr().err
+    assert tables[1] == tables[0]
+
+
+@pytest.mark.slow
+def test_frozen_inductor_features_match_eager(monkeypatch):
+    """The few-shot features' path compiled in place with Inductor and frozen weights: within 1e-5 of eager."""
+    import torch._inductor.compile_fx as compile_fx
+
+    frozen: list[int] = []
+    real = compile_fx.fw_compiler_freezing
+    monkeypatch.setattr(compile_fx, "fw_compiler_freezing", lambda *a, **k: frozen.append(1) or real(*a, **k))
+    eager, compiled = random_vit(), compile_for_inference(random_vit(), say=lambda line: None,
+                                                          method="forward_features")
+    x = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        reference, got = eager.forward_features(x), compiled.forward_features(x)
+    assert ((got - reference).abs().max() / reference.abs().max()).item() < 1e-5 and frozen == [1]

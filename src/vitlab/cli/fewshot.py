@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from vitlab.cli.evaluate import COMPILE_HELP
 from vitlab.cli.train import EVAL_RESIZE_HELP
 from vitlab.cli.types import (
     DATA_SOURCES,
@@ -71,6 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="cpu, cuda or cuda:N (default auto: CUDA when available)")
     p.add_argument("--precision", type=precision_name(int8=False), default="auto",
                    help=PRECISION_HELP + " of the features (the ridge regression is float64)")
+    p.add_argument("--compile", action="store_true", help=COMPILE_HELP)
     p.add_argument("--val-fraction", type=fraction, metavar="F",
                    help="test on this stratified share of each class of the train split (seed 0), shots drawn "
                         "from the rest (default: the folder's val/ or the embedded test split; a folder without "
@@ -92,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     result = fewshot_from_weights(args.weights, args.data, args.shots, args.seeds, args.l2, args.l2_sweep,
                                   args.batch_size, resize=args.eval_resize, val_fraction=args.val_fraction,
                                   device=args.device, precision=args.precision, random_init=args.random_init,
-                                  progress=True)
+                                  progress=True, compile=args.compile)
     chosen = result.precision
     label = "random init of " if args.random_init else ""
     print(f"few-shot linear accuracy, {label}{args.weights} on {args.data} ({args.eval_resize} pre-processing, "

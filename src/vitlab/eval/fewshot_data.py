@@ -24,7 +24,7 @@ from vitlab.files.outputs import JSON, WRITTEN_BY, Kind
 from vitlab.files.outputs import write_json as write_json_file
 from vitlab.models import build_model
 from vitlab.progress import progress as progress_bar
-from vitlab.runtime.session import open_session
+from vitlab.runtime.session import compile_for_inference, open_session
 
 FEWSHOT_KIND = Kind("vitlab fewshot", JSON)  # the accuracy table: replaced by the next few-shot run
 
@@ -96,17 +96,20 @@ def fewshot_from_weights(
     weights: str | Path, data: str, shots: tuple[int | str, ...] = (1, 5, 10, 25), seeds: int = 3,
     l2_reg: float = DEFAULT_L2, l2_sweep: list[float] | None = None, batch_size: int = 256, *,
     resize: str = FEWSHOT_RESIZE, val_fraction: float | None = None, device: str = "auto", precision: str = "auto",
-    random_init: bool = False, progress: bool = False,
+    random_init: bool = False, progress: bool = False, compile: bool = False,
 ) -> FewshotResult:
     """`vitlab fewshot`: `fewshot_weights` of saved weights (anything `vitlab.load` reads), the features computed in
     `precision` (the result's `.precision`) under autocast with float32 weights. `random_init`: a freshly
     initialised model of the weights' architecture instead (seed 0), the baseline the representation is set
-    against."""
+    against. `compile`: the features' path (`forward_features`) compiled with frozen weights
+    (`compile_for_inference`)."""
     session = open_session(weights, device=device, precision=precision, cast_weights=False)
     if random_init:
         torch.manual_seed(0)
         session = open_session(build_model(session.model.config), device=session.device, precision=precision,
                                cast_weights=False)
+    if compile:
+        compile_for_inference(session.model, method="forward_features")
     with session.autocast():
         result = fewshot_weights(session.model, data, shots, seeds, l2_reg, l2_sweep, batch_size, resize=resize,
                                  progress=progress, val_fraction=val_fraction)

@@ -85,32 +85,53 @@ def open_session(
     return InferenceSession(model, dev, chosen, tuple(names))
 
 
-def compile_for_inference(model: nn.Module, say: Callable[[str], None] | None = None) -> nn.Module:
+def compile_for_inference(model: nn.Module, say: Callable[[str], None] | None = None,
+                          method: str = "forward") -> nn.Module:
     """`torch.compile` of a model whose weights do not change: Inductor's freezing folds the weights into the graph
     as constants (prepacked for oneDNN's matmuls on a CPU, pointwise epilogues fused), the form that measures fastest
     for inference (BENCHMARKS.md "Frozen compiled inference"); plain `torch.compile` keeps the weights as inputs,
     as training needs. Freezing applies to calls without autograd (inference_mode, no_grad), as every inference
     verb runs; the shapes are static, so the first call of each input shape compiles, and `say` (default: a line on
     stderr unless `vitlab -q`) is told how long it took. The weights must not change afterwards: the graph holds
-    them as constants, some as prepacked copies, so a change would reach it only in part."""
-    compiled = torch.compile(model, dynamic=False, options={"freezing": True})
-    seen: set[tuple] = set()
-    started: list[float] = []
-    say = say or _say_on_stderr
+    them as constants, some as prepacked copies, so a change would reach it only in part.
 
-    def before(module: nn.Module, args: tuple) -> None:
-        started[:] = [time.perf_counter()]
+    `method`: "forward" returns the compiled wrapper (it still exposes the model's attributes); another public
+    forward path (`forward_features`, what few-shot features call) is compiled in place on the model, which is
+    returned."""
+    timer = _CompileTimer(say or _say_on_stderr)
+    if method == "forward":
+        compiled = torch.compile(model, dynamic=False, options={"freezing": True})
+        compiled.register_forward_pre_hook(lambda module, args: timer.start())
+        compiled.register_forward_hook(lambda module, args, output: timer.done(args))
+        return compiled
+    path = torch.compile(getattr(model, method), dynamic=False, options={"freezing": True})
 
-    def after(module: nn.Module, args: tuple, output: object) -> None:
+    def timed(*args, **kwargs):
+        timer.start()
+        out = path(*args, **kwargs)
+        timer.done(args)
+        return out
+
+    setattr(model, method, timed)
+    return model
+
+
+class _CompileTimer:
+    """Says how long the first call of each input shape took: the compilation, plus one call."""
+
+    def __init__(self, say: Callable[[str], None]):
+        self.say, self.seen, self.started = say, set(), None
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+
+    def done(self, args: tuple) -> None:
         key = tuple((tuple(a.shape), a.dtype) for a in args if torch.is_tensor(a))
-        if key not in seen and started:
-            seen.add(key)
+        if key not in self.seen and self.started is not None:
+            self.seen.add(key)
             shapes = ", ".join("x".join(map(str, shape)) for shape, _ in key)
-            say(f"compiled (Inductor, frozen weights) for input {shapes} in {time.perf_counter() - started[0]:.1f} s")
-
-    compiled.register_forward_pre_hook(before)
-    compiled.register_forward_hook(after)
-    return compiled
+            self.say(f"compiled (Inductor, frozen weights) for input {shapes} in "
+                     f"{time.perf_counter() - self.started:.1f} s")
 
 
 def _say_on_stderr(line: str) -> None:
