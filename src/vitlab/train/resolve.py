@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vitlab.constants import canonical_setting
 from vitlab.data import build_datasets
 from vitlab.files.rundir import CONFIG, MANIFEST, checkpoint_settings, list_checkpoints, run_dir_of
 from vitlab.models.config import BiTConfig, ViTConfig
@@ -171,7 +172,7 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
             verb: str = "train", data: Any = None) -> Resolved:
     """Resolve a run's settings; `flags` are the TrainConfig fields given explicitly (None = not given).
     `data`: the Datasets, if already built (otherwise built here when a rule needs them)."""
-    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    flags = {k: canonical_setting(k, v) for k, v in (flags or {}).items() if v is not None}
     epochs = check_epochs(flags)  # --epochs N: the steps once the data and batch are known (train/rules.py)
     _check_known(flags, "training settings")
     if flags.get("resume"):
@@ -271,6 +272,7 @@ def _read_config_file(path: str) -> dict[str, Any]:
     _check_known(values, f"settings in --config {path}", RUN_RECORD_KEYS)
     values = {k: v for k, v in values.items() if k not in RUN_RECORD_KEYS and k not in ("resume", "auto")}
     check_types(values, f"--config {path}")
+    values = {k: canonical_setting(k, v) for k, v in values.items()}
     if "model_args" in values:
         check_model_args_type(values["model_args"], f"--config {path}")
     return values
