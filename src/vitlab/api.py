@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 from vitlab.data.transforms import model_transform
-from vitlab.hub.catalogue import timm_name
+from vitlab.hub.catalogue import timm_models, timm_name
 from vitlab.models.config import BiTConfig, ModelConfig
-from vitlab.models.registry import build_model, model_config
+from vitlab.models.registry import build_model, model_config, unknown_model
 from vitlab.models.timm_compat import FeatureExtractor
 from vitlab.ranges import check_choice
 from vitlab.weights.load import load as load_weights
@@ -127,12 +127,16 @@ def model_config_for(name: str, overrides: dict[str, Any]) -> ModelConfig:
         overrides = {"mean": mean, "std": std, **overrides}
     if overrides.get("classifier") == "gap" and base.startswith("ViT-") and not base.endswith("-gap"):
         base, overrides = base + "-gap", {k: v for k, v in overrides.items() if k != "classifier"}
-    if isinstance(model_config(base), BiTConfig):
+    try:
+        named = model_config(base)
+    except ValueError:  # no variant: the closest of every name create_model takes
+        raise ValueError(unknown_model(name, also=[*timm_models(), *LAYER_SCALE_NAMES])) from None
+    if isinstance(named, BiTConfig):
         overrides = _bit_overrides(overrides)
     try:
         return model_config(base, **overrides)
     except TypeError as e:
-        raise ValueError(_unknown_keyword(name, type(model_config(base)), overrides, e)) from None
+        raise ValueError(_unknown_keyword(name, type(named), overrides, e)) from None
 
 
 def _timm_only_config(name: str, overrides: dict[str, Any]) -> ModelConfig:

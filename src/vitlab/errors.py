@@ -8,7 +8,9 @@ every layer raises them."""
 
 from __future__ import annotations
 
+import difflib
 import errno
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -60,3 +62,14 @@ class TrainingDiverged(VitlabError, RuntimeError):
 
 class PeerLost(VitlabError, RuntimeError):
     """Another process of the job stopped answering (killed, crashed, stopped or cut off): this one cannot go on."""
+
+
+def closest(word: str, names: Iterable[str], cutoff: float = 0.6) -> str | None:
+    """The one of `names` that `word` most likely misspells (case ignored: `vit-t/16` finds `ViT-Ti/16`), or None
+    when none is `cutoff` similar (difflib's ratio): what every "did you mean" offers, so that a model name, a
+    setting and a flag are matched alike."""
+    by_lower: dict[str, str] = {}
+    for name in names:
+        by_lower.setdefault(name.lower(), name)
+    match = difflib.get_close_matches(word.lower(), list(by_lower), n=1, cutoff=cutoff)
+    return by_lower[match[0]] if match else None

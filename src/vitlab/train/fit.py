@@ -16,7 +16,6 @@ on a terminal, the final `done:` line) unless `progress=False` or the program ha
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import logging
 import os
@@ -30,6 +29,7 @@ from typing import Any
 import torch
 
 from vitlab.data import build_datasets
+from vitlab.errors import closest
 from vitlab.files.rundir import CONFIG
 from vitlab.models.config import BiTConfig, ViTConfig
 from vitlab.ranges import MODEL_FLAGS
@@ -204,11 +204,11 @@ def _unknown_keyword(key: str) -> str:
         flag = MODEL_FIELD_FLAGS.get(key)
         return (f"vitlab.fit has no keyword {key!r}: it is a model setting; pass "
                 f"{f'{flag}=… (the --{flag} flag) or ' if flag else ''}model_args={{{key!r}: …}}")
-    close = difflib.get_close_matches(key, sorted(_KEYWORDS | _MODEL_SETTINGS), n=1)
-    if close and close[0] in _MODEL_SETTINGS:
-        return f"vitlab.fit has no keyword {key!r}; did you mean the model setting model_args={{{close[0]!r}: …}}?"
+    close = closest(key, sorted(_KEYWORDS | _MODEL_SETTINGS))
+    if close in _MODEL_SETTINGS:
+        return f"vitlab.fit has no keyword {key!r}; did you mean the model setting model_args={{{close!r}: …}}?"
     if close:
-        return f"vitlab.fit has no keyword {key!r}; did you mean {close[0]}?"
+        return f"vitlab.fit has no keyword {key!r}; did you mean {close}?"
     return (f"vitlab.fit has no keyword {key!r}: its keywords are vitlab train's flags (vitlab train --help), a "
             "model's own settings go in model_args")
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from vitlab.constants import canonical_setting
 from vitlab.data import build_datasets
+from vitlab.errors import closest
 from vitlab.files.rundir import CONFIG, MANIFEST, checkpoint_settings, list_checkpoints, run_dir_of
 from vitlab.models.config import BiTConfig, ViTConfig
 from vitlab.models.registry import architecture_differences, describe_architecture, model_config
@@ -261,7 +262,8 @@ def _check_known(values: Mapping[str, Any], what: str, extra: frozenset[str] = f
     known = {f.name for f in dataclasses.fields(TrainConfig)} | extra
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ValueError(f"unknown {what}: {', '.join(unknown)}")
+        guess = closest(unknown[0], sorted(known))
+        raise ValueError(f"unknown {what}: {', '.join(unknown)}" + (f"; did you mean {guess}?" if guess else ""))
 
 
 def _read_config_file(path: str) -> dict[str, Any]:
