@@ -1,4 +1,5 @@
-"""A flag the verb does not have is one line naming the flag it most likely misspells (exit 2, nothing run)."""
+"""A flag the verb does not have is one line naming the flag it most likely misspells, or, for another library's
+`--pretrained`, the vitlab spelling (exit 2, nothing run)."""
 
 import pytest
 
@@ -19,3 +20,10 @@ def test_a_misspelt_flag_names_the_flag_it_means(capsys):
     assert line.startswith("vitlab train: error: unrecognized arguments: --stpes 3; did you mean --steps?")
     assert "did you mean --pretrained?" in error_of(["models", "--pretraind"], capsys)
     assert "did you mean" not in error_of(["train", "--bogus"], capsys)  # nothing close: no guess
+
+
+@pytest.mark.parametrize("verb", ["train", "finetune"])
+def test_pretrained_points_to_finetune_init(verb, capsys):
+    line = error_of([verb, "--model", "vit_tiny_patch16_224", "--pretrained"], capsys)
+    assert f"vitlab {verb}: error: --pretrained: " in line
+    assert "vitlab finetune --init vit_tiny_patch16_224" in line

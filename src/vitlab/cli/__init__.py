@@ -68,8 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """`parser.parse_args`, with an unrecognized flag answered by the verb's parser with the flag it most likely
-    misspells."""
+    """`parser.parse_args`, with an unrecognized flag answered by the verb's parser: where a flag of other
+    libraries (`--pretrained`) lives in vitlab, or the flag it most likely misspells."""
     args, extras = parser.parse_known_args(argv)
     if extras:
         verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -80,6 +80,9 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
 
 def _unrecognized(verb: argparse.ArgumentParser, extras: list[str], args: argparse.Namespace) -> str:
     flags = [x.split("=", 1)[0] for x in extras if x.startswith("--")]
+    if "--pretrained" in flags and args.verb in ("train", "finetune"):
+        return (f"--pretrained: published weights are fine-tuned from their name or file with --init: vitlab "
+                f"finetune --init {args.model or 'NAME'}")
     options = {o.removeprefix("--"): o for o in verb._option_string_actions if o.startswith("--")}
     guess = next(filter(None, (closest(f.removeprefix("--"), options) for f in flags)), None)
     return f"unrecognized arguments: {' '.join(extras)}" + (f"; did you mean {options[guess]}?" if guess else "")
