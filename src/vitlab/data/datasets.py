@@ -103,10 +103,7 @@ def check_data_named(data: str) -> None:
 def _folder_datasets(root: Path, val_fraction: float | None, strict: bool) -> Datasets:
     train_dir, val_dir = folder_layout(root)
     if val_dir is None and not val_fraction:
-        raise DataError(
-            f"missing split: {root} has no val/ folder; add {root}/val/<class>/*.jpg or hold out part of the "
-            "training images with --val-fraction 0.1"
-        )
+        raise DataError(_missing_val(root, train_dir))
     class_names = class_folders(train_dir)
     train, skipped = scan_split(train_dir, class_names, "train", strict)
     if val_dir is not None and not val_fraction:
@@ -115,6 +112,26 @@ def _folder_datasets(root: Path, val_fraction: float | None, strict: bool) -> Da
     else:
         val = train.subset(np.arange(0), "val")  # replaced by the held-out part in build_datasets
     return Datasets(train, val, class_names, str(root), skipped)
+
+
+VAL_NAMES = ("val", "validation", "valid")  # what a validation folder beside the training one is called
+
+
+def _missing_val(root: Path, train_dir: Path) -> str:
+    """The fix for an image folder without a validation split. --data naming the training half of a pair
+    (photos/train beside photos/val) is answered with the pair's parent, as vitlab reads a split folder."""
+    hold_out = "hold out part of the training images with --val-fraction 0.1"
+    if train_dir != root:  # root/train/ without root/val/
+        return f"missing split: {root} has no val/ folder; add {root}/val/<class>/*.jpg or {hold_out}"
+    parent = root.parent
+    beside = next((parent / n for n in VAL_NAMES if (parent / n).is_dir() and parent / n != root), None)
+    if beside is None:
+        return (f"missing split: {root} holds the classes and no validation split; {hold_out}, or arrange the "
+                f"images as {root}/train/<class>/ and {root}/val/<class>/")
+    renames = [f"{old} to {parent / new}" for old, new in ((root, "train"), (beside, "val")) if old.name != new]
+    then = f"rename {' and '.join(renames)}, then " if renames else ""
+    return (f"missing split: {root} is a training split and {beside} is beside it: {then}pass --data {parent} "
+            f"(vitlab reads {parent}/train/ and {parent}/val/), or {hold_out}")
 
 
 def _shard_datasets(data: str, val_fraction: float | None, strict: bool) -> Datasets:
