@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from vitlab.data.transforms import model_transform
+from vitlab.errors import keyword_errors
 from vitlab.hub.catalogue import timm_models, timm_name
 from vitlab.models.config import BiTConfig, ModelConfig
 from vitlab.models.registry import build_model, model_config, unknown_model
@@ -39,6 +40,7 @@ POOLS = {"token": "token", "avg": "gap"}
 FEATURE_CLS = "getter"  # timm's name for a feature extractor built on forward_intermediates
 
 
+@keyword_errors
 def create_model(
     name: str, /, pretrained: bool | str = False, features_only: bool = False,
     out_indices: int | list[int] | tuple[int, ...] | None = None, feature_cls: str | None = None, **kwargs: Any,
@@ -240,6 +242,7 @@ def list_models(filter: str | list[str] = "", pretrained: bool = False) -> list[
     return list(dict.fromkeys(n for n, _ in named))
 
 
+@keyword_errors
 def load(
     path: str | os.PathLike,
     image_size: int | tuple[int, int] | None = None,
@@ -300,6 +303,7 @@ def _check_load_options(pretrained: Any, precision: Any, arch: Any) -> None:
         check_choice("precision", precision, PRECISIONS)
 
 
+@keyword_errors
 def save(model: nn.Module, path: str | os.PathLike, *, force: bool = False) -> None:
     """Write vitlab safetensors with the config in the metadata; `load(save(m))` is exact (class names and the
     evaluation resize a loaded model carries are kept). The write is atomic (temporary file + rename).
@@ -328,6 +332,7 @@ def save(model: nn.Module, path: str | os.PathLike, *, force: bool = False) -> N
     save_weights(model, path, meta={"eval_resize": resize} if resize else None, force=force)
 
 
+@keyword_errors
 def export_onnx(model_or_weights: nn.Module | str | os.PathLike, path: str | os.PathLike, *, precision: str = "fp32",
                 batch_size: int = 2, opset: int | None = None, force: bool = False) -> Any:
     """Write a model as ONNX with a dynamic batch dimension, after checking ONNX Runtime's output against
@@ -357,6 +362,7 @@ def export_onnx(model_or_weights: nn.Module | str | os.PathLike, path: str | os.
     return export(model_or_weights, path, precision=precision, batch_size=batch_size, opset=opset, force=force)
 
 
+@keyword_errors
 def fit(recipe: str | None = None, **settings: Any) -> Any:
     """Train, or fine-tune with `init=WEIGHTS`, as `vitlab train` / `vitlab finetune` do, showing the same progress;
     returns the result with the trained model (vitlab.train.fit).
@@ -378,6 +384,7 @@ def fit(recipe: str | None = None, **settings: Any) -> Any:
     return fit_run(recipe, **settings)
 
 
+@keyword_errors
 def transforms(model_or_weights: nn.Module | str | os.PathLike, train: bool = False, seed: int = 0,
                **train_options: Any) -> Callable[[Any], torch.Tensor]:
     """The pre-processing of a model as a callable image -> float32 (3, H, W) tensor; the image is a PIL image,

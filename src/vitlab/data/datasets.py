@@ -16,7 +16,7 @@ from vitlab.data.hf_split import HFSplit, hf_split, hf_train_val, is_hf_source, 
 from vitlab.data.shards import is_shard_source, open_shard_set, shard_split
 from vitlab.data.sources import ImageSplit
 from vitlab.data.strokes import is_strokes_source, strokes_splits
-from vitlab.errors import DataError
+from vitlab.errors import DataError, setting
 
 # Sources drawn by a formula (KIND:C:N[:SEED]): each gives its (train, val) pair, rendered or from the cache.
 _DRAWN = ((is_fractal_source, fractal_splits), (is_strokes_source, strokes_splits), (is_fonts_source, fonts_splits))
@@ -72,7 +72,7 @@ def build_datasets(data: str = "digits", val_fraction: float | None = None, stri
     way of choosing hyper-parameters without touching the test/val data). A folder without `val/` needs it.
     """
     if val_fraction is not None and not 0.0 <= val_fraction < 1.0:
-        raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+        raise DataError(f"{setting('val_fraction')} must be in [0, 1), got {val_fraction}")
     check_data_named(data)
     if is_embedded(data):
         train, val = embedded_splits(data)
@@ -96,8 +96,8 @@ def build_datasets(data: str = "digits", val_fraction: float | None = None, stri
 def check_data_named(data: str) -> None:
     """An empty --data would read the current directory (Path('') is '.'): refused with what to pass."""
     if not str(data).strip():
-        raise DataError("--data is empty; pass an image folder, tar shards, a Hugging Face dataset on disk, "
-                        "fractal:C:N, strokes:C:N, fonts:C:N or an embedded name (digits, mnist)")
+        raise DataError(f"{setting('data')} is empty; pass an image folder, tar shards, a Hugging Face dataset on "
+                        "disk, fractal:C:N, strokes:C:N, fonts:C:N or an embedded name (digits, mnist)")
 
 
 def _folder_datasets(root: Path, val_fraction: float | None, strict: bool) -> Datasets:
@@ -120,7 +120,7 @@ VAL_NAMES = ("val", "validation", "valid")  # what a validation folder beside th
 def _missing_val(root: Path, train_dir: Path) -> str:
     """The fix for an image folder without a validation split. --data naming the training half of a pair
     (photos/train beside photos/val) is answered with the pair's parent, as vitlab reads a split folder."""
-    hold_out = "hold out part of the training images with --val-fraction 0.1"
+    hold_out = f"hold out part of the training images with {setting('val_fraction', value=0.1)}"
     if train_dir != root:  # root/train/ without root/val/
         return f"missing split: {root} has no val/ folder; add {root}/val/<class>/*.jpg or {hold_out}"
     parent = root.parent
@@ -130,15 +130,15 @@ def _missing_val(root: Path, train_dir: Path) -> str:
                 f"images as {root}/train/<class>/ and {root}/val/<class>/")
     renames = [f"{old} to {parent / new}" for old, new in ((root, "train"), (beside, "val")) if old.name != new]
     then = f"rename {' and '.join(renames)}, then " if renames else ""
-    return (f"missing split: {root} is a training split and {beside} is beside it: {then}pass --data {parent} "
-            f"(vitlab reads {parent}/train/ and {parent}/val/), or {hold_out}")
+    return (f"missing split: {root} is a training split and {beside} is beside it: {then}pass "
+            f"{setting('data', value=str(parent))} (vitlab reads {parent}/train/ and {parent}/val/), or {hold_out}")
 
 
 def _shard_datasets(data: str, val_fraction: float | None, strict: bool) -> Datasets:
     shards = open_shard_set(data)
     if "val" not in shards.splits and not val_fraction:
         raise DataError(f"missing split: the shards {data} have no val split; pack one (vitlab shards SRC OUT "
-                        "--val-fraction 0.1) or hold out part of train with --val-fraction 0.1")
+                        f"--val-fraction 0.1) or hold out part of train with {setting('val_fraction', value=0.1)}")
     train = shard_split(shards, "train", strict=strict)
     val = shard_split(shards, "val", train.class_names, strict) if not val_fraction else train.subset(
         np.arange(0), "val")  # replaced by the held-out part in build_datasets
@@ -165,7 +165,7 @@ HOLDOUT_SEED = 0  # the seed `build_datasets` draws --val-fraction with: a run's
 
 def _check_fraction(val_fraction: float) -> None:
     if not 0.0 < val_fraction < 1.0:
-        raise DataError(f"--val-fraction must be in (0, 1), got {val_fraction}")
+        raise DataError(f"{setting('val_fraction')} must be in (0, 1), got {val_fraction}")
 
 
 def load_split(
@@ -212,7 +212,7 @@ def load_split(
 def _held_out(train: ImageSplit, val_fraction: float) -> tuple[ImageSplit, ImageSplit]:
     keep, held = train.holdout(val_fraction, seed=HOLDOUT_SEED)
     if not len(held):
-        raise DataError(f"--val-fraction {val_fraction:g} holds out no image of {train.name} "
+        raise DataError(f"{setting('val_fraction', value=val_fraction)} holds out no image of {train.name} "
                         f"({len(train)} images): raise it or add images")
     return train.subset(keep, "train"), train.subset(held, f"train[{val_fraction:g}]")
 

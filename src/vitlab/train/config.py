@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from vitlab.constants import SETTING_CHOICES, setting_words
+from vitlab.errors import setting
 from vitlab.ranges import EPOCHS, MODEL_FLAGS, MODEL_SIZES, SETTINGS, Range
 from vitlab.runtime.precision import check_precision
 from vitlab.train.finetune import tuning_problems
@@ -134,8 +135,9 @@ MODEL_FIELD_FLAGS = {field: dest for dest, field in MODEL_FLAGS.items()}  # mode
 
 
 def _flag(name: str) -> str:
-    """A setting (or an architecture flag's name: heads) as the command line spells its flag."""
-    return "--" + FLAG_NAMES.get(name, name).replace("_", "-")
+    """A setting (or an architecture flag's name: heads) as the caller spells it: the command line's flag, or a
+    vitlab.fit keyword (vitlab.errors.setting)."""
+    return setting(name, FLAG_NAMES.get(name, name))
 
 
 def _recorded(name: str) -> str:
@@ -186,7 +188,7 @@ def setting_problem(key: str, value: Any, label: str) -> str | None:
         try:
             check_precision(value, "train")
         except ValueError as err:  # the flag's words, about `label`
-            return label + str(err).removeprefix("--precision")
+            return label + str(err).removeprefix(setting("precision"))
     if key == "device" and not _valid_device(value):
         return f"unknown {label} {value!r}; use auto, cpu, cuda or cuda:N"
     return None

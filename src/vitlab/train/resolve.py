@@ -26,7 +26,7 @@ from typing import Any
 
 from vitlab.constants import canonical_setting
 from vitlab.data import build_datasets
-from vitlab.errors import closest
+from vitlab.errors import closest, setting
 from vitlab.files.rundir import CONFIG, MANIFEST, checkpoint_settings, list_checkpoints, run_dir_of
 from vitlab.models.config import BiTConfig, ViTConfig
 from vitlab.models.registry import architecture_differences, describe_architecture, model_config
@@ -179,9 +179,12 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
     if flags.get("resume"):
         if flags.get("out") and (Path(flags["out"]) / CONFIG).exists():
             return _resume(Path(flags["out"]), flags, recipe, epochs)
+        resume, out = setting("resume"), setting("out")
+        if not flags.get("out"):
+            raise ValueError(f"{resume} needs {out}: the run folder to continue")
         if flags["resume"] != "auto" and not _holds_sweep(flags.get("out")):  # a typo in --out starts nothing
-            raise ValueError(f"--resume: {flags.get('out')} holds no run to continue (no config.json); check --out, "
-                             "or pass --resume auto to start a run there when there is none")
+            raise ValueError(f"{resume}: {flags.get('out')} holds no run to continue (no config.json); check the {out} "
+                             f"path, or pass {setting('resume', value='auto')} to start a run there when there is none")
         flags["resume"] = _holds_sweep(flags.get("out"))
     layers = _Layers()
     file_values = _read_config_file(config_file) if config_file else {}
