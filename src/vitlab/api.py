@@ -20,9 +20,10 @@ import torch
 from torch import nn
 
 from vitlab.data.transforms import model_transform
-from vitlab.hub.catalogue import timm_name
+from vitlab.errors import keyword_errors
+from vitlab.hub.catalogue import timm_models, timm_name
 from vitlab.models.config import BiTConfig, ModelConfig
-from vitlab.models.registry import build_model, model_config
+from vitlab.models.registry import build_model, model_config, unknown_model
 from vitlab.models.timm_compat import FeatureExtractor
 from vitlab.ranges import check_choice
 from vitlab.weights.load import load as load_weights
@@ -39,6 +40,7 @@ POOLS = {"token": "token", "avg": "gap"}
 FEATURE_CLS = "getter"  # timm's name for a feature extractor built on forward_intermediates
 
 
+@keyword_errors
 def create_model(
     name: str, /, pretrained: bool | str = False, features_only: bool = False,
     out_indices: int | list[int] | tuple[int, ...] | None = None, feature_cls: str | None = None, **kwargs: Any,
@@ -127,12 +129,16 @@ def model_config_for(name: str, overrides: dict[str, Any]) -> ModelConfig:
         overrides = {"mean": mean, "std": std, **overrides}
     if overrides.get("classifier") == "gap" and base.startswith("ViT-") and not base.endswith("-gap"):
         base, overrides = base + "-gap", {k: v for k, v in overrides.items() if k != "classifier"}
-    if isinstance(model_config(base), BiTConfig):
+    try:
+        named = model_config(base)
+    except ValueError:  # no variant: the closest of every name create_model takes
+        raise ValueError(unknown_model(name, also=[*timm_models(), *LAYER_SCALE_NAMES])) from None
+    if isinstance(named, BiTConfig):
         overrides = _bit_overrides(overrides)
     try:
         return model_config(base, **overrides)
     except TypeError as e:
-        raise ValueError(_unknown_keyword(name, type(model_config(base)), overrides, e)) from None
+        raise ValueError(_unknown_keyword(name, type(named), overrides, e)) from None
 
 
 def _timm_only_config(name: str, overrides: dict[str, Any]) -> ModelConfig:
@@ -236,6 +242,7 @@ def list_models(filter: str | list[str] = "", pretrained: bool = False) -> list[
     return list(dict.fromkeys(n for n, _ in named))
 
 
+@keyword_errors
 def load(
     path: str | os.PathLike,
     image_size: int | tuple[int, int] | None = None,
@@ -296,6 +303,7 @@ def _check_load_options(pretrained: Any, precision: Any, arch: Any) -> None:
         check_choice("precision", precision, PRECISIONS)
 
 
+@keyword_errors
 def save(model: nn.Module, path: str | os.PathLike, *, force: bool = False) -> None:
     """Write vitlab safetensors with the config in the metadata; `load(save(m))` is exact (class names and the
     evaluation resize a loaded model carries are kept). The write is atomic (temporary file + rename).
@@ -324,6 +332,7 @@ def save(model: nn.Module, path: str | os.PathLike, *, force: bool = False) -> N
     save_weights(model, path, meta={"eval_resize": resize} if resize else None, force=force)
 
 
+@keyword_errors
 def export_onnx(model_or_weights: nn.Module | str | os.PathLike, path: str | os.PathLike, *, precision: str = "fp32",
                 batch_size: int = 2, opset: int | None = None, force: bool = False) -> Any:
     """Write a model as ONNX with a dynamic batch dimension, after checking ONNX Runtime's output against
@@ -353,6 +362,7 @@ def export_onnx(model_or_weights: nn.Module | str | os.PathLike, path: str | os.
     return export(model_or_weights, path, precision=precision, batch_size=batch_size, opset=opset, force=force)
 
 
+@keyword_errors
 def fit(recipe: str | None = None, **settings: Any) -> Any:
     """Train, or fine-tune with `init=WEIGHTS`, as `vitlab train` / `vitlab finetune` do, showing the same progress;
     returns the result with the trained model (vitlab.train.fit).
@@ -374,6 +384,7 @@ def fit(recipe: str | None = None, **settings: Any) -> Any:
     return fit_run(recipe, **settings)
 
 
+@keyword_errors
 def transforms(model_or_weights: nn.Module | str | os.PathLike, train: bool = False, seed: int = 0,
                **train_options: Any) -> Callable[[Any], torch.Tensor]:
     """The pre-processing of a model as a callable image -> float32 (3, H, W) tensor; the image is a PIL image,

@@ -21,6 +21,25 @@ FEWSHOT_RESIZE = "fewshot"  # big_vision common_fewshot; an eval resize may be u
 TRAIN_CROPS = ("inception", "inception-subpixel", "resize-random-crop")
 TRAIN_RESIZES = ("pil", "tensor")  # what resamples a training crop: PIL, or torch's uint8 kernel
 FREEZE_CHOICES = ("backbone",)  # backbone: everything but the classifier (head, and pre_logits when there is one)
+# Training settings whose value is one of a few words: TrainConfig is checked against them, the flags offer them.
+SETTING_CHOICES: dict[str, tuple[str, ...]] = {
+    "optimizer": ("adam", "sgd"), "decay": ("linear", "cosine", "step"), "loss": ("softmax", "sigmoid"),
+    "objective": ("classify", "mpp"), "mpp_target": ("mean-color", "mean-color-4x4", "pixels"),
+    "train_crop": TRAIN_CROPS, "train_resize": TRAIN_RESIZES, "eval_resize": EVAL_RESIZES,
+}
+# Other spellings a setting accepts for one of its words, replaced by that word as the settings are read (so a run
+# records one spelling): vitlab's adam already decouples weight decay, which is what other libraries call AdamW.
+SETTING_ALIASES: dict[str, dict[str, str]] = {"optimizer": {"adamw": "adam"}}
+
+
+def setting_words(key: str) -> tuple[str, ...]:
+    """Every word setting `key` accepts: its choices, then their other spellings."""
+    return SETTING_CHOICES[key] + tuple(SETTING_ALIASES.get(key, ()))
+
+
+def canonical_setting(key: str, value: object) -> object:
+    """`value` of setting `key` in the one spelling a run records (`adamw` -> `adam`); anything else unchanged."""
+    return SETTING_ALIASES.get(key, {}).get(value, value) if isinstance(value, str) else value
 
 
 def resize_before_crop(size: int) -> int:

@@ -9,8 +9,10 @@ imports no torch until a model is built.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from vitlab.errors import closest
 from vitlab.models.config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
 from vitlab.models.limits import check_blocks
 
@@ -61,6 +63,14 @@ def variant_names() -> list[str]:
     return vits + [f"{v}-gap" for v in vits] + list(HYBRIDS) + [f"BiT-{b}" for b in LISTED_BITS]
 
 
+def unknown_model(name: str, also: Iterable[str] = ()) -> str:
+    """The one line for a name that is no variant: the listed name it most likely misspells (among the variants
+    and `also`, the other names the caller accepts, e.g. timm's)."""
+    guess = closest(name, [*variant_names(), *also])
+    hint = f"did you mean {guess!r}? " if guess else ""
+    return f"unknown model {name!r}; {hint}`vitlab models` lists the names" + ("" if guess else " (e.g. 'ViT-B/16')")
+
+
 def model_config(name: str, /, **overrides: Any) -> ModelConfig:
     """The config for a variant name; keyword overrides replace fields (num_classes, image_size, …)."""
     if name in HYBRIDS:
@@ -75,7 +85,7 @@ def model_config(name: str, /, **overrides: Any) -> ModelConfig:
         depth, wf = m.groups()
         cfg = BiTConfig(layers=RESNET_DEPTHS[depth], width_factor=int(wf), name=name)
     else:
-        raise ValueError(f"unknown model {name!r}; `vitlab models` lists the names (e.g. 'ViT-B/16')")
+        raise ValueError(unknown_model(name))
     if not overrides:
         return cfg
     if set(overrides) - _NAME_KEEPING:  # e.g. depth=2: no longer the named variant
