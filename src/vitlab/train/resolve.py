@@ -278,7 +278,8 @@ def _read_config_file(path: str) -> dict[str, Any]:
 
 def _init_layer(layers: _Layers, init: str) -> InitWeights:
     """What fine-tuning takes from its initial weights: their resolution, architecture name and, for weights a
-    vitlab run wrote, that run's pre-processing."""
+    vitlab run wrote, that run's pre-processing (for other weights, the evaluation resize they carry: timm's for
+    the weights of a timm name)."""
     init_weights = read_init(init)
     checkpoint = init_weights.checkpoint
     config, source = checkpoint.config, f"weights {init}"
