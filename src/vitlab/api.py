@@ -28,7 +28,7 @@ from vitlab.models.timm_compat import FeatureExtractor
 from vitlab.ranges import check_choice
 from vitlab.weights.load import load as load_weights
 from vitlab.weights.load import preprocessing
-from vitlab.weights.timm_arch import LAYER_SCALE_NAMES, timm_config, timm_normalisation
+from vitlab.weights.timm_arch import LAYER_SCALE_NAMES, timm_config, timm_normalisation, timm_preprocessing
 from vitlab.weights.vitlab_format import save as save_weights
 
 # timm keyword -> vitlab config field (global_pool and class_token choose `classifier`, mlp_ratio `mlp_dim`)
@@ -65,6 +65,8 @@ def create_model(
         model = _load_pretrained(name, pretrained, overrides)
     else:
         model = build_model(model_config_for(name, overrides))
+        if _is_timm(name) or name.split(".", 1)[0] in LAYER_SCALE_NAMES:  # evaluated as timm evaluates its weights
+            model.eval_resize = timm_preprocessing(name)[0]
     if not features_only:
         if out_indices is not None:
             raise ValueError("out_indices applies only with features_only=True")
@@ -121,9 +123,7 @@ def model_config_for(name: str, overrides: dict[str, Any]) -> ModelConfig:
         return _timm_only_config(name, overrides)
     if timm is not None:
         base = timm.model
-        overrides = {"num_classes": timm.num_classes, **overrides}
-        if not timm.arch.startswith("resnetv2_"):
-            overrides = {"image_size": timm.resolution, **overrides}
+        overrides = {"num_classes": timm.num_classes, "image_size": timm_preprocessing(name)[1], **overrides}
     if timm is not None:  # timm's statistics for the weights of the name (DeiT, DINO, MAE: ImageNet's)
         mean, std = timm_normalisation(f"{timm.arch}.{timm.tag}" if timm.tag else timm.arch)
         overrides = {"mean": mean, "std": std, **overrides}

@@ -12,6 +12,8 @@ timm's transform vocabulary and vitlab's evaluation resizes (data/transforms.py)
   offset half to even where big_vision rounds the side and floors the offset, one pixel apart otherwise.
 - "resize-short-crop" (one resampling of the fractional central box) has no timm equivalent: crop_pct 1.0,
   "center" resizes first and crops after, which matches only when the resize enlarges the image.
+- "timm:INTERPOLATION:CROP_PCT[:squash]" (vitlab/constants.py timm_resize) is timm's transform itself, reported
+  field for field: identical pixels (a model made by a timm name evaluates so, weights/timm_arch.py).
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitlab.constants import FEWSHOT_RESIZE, resize_before_crop
+from vitlab.constants import check_eval_resize, resize_before_crop, timm_resize
 from vitlab.models.inputs import check_pixels
 from vitlab.ranges import is_int
 
 torch.fx.wrap("check_pixels")  # a torch.fx leaf: the trace runs the input check on the real tensor
 
-# How closely timm's transforms reproduce each vitlab evaluation resize (the cfg's "vitlab_eval_resize_in_timm").
+# How closely timm's transforms reproduce each vitlab evaluation resize (the cfg's "vitlab_eval_resize_in_timm");
+# a timm spelling is timm's own transform: "exact".
 TIMM_EXACTNESS = {
     "official": "exact",
     "big_vision": "exact for square sizes unless the long side or the centre offset rounds up (one pixel apart)",
@@ -43,12 +46,13 @@ def timm_eval_crop(image_size: tuple[int, int], eval_resize: str) -> dict[str, A
     them) that describe vitlab's evaluation pre-processing `eval_resize` (vitlab/constants.py) at `image_size`.
     timm resizes to floor(S / crop_pct), then crops S: "squash" ignores the aspect ratio, "center" keeps it."""
     side = max(image_size)
+    if (timm := timm_resize(check_eval_resize(eval_resize))) is not None:  # timm's transform: its fields as they are
+        interpolation, crop_pct, crop_mode = timm
+        return {"interpolation": interpolation, "crop_pct": crop_pct, "crop_mode": crop_mode}
     if eval_resize == "official":  # the whole image to S×S, aspect ignored (vit_jax input_pipeline)
         return {"interpolation": "bilinear", "crop_pct": 1.0, "crop_mode": "squash"}
     if eval_resize == "resize-short-crop":
         return {"interpolation": "bilinear", "crop_pct": 1.0, "crop_mode": "center"}
-    if eval_resize not in ("big_vision", FEWSHOT_RESIZE):
-        raise ValueError(f"unknown eval resize {eval_resize!r}")
     resized = resize_before_crop(side)
     mode = "center" if eval_resize == "big_vision" else "squash"  # few-shot: resize(r) ignoring the aspect
     return {"interpolation": "bilinear", "crop_pct": crop_pct_for(side, resized), "crop_mode": mode}
@@ -127,7 +131,7 @@ class TimmCompatMixin:
             "fixed_input_size": self._fixed_input_size,
             **timm_eval_crop(cfg.image_size, resize), "mean": tuple(cfg.mean), "std": tuple(cfg.std),
             "num_classes": cfg.num_classes, "first_conv": self._first_conv, "classifier": "head",
-            "vitlab_eval_resize": resize, "vitlab_eval_resize_in_timm": TIMM_EXACTNESS.get(resize, "unknown"),
+            "vitlab_eval_resize": resize, "vitlab_eval_resize_in_timm": TIMM_EXACTNESS.get(resize, "exact"),
         }  # fmt: skip
         return {**out, **(self._pretrained_cfg_overlay or {})}
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from vitlab.constants import SETTING_CHOICES, setting_words
+from vitlab.constants import SETTING_CHOICES, TIMM_RESIZE_PREFIX, setting_words, timm_resize
 from vitlab.errors import setting
 from vitlab.ranges import EPOCHS, MODEL_FLAGS, MODEL_SIZES, SETTINGS, Range
 from vitlab.runtime.precision import check_precision
@@ -90,7 +90,7 @@ class TrainConfig:
     train_crop: str = "inception"  # inception (TF's sampler), inception-subpixel, resize-random-crop (BiT)
     train_resize: str = "pil"  # what resamples the crop: pil, or tensor (torch's uint8 kernel, within 1 level)
     eval_resize: str = "official"  # official (whole image to S×S), big_vision (short side 8/7·S, central crop),
-    # resize-short-crop (short side S, central crop)
+    # resize-short-crop (short side S, central crop); timm:INTERPOLATION:CROP_PCT when the initial weights record it
     # run
     out: str = "runs/run"
     resume: bool = False
@@ -182,6 +182,12 @@ def setting_problem(key: str, value: Any, label: str) -> str | None:
     if key in SETTINGS:
         allowed = SETTINGS[key]
         return None if allowed.holds(value) else f"{label} must be {allowed.allowed()}, got {setting_text(value)}"
+    if key == "eval_resize" and isinstance(value, str) and value.startswith(TIMM_RESIZE_PREFIX):
+        try:  # timm's transform, as weights of a timm name record it (the flag offers vitlab's own resizes)
+            timm_resize(value)
+        except ValueError as err:
+            return f"{label}: {err}"
+        return None
     if key in SETTING_CHOICES and value not in setting_words(key):
         return f"unknown {label} {value!r}; use {', '.join(setting_words(key))}"
     if key == "precision":

@@ -296,7 +296,8 @@ def _read_config_file(path: str) -> dict[str, Any]:
 
 def _init_layer(layers: _Layers, init: str, init_weights: InitWeights | None = None) -> InitWeights:
     """What fine-tuning takes from its initial weights (read here unless given): their resolution, architecture
-    name and, for weights a vitlab run wrote, that run's pre-processing."""
+    name and, for weights a vitlab run wrote, that run's pre-processing (for other weights, the evaluation resize
+    they carry: timm's for the weights of a timm name)."""
     init_weights = init_weights or read_init(init)
     checkpoint = init_weights.checkpoint
     config, source = checkpoint.config, f"weights {init}"

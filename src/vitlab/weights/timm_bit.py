@@ -21,7 +21,7 @@ from vitlab.models.config import BiTConfig
 from vitlab.models.registry import RESNET_DEPTHS
 from vitlab.models.timm_keys import rename_key
 from vitlab.weights.tensors import units_per_stage
-from vitlab.weights.timm_arch import timm_eval_crop
+from vitlab.weights.timm_arch import timm_eval_crop, timm_preprocessing
 from vitlab.weights.validate import check_against, expected_shapes
 
 __all__ = ["TIMM_BITS", "is_timm_bit", "read_timm_bit", "timm_bit_hub_config", "to_timm_bit_state_dict"]
@@ -72,7 +72,7 @@ def read_timm_bit(
     opts.setdefault("num_classes", head.shape[0] if head is not None else 0)
     opts.setdefault("in_chans", root.shape[1] if root is not None and root.ndim == 4 else 3)
     pcfg = hub.get("pretrained_cfg") or {}
-    config = _config(opts, pcfg, named_by if hub else file)
+    config = _config(opts, pcfg, named_by if hub else file, timm_preprocessing(name)[1] if name else 224)
     expected = {rename_key(k, _TO_TIMM): (*s, 1, 1) if k == "head.weight" else s
                 for k, s in expected_shapes(config, named_by if hub else file,
                                             None if name and not args else len(tensors)).items()}  # fmt: skip
@@ -121,9 +121,10 @@ def _check_options(opts: dict[str, Any], source: Path) -> None:
                                        f"({key}={_BIT_OPTIONS[key]!r})", "use timm for this model")  # fmt: skip
 
 
-def _config(opts: dict[str, Any], pcfg: dict[str, Any], source: Path) -> BiTConfig:
+def _config(opts: dict[str, Any], pcfg: dict[str, Any], source: Path, default_size: int) -> BiTConfig:
+    """The input size is the file's, else the one timm evaluates the name's weights at (`default_size`)."""
     size = pcfg.get("input_size")
-    image_size = tuple(size[1:]) if isinstance(size, list | tuple) and len(size) == 3 else (224, 224)
+    image_size = tuple(size[1:]) if isinstance(size, list | tuple) and len(size) == 3 else (default_size,) * 2
     layers, wf = tuple(opts["layers"]), opts["width_factor"]
     depth = next((d for d, units in RESNET_DEPTHS.items() if units == layers), None)
     try:
