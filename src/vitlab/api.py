@@ -262,8 +262,8 @@ def load(
         arch: the timm architecture name of a bare timm state dict whose shapes alone do not determine it.
 
     Returns:
-        torch.nn.Module: The model with `.config`; a published checkpoint also carries `.hub_entry` and, for
-            ImageNet classifiers, `.class_names`.
+        The model with `.config`; a published checkpoint also carries `.hub_entry` and, for ImageNet
+            classifiers, `.class_names`.
 
     Raises:
         vitlab.weights.WeightsError: a file it cannot read, in one line naming the file, the tensor and the fix;
@@ -343,7 +343,7 @@ def export_onnx(model_or_weights: nn.Module | str | os.PathLike, path: str | os.
         force: replace an existing file that vitlab did not write.
 
     Returns:
-        vitlab.deploy.ExportReport: The export report (`.line()` says what was checked and how close).
+        The export report (`.line()` says what was checked and how close).
 
     Raises:
         ValueError: a failed check (nothing is written), or a wrong argument, named before anything is loaded.
