@@ -2,7 +2,19 @@
 (`vitlab.cli.reference`), and the API reference's second tier from the subpackages' `__all__`, so the
 documentation cannot drift from the command or the code."""
 
+from mkdocs.plugins import event_priority
+
 MARKER = "<!-- cli-reference -->"
+FILE_WORKER = "javascripts/file-worker.js"
+
+
+@event_priority(-100)  # after the offline plugin, which adds a polyfill fetched from unpkg.com
+def on_config(config, **kwargs):
+    # Search in a site opened as files needs its worker run in a frame (docs/javascripts/file-worker.js); the
+    # offline plugin's polyfill for it comes from the network, which a site read offline does not have.
+    polyfills = [p for p in config.extra.get("polyfills", []) if "iframe-worker" not in str(p)]
+    config.extra["polyfills"] = [*polyfills, FILE_WORKER]
+    return config
 
 
 def on_page_markdown(markdown, page, config, files, **kwargs):
