@@ -109,9 +109,11 @@ def test_the_tutorial_runs_from_photos_to_an_onnx_file(walked):
 
 
 def test_the_command_line_serves_the_onnx_file(walked):
-    cwd, _ = walked
+    cwd, outputs = walked
     (step,) = [s for s in tutorial.steps() if SERVING in s.code]
     output = _run(step, cwd)
     if output.startswith("exit "):
         pytest.skip(f"vitlab predict/eval do not read .onnx weights in this checkout yet: {output.splitlines()[1:2]}")
-    assert "cat" in output and "top-1" in output, output
+    # the class PyTorch gave the same photo (the page's Python block), then the evaluation's result line
+    pytorch = next(outputs[i] for i, s in enumerate(tutorial.steps()) if s.language == "python" and outputs[i])
+    assert f"cat/000.jpg: {pytorch.split()[0]} " in output and "top-1" in output, output

@@ -2,6 +2,7 @@
 (docs/tutorial/<name>.txt, included by the page) and its pictures (docs/tutorial/*.png).
 
     python docs/tutorial/make_tutorial.py            # from the repository root; a few minutes on 2 CPU cores
+    python docs/tutorial/make_tutorial.py DIR        # the same, leaving the run's files in DIR (new or empty)
 
 The page's steps are its ```bash and ```python blocks, in order; a ```text block after a step whose only line is
 `--8<-- "docs/tutorial/NAME.txt"` is that step's output. tests/test_docs_tutorial.py runs the same steps, read by
@@ -22,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 PAGE = HERE.parent / "tutorial.md"
 PICTURES = {  # what the run writes -> the picture the page shows
     "runs/photos/curves.png": "curves.png",
-    "runs/photos/confusion-photos-val.png": "confusion.png",
+    "runs/photos-eval/confusion-photos-val.png": "confusion.png",
     "runs/photos/analysis/attention_rollout.png": "attention_rollout.png",
 }
 MAX_PICTURE_BYTES = 100_000
@@ -93,7 +94,10 @@ def shrink(src: Path, dst: Path) -> None:
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        cwd = Path(tmp)
+        cwd = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tmp)
+        cwd.mkdir(parents=True, exist_ok=True)
+        if any(cwd.iterdir()):
+            raise SystemExit(f"{cwd} is not empty: the tutorial starts from an empty folder")
         for step in steps():
             try:
                 output = run_step(step, cwd)
