@@ -8,12 +8,15 @@ import importlib.util
 import re
 from pathlib import Path
 
+import pytest
+
 import vitlab
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _hooks():
+    pytest.importorskip("mkdocs")  # the hooks module is MkDocs's (the docs extra)
     spec = importlib.util.spec_from_file_location("mkdocs_hooks", ROOT / "mkdocs_hooks.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -9,10 +9,13 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_site_is_built_to_be_read_offline():
+    pytest.importorskip("mkdocs")  # the hooks module is MkDocs's (the docs extra)
     config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     assert "\n  - offline" in config and "font: false" in config
     spec = importlib.util.spec_from_file_location("mkdocs_hooks_site", ROOT / "mkdocs_hooks.py")
