@@ -221,9 +221,9 @@ def with_settings(model: nn.Module, settings: dict[str, Any]) -> nn.Module:
 def list_models(filter: str | list[str] = "", pretrained: bool = False) -> list[str]:
     """Model names. Without arguments: every vitlab variant (the ViTs of paper Table 1 and the official configs,
     their GAP versions, the hybrids, the BiT ResNetV2s). `filter`: shell-style patterns (timm's), matched against
-    vitlab's names and the timm names vitlab builds ("vit_*", "*reg4*", "ViT-B/*"). `pretrained=True`: names with
-    published weights instead, each loadable by `vitlab.load` / `create_model(..., pretrained=True)`: catalogue names
-    ("i21k:ViT-B/16") and timm's "ARCH.TAG" names, as timm lists them."""
+    vitlab's names and the timm names vitlab builds (`"vit_*"`, `"*reg4*"`, `"ViT-B/*"`). `pretrained=True`: names
+    with published weights instead, each loadable by `vitlab.load` / `create_model(..., pretrained=True)`:
+    catalogue names (`"i21k:ViT-B/16"`) and timm's `"ARCH.TAG"` names, as timm lists them."""
     import fnmatch
 
     from vitlab.hub import catalogue
@@ -269,9 +269,12 @@ def load(
         arch: the timm architecture name of a bare timm state dict whose shapes alone do not determine it.
 
     Returns:
-        The model (`torch.nn.Module`) with `.config`; a published checkpoint also carries `.hub_entry` and,
-        for ImageNet classifiers, `.class_names`. Raises `vitlab.weights.WeightsError` (one line naming the file,
-        the tensor and the fix) for a file it cannot read; nothing is loaded partially.
+        The model with `.config`; a published checkpoint also carries `.hub_entry` and, for ImageNet
+            classifiers, `.class_names`.
+
+    Raises:
+        vitlab.weights.WeightsError: a file it cannot read, in one line naming the file, the tensor and the fix;
+            nothing is loaded partially.
 
     `precision` (auto, fp32, bf16, int8; None: float32 as stored) prepares the model for inference as
     `vitlab eval --precision` does (vitlab.runtime.precision): `model.precision` is what the model computes in and
@@ -349,8 +352,11 @@ def export_onnx(model_or_weights: nn.Module | str | os.PathLike, path: str | os.
         force: replace an existing file that vitlab did not write.
 
     Returns:
-        The export report (`.line()` says what was checked and how close). A failed check raises ValueError
-        and writes nothing; a wrong argument is a TypeError or ValueError naming it, before anything is loaded.
+        The export report (`.line()` says what was checked and how close).
+
+    Raises:
+        ValueError: a failed check (nothing is written), or a wrong argument, named before anything is loaded.
+        TypeError: an argument of the wrong type, named before anything is loaded.
     """
     from vitlab.deploy import export_onnx as export_model
     from vitlab.deploy import export_weights
@@ -376,8 +382,11 @@ def fit(recipe: str | None = None, **settings: Any) -> Any:
             is: TypeError naming the keyword for an unknown keyword or a value of the wrong type, ValueError
             (the flag's one line) for a value outside its range; then resolved as the command line's are.
 
+    Example:
+        ```python
         result = vitlab.fit("finetune", init="vit.npz", data="photos/", epochs=10, out="runs/photos")
         result.metrics["top1"], result.out_dir, result.model
+        ```
     """
     from vitlab.train.fit import fit as fit_run
 
