@@ -28,6 +28,7 @@ from vitlab.ranges import check_choice
 from vitlab.weights.load import load as load_weights
 from vitlab.weights.load import preprocessing
 from vitlab.weights.timm_arch import LAYER_SCALE_NAMES, timm_config, timm_normalisation
+from vitlab.weights.timm_bit import TIMM_WS_EPS
 from vitlab.weights.vitlab_format import save as save_weights
 
 # timm keyword -> vitlab config field (global_pool and class_token choose `classifier`, mlp_ratio `mlp_dim`)
@@ -120,7 +121,9 @@ def model_config_for(name: str, overrides: dict[str, Any]) -> ModelConfig:
     if timm is not None:
         base = timm.model
         overrides = {"num_classes": timm.num_classes, **overrides}
-        if not timm.arch.startswith("resnetv2_"):
+        if timm.arch.startswith("resnetv2_"):  # timm's standardisation eps: timm's weights give timm's outputs
+            overrides = {"ws_eps": TIMM_WS_EPS, **overrides}
+        else:
             overrides = {"image_size": timm.resolution, **overrides}
     if timm is not None:  # timm's statistics for the weights of the name (DeiT, DINO, MAE: ImageNet's)
         mean, std = timm_normalisation(f"{timm.arch}.{timm.tag}" if timm.tag else timm.arch)

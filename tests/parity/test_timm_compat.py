@@ -10,6 +10,7 @@ from PIL import Image
 
 import vitlab
 from vitlab.hub import catalogue
+from vitlab.weights.timm_bit import TIMM_WS_EPS
 
 pytest.importorskip("timm")
 import timm  # noqa: E402
@@ -125,7 +126,8 @@ OTHER_ENTRIES = [e for e in catalogue.entries() if e.model and not (e.repo or ""
 @pytest.mark.parametrize("entry", OTHER_ENTRIES, ids=[e.name for e in OTHER_ENTRIES])
 def test_catalogue_architectures_have_their_timm_alias(entry):
     """Every other catalogue entry (official .npz, BiT .npz, google/* repos): timm's name for its architecture at
-    its resolution is an alias that builds the same vitlab model."""
+    its resolution is an alias that builds the same vitlab model (a BiT's with timm's weight-standardisation eps,
+    so that timm's weights give timm's outputs)."""
     from vitlab.weights.timm import timm_model_name
     from vitlab.weights.timm_bit import timm_bit_name
 
@@ -137,6 +139,9 @@ def test_catalogue_architectures_have_their_timm_alias(entry):
         assert name.endswith(f"_{entry.resolution}")  # timm registers the architecture at this resolution
     assert name in timm.list_models()
     alias = meta_model(name).config
+    if entry.model.startswith("BiT-"):
+        assert alias.ws_eps == TIMM_WS_EPS
+        alias = alias.replace(ws_eps=config.ws_eps)
     assert alias.replace(num_classes=0, image_size=config.image_size) == config.replace(num_classes=0)
 
 
