@@ -158,21 +158,21 @@ def test_cli_bad_file_exits_nonzero_with_one_line(tmp_path):
 
 def test_pruned_model_round_trips_through_save_and_load(tmp_path):
     model = vitlab.create_model("ViT-Ti/16", num_classes=3, image_size=32, depth=4, drop_path_rate=0.1).eval()
-    model.prune_intermediate_layers(indices=[1])
+    model.prune_intermediate_layers(indices=[1], prune_head=False)
     vitlab.save(model, tmp_path / "pruned.safetensors")
     loaded = vitlab.load(tmp_path / "pruned.safetensors")
     sample = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert torch.equal(loaded.forward_features(sample), model.forward_features(sample))
         assert torch.equal(loaded(sample), model(sample))
-    assert loaded.config.depth == 2 and loaded.config.num_classes == 0
+    assert loaded.config.depth == 2 and loaded.config.num_classes == 3
     # the kept blocks keep their stochastic-depth rates: 0.1·i/3 for i = 0, 1
     assert [getattr(b.drop_path, "p", 0.0) for b in loaded.blocks] == pytest.approx([0.0, 0.1 / 3])
 
 
 def test_a_model_without_its_final_norm_is_refused_at_save(tmp_path):
     model = vitlab.create_model("ViT-Ti/16", num_classes=3, image_size=32, depth=2)
-    model.prune_intermediate_layers(indices=1, prune_norm=True)
+    model.prune_intermediate_layers(indices=1, prune_norm=True, prune_head=False)
     with pytest.raises(ValueError) as refused:
         vitlab.save(model, tmp_path / "p.safetensors")
     message = str(refused.value)
