@@ -29,7 +29,9 @@ from vitlab.models.timm_keys import vitlab_key
 from vitlab.ranges import MAX_CLASSES, is_int
 
 # Leaves of a torch.fx trace: each branches on a type or a size, which symbolic tracing cannot evaluate, so the trace
-# records the call as one node that runs on real values (torch.fx.wrap acts on this module's names).
+# records the call as one node that runs on real values (torch.fx.wrap acts on this module's names). A traced model
+# therefore resamples its position table on each call at a non-native size, where eager inference reuses it: one
+# small interpolation (BENCHMARKS.md, "Bounds and choices in the code").
 for _leaf in ("check_pixels", "check_tokens", "pad_to_stride", "resample_pos_embed", "resample_1d",
               "resample_relative_table", "relative_position_index"):
     torch.fx.wrap(_leaf)
