@@ -22,13 +22,14 @@ from torch import nn
 from vitlab.data.transforms import model_transform
 from vitlab.errors import keyword_errors
 from vitlab.hub.catalogue import timm_models, timm_name
-from vitlab.models.config import BiTConfig, ModelConfig
+from vitlab.models.config import BiTConfig, ModelConfig, ViTConfig
 from vitlab.models.registry import build_model, model_config, unknown_model
 from vitlab.models.timm_compat import FeatureExtractor
 from vitlab.ranges import check_choice
 from vitlab.weights.load import load as load_weights
 from vitlab.weights.load import preprocessing
 from vitlab.weights.timm_arch import LAYER_SCALE_NAMES, timm_config, timm_normalisation, timm_preprocessing
+from vitlab.weights.timm_bit import TIMM_WS_EPS
 from vitlab.weights.vitlab_format import save as save_weights
 
 # timm keyword -> vitlab config field (global_pool and class_token choose `classifier`, mlp_ratio `mlp_dim`)
@@ -77,7 +78,10 @@ def create_model(
 
 
 def vitlab_overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """timm's keywords as vitlab config fields; the pooling keywords as vitlab's `classifier`."""
+    """timm's keywords as vitlab config fields; the pooling keywords as vitlab's `classifier`. `mlp_ratio` stays for
+    model_config_for, which knows the name: timm's embed_dim without mlp_ratio keeps the name's ratio ("mlp_ratio":
+    None), as timm computes the MLP width from the two; vitlab's `width` replaces the width alone (mlp_dim is a
+    field of its own)."""
     # dynamic_img_size: vitlab models take any input size divisible by the patch size, with it or without it
     skip = ("global_pool", "class_token", "dynamic_img_size", "no_embed_class")
     out = {TIMM_KEYWORDS.get(k, k): v for k, v in kwargs.items() if k not in skip}
@@ -86,15 +90,14 @@ def vitlab_overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
     both = [k for k in kwargs if k in TIMM_KEYWORDS and TIMM_KEYWORDS[k] in kwargs]
     if both:
         raise ValueError(f"{both[0]} and {TIMM_KEYWORDS[both[0]]} name the same setting; pass one")
+    if "mlp_ratio" in out and "mlp_dim" in out:
+        raise ValueError("mlp_ratio and mlp_dim name the same setting (mlp_dim = int(width · mlp_ratio)); pass one")
     if "mlp_ratio" in out:
-        ratio, width = out.pop("mlp_ratio"), out.get("width")
-        if width is None:
-            raise ValueError("mlp_ratio needs embed_dim (or width) beside it; or pass mlp_dim")
+        ratio = out["mlp_ratio"]
         if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio < float("inf"):
             raise ValueError(f"mlp_ratio must be a positive number (e.g. 4.0), got {ratio!r}")
-        if isinstance(width, bool) or not isinstance(width, int):
-            raise ValueError(f"embed_dim (width) must be a positive integer, got {width!r}")
-        out["mlp_dim"] = int(width * ratio)
+    elif "embed_dim" in kwargs and "mlp_dim" not in out:
+        out["mlp_ratio"] = None  # timm's rule with the name's own ratio (model_config_for)
     pool, cls = kwargs.get("global_pool"), kwargs.get("class_token")
     if pool is not None or cls is not None:
         out["classifier"] = _classifier(pool, cls)
@@ -117,6 +120,8 @@ def _classifier(pool: str | None, class_token: bool | None) -> str:
 
 def model_config_for(name: str, overrides: dict[str, Any]) -> ModelConfig:
     """The config of a vitlab or timm name with vitlab-field overrides; ValueError naming a bad keyword."""
+    if "mlp_ratio" in overrides:
+        overrides = _with_mlp_dim(name, dict(overrides))
     timm = timm_name(name)
     base = name
     if timm is None and name.split(".", 1)[0] in LAYER_SCALE_NAMES:  # timm's register / layer-scale models
@@ -124,6 +129,8 @@ def model_config_for(name: str, overrides: dict[str, Any]) -> ModelConfig:
     if timm is not None:
         base = timm.model
         overrides = {"num_classes": timm.num_classes, "image_size": timm_preprocessing(name)[1], **overrides}
+        if timm.arch.startswith("resnetv2_"):  # timm's standardisation eps: timm's weights give timm's outputs
+            overrides = {"ws_eps": TIMM_WS_EPS, **overrides}
     if timm is not None:  # timm's statistics for the weights of the name (DeiT, DINO, MAE: ImageNet's)
         mean, std = timm_normalisation(f"{timm.arch}.{timm.tag}" if timm.tag else timm.arch)
         overrides = {"mean": mean, "std": std, **overrides}
@@ -139,6 +146,24 @@ def model_config_for(name: str, overrides: dict[str, Any]) -> ModelConfig:
         return model_config(base, **overrides)
     except TypeError as e:
         raise ValueError(_unknown_keyword(name, type(named), overrides, e)) from None
+
+
+def _with_mlp_dim(name: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """`mlp_ratio` (None: the name's) as mlp_dim by timm's rule, int(width · mlp_ratio), the width the override's
+    or the name's. The name's ratio is timm's for its own names (5.6 for vit_little, 2.572 for so150m: not
+    mlp_dim / width, which rounding moved), else mlp_dim / width."""
+    ratio = overrides.pop("mlp_ratio")
+    named = model_config_for(name, {})
+    if not isinstance(named, ViTConfig):
+        raise ValueError(f"{name} takes no keyword 'mlp_ratio': it is not a ViT")
+    arch = name.split(".", 1)[0]
+    if ratio is None:
+        ratio = LAYER_SCALE_NAMES[arch][4] if arch in LAYER_SCALE_NAMES else named.mlp_dim / named.width
+    width = overrides.get("width", named.width)
+    if isinstance(width, bool) or not isinstance(width, int):
+        raise ValueError(f"embed_dim (width) must be a positive integer, got {width!r}")
+    overrides["mlp_dim"] = int(width * ratio)
+    return overrides
 
 
 def _timm_only_config(name: str, overrides: dict[str, Any]) -> ModelConfig:

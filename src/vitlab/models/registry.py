@@ -49,8 +49,10 @@ LISTED_VITS = ["Ti/16", "S/16", "S/32", "B/8", "B/16", "B/32", "L/16", "L/32", "
 # big_transfer's released BiT-S/BiT-M models and the paper's Table 6 (R50x2, R152x1, R200x3)
 LISTED_BITS = ["R50x1", "R50x2", "R50x3", "R101x1", "R101x3", "R152x1", "R152x2", "R152x4", "R200x3"]
 
-# Overrides that leave the architecture the named one (head size, input size, regularisation, normalisation).
-_NAME_KEEPING = {"num_classes", "image_size", "dropout", "attn_dropout", "drop_path_rate", "mean", "std", "name"}
+# Overrides that leave the architecture the named one (head size, input size, regularisation, normalisation, BiT's
+# weight-standardisation eps: the numerics of the weights' source, 1e-10 big_transfer's, 1e-8 timm's).
+_NAME_KEEPING = {"num_classes", "image_size", "dropout", "attn_dropout", "drop_path_rate", "mean", "std", "name",
+                 "ws_eps"}  # fmt: skip
 
 _VIT_NAME = re.compile(r"^ViT-(Ti|S|B|L|H)/(\d+)(-gap)?$")
 _BIT_NAME = re.compile(r"^BiT-R(26|50|101|152|200)x(\d+)$")

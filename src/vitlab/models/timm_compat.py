@@ -165,9 +165,14 @@ class ViTTimmMixin(TimmCompatMixin):
     # timm's attribute names for what the config says; dynamic_img_size: vitlab takes any multiple of the patch size
     dynamic_img_size = True
     _fixed_input_size = True
+    # timm's global_pool "" (prune_intermediate_layers(prune_head=True), reset_classifier(n, "")): forward_head
+    # returns the tokens as they come, a head acting on each; no config describes it, so vitlab.save refuses it
+    unpooled = False
 
     @property
     def global_pool(self) -> str:
+        if self.unpooled:
+            return ""
         return "token" if self.config.classifier == "token" else "avg"
 
     @property
@@ -258,9 +263,11 @@ class ViTTimmMixin(TimmCompatMixin):
 
     def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False,
                                   prune_head: bool = True) -> list[int]:
-        """timm's: drop the blocks after the last index taken (and the head, and the final norm if asked). The
-        config follows (depth, no head), so that `vitlab.save` writes a file `load` rebuilds; a pruned final norm
-        or fc_norm has no config field, and `save` refuses that model."""
+        """timm's: drop the blocks after the last index taken (and the final norm if asked). Pruning the head is
+        timm's too: fc_norm, the representation layer and the classifier go, and nothing pools (global_pool ""), so
+        `forward` returns the (N, T, D) tokens. The config follows the depth, so that `vitlab.save` writes a file
+        `load` rebuilds with prune_head=False; a pruned head or final norm has no config field, and `save` refuses
+        that model."""
         take, max_index = feature_take_indices(len(self.blocks), indices)
         cfg, depth = self.config, len(self.blocks)
         self.blocks = self.blocks[: max_index + 1]
@@ -271,7 +278,7 @@ class ViTTimmMixin(TimmCompatMixin):
             self.norm = nn.Identity()
         if prune_head:  # the LayerNorm after pooling goes with the head, as timm prunes
             self.fc_norm, self.pre_logits, self.head = None, None, nn.Identity()
-            self.num_features = cfg.width
+            self.num_features, self.unpooled = cfg.width, True
             changes.update(num_classes=0, representation_size=None)
         self.config = cfg.replace(**changes)
         return take
