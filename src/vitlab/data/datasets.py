@@ -18,7 +18,7 @@ from vitlab.data.objects import is_dataset_object, is_object_description, object
 from vitlab.data.shards import is_shard_source, open_shard_set, shard_split
 from vitlab.data.sources import ImageSplit
 from vitlab.data.strokes import is_strokes_source, strokes_splits
-from vitlab.errors import DataError
+from vitlab.errors import DataError, setting
 
 # Sources drawn by a formula (KIND:C:N[:SEED]): each gives its (train, val) pair, rendered or from the cache.
 _DRAWN = ((is_fractal_source, fractal_splits), (is_strokes_source, strokes_splits), (is_fonts_source, fonts_splits))
@@ -75,7 +75,7 @@ def build_datasets(data: Any = "digits", val_fraction: float | None = None, stri
     way of choosing hyper-parameters without touching the test/val data). A folder without `val/` needs it.
     """
     if val_fraction is not None and not 0.0 <= val_fraction < 1.0:
-        raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+        raise DataError(f"{setting('val_fraction')} must be in [0, 1), got {val_fraction}")
     if is_dataset_object(data):
         ds = _object_datasets(data, val_fraction)
     else:
@@ -117,17 +117,14 @@ def check_data_named(data: str) -> None:
         raise DataError(f"--data {str(data)[:120]} names a dataset object a vitlab.fit run was given; it cannot be "
                         "read from its description: pass the same object to vitlab.fit(data=...)")
     if not str(data).strip():
-        raise DataError("--data is empty; pass an image folder, tar shards, a Hugging Face dataset on disk, "
-                        "fractal:C:N, strokes:C:N, fonts:C:N or an embedded name (digits, mnist)")
+        raise DataError(f"{setting('data')} is empty; pass an image folder, tar shards, a Hugging Face dataset on "
+                        "disk, fractal:C:N, strokes:C:N, fonts:C:N or an embedded name (digits, mnist)")
 
 
 def _folder_datasets(root: Path, val_fraction: float | None, strict: bool) -> Datasets:
     train_dir, val_dir = folder_layout(root)
     if val_dir is None and not val_fraction:
-        raise DataError(
-            f"missing split: {root} has no val/ folder; add {root}/val/<class>/*.jpg or hold out part of the "
-            "training images with --val-fraction 0.1"
-        )
+        raise DataError(_missing_val(root, train_dir))
     class_names = class_folders(train_dir)
     train, skipped = scan_split(train_dir, class_names, "train", strict)
     if val_dir is not None and not val_fraction:
@@ -138,11 +135,31 @@ def _folder_datasets(root: Path, val_fraction: float | None, strict: bool) -> Da
     return Datasets(train, val, class_names, str(root), skipped)
 
 
+VAL_NAMES = ("val", "validation", "valid")  # what a validation folder beside the training one is called
+
+
+def _missing_val(root: Path, train_dir: Path) -> str:
+    """The fix for an image folder without a validation split. --data naming the training half of a pair
+    (photos/train beside photos/val) is answered with the pair's parent, as vitlab reads a split folder."""
+    hold_out = f"hold out part of the training images with {setting('val_fraction', value=0.1)}"
+    if train_dir != root:  # root/train/ without root/val/
+        return f"missing split: {root} has no val/ folder; add {root}/val/<class>/*.jpg or {hold_out}"
+    parent = root.parent
+    beside = next((parent / n for n in VAL_NAMES if (parent / n).is_dir() and parent / n != root), None)
+    if beside is None:
+        return (f"missing split: {root} holds the classes and no validation split; {hold_out}, or arrange the "
+                f"images as {root}/train/<class>/ and {root}/val/<class>/")
+    renames = [f"{old} to {parent / new}" for old, new in ((root, "train"), (beside, "val")) if old.name != new]
+    then = f"rename {' and '.join(renames)}, then " if renames else ""
+    return (f"missing split: {root} is a training split and {beside} is beside it: {then}pass "
+            f"{setting('data', value=str(parent))} (vitlab reads {parent}/train/ and {parent}/val/), or {hold_out}")
+
+
 def _shard_datasets(data: str, val_fraction: float | None, strict: bool) -> Datasets:
     shards = open_shard_set(data)
     if "val" not in shards.splits and not val_fraction:
         raise DataError(f"missing split: the shards {data} have no val split; pack one (vitlab shards SRC OUT "
-                        "--val-fraction 0.1) or hold out part of train with --val-fraction 0.1")
+                        f"--val-fraction 0.1) or hold out part of train with {setting('val_fraction', value=0.1)}")
     train = shard_split(shards, "train", strict=strict)
     val = shard_split(shards, "val", train.class_names, strict) if not val_fraction else train.subset(
         np.arange(0), "val")  # replaced by the held-out part in build_datasets
@@ -169,7 +186,7 @@ HOLDOUT_SEED = 0  # the seed `build_datasets` draws --val-fraction with: a run's
 
 def _check_fraction(val_fraction: float) -> None:
     if not 0.0 < val_fraction < 1.0:
-        raise DataError(f"--val-fraction must be in (0, 1), got {val_fraction}")
+        raise DataError(f"{setting('val_fraction')} must be in (0, 1), got {val_fraction}")
 
 
 def load_split(
@@ -216,7 +233,7 @@ def load_split(
 def _held_out(train: ImageSplit, val_fraction: float) -> tuple[ImageSplit, ImageSplit]:
     keep, held = train.holdout(val_fraction, seed=HOLDOUT_SEED)
     if not len(held):
-        raise DataError(f"--val-fraction {val_fraction:g} holds out no image of {train.name} "
+        raise DataError(f"{setting('val_fraction', value=val_fraction)} holds out no image of {train.name} "
                         f"({len(train)} images): raise it or add images")
     return train.subset(keep, "train"), train.subset(held, f"train[{val_fraction:g}]")
 

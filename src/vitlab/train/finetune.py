@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from vitlab.constants import FREEZE_CHOICES
+from vitlab.errors import setting
 
 WARMUP_POWER = 2 / 3  # timm ModelEmaV3's warmup_power default (warmup_gamma 1)
 
@@ -197,26 +198,30 @@ _HEAD = ("head", "pre_logits")
 
 
 def tuning_problems(cfg: Any) -> list[str]:
-    """The fine-tuning settings against each other (vitlab.train.config.validate reports them)."""
+    """The fine-tuning settings against each other (vitlab.train.config.validate reports them), named as the caller
+    spells them (vitlab.errors.setting)."""
+    freeze, lora, targets = setting("freeze"), setting("lora_rank", "lora"), setting("lora_targets")
     problems = []
     if cfg.freeze is not None and cfg.freeze not in FREEZE_CHOICES:
-        problems.append(f"unknown --freeze {cfg.freeze!r}; use {', '.join(FREEZE_CHOICES)}")
+        problems.append(f"unknown {freeze} {cfg.freeze!r}; use {', '.join(FREEZE_CHOICES)}")
     if cfg.lora_rank and cfg.freeze:
-        problems.append("--lora already freezes the backbone (only the adapters and the head train): leave --freeze "
+        problems.append(f"{lora} already freezes the backbone (only the adapters and the head train): leave {freeze} "
                         "out")
     if (cfg.lora_alpha is not None or cfg.lora_targets != ("qkv",)) and not cfg.lora_rank:
-        problems.append("--lora-alpha and --lora-targets shape LoRA adapters: add --lora RANK")
+        problems.append(f"{setting('lora_alpha')} and {targets} shape LoRA adapters: add "
+                        f"{setting('lora_rank', 'lora', 'RANK')}")
     unknown = [t for t in cfg.lora_targets if t not in LORA_TARGETS]
     if unknown or not cfg.lora_targets or len(set(cfg.lora_targets)) != len(cfg.lora_targets):
-        problems.append(f"--lora-targets {','.join(cfg.lora_targets) or '(none)'}: name each once, from "
+        problems.append(f"{targets} {','.join(cfg.lora_targets) or '(none)'}: name each once, from "
                         f"{', '.join(LORA_TARGETS)}")
     if cfg.ema_warmup and not cfg.ema:
-        problems.append("--ema-warmup warms up the EMA's decay: add --ema-decay D (or --ema D; e.g. 0.9998)")
+        problems.append(f"{setting('ema_warmup')} warms up the EMA's decay: add {setting('ema', 'ema-decay', 'D')} "
+                        "(e.g. 0.9998)")
     if cfg.objective != "classify" and (cfg.freeze or cfg.lora_rank or cfg.layer_decay is not None):
-        problems.append("--freeze, --lora and --layer-decay fine-tune a classifier: use them with --objective "
-                        "classify")
+        problems.append(f"{freeze}, {lora} and {setting('layer_decay')} fine-tune a classifier: use them with "
+                        f"{setting('objective', value='classify')}")
     if cfg.lora_rank and cfg.fsdp:
-        problems.append("--lora trains a few adapters; run it with DDP, not --fsdp")
+        problems.append(f"{lora} trains a few adapters; run it with DDP, not {setting('fsdp')}")
     return problems
 
 

@@ -27,7 +27,6 @@ rates (`lr_sweep`) nor measure few-shot accuracy (`fewshot_every`), which read t
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import logging
 import os
@@ -42,6 +41,7 @@ import torch
 
 from vitlab.data import Datasets, build_datasets
 from vitlab.data.objects import OBJECT_PREFIX, is_dataset_object
+from vitlab.errors import closest
 from vitlab.files.digest import tensors_fingerprint
 from vitlab.files.rundir import CONFIG
 from vitlab.models.config import BiTConfig, ViTConfig
@@ -272,11 +272,11 @@ def _unknown_keyword(key: str) -> str:
         flag = MODEL_FIELD_FLAGS.get(key)
         return (f"vitlab.fit has no keyword {key!r}: it is a model setting; pass "
                 f"{f'{flag}=… (the --{flag} flag) or ' if flag else ''}model_args={{{key!r}: …}}")
-    close = difflib.get_close_matches(key, sorted(_KEYWORDS | _MODEL_SETTINGS), n=1)
-    if close and close[0] in _MODEL_SETTINGS:
-        return f"vitlab.fit has no keyword {key!r}; did you mean the model setting model_args={{{close[0]!r}: …}}?"
+    close = closest(key, sorted(_KEYWORDS | _MODEL_SETTINGS))
+    if close in _MODEL_SETTINGS:
+        return f"vitlab.fit has no keyword {key!r}; did you mean the model setting model_args={{{close!r}: …}}?"
     if close:
-        return f"vitlab.fit has no keyword {key!r}; did you mean {close[0]}?"
+        return f"vitlab.fit has no keyword {key!r}; did you mean {close}?"
     return (f"vitlab.fit has no keyword {key!r}: its keywords are vitlab train's flags (vitlab train --help), a "
             "model's own settings go in model_args")
 

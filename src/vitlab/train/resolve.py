@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vitlab.constants import canonical_setting
 from vitlab.data import build_datasets
 from vitlab.data.objects import is_object_description
+from vitlab.errors import closest, setting
 from vitlab.files.rundir import CONFIG, MANIFEST, checkpoint_settings, list_checkpoints, run_dir_of
 from vitlab.models.config import BiTConfig, ViTConfig
 from vitlab.models.registry import architecture_differences, describe_architecture, model_config
@@ -181,15 +183,18 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
     """Resolve a run's settings; `flags` are the TrainConfig fields given explicitly (None = not given).
     `data`: the Datasets, if already built (otherwise built here when a rule needs them); `init_weights`: the
     initial weights already read (a model object: `flags["init"]` is then its description)."""
-    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    flags = {k: canonical_setting(k, v) for k, v in (flags or {}).items() if v is not None}
     epochs = check_epochs(flags)  # --epochs N: the steps once the data and batch are known (train/rules.py)
     _check_known(flags, "training settings")
     if flags.get("resume"):
         if flags.get("out") and (Path(flags["out"]) / CONFIG).exists():
             return _resume(Path(flags["out"]), flags, recipe, epochs)
+        resume, out = setting("resume"), setting("out")
+        if not flags.get("out"):
+            raise ValueError(f"{resume} needs {out}: the run folder to continue")
         if flags["resume"] != "auto" and not _holds_sweep(flags.get("out")):  # a typo in --out starts nothing
-            raise ValueError(f"--resume: {flags.get('out')} holds no run to continue (no config.json); check --out, "
-                             "or pass --resume auto to start a run there when there is none")
+            raise ValueError(f"{resume}: {flags.get('out')} holds no run to continue (no config.json); check the {out} "
+                             f"path, or pass {setting('resume', value='auto')} to start a run there when there is none")
         flags["resume"] = _holds_sweep(flags.get("out"))
     layers = _Layers()
     file_values = _read_config_file(config_file) if config_file else {}
@@ -271,7 +276,8 @@ def _check_known(values: Mapping[str, Any], what: str, extra: frozenset[str] = f
     known = {f.name for f in dataclasses.fields(TrainConfig)} | extra
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ValueError(f"unknown {what}: {', '.join(unknown)}")
+        guess = closest(unknown[0], sorted(known))
+        raise ValueError(f"unknown {what}: {', '.join(unknown)}" + (f"; did you mean {guess}?" if guess else ""))
 
 
 def _read_config_file(path: str) -> dict[str, Any]:
@@ -282,6 +288,7 @@ def _read_config_file(path: str) -> dict[str, Any]:
     _check_known(values, f"settings in --config {path}", RUN_RECORD_KEYS)
     values = {k: v for k, v in values.items() if k not in RUN_RECORD_KEYS and k not in ("resume", "auto")}
     check_types(values, f"--config {path}")
+    values = {k: canonical_setting(k, v) for k, v in values.items()}
     if "model_args" in values:
         check_model_args_type(values["model_args"], f"--config {path}")
     return values
@@ -289,7 +296,8 @@ def _read_config_file(path: str) -> dict[str, Any]:
 
 def _init_layer(layers: _Layers, init: str, init_weights: InitWeights | None = None) -> InitWeights:
     """What fine-tuning takes from its initial weights (read here unless given): their resolution, architecture
-    name and, for weights a vitlab run wrote, that run's pre-processing."""
+    name and, for weights a vitlab run wrote, that run's pre-processing (for other weights, the evaluation resize
+    they carry: timm's for the weights of a timm name)."""
     init_weights = init_weights or read_init(init)
     checkpoint = init_weights.checkpoint
     config, source = checkpoint.config, f"weights {init}"

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.data import DataError, build_datasets
+from vitlab.errors import setting
 from vitlab.train.recipes import (
     EPOCHS,
     FINETUNE_PRESETS,
@@ -170,9 +171,10 @@ def check_epochs(flags: dict[str, Any]) -> float | None:
     if epochs is None:
         return None
     if isinstance(epochs, bool) or not isinstance(epochs, int | float) or not math.isfinite(epochs) or epochs <= 0:
-        raise ValueError(f"--epochs must be a positive number, got {epochs}")
+        raise ValueError(f"{setting('epochs')} must be a positive number, got {epochs}")
     if flags.get("steps") is not None:
-        raise ValueError(f"--epochs {epochs:g} and --steps {flags['steps']} both set the run's length; pass one")
+        raise ValueError(f"{setting('epochs', value=epochs)} and {setting('steps', value=flags['steps'])} both set "
+                         "the run's length; pass one")
     return float(epochs)
 
 
@@ -240,8 +242,8 @@ def steps_on_resume(record: dict[str, Any], epochs: float, path: Path) -> int:
     try:
         images, batch = int(record["train_images"]), int(record["batch_size"])
     except (ValueError, KeyError, TypeError):
-        raise ValueError(f"--epochs with --resume: {path} does not record the run's training images and batch; pass "
-                         "--steps instead") from None
+        raise ValueError(f"{setting('epochs')} with {setting('resume')}: {path} does not record the run's training "
+                         f"images and batch; pass {setting('steps')} instead") from None
     return steps_for(epochs, images, batch)
 
 

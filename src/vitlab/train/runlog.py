@@ -335,8 +335,10 @@ def estimate_line(stats: dict[str, float], workers: int, remaining: int, measure
 _SHOWN_ELSEWHERE = {"out", "recipe", "data", "model", "model_args", "init"}
 
 
-def settings_lines(resolved: Resolved) -> list[str]:
-    """Every setting as `value`, grouped by source, then the notes: what --print-config prints."""
+def settings_lines(resolved: Resolved, defaults: bool = True) -> list[str]:
+    """Every setting as `value`, grouped by source, then the notes: what --print-config prints. `defaults=False`
+    (the banner) counts the settings left at vitlab's defaults instead of listing them: config.json records every
+    value, and the banner keeps to what the recipe, the weights and the flags chose."""
     values = resolved.config.to_dict()
     groups: dict[str, list[str]] = {}
     for key, value in values.items():
@@ -348,6 +350,9 @@ def settings_lines(resolved: Resolved) -> list[str]:
              + (f" {_fmt(values['model_args'])}" if values["model_args"] else "")
              + (f", initial weights {values['init']}" if values["init"] else "") + f", out {values['out']}"]
     for source in order:
+        if source == "default" and not defaults:
+            lines.append(f"  from default: {len(groups[source])} other settings (config.json lists every value)")
+            continue
         lines.append(_wrap(f"  from {source}: " + ", ".join(groups[source])))
     lines += [_wrap(f"  note: {note}") for note in resolved.notes]
     return lines
@@ -374,7 +379,8 @@ def banner_lines(resolved: Resolved, model: Any, data: Any, device: Any, world: 
         *([_wrap(line)] if (line := loss_line(cfg, data.num_classes)) else []),
         *(_wrap(line) for line in training or ()),
     ]
-    return lines + ["settings " + line if i == 0 else line for i, line in enumerate(settings_lines(resolved))]
+    settings = settings_lines(resolved, defaults=False)
+    return lines + ["settings " + line if i == 0 else line for i, line in enumerate(settings)]
 
 
 def schedule_lines(resolved: Resolved, train_images: int) -> list[str]:

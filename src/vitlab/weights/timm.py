@@ -19,10 +19,12 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from vitlab.constants import timm_resize_name
 from vitlab.errors import WeightsError
 from vitlab.files.outputs import atomic_write, mark, mark_zip
 from vitlab.models.config import BiTConfig, ModelConfig, ViTConfig
 from vitlab.models.registry import HYBRIDS, VIT_SIZES
+from vitlab.models.timm_compat import eval_resize_of
 from vitlab.models.timm_keys import timm_key, vitlab_key
 from vitlab.weights.card import CARD, model_card
 from vitlab.weights.record import WeightsRecord
@@ -46,6 +48,7 @@ from vitlab.weights.timm_arch import (
     timm_eval_crop,
     timm_name_options,
     timm_normalisation,
+    timm_preprocessing,
 )
 from vitlab.weights.timm_bit import is_timm_bit, read_timm_bit, timm_bit_hub_config, to_timm_bit_state_dict
 from vitlab.weights.validate import check_against, expected_shapes
@@ -173,9 +176,26 @@ def _meta(name: str | None, hub: dict[str, Any], config: ModelConfig) -> dict[st
     if isinstance(labels, list) and len(labels) == config.num_classes and all(isinstance(x, str) for x in labels):
         meta["class_names"] = labels
     notes = [] if "mean" in pcfg or name else ["input normalisation not in the file: assumed mean = std = 0.5"]
+    if resize := _eval_resize(name, pcfg, notes):
+        meta["eval_resize"] = resize
     if getattr(config, "resnet", None) is not None:
         notes.append(HYBRID_NOTE)
     return {**meta, "notes": notes} if notes else meta
+
+
+def _eval_resize(name: str | None, pcfg: dict[str, Any], notes: list[str]) -> str | None:
+    """How the weights are evaluated: the file's own pretrained cfg (interpolation, crop_pct, crop_mode) in the
+    timm spelling (data/transforms.py), else timm's for the name; None for weights that say neither (a bare state
+    dict of an inferred architecture: vitlab's default)."""
+    fields = (pcfg.get("interpolation"), pcfg.get("crop_pct"), pcfg.get("crop_mode") or "center")
+    if fields[0] is not None and fields[1] is not None:
+        try:
+            return timm_resize_name(*fields)
+        except (ValueError, TypeError):
+            notes.append(f"timm pre-processing interpolation={fields[0]!r}, crop_pct={fields[1]!r}, crop_mode="
+                         f"{fields[2]!r} has no vitlab equivalent: " + ("timm's for the name used" if name else
+                                                                         "vitlab's default used"))
+    return timm_preprocessing(name)[0] if name else None
 
 
 # --- writing -------------------------------------------------------------------------------------------------
@@ -304,7 +324,7 @@ def write_timm(model: nn.Module, path: str | Path, source: str | Path | None = N
     path = Path(path)
     folder = path.suffix != ".safetensors" and path.suffix not in PICKLE_SUFFIXES
     names = getattr(model, "class_names", None)
-    resize = getattr(model, "eval_resize", None) or "official"
+    resize = eval_resize_of(model)
     if isinstance(model.config, BiTConfig):  # BiT's ResNetV2: timm's resnetv2_*_bit
         hub = timm_bit_hub_config(model.config, names, path, resize) if folder else {}
         state = to_timm_bit_state_dict(model)
