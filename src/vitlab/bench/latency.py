@@ -20,6 +20,8 @@ from vitlab.runtime.precision import resolve_precision
 from vitlab.runtime.session import compile_for_inference, open_session
 
 LATENCY_FORMS = ("fp32", "bf16", "int8")
+COMPUTES = {"fp32": "float32 weights and compute", "bf16": "as eval --precision bf16 (a ViT: bf16 weights)",
+            "int8": "dynamic int8 Linear layers, head float32"}
 MIN_SAMPLES = 20  # calls per form at least, whatever --min-time asks
 MAX_SAMPLES = 2000
 
@@ -36,7 +38,8 @@ def serving_forms(model: nn.Module, settings: BenchSettings,
         chosen = resolve_precision(name, device, use="infer")
         session = open_session(copy.deepcopy(model), device=device, precision=chosen)
         prepared = compile_for_inference(session.model) if settings.compile else session.model
-        forms.append((name, session.precision.reason, prepared, torch.randn(1, 3, size, size, device=device)))
+        computes = COMPUTES[name] if session.precision.name == name else session.precision.reason  # BiT's int8
+        forms.append((name, computes, prepared, torch.randn(1, 3, size, size, device=device)))
     if settings.onnx:
         from vitlab.deploy.onnx_serve import open_onnx_session
 

@@ -170,7 +170,9 @@ class BenchResult:
                 f"{max(m.images_per_s):.2f} | {m.macs_per_image / 1e9:.3f} | {m.gflops:.1f} | {m.pct_peak:.1f} | "
                 f"{m.executed_pct_peak:.1f} |"
             )
-        lines += ["", *self.ratio_lines(), *self.latency_lines()]
+        ratios = self.ratio_lines()
+        lines += ["", *ratios] if ratios else []
+        lines += self.latency_lines()
         return "\n".join(lines).rstrip()
 
     def latency_lines(self) -> list[str]:
