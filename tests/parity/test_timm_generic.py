@@ -9,14 +9,16 @@ its feature getter), torch.fx forward and backward (timm's tracer settings, the 
 TorchScript (vitlab refuses it in one line), and inference on timm's weights, here random ones saved as
 safetensors instead of timm's downloaded test files.
 
-Two sizes: the default run builds each name's architecture (patch, prefix tokens, pooling, norms, layer scale,
-ResNet stem) at depth 3 (timm's ViT feature getter takes the last 3 blocks), width 64 and a 56 or 64 pixel input;
-the `slow` run builds the names as timm registers them, at their full depth, width and input size (timm's CI caps
-on input size are resource limits, not part of the contract, and are not applied)."""
+Two sizes: the default run builds a name's architecture (patch, prefix tokens, pooling, norms, layer scale,
+ResNet stages) at depth 3 (timm's ViT feature getter takes the last 3 blocks), width 64 and a 56 or 64 pixel input,
+for one name of each kind these reduce to (REDUCED_NAMES); the `slow` run builds every name as timm registers it,
+at its full depth, width and input size (timm's CI caps on input size are resource limits, not part of the
+contract, and are not applied)."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -89,17 +91,19 @@ class Case:
 
 
 def reduced_kind(name: str) -> tuple:
-    """What a name's reduced model is (its vitlab config but the normalisation and the class count; timm's first
-    conv and classifier): names of one kind build the same reduced model but for the head's size."""
+    """What a name's reduced model is (its vitlab config but the normalisation, the class count and the number
+    of units in each ResNet stage; timm's first conv and classifier): names of one kind run the same code."""
     cfg = model_config_for(name, vitlab_overrides(reduced(name)))
     cfg = cfg.replace(name="", mean=OFFICIAL_MEAN, std=OFFICIAL_STD, num_classes=1)
+    if cfg.resnet is not None:
+        cfg = cfg.replace(resnet=dataclasses.replace(cfg.resnet, layers=tuple(1 for _ in cfg.resnet.layers)))
     pretrained = timm.models.get_pretrained_cfg(name)
     return cfg, pretrained.first_conv, pretrained.classifier
 
 
-# The default run: the first name of each reduced kind (the ViT sizes of one patch size and the hybrids of one
-# ResNet differ only in width, depth and head size; the heads without classes are the DINOv2 names'); every name
-# in the slow run.
+# The default run: the first name of each reduced kind (the ViT sizes of one patch size differ only in width,
+# depth and head size, the hybrids of as many ResNet stages in the units per stage; the heads without classes are
+# the DINOv2 names'); every name in the slow run.
 KINDS: dict[tuple, list[str]] = {}
 for _name in NAMES:
     KINDS.setdefault(reduced_kind(_name), []).append(_name)
