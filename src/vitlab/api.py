@@ -23,7 +23,7 @@ from vitlab.data.transforms import model_transform
 from vitlab.hub.catalogue import timm_name
 from vitlab.models.config import BiTConfig, ModelConfig
 from vitlab.models.registry import build_model, model_config
-from vitlab.models.timm_compat import POOLS, FeatureExtractor
+from vitlab.models.timm_compat import FeatureExtractor
 from vitlab.ranges import check_choice
 from vitlab.weights.load import load as load_weights
 from vitlab.weights.load import preprocessing
@@ -35,6 +35,7 @@ TIMM_KEYWORDS = {"img_size": "image_size", "drop_rate": "dropout", "attn_drop_ra
                  "embed_dim": "width", "init_values": "layer_scale"}  # fmt: skip
 # Settings that change no parameter: a loaded model takes them without touching its weights.
 REGULARISATION = ("dropout", "attn_dropout", "drop_path_rate")
+POOLS = {"token": "token", "avg": "gap"}
 FEATURE_CLS = "getter"  # timm's name for a feature extractor built on forward_intermediates
 
 
@@ -95,18 +96,14 @@ def vitlab_overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
         out["classifier"] = _classifier(pool, cls)
         if out["classifier"] == "gap" and cls:
             out["class_token"] = True  # timm's class_token=True, global_pool="avg": the mean skips the class token
-        if out["classifier"] == "none" and cls is not None:
-            out["class_token"] = cls
     return out
 
 
 def _classifier(pool: str | None, class_token: bool | None) -> str:
     """global_pool="avg" is the paper's GAP (final LayerNorm, then the mean: timm's fc_norm=False; pass
-    fc_norm=True for timm's default order), without a class token unless class_token=True; "" is no pooling,
-    the prefix tokens as the name has them."""
+    fc_norm=True for timm's default order), without a class token unless class_token=True."""
     if pool is not None and pool not in POOLS:
-        raise ValueError(f"global_pool={pool!r}: vitlab pools with 'token' (class token), 'avg' (the mean) or '' "
-                         "(none: every token)")
+        raise ValueError(f"global_pool={pool!r}: vitlab pools with 'token' (class token) or 'avg' (the mean)")
     if pool is None:
         return "token" if class_token else "gap"
     if pool == "token" and class_token is not None and not class_token:
@@ -132,8 +129,6 @@ def model_config_for(name: str, overrides: dict[str, Any]) -> ModelConfig:
         base, overrides = base + "-gap", {k: v for k, v in overrides.items() if k != "classifier"}
     if isinstance(model_config(base), BiTConfig):
         overrides = _bit_overrides(overrides)
-    else:
-        overrides = _no_pooling(model_config(base), overrides)
     try:
         return model_config(base, **overrides)
     except TypeError as e:
@@ -148,17 +143,9 @@ def _timm_only_config(name: str, overrides: dict[str, Any]) -> ModelConfig:
         raise ValueError(f"{name}: load timm's published weights of {arch} with vitlab.load('hf-hub:timm/{name}')")
     config = timm_config(arch)
     try:
-        return config.replace(**_no_pooling(config, overrides))
+        return config.replace(**overrides)
     except TypeError as e:
         raise ValueError(_unknown_keyword(name, type(config), overrides, e)) from None
-
-
-def _no_pooling(config: ModelConfig, overrides: dict[str, Any]) -> dict[str, Any]:
-    """No pooling (global_pool="") as timm builds it: the name's class token and the final LayerNorm on the
-    tokens (no fc_norm), unless class_token or fc_norm say otherwise."""
-    if overrides.get("classifier") != "none":
-        return overrides
-    return {"class_token": config.has_class_token, "fc_norm": False, **overrides}
 
 
 def _bit_overrides(overrides: dict[str, Any]) -> dict[str, Any]:

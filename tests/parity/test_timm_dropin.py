@@ -121,32 +121,6 @@ def test_reset_classifier_to_average_pooling_matches_timm():
         gap.reset_classifier(3, "token")
 
 
-@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "vit_base_patch16_reg4_gap_256"])
-def test_no_pooling_passes_every_token_to_the_head_as_timm(name, tmp_path):
-    """global_pool="" (timm's pass-through), by reset_classifier and at creation, on a class-token model and on a
-    register model pooled by the mean after fc_norm: timm's tokens out (the head applied to each), timm's
-    parameters at creation (the final norm on the tokens), and the setting survives save and load."""
-    model, ref = twins(name, img_size=64)
-    x = torch.randn(2, 3, 64, 64)
-    model.reset_classifier(5, "")
-    ref.reset_classifier(5, "")
-    with torch.no_grad():
-        model.head.weight.copy_(ref.head.weight)
-        model.head.bias.copy_(ref.head.bias)
-        assert model(x).shape == ref(x).shape == (2, 16 + ref.num_prefix_tokens, 5)
-        assert rel(model(x), ref(x)) < 1e-5
-    assert model.global_pool == ref.global_pool == ""
-    vitlab.save(model, tmp_path / "m.safetensors")
-    assert vitlab.load(tmp_path / "m.safetensors").global_pool == ""
-
-    kwargs = dict(num_classes=0, global_pool="", depth=2, img_size=64)
-    created, ref = vitlab.create_model(name, **kwargs), timm.create_model(name, **kwargs)
-    created.load_state_dict(ref.state_dict())  # strict: timm's parameters, fc_norm replaced by the final norm
-    with torch.no_grad():
-        assert rel(created.eval()(x), ref.eval()(x)) < 1e-5
-    assert created.num_prefix_tokens == ref.num_prefix_tokens
-
-
 def test_timms_model_attributes():
     for name, kwargs in [("vit_tiny_patch16_224", {}), ("vit_medium_patch16_reg4_gap_256", {})]:
         model, ref = twins(name, **kwargs)

@@ -17,7 +17,7 @@ from vitlab.models.limits import check_limits
 from vitlab.ranges import is_int
 
 PosEmbedKind = Literal["none", "learned", "2d", "relative"]
-Classifier = Literal["token", "gap", "none"]  # "none": every token reaches the head (timm global_pool="")
+Classifier = Literal["token", "gap"]
 GeluKind = Literal["exact", "tanh"]
 
 
@@ -142,8 +142,8 @@ class ViTConfig:
             raise ValueError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
         if self.pos_embed == "2d" and self.width % 2:
             raise ValueError("2-D position embeddings need an even width (D/2 for X and for Y)")
-        if self.classifier not in ("token", "gap", "none"):
-            raise ValueError(f"classifier must be 'token', 'gap' or 'none', not {self.classifier!r}")
+        if self.classifier not in ("token", "gap"):
+            raise ValueError(f"classifier must be 'token' or 'gap', not {self.classifier!r}")
         if self.pos_embed not in ("none", "learned", "2d", "relative"):
             raise ValueError(f"pos_embed must be none, learned, 2d or relative, not {self.pos_embed!r}")
         if self.gelu not in ("exact", "tanh"):
@@ -180,7 +180,6 @@ class ViTConfig:
         lacks, described for an error message; [] for the paper's ViT."""
         found = [f"{self.reg_tokens} register tokens"] if self.reg_tokens else []
         found += ["a class token with average pooling"] if self.classifier == "gap" and self.has_class_token else []
-        found += ["no pooling (every token to the head)"] if self.classifier == "none" else []
         found += ["no position-embedding entries for the prefix tokens"] if not self.pos_embed_prefix else []
         found += ["a LayerNorm after pooling (fc_norm)"] if self.fc_norm else []
         return found + (["layer scale"] if self.layer_scale is not None else [])

@@ -27,14 +27,6 @@ from vitlab.constants import FEWSHOT_RESIZE, resize_before_crop
 from vitlab.models.inputs import check_pixels
 from vitlab.ranges import is_int
 
-# timm's global_pool -> vitlab's classifier ("" passes every token to the head)
-POOLS = {"token": "token", "avg": "gap", "": "none"}
-
-
-def timm_global_pool(classifier: str) -> str:
-    """timm's global_pool for vitlab's `classifier` (the inverse of POOLS)."""
-    return next(pool for pool, name in POOLS.items() if name == classifier)
-
 torch.fx.wrap("check_pixels")  # a torch.fx leaf: the trace runs the input check on the real tensor
 
 # How closely timm's transforms reproduce each vitlab evaluation resize (the cfg's "vitlab_eval_resize_in_timm").
@@ -172,7 +164,7 @@ class ViTTimmMixin(TimmCompatMixin):
 
     @property
     def global_pool(self) -> str:
-        return timm_global_pool(self.config.classifier)
+        return "token" if self.config.classifier == "token" else "avg"
 
     @property
     def embed_dim(self) -> int:

@@ -24,7 +24,7 @@ from vitlab.models.posembed import (
     resample_relative_table,
 )
 from vitlab.models.resnet import ResNetStem
-from vitlab.models.timm_compat import POOLS, ViTTimmMixin
+from vitlab.models.timm_compat import ViTTimmMixin
 from vitlab.models.timm_keys import vitlab_key
 from vitlab.ranges import MAX_CLASSES, is_int
 
@@ -286,10 +286,7 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
         one (fc_norm), then the representation layer; the classifier unless pre_logits."""
         cfg = self.config
         check_tokens(tokens, cfg.width)
-        if cfg.classifier == "none":  # timm's global_pool="": the head reads every token, (N, T, D)
-            pooled = tokens
-        else:
-            pooled = tokens[:, 0] if cfg.classifier == "token" else tokens[:, cfg.num_prefix_tokens:].mean(dim=1)
+        pooled = tokens[:, 0] if cfg.classifier == "token" else tokens[:, cfg.num_prefix_tokens:].mean(dim=1)
         if self.fc_norm is not None:
             pooled = self.fc_norm(pooled)
         if self.pre_logits is not None:
@@ -328,15 +325,16 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """Fine-tuning rule (paper Section 3.2): drop the representation layer, attach a zero-initialised head
         (0 classes: none, `forward` returns the pooled representation). `global_pool` (timm's argument) changes
-        the pooling: "avg" (the mean of the patch tokens; a class token, if any, stays in the sequence),
-        "token" (needs a class token in the weights) or "" (none: `forward` returns every token)."""
+        the pooling: "avg" (the mean of the patch tokens; a class token, if any, stays in the sequence) or
+        "token" (needs a class token in the weights)."""
         changes = {"num_classes": num_classes, "representation_size": None}
         if global_pool not in (None, self.global_pool):
-            if global_pool not in POOLS:
-                raise ValueError(f"global_pool={global_pool!r}: vitlab pools with 'token', 'avg' or '' (none)")
+            if global_pool not in ("token", "avg"):
+                raise ValueError(f"global_pool={global_pool!r}: vitlab pools with 'token' or 'avg'")
             if global_pool == "token" and not self.config.has_class_token:
                 raise ValueError("global_pool='token' needs a class token, and these weights have none; use 'avg'")
-            changes.update(classifier=POOLS[global_pool], class_token=self.config.has_class_token)
+            changes.update(classifier="token" if global_pool == "token" else "gap",
+                           class_token=self.config.has_class_token)
         self.pre_logits = None
         self.num_features = self.config.width
         self.head = zero_head(self.num_features, num_classes, self.patch_embed.proj.weight)

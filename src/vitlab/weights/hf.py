@@ -186,7 +186,7 @@ def check_hf_representable(config: ModelConfig, where: str | Path = "model") -> 
     elif config.resnet is not None:
         problem = "a ResNet stem (hybrid)"
     elif config.classifier != "token":
-        problem = "the GAP classifier (no class token)" if config.classifier == "gap" else "no pooling"
+        problem = "the GAP classifier (no class token)"
     elif config.pos_embed != "learned":
         problem = f"pos_embed={config.pos_embed!r}"
     elif config.representation_size and config.num_classes:

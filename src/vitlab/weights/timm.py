@@ -23,7 +23,6 @@ from vitlab.errors import WeightsError
 from vitlab.files.outputs import atomic_write, mark, mark_zip
 from vitlab.models.config import BiTConfig, ModelConfig, ViTConfig
 from vitlab.models.registry import HYBRIDS, VIT_SIZES
-from vitlab.models.timm_compat import timm_global_pool
 from vitlab.models.timm_keys import timm_key, vitlab_key
 from vitlab.weights.card import CARD, model_card
 from vitlab.weights.record import WeightsRecord
@@ -210,14 +209,14 @@ def timm_model_args(config: ViTConfig) -> dict[str, Any]:
     """Keyword arguments for timm.create_model(timm_model_name(config), **args) (or timm's VisionTransformer for
     a plain ViT) that build exactly this architecture."""
     check_timm_representable(config)
+    gap = config.classifier == "gap"
     args: dict[str, Any] = {
         "img_size": list(config.image_size), "patch_size": config.patch_size, "in_chans": config.in_chans,
         "num_classes": config.num_classes, "embed_dim": config.width, "depth": config.depth,
         "num_heads": config.num_heads, "mlp_ratio": config.mlp_dim / config.width, "qkv_bias": config.qkv_bias,
-        "class_token": config.has_class_token,
-        "global_pool": timm_global_pool(config.classifier),
+        "class_token": config.has_class_token, "global_pool": "avg" if gap else "token",
     }  # fmt: skip
-    if config.classifier != "token" or config.fc_norm:
+    if gap or config.fc_norm:
         args["fc_norm"] = config.fc_norm  # the paper's GAP: final LayerNorm, then the mean (fc_norm=False)
     if config.reg_tokens:
         args["reg_tokens"] = config.reg_tokens
