@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-slow lint docs bench clean
+.PHONY: setup demo test test-slow lint docs docs-serve bench clean
 
 setup: $(VENV)/.installed
 
@@ -31,6 +31,10 @@ lint: setup
 # The documentation site (docs/, mkdocs.yml) into build/site; --strict: a broken link or API reference fails.
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+# The site at http://127.0.0.1:8000, rebuilt on every edit; search needs no network here.
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict
 
 bench: setup
 	$(BIN)/vitlab bench --model ViT-S/16 --batch-size 32 --compare timm

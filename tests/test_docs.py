@@ -124,3 +124,22 @@ def test_readme_quick_start(tmp_path, capsys, random_tiny_vit, noise_image):
         exec(README_QUICK_START, {"WEIGHTS": str(tmp_path / "w.safetensors"), "IMAGE": str(image)})
     printed = capsys.readouterr().out.strip()
     assert printed == predict(tmp_path / "w.safetensors", [str(image)], device="cpu")[0]["top"][0]["class"]
+
+
+def test_every_help_prints_percent_once_and_export_offers_only_what_it_writes(capsys):
+    """argparse leaves `%%` in a description as it is: no verb's help shows it doubled. export's choices are the
+    precisions it writes (bf16, refused with its reason, is not among them)."""
+    for name, verb in _verbs(build_parser()).items():
+        assert "%%" not in verb.format_help(), name
+    export = _verbs(build_parser())["export"].format_help()
+    assert "--precision {auto,fp32,int8}" in export and "No bf16" in export
+
+
+def test_the_readme_states_the_auto_precision_rule_not_one_machine_outcome():
+    """README's bf16 row gives `auto`'s rule (the CPU flags and the width runtime/precision.py reads), so a reader on
+    a CPU with native bf16 is not told float32 is kept for every model."""
+    from vitlab.runtime.precision import MIN_BF16_WIDTH, NATIVE_BF16_FLAGS
+
+    row = next(line for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+               if line.startswith("| bf16 |"))
+    assert all(flag in row for flag in NATIVE_BF16_FLAGS) and f"width ≥ {MIN_BF16_WIDTH}" in row

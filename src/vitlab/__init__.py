@@ -50,4 +50,10 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_PUBLIC})
+    """The public names, the subpackages imported so far and the module's dunders: not the names this file uses
+    itself (Any, TYPE_CHECKING), which are no part of vitlab."""
+    import types
+
+    loaded = {k for k, v in globals().items() if isinstance(v, types.ModuleType) and v.__name__ == f"{__name__}.{k}"}
+    dunders = {k for k in globals() if k.startswith("__") and k.endswith("__")}
+    return sorted({*__all__, *_PUBLIC, *loaded, *dunders})

@@ -20,14 +20,16 @@ import torch
 from torch import nn
 
 from vitlab.data.transforms import model_transform
-from vitlab.hub.catalogue import timm_name
-from vitlab.models.config import BiTConfig, ModelConfig
-from vitlab.models.registry import build_model, model_config
+from vitlab.errors import keyword_errors
+from vitlab.hub.catalogue import timm_models, timm_name
+from vitlab.models.config import BiTConfig, ModelConfig, ViTConfig
+from vitlab.models.registry import build_model, model_config, unknown_model
 from vitlab.models.timm_compat import FeatureExtractor
 from vitlab.ranges import check_choice
 from vitlab.weights.load import load as load_weights
 from vitlab.weights.load import preprocessing
-from vitlab.weights.timm_arch import LAYER_SCALE_NAMES, timm_config, timm_normalisation
+from vitlab.weights.timm_arch import LAYER_SCALE_NAMES, timm_config, timm_normalisation, timm_preprocessing
+from vitlab.weights.timm_bit import TIMM_WS_EPS
 from vitlab.weights.vitlab_format import save as save_weights
 
 # timm keyword -> vitlab config field (global_pool and class_token choose `classifier`, mlp_ratio `mlp_dim`)
@@ -39,6 +41,7 @@ POOLS = {"token": "token", "avg": "gap"}
 FEATURE_CLS = "getter"  # timm's name for a feature extractor built on forward_intermediates
 
 
+@keyword_errors
 def create_model(
     name: str, /, pretrained: bool | str = False, features_only: bool = False,
     out_indices: int | list[int] | tuple[int, ...] | None = None, feature_cls: str | None = None, **kwargs: Any,
@@ -63,6 +66,8 @@ def create_model(
         model = _load_pretrained(name, pretrained, overrides)
     else:
         model = build_model(model_config_for(name, overrides))
+        if _is_timm(name) or name.split(".", 1)[0] in LAYER_SCALE_NAMES:  # evaluated as timm evaluates its weights
+            model.eval_resize = timm_preprocessing(name)[0]
     if not features_only:
         if out_indices is not None:
             raise ValueError("out_indices applies only with features_only=True")
@@ -73,7 +78,10 @@ def create_model(
 
 
 def vitlab_overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """timm's keywords as vitlab config fields; the pooling keywords as vitlab's `classifier`."""
+    """timm's keywords as vitlab config fields; the pooling keywords as vitlab's `classifier`. `mlp_ratio` stays for
+    model_config_for, which knows the name: timm's embed_dim without mlp_ratio keeps the name's ratio ("mlp_ratio":
+    None), as timm computes the MLP width from the two; vitlab's `width` replaces the width alone (mlp_dim is a
+    field of its own)."""
     # dynamic_img_size: vitlab models take any input size divisible by the patch size, with it or without it
     skip = ("global_pool", "class_token", "dynamic_img_size", "no_embed_class")
     out = {TIMM_KEYWORDS.get(k, k): v for k, v in kwargs.items() if k not in skip}
@@ -82,15 +90,14 @@ def vitlab_overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
     both = [k for k in kwargs if k in TIMM_KEYWORDS and TIMM_KEYWORDS[k] in kwargs]
     if both:
         raise ValueError(f"{both[0]} and {TIMM_KEYWORDS[both[0]]} name the same setting; pass one")
+    if "mlp_ratio" in out and "mlp_dim" in out:
+        raise ValueError("mlp_ratio and mlp_dim name the same setting (mlp_dim = int(width · mlp_ratio)); pass one")
     if "mlp_ratio" in out:
-        ratio, width = out.pop("mlp_ratio"), out.get("width")
-        if width is None:
-            raise ValueError("mlp_ratio needs embed_dim (or width) beside it; or pass mlp_dim")
+        ratio = out["mlp_ratio"]
         if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio < float("inf"):
             raise ValueError(f"mlp_ratio must be a positive number (e.g. 4.0), got {ratio!r}")
-        if isinstance(width, bool) or not isinstance(width, int):
-            raise ValueError(f"embed_dim (width) must be a positive integer, got {width!r}")
-        out["mlp_dim"] = int(width * ratio)
+    elif "embed_dim" in kwargs and "mlp_dim" not in out:
+        out["mlp_ratio"] = None  # timm's rule with the name's own ratio (model_config_for)
     pool, cls = kwargs.get("global_pool"), kwargs.get("class_token")
     if pool is not None or cls is not None:
         out["classifier"] = _classifier(pool, cls)
@@ -113,26 +120,50 @@ def _classifier(pool: str | None, class_token: bool | None) -> str:
 
 def model_config_for(name: str, overrides: dict[str, Any]) -> ModelConfig:
     """The config of a vitlab or timm name with vitlab-field overrides; ValueError naming a bad keyword."""
+    if "mlp_ratio" in overrides:
+        overrides = _with_mlp_dim(name, dict(overrides))
     timm = timm_name(name)
     base = name
     if timm is None and name.split(".", 1)[0] in LAYER_SCALE_NAMES:  # timm's register / layer-scale models
         return _timm_only_config(name, overrides)
     if timm is not None:
         base = timm.model
-        overrides = {"num_classes": timm.num_classes, **overrides}
-        if not timm.arch.startswith("resnetv2_"):
-            overrides = {"image_size": timm.resolution, **overrides}
+        overrides = {"num_classes": timm.num_classes, "image_size": timm_preprocessing(name)[1], **overrides}
+        if timm.arch.startswith("resnetv2_"):  # timm's standardisation eps: timm's weights give timm's outputs
+            overrides = {"ws_eps": TIMM_WS_EPS, **overrides}
     if timm is not None:  # timm's statistics for the weights of the name (DeiT, DINO, MAE: ImageNet's)
         mean, std = timm_normalisation(f"{timm.arch}.{timm.tag}" if timm.tag else timm.arch)
         overrides = {"mean": mean, "std": std, **overrides}
     if overrides.get("classifier") == "gap" and base.startswith("ViT-") and not base.endswith("-gap"):
         base, overrides = base + "-gap", {k: v for k, v in overrides.items() if k != "classifier"}
-    if isinstance(model_config(base), BiTConfig):
+    try:
+        named = model_config(base)
+    except ValueError:  # no variant: the closest of every name create_model takes
+        raise ValueError(unknown_model(name, also=[*timm_models(), *LAYER_SCALE_NAMES])) from None
+    if isinstance(named, BiTConfig):
         overrides = _bit_overrides(overrides)
     try:
         return model_config(base, **overrides)
     except TypeError as e:
-        raise ValueError(_unknown_keyword(name, type(model_config(base)), overrides, e)) from None
+        raise ValueError(_unknown_keyword(name, type(named), overrides, e)) from None
+
+
+def _with_mlp_dim(name: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """`mlp_ratio` (None: the name's) as mlp_dim by timm's rule, int(width · mlp_ratio), the width the override's
+    or the name's. The name's ratio is timm's for its own names (5.6 for vit_little, 2.572 for so150m: not
+    mlp_dim / width, which rounding moved), else mlp_dim / width."""
+    ratio = overrides.pop("mlp_ratio")
+    named = model_config_for(name, {})
+    if not isinstance(named, ViTConfig):
+        raise ValueError(f"{name} takes no keyword 'mlp_ratio': it is not a ViT")
+    arch = name.split(".", 1)[0]
+    if ratio is None:
+        ratio = LAYER_SCALE_NAMES[arch][4] if arch in LAYER_SCALE_NAMES else named.mlp_dim / named.width
+    width = overrides.get("width", named.width)
+    if isinstance(width, bool) or not isinstance(width, int):
+        raise ValueError(f"embed_dim (width) must be a positive integer, got {width!r}")
+    overrides["mlp_dim"] = int(width * ratio)
+    return overrides
 
 
 def _timm_only_config(name: str, overrides: dict[str, Any]) -> ModelConfig:
@@ -215,9 +246,9 @@ def with_settings(model: nn.Module, settings: dict[str, Any]) -> nn.Module:
 def list_models(filter: str | list[str] = "", pretrained: bool = False) -> list[str]:
     """Model names. Without arguments: every vitlab variant (the ViTs of paper Table 1 and the official configs,
     their GAP versions, the hybrids, the BiT ResNetV2s). `filter`: shell-style patterns (timm's), matched against
-    vitlab's names and the timm names vitlab builds ("vit_*", "*reg4*", "ViT-B/*"). `pretrained=True`: names with
-    published weights instead, each loadable by `vitlab.load` / `create_model(..., pretrained=True)`: catalogue names
-    ("i21k:ViT-B/16") and timm's "ARCH.TAG" names, as timm lists them."""
+    vitlab's names and the timm names vitlab builds (`"vit_*"`, `"*reg4*"`, `"ViT-B/*"`). `pretrained=True`: names
+    with published weights instead, each loadable by `vitlab.load` / `create_model(..., pretrained=True)`:
+    catalogue names (`"i21k:ViT-B/16"`) and timm's `"ARCH.TAG"` names, as timm lists them."""
     import fnmatch
 
     from vitlab.hub import catalogue
@@ -236,6 +267,7 @@ def list_models(filter: str | list[str] = "", pretrained: bool = False) -> list[
     return list(dict.fromkeys(n for n, _ in named))
 
 
+@keyword_errors
 def load(
     path: str | os.PathLike,
     image_size: int | tuple[int, int] | None = None,
@@ -262,9 +294,12 @@ def load(
         arch: the timm architecture name of a bare timm state dict whose shapes alone do not determine it.
 
     Returns:
-        The model (`torch.nn.Module`) with `.config`; a published checkpoint also carries `.hub_entry` and,
-        for ImageNet classifiers, `.class_names`. Raises `vitlab.weights.WeightsError` (one line naming the file,
-        the tensor and the fix) for a file it cannot read; nothing is loaded partially.
+        The model with `.config`; a published checkpoint also carries `.hub_entry` and, for ImageNet
+            classifiers, `.class_names`.
+
+    Raises:
+        vitlab.weights.WeightsError: a file it cannot read, in one line naming the file, the tensor and the fix;
+            nothing is loaded partially.
 
     `precision` (auto, fp32, bf16, int8; None: float32 as stored) prepares the model for inference as
     `vitlab eval --precision` does (vitlab.runtime.precision): `model.precision` is what the model computes in and
@@ -296,6 +331,7 @@ def _check_load_options(pretrained: Any, precision: Any, arch: Any) -> None:
         check_choice("precision", precision, PRECISIONS)
 
 
+@keyword_errors
 def save(model: nn.Module, path: str | os.PathLike, *, force: bool = False) -> None:
     """Write vitlab safetensors with the config in the metadata; `load(save(m))` is exact (class names and the
     evaluation resize a loaded model carries are kept). The write is atomic (temporary file + rename).
@@ -324,6 +360,7 @@ def save(model: nn.Module, path: str | os.PathLike, *, force: bool = False) -> N
     save_weights(model, path, meta={"eval_resize": resize} if resize else None, force=force)
 
 
+@keyword_errors
 def export_onnx(model_or_weights: nn.Module | str | os.PathLike, path: str | os.PathLike, *, precision: str = "fp32",
                 batch_size: int = 2, opset: int | None = None, force: bool = False) -> Any:
     """Write a model as ONNX with a dynamic batch dimension, after checking ONNX Runtime's output against
@@ -340,8 +377,11 @@ def export_onnx(model_or_weights: nn.Module | str | os.PathLike, path: str | os.
         force: replace an existing file that vitlab did not write.
 
     Returns:
-        The export report (`.line()` says what was checked and how close). A failed check raises ValueError
-        and writes nothing; a wrong argument is a TypeError or ValueError naming it, before anything is loaded.
+        The export report (`.line()` says what was checked and how close).
+
+    Raises:
+        ValueError: a failed check (nothing is written), or a wrong argument, named before anything is loaded.
+        TypeError: an argument of the wrong type, named before anything is loaded.
     """
     from vitlab.deploy import export_onnx as export_model
     from vitlab.deploy import export_weights
@@ -353,6 +393,7 @@ def export_onnx(model_or_weights: nn.Module | str | os.PathLike, path: str | os.
     return export(model_or_weights, path, precision=precision, batch_size=batch_size, opset=opset, force=force)
 
 
+@keyword_errors
 def fit(recipe: str | None = None, **settings: Any) -> Any:
     """Train, or fine-tune with `init=WEIGHTS`, as `vitlab train` / `vitlab finetune` do, showing the same progress;
     returns the result with the trained model (vitlab.train.fit).
@@ -366,14 +407,18 @@ def fit(recipe: str | None = None, **settings: Any) -> Any:
             is: TypeError naming the keyword for an unknown keyword or a value of the wrong type, ValueError
             (the flag's one line) for a value outside its range; then resolved as the command line's are.
 
+    Example:
+        ```python
         result = vitlab.fit("finetune", init="vit.npz", data="photos/", epochs=10, out="runs/photos")
         result.metrics["top1"], result.out_dir, result.model
+        ```
     """
     from vitlab.train.fit import fit as fit_run
 
     return fit_run(recipe, **settings)
 
 
+@keyword_errors
 def transforms(model_or_weights: nn.Module | str | os.PathLike, train: bool = False, seed: int = 0,
                **train_options: Any) -> Callable[[Any], torch.Tensor]:
     """The pre-processing of a model as a callable image -> float32 (3, H, W) tensor; the image is a PIL image,

@@ -1,10 +1,12 @@
 """Constants more than one layer uses, defined once: the input normalisations published weights expect, the
-evaluation resizes, training crops and fine-tuning freezes by name and big_vision's resize-before-crop rule
-(data/transforms.py applies them, models/timm_compat.py describes them to timm, model cards state them, the command
-line offers them as choices). A bottom module because the data, model and weights layers may not import each other,
-and `vitlab --help` reads it without importing torch."""
+evaluation resizes (vitlab's by name and timm's transform in one spelling), training crops and fine-tuning freezes by
+name and big_vision's resize-before-crop rule (data/transforms.py applies them, models/timm_compat.py describes them
+to timm, model cards state them, the command line offers them as choices). A bottom module because the data, model
+and weights layers may not import each other, and `vitlab --help` reads it without importing torch."""
 
 from __future__ import annotations
+
+import math
 
 # Pixel normalisation the official weights expect: x/255 mapped to [-1, 1] == (x - 0.5) / 0.5.
 OFFICIAL_MEAN = (0.5, 0.5, 0.5)
@@ -21,9 +23,74 @@ FEWSHOT_RESIZE = "fewshot"  # big_vision common_fewshot; an eval resize may be u
 TRAIN_CROPS = ("inception", "inception-subpixel", "resize-random-crop")
 TRAIN_RESIZES = ("pil", "tensor")  # what resamples a training crop: PIL, or torch's uint8 kernel
 FREEZE_CHOICES = ("backbone",)  # backbone: everything but the classifier (head, and pre_logits when there is one)
+# Training settings whose value is one of a few words: TrainConfig is checked against them, the flags offer them.
+SETTING_CHOICES: dict[str, tuple[str, ...]] = {
+    "optimizer": ("adam", "sgd"), "decay": ("linear", "cosine", "step"), "loss": ("softmax", "sigmoid"),
+    "objective": ("classify", "mpp"), "mpp_target": ("mean-color", "mean-color-4x4", "pixels"),
+    "train_crop": TRAIN_CROPS, "train_resize": TRAIN_RESIZES, "eval_resize": EVAL_RESIZES,
+}
+# Other spellings a setting accepts for one of its words, replaced by that word as the settings are read (so a run
+# records one spelling): vitlab's adam already decouples weight decay, which is what other libraries call AdamW.
+SETTING_ALIASES: dict[str, dict[str, str]] = {"optimizer": {"adamw": "adam"}}
+
+
+def setting_words(key: str) -> tuple[str, ...]:
+    """Every word setting `key` accepts: its choices, then their other spellings."""
+    return SETTING_CHOICES[key] + tuple(SETTING_ALIASES.get(key, ()))
+
+
+def canonical_setting(key: str, value: object) -> object:
+    """`value` of setting `key` in the one spelling a run records (`adamw` -> `adam`); anything else unchanged."""
+    return SETTING_ALIASES.get(key, {}).get(value, value) if isinstance(value, str) else value
+
+
+# timm's evaluation transform as an eval resize: "timm:INTERPOLATION:CROP_PCT[:squash]" (timm_resize parses it).
+TIMM_RESIZE_PREFIX = "timm:"
+TIMM_INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "lanczos", "box", "hamming")
+TIMM_CROP_MODES = ("center", "squash")
 
 
 def resize_before_crop(size: int) -> int:
     """The side an image is resized to before a central crop of `size` (big_vision: resize_small(256) then
     central_crop(224); transfer: 448 then 384). Other sizes keep the ratio 8/7."""
     return 448 if size == 384 else round(size * 8 / 7)
+
+
+def timm_resize(eval_resize: str) -> tuple[str, float, str] | None:
+    """(interpolation, crop_pct, crop_mode) of an eval resize spelled "timm:INTERPOLATION:CROP_PCT" (crop_mode
+    "center") or "timm:INTERPOLATION:CROP_PCT:squash", as timm's pretrained cfg states them; None for vitlab's own
+    resizes. One spelling, parsed here only, so that it travels as the string every eval resize is (checkpoint
+    meta, ONNX metadata, cards); ValueError for a malformed one."""
+    if not eval_resize.startswith(TIMM_RESIZE_PREFIX):
+        return None
+    parts = eval_resize[len(TIMM_RESIZE_PREFIX):].split(":")
+    interpolation, pct, mode = [*parts, "center"] if len(parts) == 2 else parts if len(parts) == 3 else ["", "", ""]
+    try:
+        crop_pct = float(pct)
+    except ValueError:
+        crop_pct = math.nan
+    if interpolation not in TIMM_INTERPOLATIONS or mode not in TIMM_CROP_MODES or not 0 < crop_pct <= 1:
+        raise ValueError(f"eval resize {eval_resize!r} is not timm:INTERPOLATION:CROP_PCT[:squash] with an "
+                         f"interpolation of {', '.join(TIMM_INTERPOLATIONS)} and 0 < CROP_PCT <= 1 "
+                         "(e.g. timm:bicubic:0.9)")
+    return interpolation, crop_pct, mode
+
+
+def timm_resize_name(interpolation: str, crop_pct: float, crop_mode: str = "center") -> str:
+    """The eval resize of timm's transform fields: "official" for (bilinear, 1.0, squash), which is that same
+    resize of the whole image, else "timm:INTERPOLATION:CROP_PCT" (":squash" added for that crop mode)."""
+    if (interpolation, float(crop_pct), crop_mode) == ("bilinear", 1.0, "squash"):
+        return "official"
+    name = f"{TIMM_RESIZE_PREFIX}{interpolation}:{float(crop_pct)!r}" + (":squash" if crop_mode == "squash" else "")
+    timm_resize(name)  # the same checks as a spelled one
+    return name
+
+
+def check_eval_resize(eval_resize: str, fewshot: bool = True) -> str:
+    """`eval_resize` if it is one of EVAL_RESIZES (or FEWSHOT_RESIZE, where `fewshot`) or a timm spelling, else
+    ValueError in one line naming the choices."""
+    own = (*EVAL_RESIZES, FEWSHOT_RESIZE) if fewshot else EVAL_RESIZES
+    if not isinstance(eval_resize, str) or (eval_resize not in own and timm_resize(eval_resize) is None):
+        raise ValueError(f"unknown eval resize {eval_resize!r}; use one of {', '.join(own)} or timm's "
+                         "timm:INTERPOLATION:CROP_PCT[:squash] (e.g. timm:bicubic:0.9)")
+    return eval_resize

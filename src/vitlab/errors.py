@@ -4,12 +4,18 @@ Each carries one line that names the problem and the fix; the command line print
 `vitlab VERB: error: <line>` with exit code 2 (cli catches VitlabError), and a library caller can catch
 `vitlab.errors.VitlabError` for all of them. Each also keeps the built-in type callers caught before the base
 existed (ValueError, FileExistsError, RuntimeError), so no `except` clause changes meaning. A bottom module:
-every layer raises them."""
+every layer raises them, and words them with its two helpers: `closest` (the "did you mean" of an unknown name) and
+`setting` (a setting as the caller spells it: a flag, or a Python keyword)."""
 
 from __future__ import annotations
 
+import difflib
 import errno
+import functools
+from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 from pathlib import Path
+from typing import Any, TypeVar
 
 
 class VitlabError(Exception):
@@ -60,3 +66,45 @@ class TrainingDiverged(VitlabError, RuntimeError):
 
 class PeerLost(VitlabError, RuntimeError):
     """Another process of the job stopped answering (killed, crashed, stopped or cut off): this one cannot go on."""
+
+
+def closest(word: str, names: Iterable[str], cutoff: float = 0.6) -> str | None:
+    """The one of `names` that `word` most likely misspells (case ignored: `vit-t/16` finds `ViT-Ti/16`), or None
+    when none is `cutoff` similar (difflib's ratio): what every "did you mean" offers, so that a model name, a
+    setting and a flag are matched alike."""
+    by_lower: dict[str, str] = {}
+    for name in names:
+        by_lower.setdefault(name.lower(), name)
+    match = difflib.get_close_matches(word.lower(), list(by_lower), n=1, cutoff=cutoff)
+    return by_lower[match[0]] if match else None
+
+
+# How an error names a setting: as the command line's flag (`--val-fraction`), or, inside one of vitlab's Python
+# functions (`keyword_errors`), as the keyword its caller passed (`val_fraction`): each caller reads its own words.
+_KEYWORDS: ContextVar[bool] = ContextVar("vitlab_keyword_errors", default=False)
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def setting(name: str, flag: str | None = None, value: Any = None) -> str:
+    """Setting `name` (with `value`, if given) as the caller spells it: `--name VALUE` with dashes (`--flag`, where
+    the flag is named otherwise: weight_decay's --wd), or `name=VALUE` (the value's repr; an upper-case word is a
+    placeholder, RANK, written as it is) for a Python caller."""
+    if _KEYWORDS.get():
+        placeholder = isinstance(value, str) and value.isupper()
+        return name if value is None else f"{name}={value if placeholder else repr(value)}"
+    option = "--" + (flag or name).replace("_", "-")
+    return option if value is None else f"{option} {f'{value:g}' if isinstance(value, float) else value}"
+
+
+def keyword_errors(func: _F) -> _F:
+    """A public Python function whose errors name settings by its keywords (`setting`), not by flags."""
+
+    @functools.wraps(func)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        token = _KEYWORDS.set(True)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            _KEYWORDS.reset(token)
+
+    return call  # type: ignore[return-value]

@@ -1,17 +1,24 @@
-"""`vitlab eval` outputs: the numbers first, the confusion figure only where the user's run or --out is (never
-the working directory unless asked), and a destination that cannot be written costs the figure, not the numbers."""
+"""`vitlab eval` outputs: the numbers first, the confusion figure beside the metrics in --out or where --confusion
+says (never unasked into the working directory or the run's folder), the misclassified images as a CSV (--errors),
+each output replaced by a rerun, and a destination that cannot be written costs the file, not the numbers."""
 
 from __future__ import annotations
 
+import argparse
+import csv
+import dataclasses
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 import vitlab
 from tests.conftest import TINY_VIT_ARGS
-from vitlab.cli import main
+from vitlab.cli import build_parser, main
 from vitlab.data import load_split
 from vitlab.eval.classify import confusion_destination
 from vitlab.files.rundir import run_dir_of as run_directory
@@ -56,12 +63,13 @@ def reference_top1(model: VisionTransformer) -> float:
     return float((pred == split.labels).mean())
 
 
-def test_run_directory_gets_the_figure_and_the_cwd_nothing(weights, in_empty_cwd, capsys):
+def test_neither_the_run_directory_nor_the_cwd_gets_an_unasked_figure(weights, in_empty_cwd, capsys):
+    before = sorted(p.name for p in weights["run"].iterdir())
     assert main(["eval", "--weights", str(weights["run"]), "--data", "digits"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("top-1 ") and "%" in out[0]  # the numbers come first
-    assert out[-1] == f"confusion matrix: {weights['run'] / 'confusion-digits-val.png'}"  # after the per-class table
-    assert (weights["run"] / "confusion-digits-val.png").stat().st_size > 1000
+    assert out[-1] == "confusion matrix: not written (pass --confusion PATH or --out DIR)"  # after the table
+    assert sorted(p.name for p in weights["run"].iterdir()) == before  # the run holds what its training wrote
     assert list(in_empty_cwd.iterdir()) == []
 
 
@@ -117,7 +125,93 @@ def test_run_directory_rules(weights, tmp_path):
     assert run_directory(run / "model.safetensors") == run  # a file directly in the run
     assert run_directory(step) == run  # a checkpoint of the run
     assert run_directory(weights["file"]) is None and run_directory(tmp_path) is None
-    assert confusion_destination(run, None, None) == run / "confusion.png"
-    assert confusion_destination(run, None, tmp_path) == tmp_path / "confusion.png"  # --out wins
-    assert confusion_destination(run, tmp_path / "x.png", tmp_path) == tmp_path / "x.png"  # --confusion wins
-    assert confusion_destination(weights["file"], None, None) is None
+    assert confusion_destination(None, None) is None  # no figure unasked, whatever the weights
+    assert confusion_destination(None, tmp_path) == tmp_path / "confusion.png"  # beside metrics.json in --out
+    assert confusion_destination(None, tmp_path, "digits", "val") == tmp_path / "confusion-digits-val.png"
+    assert confusion_destination(tmp_path / "x.png", tmp_path) == tmp_path / "x.png"  # --confusion wins
+
+
+def softmax_reference(model: VisionTransformer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(predicted class, its softmax probability, label) per digits test image, computed as `reference_top1`."""
+    split = load_split("digits", "val")
+    x = np.repeat(split.arrays[..., None], 3, axis=-1).astype(np.float32) / 255.0
+    x = torch.from_numpy((x - 0.5) / 0.5).permute(0, 3, 1, 2)
+    with torch.no_grad():
+        probs = model.eval()(x).softmax(-1)
+    confidence, predicted = probs.max(-1)
+    return predicted.numpy(), confidence.numpy(), split.labels
+
+
+def test_errors_lists_the_misclassified_images_and_is_replaced_by_a_rerun(weights, tmp_path, capsys):
+    errors = tmp_path / "errors.csv"
+    argv = ["eval", "--weights", str(weights["file"]), "--data", "digits", "--errors", str(errors)]
+    assert main(argv) == 0
+    predicted, confidence, labels = softmax_reference(weights["model"])
+    wrong = np.flatnonzero(predicted != labels)
+    assert 0 < len(wrong) < len(labels)
+    rows = list(csv.reader(errors.open()))
+    assert rows[0] == ["image", "true", "predicted", "confidence"]
+    assert [r[0] for r in rows[1:]] == [f"test[{i}]" for i in wrong]  # embedded images by index, in order
+    assert [(int(r[1]), int(r[2])) for r in rows[1:]] == [(labels[i], predicted[i]) for i in wrong]
+    assert np.allclose([float(r[3]) for r in rows[1:]], confidence[wrong], atol=1e-5)
+    assert f"misclassified: {len(wrong)} images ({errors})" in capsys.readouterr().out
+    assert main(argv) == 0  # its own earlier CSV: replaced without --force
+    mine = tmp_path / "mine.csv"
+    mine.write_text("image,label\nx.png,3\n")
+    assert main([*argv[:-1], str(mine)]) == 2
+    assert capsys.readouterr().err.strip().endswith("exists and vitlab did not write it; pass --force to replace "
+                                                    "it, or choose a new name")
+    assert mine.read_text() == "image,label\nx.png,3\n"
+    predictions = tmp_path / "preds.csv"  # vitlab predict's CSV is another kind of output
+    predictions.write_text("image,class_1,probability_1\nx.png,3,0.5\n")
+    assert main([*argv[:-1], str(predictions)]) == 2
+    assert "is a CSV file written by vitlab predict, not a CSV file written by vitlab eval" in capsys.readouterr().err
+
+
+def test_every_output_of_eval_is_replaced_by_the_same_command(weights, tmp_path, capsys):
+    out, cm, errors = tmp_path / "o", tmp_path / "cm.png", tmp_path / "e.csv"
+    argv = ["eval", "--weights", str(weights["file"]), "--data", "digits", "--out", str(out), "--confusion", str(cm),
+            "--errors", str(errors)]
+    for _ in range(2):
+        assert main(argv) == 0
+    capsys.readouterr()
+    assert main(["eval", "--weights", str(weights["file"]), "--data", "digits", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["confusion-digits-val.png", "metrics.json"]
+    assert main([*argv[:-1], str(cm)]) == 2  # one file for two outputs
+    assert capsys.readouterr().err.strip().endswith(f"two outputs of vitlab eval are {cm}; give --errors, "
+                                                    "--confusion and --out different files")
+
+
+def test_top5_is_reported_only_for_more_than_5_classes(weights, tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for name in ("ant", "bee", "cat"):
+            folder = tmp_path / "data" / split / name
+            folder.mkdir(parents=True)
+            for i in range(2):
+                Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    torch.manual_seed(0)
+    model = VisionTransformer(dataclasses.replace(CFG, num_classes=3))
+    model.class_names = ["ant", "bee", "cat"]
+    vitlab.save(model, tmp_path / "three.safetensors")
+    argv = ["eval", "--weights", str(tmp_path / "three.safetensors"), "--data", str(tmp_path / "data")]
+    assert main(argv) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("top-1 ") and "top-5" not in first  # 100% by construction: not shown
+    assert main([*argv, "--json"]) == 0
+    assert "top5" not in json.loads(capsys.readouterr().out)
+    assert main(["eval", "--weights", str(weights["file"]), "--data", "digits", "--json"]) == 0
+    assert "top5" in json.loads(capsys.readouterr().out)  # 10 classes: top-5 says something
+
+
+def test_eval_and_predict_help_point_to_sections_that_exist():
+    verbs = {a.dest: a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)}
+    parsers = next(iter(verbs.values())).choices
+    texts = [parsers[verb].description or "" for verb in ("eval", "predict")]
+    texts += [a.help or "" for verb in ("eval", "predict") for a in parsers[verb]._actions]
+    refs = [ref for text in texts for ref in re.findall(r"(README|docs/[\w-]+\.md)[,:]? '([^']+)'", text)]
+    assert refs  # the weights and precision help point to the deployment page
+    root = Path(__file__).resolve().parents[2]
+    for page, section in refs:
+        headings = re.findall(r"^#+ (.+)$", (root / (page if page != "README" else "README.md")).read_text(), re.M)
+        assert section in headings, f"{page} has no section {section!r}"

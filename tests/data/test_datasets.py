@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 
 import numpy as np
 import pytest
@@ -169,6 +170,27 @@ def test_folder_errors(tmp_path, layout, message):
         (root / "val").mkdir()
     with pytest.raises(DataError, match=message):
         build_datasets(str(root))
+
+
+def test_the_training_half_of_a_pair_is_answered_with_the_pair(tmp_path):
+    """--data photos/train beside photos/val: the fix is --data photos (a validation folder by another name: renamed
+    to val/ first), never a val/ inside the class tree; a lone class tree gets --val-fraction."""
+    root = make_folder(tmp_path / "photos", per_class=1)
+    message = (f"missing split: {root / 'train'} is a training split and {root / 'val'} is beside it: pass --data "
+               f"{root} (vitlab reads {root}/train/ and {root}/val/), or hold out part of the training images with "
+               "--val-fraction 0.1")
+    with pytest.raises(DataError) as err:
+        build_datasets(str(root / "train"))
+    assert str(err.value) == message
+    other = make_folder(tmp_path / "other", per_class=1, splits=("training", "validation"))
+    renames = (f"rename {other / 'training'} to {other / 'train'} and {other / 'validation'} to {other / 'val'}, "
+               f"then pass --data {other}")
+    with pytest.raises(DataError, match=re.escape(renames)):
+        build_datasets(str(other / "training"))
+    lone = make_folder(tmp_path / "lone", per_class=1, splits=("",))
+    with pytest.raises(DataError, match=re.escape(f"{lone} holds the classes and no validation split; hold out part "
+                                                  "of the training images with --val-fraction 0.1")):
+        build_datasets(str(lone))
 
 
 def test_unreadable_files_skipped_and_counted(tmp_path, caplog):

@@ -188,3 +188,22 @@ def test_inception_crop_resizes_an_integer_box_and_flips():
 def test_unknown_crop_or_resize_is_refused(kind):
     with pytest.raises(ValueError, match="unknown"):
         TrainTransform((8, 8), crop="random") if kind == "train" else EvalTransform((8, 8), "bicubic")
+
+
+def test_timm_spelling_resizes_the_short_side_then_crops_the_centre_as_timm():
+    """short side to floor(S / crop_pct) = 20 (the long side int(20·43/20) = 43: no resampling at all), then the
+    central 10×10 at offsets rounded half to even: top (20 − 10) / 2 = 5, left (43 − 10) / 2 = 16.5 → 16."""
+    arr = np.random.default_rng(0).integers(0, 256, (20, 43, 3), dtype=np.uint8)
+    out = EvalTransform((10, 10), "timm:bicubic:0.5")(Image.fromarray(arr))
+    assert np.array_equal(out, arr[5:15, 16:26])
+    squash = EvalTransform((10, 10), "timm:bilinear:0.5:squash")(Image.fromarray(arr))  # 20×20, then its centre
+    whole = np.asarray(Image.fromarray(arr).resize((20, 20), Image.Resampling.BILINEAR))
+    assert np.array_equal(squash, whole[5:15, 5:15])
+
+
+@pytest.mark.parametrize("spelling", ["timm:bicubic", "timm:cubic:0.9", "timm:bicubic:1.5", "timm:bicubic:0",
+                                      "timm:bicubic:x", "timm:bicubic:0.9:border", "timm:bicubic:0.9:squash:1"])
+def test_malformed_timm_spelling_is_one_line(spelling):
+    with pytest.raises(ValueError, match=r"^eval resize .* is not timm:INTERPOLATION:CROP_PCT\[:squash\] .*"
+                                         r"\(e\.g\. timm:bicubic:0\.9\)$"):
+        EvalTransform((8, 8), spelling)

@@ -65,6 +65,7 @@ def test_exported_file_runs_in_onnx_runtime_at_another_batch_size(family, tmp_pa
     assert report.check.bound <= 1e-4  # widened past 1e-5 only by float32's own rounding (BiT: ~2e-5)
     meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
     assert json.loads(meta["vitlab_config"])["num_classes"] == 5 and meta["precision"] == "fp32"
+    assert meta["eval_resize"] == "official"  # a vitlab name's: what vitlab.transforms runs
     assert written_by(path) == "vitlab export"  # so the next export may replace it
 
 

@@ -64,12 +64,13 @@ def test_per_class_precision_and_recall_match_sklearn(run, capsys):
 
 def test_the_figure_is_named_after_data_and_split(run, tmp_path, capsys):
     folder, _ = run
+    out = tmp_path / "report"
     for split in ("val", "train"):
-        assert main(["eval", "--weights", str(folder), "--data", "digits", "--split", split]) == 0
-        figure = folder / f"confusion-digits-{split}.png"
+        assert main(["eval", "--weights", str(folder), "--data", "digits", "--split", split, "--out", str(out)]) == 0
+        figure = out / f"confusion-digits-{split}.png"
         assert capsys.readouterr().out.splitlines()[-1] == f"confusion matrix: {figure}"
-    assert (folder / "confusion-digits-val.png").stat().st_size > 1000  # the first one is still there
-    assert (folder / "confusion-digits-train.png").stat().st_size > 1000
+    assert (out / "confusion-digits-val.png").stat().st_size > 1000  # the first one is still there
+    assert (out / "confusion-digits-train.png").stat().st_size > 1000
     assert confusion_name("/data/photos/", "val") == "confusion-photos-val.png"
     assert confusion_name("mnist:10", "train") == "confusion-mnist_10-train.png"
     assert confusion_name("hf:owner/cats & dogs", "val") == "confusion-cats_dogs-val.png"

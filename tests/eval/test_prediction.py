@@ -14,6 +14,7 @@ import vitlab
 from tests.conftest import TINY_VIT_ARGS
 from vitlab.cli import main
 from vitlab.eval.prediction import predict
+from vitlab.files.marks import CSV, Kind, kind_of
 
 CLASSES = ["cat", "dog", "fox"]
 
@@ -72,7 +73,7 @@ def test_folder_with_unreadable_files_to_csv(weights, tmp_path, capsys, caplog):
             assert np.allclose([float(row[2]), float(row[4])], [t["probability"] for t in top], atol=1e-5)
 
 
-def test_json_out_is_replaceable_and_a_csv_needs_force(weights, tmp_path, capsys):
+def test_json_out_and_csv_are_replaced_by_a_rerun_and_a_users_csv_needs_force(weights, tmp_path, capsys):
     folder = photo_folder(tmp_path / "photos", n=5)
     record = tmp_path / "preds.json"
     for _ in range(2):  # the second run replaces its own earlier record
@@ -83,12 +84,18 @@ def test_json_out_is_replaceable_and_a_csv_needs_force(weights, tmp_path, capsys
     assert sorted(s["image"].rsplit("/", 1)[-1] for s in data["skipped"]) == ["b1.jpg", "zz.png"]
     out = tmp_path / "p.csv"
     assert main(["predict", "--weights", weights, str(folder), "--csv", str(out)]) == 0
-    before = digest(out)
+    assert kind_of(out) == Kind("vitlab predict", CSV)  # its header row is its mark
+    assert main(["predict", "--weights", weights, str(folder), "--csv", str(out), "--top-k", "1"]) == 0
+    assert out.read_text().splitlines()[0] == "image,class_1,probability_1"  # replaced: now one class per row
     capsys.readouterr()
-    assert main(["predict", "--weights", weights, str(folder), "--csv", str(out)]) == 2
-    assert capsys.readouterr().err.strip().endswith("exists and vitlab did not write it; pass --force to replace "
-                                                    "it, or choose a new name")
-    assert digest(out) == before
+    for theirs in ("image,class,probability\r\nx.png,cat,0.5\r\n",  # another header: a user's table
+                   "image,class_1,probability_1,note\nx.png,cat,0.5,mine\n",  # vitlab's columns and one more
+                   "name,score\n"):
+        out.write_bytes(theirs.encode())
+        assert main(["predict", "--weights", weights, str(folder), "--csv", str(out)]) == 2
+        assert capsys.readouterr().err.strip().endswith("exists and vitlab did not write it; pass --force to "
+                                                        "replace it, or choose a new name")
+        assert out.read_bytes() == theirs.encode()
     assert main(["predict", "--weights", weights, str(folder), "--csv", str(out), "--force"]) == 0
 
 

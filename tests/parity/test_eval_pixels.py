@@ -4,8 +4,9 @@ Real photos (scikit-image's astronaut, coffee and chelsea; scikit-learn's china 
 grace_hopper) are resized with PIL so that their short side runs from below the model size (224) to 4× it, and
 saved as JPEG and PNG. Each file goes through `vitlab.transforms(model)` (what eval, predict, few-shot and analysis
 feed the model) and through the references, which decode a file exactly (`Image.open(f).convert("RGB")`, as
-timm's ImageDataset does): timm's `resolve_data_config(model=m)` + `create_transform(**cfg)`, and, for a
-Hugging Face folder, its image processor (`AutoImageProcessor`, PIL-based). The pixels must be equal, value for
+timm's ImageDataset does): timm's `resolve_data_config(model=m)` + `create_transform(**cfg)` (vitlab's own
+resizes, and timm's pipeline that a model of a timm name takes, at 224, 256, 384, 518 and non-square sizes), and,
+for a Hugging Face folder, its image processor (`AutoImageProcessor`, PIL-based). The pixels must be equal, value for
 value: a JPEG decoded at reduced size (Pillow's draft mode) differs by tens of grey levels on photos at least
 twice the model size.
 
@@ -119,6 +120,47 @@ def test_vitlab_transforms_equal_timm_on_photos_of_every_size(photo_files, eval_
         assert np.array_equal(ours, as_uint8(timm_fn(exact), mean, std)), f"{path}: not timm's pixels"
         compared_with_timm += 1
     assert compared_with_timm >= len(photo_files) // 2  # the exception stays an exception
+
+
+# Models of timm names where their pipelines differ: crop_pct 0.9 at 224, 0.95 and 0.9 at 256, 1.0 at 384 and at
+# DINOv2's 518; non-square inputs (timm resizes the side that reaches its scaled size first); timm's squash mode.
+TIMM_CASES = [
+    ("vit_small_patch16_224", {}), ("deit_small_patch16_224", {}), ("vit_medium_patch16_reg4_gap_256", {}),
+    ("vit_base_patch16_reg4_gap_256", {}), ("vit_small_patch16_384", {}), ("vit_small_patch14_dinov2", {}),
+    ("vit_small_patch16_224", {"img_size": (224, 320)}), ("deit_small_patch16_224", {"img_size": (320, 224)}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "kwargs"), TIMM_CASES, ids=[f"{n}{k.get('img_size', '')}" for n, k in TIMM_CASES])
+def test_models_of_timm_names_take_timms_pixels_on_photos(photo_files, name, kwargs):
+    """`vitlab.transforms` of a model made by a timm name runs timm's pipeline for the name (timm's pretrained cfg,
+    vitlab's own code): timm's `create_transform` values on every photo."""
+    from timm.models import get_pretrained_cfg
+
+    with torch.device("meta"):
+        model = vitlab.create_model(name, **kwargs)
+    expected = timm.data.resolve_data_config(pretrained_cfg=get_pretrained_cfg(name).to_dict())
+    expected["input_size"] = (3, *model.config.image_size)  # the name's, or the size asked for
+    assert timm.data.resolve_data_config(model=model) == expected
+    check_timm_pixels(photo_files, model, timm.data.create_transform(**expected))
+
+
+def test_timm_squash_mode_takes_timms_pixels_on_photos(photo_files):
+    with torch.device("meta"):
+        model = vitlab.create_model("ViT-S/16", image_size=(224, 320))
+    model.eval_resize = "timm:bilinear:0.875:squash"  # the whole image to (256, 365), then the central crop
+    cfg = timm.data.resolve_data_config(model=model)
+    assert (cfg["crop_mode"], cfg["crop_pct"], cfg["input_size"]) == ("squash", 0.875, (3, 224, 320))
+    check_timm_pixels(photo_files, model, timm.data.create_transform(**cfg))
+
+
+def check_timm_pixels(photo_files: list[str], model: torch.nn.Module, timm_fn) -> None:
+    ours_fn, mean, std = vitlab.transforms(model), model.config.mean, model.config.std
+    for path in photo_files:
+        ours, theirs = ours_fn(path), timm_fn(reference_decode(path))
+        assert ours.shape == theirs.shape == (3, *model.config.image_size)
+        assert np.array_equal(as_uint8(ours, mean, std), as_uint8(theirs, mean, std)), f"{path}: not timm's pixels"
+        assert (ours - theirs).abs().max() <= 1e-6, path  # normalised in another order: float rounding only
 
 
 @pytest.fixture(scope="module")

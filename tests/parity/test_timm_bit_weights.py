@@ -21,7 +21,7 @@ from vitlab.weights.timm_bit import to_timm_bit_state_dict
 
 timm = pytest.importorskip("timm")
 from timm.layers import StdConv2d  # noqa: E402
-from timm.models import save_for_hf  # noqa: E402
+from timm.models import load_checkpoint, save_for_hf  # noqa: E402
 from timm.models.resnetv2 import ResNetV2  # noqa: E402
 
 TOL = 1e-5
@@ -87,6 +87,29 @@ def test_timm_bare_state_dicts_to_vitlab(timm_ref, tmp_path):
     named = read_timm(tmp_path / "c.pth", arch="resnetv2_50x1_bit.goog_in21k")
     assert named.config == model.config
     assert all(torch.equal(named.state_dict[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("name", ["resnetv2_50x1_bit", "resnetv2_101x1_bit"])
+def test_timm_state_dict_loads_with_timms_load_checkpoint_and_by_arch(name, tmp_path):
+    """timm's state dict, saved as timm saves it, loads into vitlab.create_model(NAME) through timm's own
+    load_checkpoint (strict: vitlab's BiT takes timm's names and 1×1-convolution head) and through
+    vitlab.load(file, arch=NAME), both with timm's logits: a model made by a timm name has timm's
+    standardisation eps (the std-1e-4 convs make the logits depend on it)."""
+    ref = randomize(timm.create_model(name, pretrained=False, num_classes=7), conv_std=1e-4)
+    path = tmp_path / f"{name}.pth"
+    torch.save(ref.state_dict(), path)
+    created = vitlab.create_model(name, num_classes=7).eval()
+    load_checkpoint(created, str(path))
+    loaded = vitlab.load(path, arch=name)
+    with torch.no_grad():
+        expected = ref(X)
+        assert rel_err(created(X), expected) <= TOL
+        assert rel_err(loaded(X), expected) <= TOL
+    assert created.config == loaded.config
+    # and timm's model object itself: load_state_dict of its state dict
+    again = vitlab.create_model(name, num_classes=7).eval()
+    again.load_state_dict(ref.state_dict())
+    assert all(torch.equal(v, created.state_dict()[k]) for k, v in again.state_dict().items())
 
 
 def test_vitlab_to_timm(tmp_path):

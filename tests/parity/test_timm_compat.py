@@ -10,6 +10,7 @@ from PIL import Image
 
 import vitlab
 from vitlab.hub import catalogue
+from vitlab.weights.timm_bit import TIMM_WS_EPS
 
 pytest.importorskip("timm")
 import timm  # noqa: E402
@@ -125,7 +126,8 @@ OTHER_ENTRIES = [e for e in catalogue.entries() if e.model and not (e.repo or ""
 @pytest.mark.parametrize("entry", OTHER_ENTRIES, ids=[e.name for e in OTHER_ENTRIES])
 def test_catalogue_architectures_have_their_timm_alias(entry):
     """Every other catalogue entry (official .npz, BiT .npz, google/* repos): timm's name for its architecture at
-    its resolution is an alias that builds the same vitlab model."""
+    its resolution is an alias that builds the same vitlab model (a BiT's with timm's weight-standardisation eps,
+    so that timm's weights give timm's outputs)."""
     from vitlab.weights.timm import timm_model_name
     from vitlab.weights.timm_bit import timm_bit_name
 
@@ -137,6 +139,9 @@ def test_catalogue_architectures_have_their_timm_alias(entry):
         assert name.endswith(f"_{entry.resolution}")  # timm registers the architecture at this resolution
     assert name in timm.list_models()
     alias = meta_model(name).config
+    if entry.model.startswith("BiT-"):
+        assert alias.ws_eps == TIMM_WS_EPS
+        alias = alias.replace(ws_eps=config.ws_eps)
     assert alias.replace(num_classes=0, image_size=config.image_size) == config.replace(num_classes=0)
 
 
@@ -164,11 +169,34 @@ def test_timm_keywords_build_what_timm_builds():
     assert meta_model("resnetv2_50x1_bit", global_pool="avg", drop_path_rate=0.0).config.name == "BiT-R50x1"
 
 
+def shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    from vitlab.models.timm_keys import timm_key
+
+    config = getattr(model, "config", None)
+    return {timm_key(k, config) if config else k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("name, embed_dim", [
+    ("vit_little_patch16_reg4_gap_256", 40),  # mlp_ratio 5.6: 224, where vitlab kept the name's 1792
+    ("vit_so150m_patch16_reg4_gap_256", 264),  # 2.572: int(679.008) = 679; mlp_dim / width (2304 / 896) gives 678
+    ("vit_base_patch16_224", 40),
+    ("vit_small_r26_s32_224", 40),  # hybrid
+])  # fmt: skip
+@pytest.mark.parametrize("mlp", [{}, {"mlp_ratio": 2.5}], ids=["name's-ratio", "ratio"])
+def test_mlp_width_follows_embed_dim_and_mlp_ratio_as_in_timm(name, embed_dim, mlp):
+    """timm's MLP width is int(embed_dim · mlp_ratio), each the name's unless given: the same tensor shapes as timm's
+    model with embed_dim alone, mlp_ratio alone, or both."""
+    for kwargs in ({"embed_dim": embed_dim, **mlp}, mlp or {"embed_dim": embed_dim}):
+        kwargs = {"depth": 1, "num_heads": 2, "img_size": 64, **kwargs}
+        assert shapes(meta_model(name, **kwargs)) == shapes(meta_timm(name, **kwargs)), kwargs
+
+
 @pytest.mark.parametrize("kwargs, needle", [
     (dict(foo=1), "takes no keyword 'foo'; use a config field"),
     (dict(global_pool="token", class_token=False), "global_pool='token' needs a class token"),
     (dict(global_pool="map"), "global_pool='map'"),
     (dict(img_size=64, image_size=64), "img_size and image_size name the same setting"),
+    (dict(mlp_ratio=2.0, mlp_dim=64), "mlp_ratio and mlp_dim name the same setting"),
     (dict(out_indices=(1,)), "out_indices applies only with features_only=True"),
 ])  # fmt: skip
 def test_bad_keywords_are_value_errors(kwargs, needle):

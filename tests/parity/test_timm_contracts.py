@@ -108,3 +108,39 @@ def test_pruning_the_head_removes_fc_norm_as_timm_does(name):
         1, prune_norm=True, prune_head=True)
     assert sorted(timm_key(k, model.config) for k in model.state_dict()) == sorted(ref.state_dict())
     assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in ref.parameters())
+
+
+# class token; registers + fc_norm; registers + class token + layer scale
+PRUNE_NAMES = ["vit_tiny_patch16_224", "vit_little_patch16_reg4_gap_256", "vit_small_patch14_reg4_dinov2"]
+
+
+@pytest.mark.parametrize("prune_norm", [False, True])
+@pytest.mark.parametrize("name", PRUNE_NAMES)
+def test_a_pruned_head_returns_timms_unpooled_tokens(name, prune_norm):
+    """After prune_intermediate_layers(prune_head=True) timm's ViT no longer pools (global_pool ''): forward and
+    forward_head (pre_logits or not) return the (N, T, D) tokens; a new head from reset_classifier(n) acts on each.
+    vitlab's model with timm's weights returns the same tensors."""
+    model, ref = pair(name, depth=3, **NARROW)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn_like(p) * 0.02)  # off zero heads and unit norms
+    model.load_state_dict(ref.state_dict())
+    model.eval(), ref.eval()
+    assert model.prune_intermediate_layers(1, prune_norm=prune_norm) == ref.prune_intermediate_layers(
+        1, prune_norm=prune_norm)
+    assert (model.global_pool, model.num_classes) == (ref.global_pool, ref.num_classes) == ("", 0)
+    x = torch.randn(2, 3, *model.config.image_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = ref(x)
+        assert expected.ndim == 3
+        torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
+        tokens = model.forward_features(x)
+        for pre_logits in (False, True):
+            assert torch.equal(model.forward_head(tokens, pre_logits=pre_logits), tokens)
+        model.reset_classifier(3)
+        ref.reset_classifier(3)
+        ref.head.load_state_dict(model.head.state_dict())
+        assert model.global_pool == ref.global_pool == ""
+        assert model(x).shape == ref(x).shape == (*expected.shape[:2], 3)
+        model.reset_classifier(3, "avg")  # pooling again
+        assert model.global_pool == "avg" and model(x).shape == (2, 3)

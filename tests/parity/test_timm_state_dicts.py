@@ -1,8 +1,8 @@
 """A timm model's state dict, saved as timm saves it, loads into vitlab both ways: `vitlab.load(file, arch=NAME)` and
 timm's own `timm.models.load_checkpoint(vitlab.create_model(NAME), file)` (vitlab's model takes timm's tensor
 names), with timm's logits (relative L2 error <= 1e-5) and the same pre-processing config however the model was
-made: the weights' normalisation (timm's for timm's names) and vitlab's evaluation resize. Random weights, small
-images, timm models built with pretrained=False: nothing is downloaded."""
+made: timm's pipeline for the name (its pretrained cfg's normalisation, interpolation and crop). Random weights,
+small images, timm models built with pretrained=False: nothing is downloaded."""
 
 import pytest
 import torch
@@ -13,7 +13,7 @@ from vitlab.constants import IMAGENET_MEAN, IMAGENET_STD, OFFICIAL_MEAN, OFFICIA
 from vitlab.models import resnet
 
 timm = pytest.importorskip("timm")
-from timm.models import load_checkpoint  # noqa: E402
+from timm.models import get_pretrained_cfg, load_checkpoint  # noqa: E402
 
 TOL = 1e-5
 # (timm name, image size, timm's mean/std for its weights): the families whose state dicts, heads or normalisation
@@ -38,9 +38,9 @@ def preprocessing(model: torch.nn.Module) -> dict:
 @pytest.mark.parametrize(("name", "size", "mean", "std"), CASES, ids=[c[0] for c in CASES])
 def test_timm_state_dict_loads_both_ways_with_one_preprocessing(name, size, mean, std, tmp_path):
     """timm's model of the name at a small image size with random weights, its state dict saved by torch.save:
-    the same logits through timm's load_checkpoint and through vitlab.load(arch=); timm's head size; the
-    weights' normalisation (timm's for the name) and vitlab's evaluation resize (the whole image to S×S,
-    bilinear: docs/coming-from-timm.md) from create_model, load(arch=) and a file vitlab converted."""
+    the same logits through timm's load_checkpoint and through vitlab.load(arch=); timm's head size; timm's
+    pipeline for the name (its pretrained cfg: normalisation, interpolation, crop_pct, crop_mode;
+    docs/coming-from-timm.md) from create_model, load(arch=) and a file vitlab converted."""
     ref = randomize(timm.create_model(name, pretrained=False, img_size=size))
     match_timm_hybrid_numerics(ref)
     path = tmp_path / f"{name}.pth"
@@ -58,7 +58,9 @@ def test_timm_state_dict_loads_both_ways_with_one_preprocessing(name, size, mean
 
     vitlab.save(loaded, tmp_path / "converted.safetensors")
     converted = vitlab.load(tmp_path / "converted.safetensors")
-    rule = {"mean": mean, "std": std, "interpolation": "bilinear", "crop_pct": 1.0, "crop_mode": "squash"}
+    timm_cfg = get_pretrained_cfg(name)
+    rule = {"mean": mean, "std": std, "interpolation": timm_cfg.interpolation, "crop_pct": timm_cfg.crop_pct,
+            "crop_mode": timm_cfg.crop_mode}
     assert preprocessing(created) == preprocessing(loaded) == preprocessing(converted) == rule
 
 

@@ -140,7 +140,8 @@ def _data(kind: str, tmp_path: Path, folder: Path) -> Path:
 @pytest.mark.parametrize("kind", ["folder", "shards", "hf"])
 def test_print_config_equals_the_recorded_config(kind, folder, tmp_path, capsys, monkeypatch):
     """`--print-config json` is config.json before the run: every value, source, note, the model's configuration,
-    the classes and split sizes; the text form is the banner's schedule and settings lines."""
+    the classes and split sizes; the text form is the banner's schedule and settings lines (the banner counting the
+    settings at their defaults that --print-config lists)."""
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
     out = tmp_path / "run"
     args = ["train", "--data", str(_data(kind, tmp_path, folder)), "--out", str(out), *TINY, "--epochs", "0.2",
@@ -159,7 +160,13 @@ def test_print_config_equals_the_recorded_config(kind, folder, tmp_path, capsys,
     banner = _console(out)
     start = banner.index("settings " + lines[0])
     assert lines[1] in banner[:start] and lines[1].startswith("schedule 3 steps of 16 images = 0.2 epochs")
-    assert banner[start + 1: start + len(lines) - 1] == lines[2:]  # every value by source, the notes
+    defaults = next(i for i, line in enumerate(lines) if line.startswith("  from default: "))
+    listed = next((i for i in range(defaults + 1, len(lines)) if not lines[i].startswith("      ")), len(lines))
+    count = next(line for line in banner if line.startswith("  from default: "))
+    assert re.fullmatch(r"  from default: \d+ other settings \(config.json lists every value\)", count)
+    counted = lines[2:defaults] + [count] + lines[listed:]
+    assert banner[start + 1: start + 1 + len(counted)] == counted  # every value by source, the notes
+    assert "keep_last 2" in "\n".join(lines[defaults:listed])
 
 
 def test_the_banner_estimates_the_time_from_a_measured_step_before_the_first_step_line(folder, tmp_path, capsys):

@@ -68,6 +68,45 @@ def test_layer_scales_equal_timms_param_groups_layer_decay(ours, theirs):
     assert {n: s for n, s in scales.items() if s != pytest.approx(expected[n], rel=1e-12)} == {}
 
 
+@pytest.mark.parametrize("name, kwargs", [
+    ("vit_small_r26_s32_224", {"num_classes": 5}),  # hybrid: its ResNet stem is the embeddings' layer
+    ("vit_tiny_patch16_224", {"num_classes": 0}),  # no head: the last block is the top layer
+    ("vit_small_patch14_reg4_dinov2", {"num_classes": 5}),  # registers, layer scale
+], ids=["hybrid", "headless", "registers"])
+@pytest.mark.parity
+def test_layer_scales_equal_timms_on_timm_names(name, kwargs):
+    """The layers are the model's group_matcher numbered as timm numbers it: on a model of a timm name, every
+    parameter (timm's name for it) gets the lr scale timm's param_groups_layer_decay gives timm's model."""
+    from timm.optim import param_groups_layer_decay
+
+    from vitlab.models.timm_keys import timm_key
+
+    small = {"depth": 3, "img_size": 56 if "patch14" in name else 64, "embed_dim": 64, "num_heads": 2,
+             "mlp_ratio": 2.0, **kwargs}  # fmt: skip
+    model = vitlab.create_model(name, **small)
+    reference = timm.create_model(name, pretrained=False, **small)
+    names = {id(p): n for n, p in reference.named_parameters()}
+    expected = {names[id(p)]: group["lr_scale"]
+                for group in param_groups_layer_decay(reference, weight_decay=0.05, layer_decay=0.75)
+                for p in group["params"]}  # fmt: skip
+    scales = {timm_key(n, model.config): s for n, s in layer_scales(model, 0.75).items()}
+    assert scales.keys() == expected.keys()
+    assert {n: s for n, s in scales.items() if s != pytest.approx(expected[n], rel=1e-12)} == {}
+    assert len(set(scales.values())) == 5 - (kwargs["num_classes"] == 0)
+
+
+def test_layer_scales_follow_the_models_group_matcher(monkeypatch):
+    """One definition of the layers: a model whose group_matcher puts the final norm in a layer of its own (as
+    BEiT's and MAE's code do) gets that layer, above the last block."""
+    model = vitlab.create_model("ViT-Ti/16", image_size=32, num_classes=5, **TINY)
+    matcher = model.group_matcher()
+    own_norm = {"stem": matcher["stem"], "blocks": [matcher["blocks"][0]], "norm": r"^norm\."}
+    monkeypatch.setattr(type(model), "group_matcher", lambda self, coarse=False: own_norm)
+    scales = layer_scales(model, 0.5)
+    assert scales["head.weight"] == 1.0 and scales["norm.weight"] == 0.5 and scales["blocks.2.mlp.fc2.weight"] == 0.25
+    assert scales["pos_embed"] == 0.5**5
+
+
 def test_layer_scales_by_definition():
     """decay^(num_layers − layer id): the head 1, block i of 3 at 0.5^(3 − i), the final norm with the last block,
     the embeddings at 0.5^4."""

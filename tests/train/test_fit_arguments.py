@@ -53,7 +53,8 @@ def test_a_keyword_of_the_wrong_type_is_a_type_error_naming_it(tmp_path, name):
 
 @pytest.mark.parametrize("settings, expected", [
     (dict(steps="3"), "steps must be an integer, got '3' (a string)"),
-    (dict(data=123), "data must be a path or dataset name (str or os.PathLike), got int"),
+    (dict(data=123), "data must be a path or dataset name (str or os.PathLike), or a map-style dataset of (image, "
+                      "label) (torchvision ImageFolder, datasets.Dataset, …) or a (train, val) pair of them, got int"),
     (dict(heads="2"), "heads must be an integer, got '2' (a string)"),
     (dict(resume=1), "resume must be True, False or 'auto', got 1"),
     (dict(model_args=[("depth", 2)]), "model_args must be a mapping of model settings"),

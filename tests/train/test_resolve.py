@@ -158,3 +158,16 @@ def test_models_built_from_one_read_of_the_weights_do_not_share_them(tmp_path):
     second = build_run_model(resolved.config, ["a", "b"], init=resolved.init)
     kept = source.state_dict()
     assert all(torch.equal(v, kept[k]) for k, v in second.state_dict().items() if not k.startswith("head."))
+
+
+def test_finetuning_weights_of_a_timm_name_evaluates_with_timms_pipeline(tmp_path):
+    """Weights of a timm-named model carry timm's pipeline as their evaluation resize: a fine-tune from them
+    evaluates so (a value the --eval-resize flag does not offer, taken from the weights), unless a flag says
+    otherwise."""
+    weights = tmp_path / "deit.safetensors"
+    vitlab.save(vitlab.create_model("deit_tiny_patch16_224", img_size=16, depth=1), weights)
+    resolved = resolve("finetune", {"init": str(weights), "data": "digits"}, verb="finetune")
+    assert resolved.config.eval_resize == "timm:bicubic:0.9"
+    assert resolved.sources["eval_resize"] == f"weights {weights}"
+    flagged = resolve("finetune", {"init": str(weights), "data": "digits", "eval_resize": "official"}, verb="finetune")
+    assert flagged.config.eval_resize == "official"

@@ -158,21 +158,38 @@ def test_cli_bad_file_exits_nonzero_with_one_line(tmp_path):
 
 def test_pruned_model_round_trips_through_save_and_load(tmp_path):
     model = vitlab.create_model("ViT-Ti/16", num_classes=3, image_size=32, depth=4, drop_path_rate=0.1).eval()
-    model.prune_intermediate_layers(indices=[1])
+    model.prune_intermediate_layers(indices=[1], prune_head=False)
     vitlab.save(model, tmp_path / "pruned.safetensors")
     loaded = vitlab.load(tmp_path / "pruned.safetensors")
     sample = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert torch.equal(loaded.forward_features(sample), model.forward_features(sample))
         assert torch.equal(loaded(sample), model(sample))
-    assert loaded.config.depth == 2 and loaded.config.num_classes == 0
+    assert loaded.config.depth == 2 and loaded.config.num_classes == 3
     # the kept blocks keep their stochastic-depth rates: 0.1·i/3 for i = 0, 1
     assert [getattr(b.drop_path, "p", 0.0) for b in loaded.blocks] == pytest.approx([0.0, 0.1 / 3])
 
 
+@pytest.mark.parametrize("name", ["ViT-Ti/16", "vit_little_patch16_reg4_gap_256"])  # class token; fc_norm
+def test_a_model_with_a_pruned_head_is_refused_at_save_in_one_line(tmp_path, name):
+    """prune_head=True leaves a model that returns unpooled tokens (timm's global_pool ''), with or without the
+    LayerNorm after pooling it had: no config describes that, and save says so the same way for both."""
+    model = vitlab.create_model(name, num_classes=3, image_size=32, depth=2, **({} if "/" in name else
+                                {"embed_dim": 32, "num_heads": 2}))  # fmt: skip
+    model.prune_intermediate_layers(indices=1)
+    with pytest.raises(ValueError) as refused:
+        vitlab.save(model, tmp_path / "p.safetensors")
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith("vitlab.save: the model no longer pools (timm's global_pool '', set by "
+                              "prune_intermediate_layers(prune_head=True)")
+    assert message.endswith("save it before pruning its head, or prune with prune_head=False")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_model_without_its_final_norm_is_refused_at_save(tmp_path):
     model = vitlab.create_model("ViT-Ti/16", num_classes=3, image_size=32, depth=2)
-    model.prune_intermediate_layers(indices=1, prune_norm=True)
+    model.prune_intermediate_layers(indices=1, prune_norm=True, prune_head=False)
     with pytest.raises(ValueError) as refused:
         vitlab.save(model, tmp_path / "p.safetensors")
     message = str(refused.value)

@@ -12,7 +12,7 @@ import sys
 import threading
 from collections.abc import Iterator
 
-from vitlab.errors import VitlabError
+from vitlab.errors import VitlabError, closest
 
 # Each module defines `register(subparsers)`; its parsers set `func` to a callable taking the parsed args.
 VERB_MODULES = ["models", "bench", "weights", "train", "evaluate", "recipes", "fewshot", "analyze", "download",
@@ -67,6 +67,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """`parser.parse_args`, with an unrecognized flag answered by the verb's parser: where a flag of other
+    libraries (`--pretrained`) lives in vitlab, or the flag it most likely misspells."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        verb = verbs.choices[args.verb]
+        verb.error(_unrecognized(verb, extras, args))
+    return args
+
+
+def _unrecognized(verb: argparse.ArgumentParser, extras: list[str], args: argparse.Namespace) -> str:
+    flags = [x.split("=", 1)[0] for x in extras if x.startswith("--")]
+    if "--pretrained" in flags and args.verb in ("train", "finetune"):
+        return (f"--pretrained: published weights are fine-tuned from their name or file with --init: vitlab "
+                f"finetune --init {args.model or 'NAME'}")
+    options = {o.removeprefix("--"): o for o in verb._option_string_actions if o.startswith("--")}
+    guess = next(filter(None, (closest(f.removeprefix("--"), options) for f in flags)), None)
+    return f"unrecognized arguments: {' '.join(extras)}" + (f"; did you mean {options[guess]}?" if guess else "")
+
+
 def say_warnings(verb: str) -> None:
     """Python warnings (vitlab's own and its libraries') as vitlab says things, `vitlab <verb>: warning: <first
     line>`, instead of a source path, a category name and the line of code that warned."""
@@ -84,7 +105,7 @@ def say_warnings(verb: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     from vitlab.progress import set_verbosity
 
     set_verbosity(args.verbosity)

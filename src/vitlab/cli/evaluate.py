@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -19,6 +20,9 @@ from vitlab.cli.types import (
     workers,
 )
 
+WEIGHTS_HELP = ("weights file, checkpoint directory or run directory, or a .onnx file vitlab export wrote (run in "
+                "ONNX Runtime with the pre-processing its metadata records; needs pip install 'vitlab[onnx]'; see "
+                "docs/deployment.md, 'Serving an ONNX file')")
 INFER_PRECISION_HELP = PRECISION_HELP + ", or int8 (dynamic int8 Linear layers, CPU)"
 COMPILE_HELP = ("torch.compile the model before the first batch (off by default: on CPU the compilation costs more "
                 "than the faster inference saves except in evaluations of many minutes; figures in BENCHMARKS.md)")
@@ -33,8 +37,9 @@ def _register_eval(sub: argparse._SubParsersAction) -> None:
     from vitlab.constants import EVAL_RESIZES
 
     p = sub.add_parser("eval", help="top-1/top-5 and a confusion matrix of weights on a dataset",
-                       description="Evaluate weights (file, checkpoint or run directory) on a dataset split.")
-    p.add_argument("--weights", required=True, help="weights file, checkpoint directory or run directory")
+                       description="Evaluate weights (file, checkpoint or run directory, or an ONNX file vitlab "
+                                   "exported) on a dataset split.")
+    p.add_argument("--weights", required=True, help=WEIGHTS_HELP)
     p.add_argument("--data", required=True, help=DATA_SOURCES)
     p.add_argument("--split", default="val", choices=["val", "train"],
                    help="split to evaluate (default val; embedded sets: their test split)")
@@ -48,15 +53,19 @@ def _register_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", type=precision_name(int8=True), default="auto", help=INFER_PRECISION_HELP)
     p.add_argument("--compile", action="store_true", help=COMPILE_HELP)
     p.add_argument("--confusion", metavar="PATH",
-                   help="write the confusion-matrix PNG here (default: confusion-DATA-SPLIT.png in --out, else in "
-                        "the run directory the weights come from, else no figure)")
+                   help="write the confusion-matrix PNG here (default: confusion-DATA-SPLIT.png beside metrics.json "
+                        "in --out, else no figure)")
     p.add_argument("--out", metavar="DIR",
                    help="folder for metrics.json and confusion-DATA-SPLIT.png (created if needed)")
+    p.add_argument("--errors", metavar="PATH",
+                   help="write the misclassified images as CSV (image, true, predicted, confidence); an earlier one "
+                        "of vitlab eval's is replaced")
     p.add_argument("--strict", action="store_true", help="unreadable images are fatal")
     p.add_argument("--force", action="store_true",
-                   help=force_help("--confusion"))
+                   help=force_help("--confusion and --errors"))
     p.add_argument("--json", action="store_true",
-                   help="print the metrics as JSON (top1/top5 as fractions in [0, 1]; the text output is in %%)")
+                   help="print the metrics as JSON (top1/top5 as fractions in [0, 1], top5 only for more than 5 "
+                        "classes; the text output is in %%)")
     p.set_defaults(func=_eval)
 
 
@@ -73,46 +82,66 @@ def _eval(args: argparse.Namespace) -> int:
         per_class_lines,
         per_class_metrics,
     )
-    from vitlab.eval.metrics import CONFUSION_KIND
+    from vitlab.eval.metrics import CONFUSION_KIND, informative_metrics
+    from vitlab.eval.prediction_files import ERRORS_KIND
     from vitlab.files.outputs import check_output, check_replaceable
 
     inputs = (args.weights, args.data)  # never replaced by what the evaluation writes
+    png = confusion_destination(args.confusion, args.out, args.data, args.split)
+    _distinct_outputs(args.errors, png, Path(args.out) / "metrics.json" if args.out else None)
     if args.confusion:  # before any work, as for --out: a file of the user's is never replaced unasked
         check_output(args.confusion, args.force, kind=CONFUSION_KIND, inputs=inputs)
+    if args.errors:
+        check_output(args.errors, args.force, kind=ERRORS_KIND, inputs=inputs)
     if args.out:  # before any work: a metrics.json or figure of the user's is never replaced
         check_replaceable(args.out, "metrics.json", "vitlab eval",
                           () if args.confusion else (confusion_name(args.data, args.split),),
                           legacy_keys=EVAL_RECORD_KEYS, inputs=inputs)
     r = evaluate_weights(args.weights, args.data, args.split, args.batch_size, args.workers, args.device,
-                         None, args.strict, args.eval_resize, precision=args.precision, compile=args.compile)
-    record = {**r.metrics, "eval_resize": r.eval_resize, "weights": str(args.weights), "data": args.data,
+                         None, args.strict, args.eval_resize, precision=args.precision, compile=args.compile,
+                         errors=bool(args.errors), session=_onnx_session(args))
+    m = informative_metrics(r.metrics, len(r.class_names))  # top-5 only where it is not 100% by construction
+    record = {**m, "eval_resize": r.eval_resize, "weights": str(args.weights), "data": args.data,
               "split": args.split, "precision": r.precision.to_dict(), "compile": args.compile,
               "per_class": per_class_metrics(r.confusion, r.class_names)}
-    m = r.metrics
     if not args.json:
-        print(f"top-1 {100 * m['top1']:.2f}%  top-5 {100 * m['top5']:.2f}%  loss {m['loss']:.4f}  "
+        top5 = f"  top-5 {100 * m['top5']:.2f}%" if "top5" in m else ""
+        print(f"top-1 {100 * m['top1']:.2f}%{top5}  loss {m['loss']:.4f}  "
               f"({m['count']} images)  eval resize: {r.eval_resize}  precision {r.precision.name} "
               f"({r.precision.reason})", flush=True)
         print("\n".join(per_class_lines(record["per_class"])), flush=True)
-    png = confusion_destination(args.weights, args.confusion, args.out, args.data, args.split)
     failures = _write_outputs(args, r, record, png)
     if args.json:
         print(json.dumps({**record, "confusion_png": None if r.confusion_png is None else str(r.confusion_png)}))
-    elif r.confusion_png is not None:
-        print(f"confusion matrix: {r.confusion_png}")
-    elif png is None:
-        print("confusion matrix: not written (pass --confusion PATH or --out DIR)")
+    else:
+        if r.confusion_png is not None:
+            print(f"confusion matrix: {r.confusion_png}")
+        elif png is None:
+            print("confusion matrix: not written (pass --confusion PATH or --out DIR)")
+        if args.errors:
+            listed = "not written" if any(f.startswith(ERRORS_FAILED) for f in failures) else args.errors
+            print(f"misclassified: {len(r.misclassified):,} images ({listed})")
     for failure in failures:
         print(f"vitlab eval: warning: {failure}; the metrics above are complete", file=sys.stderr)
     return 2 if failures else 0
 
 
+ERRORS_FAILED = "cannot write the misclassified images to"
+
+
 def _write_outputs(args: argparse.Namespace, r, record: dict, png) -> list[str]:
-    """Write metrics.json (--out) and the figure; returns one line per file that could not be written."""
+    """Write the misclassified images (--errors), metrics.json (--out) and the figure; returns one line per file
+    that could not be written."""
     from vitlab.eval.classify import write_confusion
+    from vitlab.eval.prediction_files import write_errors
     from vitlab.files.outputs import WRITTEN_BY, atomic_write
 
     failures = []
+    if args.errors:
+        try:
+            write_errors(r.misclassified, args.errors, args.force, (args.weights, args.data))
+        except OSError as err:
+            failures.append(f"{ERRORS_FAILED} {args.errors}: {_why(err)}")
     if args.out:
         path = Path(args.out) / "metrics.json"
         text = json.dumps({WRITTEN_BY: "vitlab eval", **record}, indent=2) + "\n"
@@ -130,6 +159,26 @@ def _write_outputs(args: argparse.Namespace, r, record: dict, png) -> list[str]:
     return failures
 
 
+def _onnx_session(args: argparse.Namespace):
+    """The ONNX Runtime session for a .onnx --weights (`deploy.onnx_serve`), None for weights PyTorch reads."""
+    from vitlab.deploy.onnx_serve import is_onnx_path, open_onnx_session
+
+    if not is_onnx_path(args.weights):
+        return None
+    return open_onnx_session(args.weights, device=args.device, precision=args.precision, compile=args.compile)
+
+
+def _distinct_outputs(*paths: Path | str | None) -> None:
+    """ValueError (one line) when two of eval's outputs would be the same file: the second would replace the first."""
+    seen: dict[Path, str] = {}
+    for path in filter(None, paths):
+        key = Path(os.path.abspath(path))
+        if key in seen:
+            raise ValueError(f"two outputs of vitlab eval are {path}; give --errors, --confusion and --out "
+                             "different files")
+        seen[key] = str(path)
+
+
 def _why(err: OSError) -> str:
     from vitlab.errors import OutputRefused
 
@@ -142,7 +191,7 @@ def _why(err: OSError) -> str:
 
 def _register_predict(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="top-5 classes of images", description="Classify images with weights.")
-    p.add_argument("--weights", required=True, help="weights file, checkpoint directory or run directory")
+    p.add_argument("--weights", required=True, help=WEIGHTS_HELP)
     p.add_argument("images", nargs="+", help="image files or folders (every image under a folder, sorted)")
     p.add_argument("--top-k", type=class_count,
                    help="classes shown per image (default 5, or all of a model with fewer classes)")
@@ -162,9 +211,10 @@ def _register_predict_serving(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int_range(1, 65536), default=32,
                    help="images per forward pass (default 32)")
     p.add_argument("--csv", metavar="PATH", help="write one row per image (image, class_1, probability_1, ...) "
-                   "instead of printing them; replacing an existing CSV takes --force")
+                   "instead of printing them; an earlier one of vitlab predict's is replaced")
     p.add_argument("--json-out", metavar="PATH",
-                   help="write the predictions and the skipped images as one JSON record instead of printing them")
+                   help="write the predictions and the skipped images as one JSON record instead of printing them; "
+                        "an earlier one of vitlab predict's is replaced")
     p.add_argument("--force", action="store_true", help=force_help("--csv and --json-out"))
 
 
@@ -178,7 +228,7 @@ def _predict(args: argparse.Namespace) -> int:
     inputs = (args.weights, *args.images)  # never replaced by the predictions
     check_destinations(args.csv, args.json_out, args.force, inputs)  # before any work: never a file of the user's
     run = predict_images(args.weights, args.images, args.top_k, args.device, args.precision, args.batch_size,
-                         args.compile)
+                         args.compile, session=_onnx_session(args))
     written = [write_csv(run, args.csv, args.force, inputs)] if args.csv else []
     written += [write_json(run, args.json_out, args.weights, args.force, inputs)] if args.json_out else []
     if args.json:

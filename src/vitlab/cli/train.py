@@ -59,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
-    from vitlab.constants import EVAL_RESIZES, TRAIN_CROPS, TRAIN_RESIZES
+    from vitlab.constants import setting_words
     from vitlab.train import RECIPES
 
     a = p.add_argument
@@ -84,13 +84,13 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
                    help="data-loading processes (default: CPUs - 1; on CPU at most 8)")
     g.add_argument("--crop-scale", type=setting_type("crop_scale"), nargs=2, metavar=("MIN", "MAX"),
                    help="inception-crop area range")
-    g.add_argument("--train-crop", choices=TRAIN_CROPS,
+    g.add_argument("--train-crop", choices=setting_words("train_crop"),
                    help="inception: TF's sample_distorted_bounding_box (official code); inception-subpixel: "
                         "uniform area, fractional boxes (tiny images); resize-random-crop: BiT-HyperRule")
-    g.add_argument("--train-resize", choices=TRAIN_RESIZES,
+    g.add_argument("--train-resize", choices=setting_words("train_resize"),
                    help="what resamples the training crop: pil (default) or tensor (torch's uint8 kernel: within "
                         "one grey level of PIL; speed: BENCHMARKS.md)")
-    g.add_argument("--eval-resize", choices=EVAL_RESIZES, help=EVAL_RESIZE_HELP)
+    g.add_argument("--eval-resize", choices=setting_words("eval_resize"), help=EVAL_RESIZE_HELP)
     g.add_argument("--no-flip", dest="no_flip", action="store_true", help="no random horizontal flip")
     g.add_argument("--flip", dest="flip", action="store_true", help="random horizontal flip")
     m = p.add_argument_group("model")
@@ -111,25 +111,26 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
                    help="input mean (default: what the weights expect)")
     m.add_argument("--std", type=setting_type("std"), nargs=3, help="input std")
     o = p.add_argument_group("optimisation")
-    o.add_argument("--optimizer", choices=["adam", "sgd"],
-                   help="adam (decoupled weight decay; pre-training) or sgd with momentum (fine-tuning)")
+    o.add_argument("--optimizer", choices=setting_words("optimizer"),
+                   help="adam (decoupled weight decay, i.e. AdamW; pre-training) or sgd with momentum (fine-tuning); "
+                        "adamw is accepted and recorded as adam")
     o.add_argument("--lr", type=setting_type("lr"), help="base learning rate")
     o.add_argument("--wd", type=setting_type("weight_decay"), help="decoupled weight decay")
     o.add_argument("--betas", type=setting_type("betas"), nargs=2, help="Adam betas")
     o.add_argument("--momentum", type=setting_type("momentum"), help="SGD momentum")
     o.add_argument("--warmup", type=setting_type("warmup"), help="linear warm-up steps")
-    o.add_argument("--decay", choices=["linear", "cosine", "step"],
+    o.add_argument("--decay", choices=setting_words("decay"),
                    help="after warm-up: linear (to --linear-end), cosine (to 0), or step (x0.1 at --lr-drops)")
     o.add_argument("--linear-end", type=setting_type("linear_end"),
                    help="LR at the end of linear decay (official pre-training: 1e-5)")
     o.add_argument("--lr-drops", type=setting_type("lr_drops"), nargs="*", metavar="F",
                    help="step decay: fractions of --steps after which the LR drops x0.1 (BiT-HyperRule 0.3 0.6 0.9)")
     o.add_argument("--clip", type=setting_type("grad_clip"), help="global gradient-norm clipping (0: off)")
-    o.add_argument("--objective", choices=["classify", "mpp"],
+    o.add_argument("--objective", choices=setting_words("objective"),
                    help="classify (default) or mpp: masked patch prediction, self-supervised (recipe mpp)")
-    o.add_argument("--mpp-target", choices=["mean-color", "mean-color-4x4", "pixels"],
+    o.add_argument("--mpp-target", choices=setting_words("mpp_target"),
                    help="mpp: 3-bit mean colour (paper), its 4x4 downsized variant, or L2 on the pixels")
-    o.add_argument("--loss", choices=["softmax", "sigmoid"],
+    o.add_argument("--loss", choices=setting_words("loss"),
                    help="softmax cross-entropy, or sigmoid cross-entropy summed over classes (upstream pre-training)")
     o.add_argument("--head-bias-init", type=setting_type("head_bias_init"), metavar="B",
                    help="initial classifier bias of a model built from scratch (pre-training recipes: -10)")

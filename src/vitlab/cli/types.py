@@ -108,7 +108,7 @@ def precision_name(int8: bool) -> Callable[[str], str]:
 
 
 PRECISION_HELP = ("auto (default: bf16 on CUDA and on CPUs with AMX/AVX512-BF16 for models of width >= 384, "
-                  "else float32; see README 'Precision'), fp32 or bf16")
+                  "else float32; see docs/deployment.md, 'Precision'), fp32 or bf16")
 
 
 def new_or_folder(text: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -13,10 +14,11 @@ from vitlab.data.folder import check_same_classes, class_folders, folder_layout,
 from vitlab.data.fontglyphs import fonts_splits, is_fonts_source
 from vitlab.data.fractal import fractal_splits, is_fractal_source
 from vitlab.data.hf_split import HFSplit, hf_split, hf_train_val, is_hf_source, open_hf
+from vitlab.data.objects import is_dataset_object, is_object_description, object_datasets
 from vitlab.data.shards import is_shard_source, open_shard_set, shard_split
 from vitlab.data.sources import ImageSplit
 from vitlab.data.strokes import is_strokes_source, strokes_splits
-from vitlab.errors import DataError
+from vitlab.errors import DataError, setting
 
 # Sources drawn by a formula (KIND:C:N[:SEED]): each gives its (train, val) pair, rendered or from the cache.
 _DRAWN = ((is_fractal_source, fractal_splits), (is_strokes_source, strokes_splits), (is_fonts_source, fonts_splits))
@@ -65,48 +67,64 @@ class Datasets:
         return len(self.class_names)
 
 
-def build_datasets(data: str = "digits", val_fraction: float | None = None, strict: bool = False) -> Datasets:
-    """Embedded `digits`/`mnist` (validation = their fixed test split) or an image folder.
+def build_datasets(data: Any = "digits", val_fraction: float | None = None, strict: bool = False) -> Datasets:
+    """Embedded `digits`/`mnist` (validation = their fixed test split), an image folder (or any source named by a
+    string), or a dataset object or (train, val) pair of them (vitlab.data.objects).
 
     `val_fraction` holds out that fraction of each training class as the validation split instead (the paper's
     way of choosing hyper-parameters without touching the test/val data). A folder without `val/` needs it.
     """
     if val_fraction is not None and not 0.0 <= val_fraction < 1.0:
-        raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
-    check_data_named(data)
-    if is_embedded(data):
-        train, val = embedded_splits(data)
-        ds = Datasets(train, val, train.class_names, data)
-    elif is_drawn_source(data):  # fractal:C:N[:SEED] (Kataoka et al. 2020), strokes:C:N[:SEED], fonts:C:N[:SEED]
-        train, val = drawn_splits(data)
-        ds = Datasets(train, val, train.class_names, data)
-    elif is_hf_source(data):  # before shards: a brace pattern of .parquet files is not a tar pattern
-        train, val = hf_train_val(data, val_fraction, strict)
-        ds = Datasets(train, val, train.class_names, data)
-    elif is_shard_source(data):
-        ds = _shard_datasets(data, val_fraction, strict)
+        raise DataError(f"{setting('val_fraction')} must be in [0, 1), got {val_fraction}")
+    if is_dataset_object(data):
+        ds = _object_datasets(data, val_fraction)
     else:
-        ds = _folder_datasets(Path(data), val_fraction, strict)
+        ds = _named_datasets(data, val_fraction, strict)
     if val_fraction:
         keep, held = ds.train.holdout(val_fraction, seed=0)
         ds.train, ds.val = ds.train.subset(keep, "train"), ds.train.subset(held, f"train[{val_fraction:g}]")
     return ds
 
 
+def _named_datasets(data: str, val_fraction: float | None, strict: bool) -> Datasets:
+    check_data_named(data)
+    if is_embedded(data):
+        train, val = embedded_splits(data)
+        return Datasets(train, val, train.class_names, data)
+    if is_drawn_source(data):  # fractal:C:N[:SEED] (Kataoka et al. 2020), strokes:C:N[:SEED], fonts:C:N[:SEED]
+        train, val = drawn_splits(data)
+        return Datasets(train, val, train.class_names, data)
+    if is_hf_source(data):  # before shards: a brace pattern of .parquet files is not a tar pattern
+        train, val = hf_train_val(data, val_fraction, strict)
+        return Datasets(train, val, train.class_names, data)
+    if is_shard_source(data):
+        return _shard_datasets(data, val_fraction, strict)
+    return _folder_datasets(Path(data), val_fraction, strict)
+
+
+def _object_datasets(data: Any, val_fraction: float | None) -> Datasets:
+    train, val, source = object_datasets(data)
+    if val is None and not val_fraction:
+        raise DataError("missing split: data is one dataset, with no validation split; pass data=(train, val) or "
+                        "hold out part of it with val_fraction=0.1")
+    return Datasets(train, val if val is not None else train.subset(np.arange(0), "val"), train.class_names, source)
+
+
 def check_data_named(data: str) -> None:
-    """An empty --data would read the current directory (Path('') is '.'): refused with what to pass."""
+    """An empty --data would read the current directory (Path('') is '.'), and a dataset object's description (a
+    vitlab.fit run's recorded `data`) names no files: both refused with what to pass."""
+    if is_object_description(data):
+        raise DataError(f"--data {str(data)[:120]} names a dataset object a vitlab.fit run was given; it cannot be "
+                        "read from its description: pass the same object to vitlab.fit(data=...)")
     if not str(data).strip():
-        raise DataError("--data is empty; pass an image folder, tar shards, a Hugging Face dataset on disk, "
-                        "fractal:C:N, strokes:C:N, fonts:C:N or an embedded name (digits, mnist)")
+        raise DataError(f"{setting('data')} is empty; pass an image folder, tar shards, a Hugging Face dataset on "
+                        "disk, fractal:C:N, strokes:C:N, fonts:C:N or an embedded name (digits, mnist)")
 
 
 def _folder_datasets(root: Path, val_fraction: float | None, strict: bool) -> Datasets:
     train_dir, val_dir = folder_layout(root)
     if val_dir is None and not val_fraction:
-        raise DataError(
-            f"missing split: {root} has no val/ folder; add {root}/val/<class>/*.jpg or hold out part of the "
-            "training images with --val-fraction 0.1"
-        )
+        raise DataError(_missing_val(root, train_dir))
     class_names = class_folders(train_dir)
     train, skipped = scan_split(train_dir, class_names, "train", strict)
     if val_dir is not None and not val_fraction:
@@ -117,11 +135,31 @@ def _folder_datasets(root: Path, val_fraction: float | None, strict: bool) -> Da
     return Datasets(train, val, class_names, str(root), skipped)
 
 
+VAL_NAMES = ("val", "validation", "valid")  # what a validation folder beside the training one is called
+
+
+def _missing_val(root: Path, train_dir: Path) -> str:
+    """The fix for an image folder without a validation split. --data naming the training half of a pair
+    (photos/train beside photos/val) is answered with the pair's parent, as vitlab reads a split folder."""
+    hold_out = f"hold out part of the training images with {setting('val_fraction', value=0.1)}"
+    if train_dir != root:  # root/train/ without root/val/
+        return f"missing split: {root} has no val/ folder; add {root}/val/<class>/*.jpg or {hold_out}"
+    parent = root.parent
+    beside = next((parent / n for n in VAL_NAMES if (parent / n).is_dir() and parent / n != root), None)
+    if beside is None:
+        return (f"missing split: {root} holds the classes and no validation split; {hold_out}, or arrange the "
+                f"images as {root}/train/<class>/ and {root}/val/<class>/")
+    renames = [f"{old} to {parent / new}" for old, new in ((root, "train"), (beside, "val")) if old.name != new]
+    then = f"rename {' and '.join(renames)}, then " if renames else ""
+    return (f"missing split: {root} is a training split and {beside} is beside it: {then}pass "
+            f"{setting('data', value=str(parent))} (vitlab reads {parent}/train/ and {parent}/val/), or {hold_out}")
+
+
 def _shard_datasets(data: str, val_fraction: float | None, strict: bool) -> Datasets:
     shards = open_shard_set(data)
     if "val" not in shards.splits and not val_fraction:
         raise DataError(f"missing split: the shards {data} have no val split; pack one (vitlab shards SRC OUT "
-                        "--val-fraction 0.1) or hold out part of train with --val-fraction 0.1")
+                        f"--val-fraction 0.1) or hold out part of train with {setting('val_fraction', value=0.1)}")
     train = shard_split(shards, "train", strict=strict)
     val = shard_split(shards, "val", train.class_names, strict) if not val_fraction else train.subset(
         np.arange(0), "val")  # replaced by the held-out part in build_datasets
@@ -148,7 +186,7 @@ HOLDOUT_SEED = 0  # the seed `build_datasets` draws --val-fraction with: a run's
 
 def _check_fraction(val_fraction: float) -> None:
     if not 0.0 < val_fraction < 1.0:
-        raise DataError(f"--val-fraction must be in (0, 1), got {val_fraction}")
+        raise DataError(f"{setting('val_fraction')} must be in (0, 1), got {val_fraction}")
 
 
 def load_split(
@@ -195,7 +233,7 @@ def load_split(
 def _held_out(train: ImageSplit, val_fraction: float) -> tuple[ImageSplit, ImageSplit]:
     keep, held = train.holdout(val_fraction, seed=HOLDOUT_SEED)
     if not len(held):
-        raise DataError(f"--val-fraction {val_fraction:g} holds out no image of {train.name} "
+        raise DataError(f"{setting('val_fraction', value=val_fraction)} holds out no image of {train.name} "
                         f"({len(train)} images): raise it or add images")
     return train.subset(keep, "train"), train.subset(held, f"train[{val_fraction:g}]")
 

@@ -16,7 +16,7 @@ from PIL import Image
 from vitlab.data.errors import describe_paths, log
 from vitlab.data.sources import DECODE_ERRORS, PIXELS_ENV, ImageSplit, open_image, pixel_budget
 from vitlab.data.untrusted import open_regular
-from vitlab.errors import DataError
+from vitlab.errors import DataError, setting
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
 _EXT_TEXT = ", ".join(IMAGE_EXTENSIONS)
@@ -53,9 +53,9 @@ def report_skipped(bad: list[str], bombs: list[str], where: str, strict: bool) -
     """The one-line warnings (or, with --strict, the error) for files a scan leaves out."""
     if bombs and strict:
         raise DataError(f"{len(bombs)} image(s) in {where} over the image budget of {bomb_limit()}: "
-                        f"{describe_paths(bombs)} (--strict); remove or shrink them, or raise {PIXELS_ENV}")
+                        f"{describe_paths(bombs)} ({setting('strict')}); remove or shrink them, or raise {PIXELS_ENV}")
     if bad and strict:
-        raise DataError(f"{len(bad)} unreadable image(s) in {where}: {describe_paths(bad)} (--strict)")
+        raise DataError(f"{len(bad)} unreadable image(s) in {where}: {describe_paths(bad)} ({setting('strict')})")
     if bombs:
         log.warning("skipping %d image(s) in %s over the image budget of %s (a decompression bomb, or an image "
                     "too large to decode safely; %s raises the budget): %s", len(bombs), where, bomb_limit(),

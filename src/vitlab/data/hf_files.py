@@ -22,7 +22,7 @@ import numpy as np
 from vitlab.data.errors import log
 from vitlab.data.shards import expand_braces
 from vitlab.data.untrusted import contained, parse_json
-from vitlab.errors import DataError
+from vitlab.errors import DataError, setting
 from vitlab.progress import bars_enabled
 
 NEEDS_DATASETS = "reading Hugging Face datasets needs the datasets package: pip install 'vitlab[hf]'"
@@ -137,7 +137,7 @@ class HFSet:
             if name in self.splits:
                 return name
         raise DataError(f"missing split: {self.source} has no {split} split (found {', '.join(self.splits)}); "
-                        "hold out part of train with --val-fraction 0.1")
+                        f"hold out part of train with {setting('val_fraction', value=0.1)}")
 
     @property
     def has_val(self) -> bool:

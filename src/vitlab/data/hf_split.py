@@ -19,7 +19,7 @@ from vitlab.data.errors import describe_paths, log
 from vitlab.data.hf_files import NEEDS_DATASETS, HFSet, import_datasets, int_column, is_hf_source, open_hf
 from vitlab.data.sources import ImageSplit, relabel_by_name, run_lengths
 from vitlab.data.untrusted import check_label_range, contained, read_regular
-from vitlab.errors import DataError
+from vitlab.errors import DataError, setting
 
 PATH_CHECKS = 100_000  # path-only rows checked when a split opens (every row is checked again when read)
 
@@ -141,7 +141,7 @@ def _check_labels(labels: np.ndarray, num_classes: int, column: str, where: str)
     if unlabelled:
         raise DataError(f"{where}: {unlabelled} of {len(labels)} rows have no label (-1: Hugging Face's mark of an "
                         "unlabelled test split); use a labelled split, e.g. hold out part of train with "
-                        "--val-fraction 0.1")
+                        f"{setting('val_fraction', value=0.1)}")
     bad = labels[(labels < 0) | (labels >= num_classes)]
     if len(bad):
         raise DataError(f"{where}: label {int(bad[0])} in column {column!r} is outside the {num_classes} classes; "
@@ -214,7 +214,7 @@ def hf_train_val(data: str, val_fraction: float | None, strict: bool) -> tuple[H
     hf = open_hf(data)
     if not hf.has_val and not val_fraction:
         raise DataError(f"missing split: {hf.source} has no validation or test split (found "
-                        f"{', '.join(hf.splits)}); hold out part of train with --val-fraction 0.1")
+                        f"{', '.join(hf.splits)}); hold out part of train with {setting('val_fraction', value=0.1)}")
     train = hf_split(hf, "train", strict=strict)
     val = hf_split(hf, "val", train.class_names, strict) if not val_fraction else train.subset(np.arange(0), "val")
     return train, val

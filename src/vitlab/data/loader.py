@@ -34,7 +34,7 @@ from vitlab.data.errors import describe_paths, log
 from vitlab.data.folder import bomb_limit
 from vitlab.data.sources import DECODE_ERRORS, PIXELS_ENV, ImageSplit, pixel_budget
 from vitlab.data.transforms import EvalTransform, as_size
-from vitlab.errors import DataError
+from vitlab.errors import DataError, setting
 
 Key = tuple[int, int]  # (image index, augmentation seed)
 _SUBSTITUTE_TRIES = 16
@@ -125,7 +125,8 @@ class UnreadableImages:
 
     def add(self, bad: list[str]) -> None:
         if bad and getattr(self.dataset, "strict", False):
-            raise DataError(f"{len(bad)} unreadable image(s) in evaluation: {describe_paths(bad)} (--strict)")
+            raise DataError(f"{len(bad)} unreadable image(s) in evaluation: {describe_paths(bad)} "
+                            f"({setting('strict')})")
         self.files += bad
 
     def report(self) -> None:

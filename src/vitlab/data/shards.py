@@ -27,7 +27,7 @@ from vitlab.data.folder import compressed_advice, is_compressed_tar
 from vitlab.data.shardindex import INDEX_NAME
 from vitlab.data.sources import ImageSplit, relabel_by_name, run_lengths
 from vitlab.data.untrusted import MAX_PATTERN_FILES, check_label_range, contained, parse_json, parse_yaml
-from vitlab.errors import DataError
+from vitlab.errors import DataError, setting
 
 INFO_NAME = "_info.json"
 INFO_NAMES = (INFO_NAME, "_info.yaml", "_info.yml")  # timm's wds datasets ship either; vitlab writes JSON
@@ -310,7 +310,7 @@ def shard_split(shard_set: ShardSet, split: str, class_names: list[str] | None =
     """The named split as a ShardSplit; `class_names` (the training split's or a model's) label it."""
     if split not in shard_set.splits:
         raise DataError(f"missing split: the shards have no {split} split (found {', '.join(shard_set.splits)}); "
-                        "hold out part of train with --val-fraction 0.1")
+                        f"hold out part of train with {setting('val_fraction', value=0.1)}")
     paths = shard_set.splits[split]
     arrays = [_entry_arrays(p, shard_set.entries[p]) for p in paths]  # before any value of an entry is used
     _check_shards(paths, shard_set.entries)

@@ -178,6 +178,11 @@ class ImageSplit:
         probes that must not decode."""
         return self.paths[i]
 
+    def image_size(self, i: int) -> tuple[int, int]:
+        """(height, width) of file-backed image i, from its header (nothing decoded)."""
+        with open_image(self.encoded(i)) as img:
+            return img.height, img.width
+
     def load(self, i: int, min_size: int | None = None) -> Image.Image:
         """The i-th image; grayscale arrays stay 'L', files become 'RGB'. `min_size` allows JPEG draft
         decoding down to that short side. Raises one of DECODE_ERRORS for unreadable files."""

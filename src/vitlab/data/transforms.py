@@ -17,13 +17,16 @@ Evaluation resizes (`eval_resize`):
 - "big_vision": short side to round(S·8/7) (256 for 224; 448 for 384, as big_vision's transfer configs), then
   the central S×S crop.
 - "resize-short-crop": short side to S, then the central crop (what vitlab did before the choice existed).
+- "timm:INTERPOLATION:CROP_PCT[:squash]" (constants.timm_resize): timm's evaluation transform
+  (`transforms_imagenet_eval`), as timm's pretrained cfg states it for the weights of a timm name: the target
+  scaled by 1/CROP_PCT and floored, the short side resized to it (both sides with ":squash"), the central S×S crop.
 Few-shot evaluation ("fewshot", big_vision configs/common_fewshot.py): the whole image to 256×256, aspect
 ignored, then the central 224 crop; scaled as round(S·8/7) (448 for 384) for other sizes.
 
-Resampling is bilinear (PIL). `TrainTransform(resize="tensor")` resizes the integer crops with torch's
-antialiased bilinear kernel on uint8 instead (`F.interpolate(..., antialias=True)` on a channels-last uint8
-tensor, vectorised): PIL's filter (same support, half-pixel centres) within one grey level. Its speed against
-PIL's per image on one core is measured by benchmarks/tensor_resize_ab.py (BENCHMARKS.md).
+Resampling is bilinear (PIL; a timm spelling: its interpolation). `TrainTransform(resize="tensor")` resizes the
+integer crops with torch's antialiased bilinear kernel on uint8 instead (`F.interpolate(..., antialias=True)` on a
+channels-last uint8 tensor, vectorised): PIL's filter (same support, half-pixel centres) within one grey level. Its
+speed against PIL's per image on one core is measured by benchmarks/tensor_resize_ab.py (BENCHMARKS.md).
 
 Transforms return uint8 (H, W, 3) arrays; `normalize` maps them to the range the weights expect on the device,
 so workers ship 1 byte per value instead of 4 and the mean/std stay a property of the model (official: [-1, 1]).
@@ -44,7 +47,15 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitlab.constants import EVAL_RESIZES, FEWSHOT_RESIZE, TRAIN_CROPS, TRAIN_RESIZES, resize_before_crop
+from vitlab.constants import (  # noqa: F401  (EVAL_RESIZES, FEWSHOT_RESIZE: re-exported to vitlab.data, eval/)
+    EVAL_RESIZES,
+    FEWSHOT_RESIZE,
+    TRAIN_CROPS,
+    TRAIN_RESIZES,
+    check_eval_resize,
+    resize_before_crop,
+    timm_resize,
+)
 from vitlab.data.sources import ImageSplit, to_rgb
 
 Size = tuple[int, int]  # (height, width)
@@ -155,11 +166,12 @@ def _tensor_to_array(t: torch.Tensor, flip: bool) -> np.ndarray:
     return arr[:, :, 0] if arr.shape[2] == 1 else arr
 
 
-def _crop_of_resized(img: Image.Image, resized: Size, top: int, left: int, size: Size) -> Image.Image:
+def _crop_of_resized(img: Image.Image, resized: Size, top: int, left: int, size: Size,
+                     resample: Image.Resampling = Image.Resampling.BILINEAR) -> Image.Image:
     """img resized to `resized` (h, w), then the `size` crop at integer offset (top, left). Resampling only
     the matching source box would save work but moves the filter by float rounding: pixels of an upsampled
     digit one grey level off (BENCHMARKS.md "Bounds and choices in the code")."""
-    img = img.resize((resized[1], resized[0]), Image.Resampling.BILINEAR)
+    img = img.resize((resized[1], resized[0]), resample)
     return img.crop((left, top, left + size[1], top + size[0]))
 
 
@@ -238,14 +250,13 @@ class TrainTransform:
 
 @dataclass(frozen=True)
 class EvalTransform:
-    """Deterministic resize to the target (`resize`: one of EVAL_RESIZES, or FEWSHOT_RESIZE)."""
+    """Deterministic resize to the target (`resize`: one of EVAL_RESIZES, FEWSHOT_RESIZE or a timm spelling)."""
 
     image_size: Size
     resize: str = "official"
 
     def __post_init__(self) -> None:
-        if self.resize not in (*EVAL_RESIZES, FEWSHOT_RESIZE):
-            raise ValueError(f"unknown eval resize {self.resize!r}; use one of {', '.join(EVAL_RESIZES)}")
+        check_eval_resize(self.resize)
 
     @property
     def min_source_size(self) -> None:
@@ -260,6 +271,8 @@ class EvalTransform:
             img = img.resize((tw, th), Image.Resampling.BILINEAR)
         elif self.resize == "resize-short-crop":
             img = _short_side_crop(img, (th, tw))
+        elif (timm := timm_resize(self.resize)) is not None:
+            img = _timm_eval_crop(img, (th, tw), *timm)
         else:
             r = resize_before_crop(max(th, tw))
             if self.resize == "big_vision":  # resize_small(r): short side to r, the other side rounded
@@ -279,6 +292,26 @@ def _short_side_crop(img: Image.Image, size: Size) -> Image.Image:
     ch, cw = th / scale, tw / scale  # the central source box that becomes the target
     left, top = (img.width - cw) / 2, (img.height - ch) / 2
     return img.resize((tw, th), Image.Resampling.BILINEAR, box=(left, top, left + cw, top + ch))
+
+
+def _timm_eval_crop(img: Image.Image, size: Size, interpolation: str, crop_pct: float, crop_mode: str) -> Image.Image:
+    """timm's evaluation resize and crop: the target scaled to floor(side / crop_pct); "center" resizes the short
+    side to it (the long side truncated, as torchvision's Resize(int); for a non-square target the side that reaches
+    its scaled size first, the other rounded, as timm's ResizeKeepRatio), "squash" both sides; then the central
+    crop at offsets rounded half to even (torchvision's CenterCrop). Each step as timm does it, so the pixels are
+    timm's."""
+    th, tw = size
+    sh, sw = math.floor(th / crop_pct), math.floor(tw / crop_pct)
+    if crop_mode == "squash":
+        resized = (sh, sw)
+    elif sh == sw:
+        long = int(sh * max(img.height, img.width) / min(img.height, img.width))
+        resized = (sh, long) if img.height <= img.width else (long, sh)
+    else:
+        ratio = min(img.height / sh, img.width / sw)
+        resized = (round(img.height / ratio), round(img.width / ratio))
+    top, left = round((resized[0] - th) / 2), round((resized[1] - tw) / 2)
+    return _crop_of_resized(img, resized, top, left, size, Image.Resampling[interpolation.upper()])
 
 
 def normalize(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:

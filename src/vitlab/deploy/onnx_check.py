@@ -32,9 +32,18 @@ def require_onnx() -> tuple[ModuleType, ModuleType]:
     return onnx, onnxruntime
 
 
+def require_onnxruntime() -> ModuleType:
+    """onnxruntime, or ValueError in one line with the install command: running a file needs nothing else."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise ValueError(f"running an ONNX file needs the onnxruntime package, which is missing: {INSTALL}") from None
+    return onnxruntime
+
+
 def session(path: str | Path):
     """An ONNX Runtime CPU session on `path`, using as many threads as torch does."""
-    _, ort = require_onnx()
+    ort = require_onnxruntime()
     options = ort.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()
     options.log_severity_level = 3  # errors only: its warnings about unused initialisers are not the user's

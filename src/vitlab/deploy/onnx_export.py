@@ -46,6 +46,7 @@ from vitlab.deploy.onnx_check import (
     session,
 )
 from vitlab.files.outputs import ONNX, Kind, atomic_write, check_output, mark_text
+from vitlab.models.timm_compat import eval_resize_of
 from vitlab.ranges import EXPORT_BATCH, ONNX_OPSET, check_choice
 from vitlab.runtime.quantize import is_int8
 
@@ -236,12 +237,14 @@ def _flush() -> None:
 
 def _describe(proto, model: nn.Module, precision: str) -> None:
     """vitlab's mark (doc_string, serialised before the graph, so `outputs.written_by` finds it in the file's
-    first bytes) and what a deployment needs to feed the model: its config, normalisation and class names."""
+    first bytes) and what a deployment needs to feed the model: its config, size, normalisation, evaluation resize
+    (the `vitlab.transforms` name, as the weights are evaluated: `onnx_serve` rebuilds the transform from it) and
+    class names. The keys are listed for ONNX Runtime users in docs/deployment.md."""
     cfg = model.config
     proto.doc_string = mark_text(ONNX_KIND.writer)
     meta = {"vitlab_config": json.dumps(cfg.to_dict()), "precision": precision,
             "image_size": json.dumps(list(cfg.image_size)), "mean": json.dumps(list(cfg.mean)),
-            "std": json.dumps(list(cfg.std))}
+            "std": json.dumps(list(cfg.std)), "eval_resize": eval_resize_of(model)}
     names = getattr(model, "class_names", None)
     if names:
         meta["class_names"] = json.dumps(list(names))

@@ -18,12 +18,11 @@ from vitlab.data.loader import UnreadableImages
 from vitlab.data.sources import ImageSplit
 from vitlab.errors import DataError
 from vitlab.eval.metrics import ClassificationMeter, plot_confusion_matrix, require_finite
-from vitlab.files.rundir import run_dir_of
 from vitlab.models.timm_compat import eval_resize_of
 from vitlab.progress import progress as progress_bar
 from vitlab.runtime.device import all_reduce
 from vitlab.runtime.precision import Precision, autocast_for
-from vitlab.runtime.session import open_session
+from vitlab.runtime.session import InferenceSession, open_session
 
 
 def per_image_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str = "softmax",
@@ -45,11 +44,13 @@ def per_image_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str = "soft
 def evaluate(
     model: nn.Module, loader: Any, device: torch.device, mean: tuple, std: tuple, num_classes: int,
     loss_kind: str = "softmax", confusion: bool = False, progress_desc: str | None = None,
-    precision: Precision | str = "fp32",
+    precision: Precision | str = "fp32", predictions: list[torch.Tensor] | None = None,
 ) -> ClassificationMeter:
     """Loss, top-1, top-5 (and the confusion matrix) over a loader; sums are reduced over processes.
     `progress_desc`: show a progress bar with this label (on a terminal; see vitlab.progress). `precision`:
-    the resolved one (vitlab.runtime.precision), computed under its autocast (`autocast_for`)."""
+    the resolved one (vitlab.runtime.precision), computed under its autocast (`autocast_for`). `predictions`: a
+    list that receives, per batch, a (N, 3) float64 CPU tensor of each slot's predicted class, its softmax
+    probability and whether the slot counts (padding and unreadable images do not), in the loader's order."""
     was_training = model.training
     model.eval()
     meter = ClassificationMeter(num_classes, device, confusion)
@@ -64,6 +65,9 @@ def evaluate(
             logits = model(x)
         logits = logits.float()
         meter.update(logits[valid], y[valid], per_image_loss(logits, y, loss_kind)[valid])
+        if predictions is not None:
+            confidence, predicted = logits.softmax(-1).max(-1)
+            predictions.append(torch.stack([predicted.double(), confidence.double(), valid.double()], -1).cpu())
     unreadable.report()
     all_reduce(meter.totals)
     if meter.confusion is not None:
@@ -80,6 +84,7 @@ class EvalResult:
     confusion_png: Path | None
     eval_resize: str = "official"  # the pre-processing used (data.transforms.EVAL_RESIZES)
     precision: Precision | None = None  # what it computed in, and why
+    misclassified: list[dict[str, Any]] | None = None  # with errors=True: image, true, predicted, confidence
 
 
 def confusion_name(data: str, split: str) -> str:
@@ -101,18 +106,33 @@ def _slug(text: str) -> str:
     return re.sub(r"[^\w.-]+", "_", text).strip("._")
 
 
-def confusion_destination(weights: str | Path, confusion: str | Path | None, out: str | Path | None,
-                          data: str | None = None, split: str = "val") -> Path | None:
-    """Where `vitlab eval` writes its confusion-matrix figure: --confusion PATH if given, else DIR/NAME for --out
-    DIR, else NAME in the run directory the weights come from; None (no figure) otherwise: never the working
-    directory unless asked. NAME is `confusion_name(data, split)` (confusion.png without `data`)."""
+def confusion_destination(confusion: str | Path | None, out: str | Path | None, data: str | None = None,
+                          split: str = "val") -> Path | None:
+    """Where `vitlab eval` writes its confusion-matrix figure: --confusion PATH if given, else beside its metrics,
+    DIR/NAME for --out DIR; None (no figure) otherwise. Never unasked into the working directory or into the run
+    the weights come from: a run's folder holds what its training wrote. NAME is `confusion_name(data, split)`
+    (confusion.png without `data`)."""
     if confusion:
         return Path(confusion)
-    name = confusion_name(data, split) if data else "confusion.png"
     if out:
-        return Path(out) / name
-    run = run_dir_of(weights)
-    return run / name if run is not None else None
+        return Path(out) / (confusion_name(data, split) if data else "confusion.png")
+    return None
+
+
+def misclassified(split: ImageSplit, predictions: torch.Tensor, names: list[str]) -> list[dict[str, Any]]:
+    """The images of `split` whose predicted class (row i of `predictions`, `evaluate`'s (N, 3) in the split's
+    order: one process reads every image in order) is not their label: image (path, or NAME[i] for an embedded
+    set), true and predicted class names, and the softmax probability of the prediction. Unreadable images, left
+    out of the metrics, are left out here too."""
+    if len(predictions) != len(split):
+        raise RuntimeError(f"{len(predictions)} predictions for {len(split)} images: the evaluation's order is lost")
+    rows = []
+    for i, ((predicted, confidence, valid), label) in enumerate(zip(predictions.tolist(), split.labels.tolist(),
+                                                                     strict=True)):
+        if valid and int(predicted) != label:
+            rows.append({"image": split.describe(i), "true": names[label], "predicted": names[int(predicted)],
+                         "confidence": confidence})
+    return rows
 
 
 def per_class_metrics(confusion: torch.Tensor, class_names: list[str]) -> list[dict[str, Any]]:
@@ -156,12 +176,15 @@ def evaluate_weights(
     weights: str | Path, data: str, split: str = "val", batch_size: int = 256, workers: int = 0,
     device: str = "auto", confusion_png: str | Path | None = None, strict: bool = False,
     eval_resize: str | None = None, progress: bool = True, precision: str = "auto", compile: bool = False,
+    errors: bool = False, session: InferenceSession | None = None,
 ) -> EvalResult:
     """`vitlab eval`: top-1/top-5/loss of saved weights on a dataset split, and (with `confusion_png`) a
     confusion-matrix PNG. `eval_resize` None: the resize the weights were evaluated with in training (recorded
     in vitlab weights), else "official". `progress`: a bar on a terminal. `precision`: auto, fp32, bf16 or int8
-    (vitlab.runtime.precision; the choice is in the result). `compile`: torch.compile the model (`open_session`)."""
-    session = open_session(weights, device=device, precision=precision, compile=compile)
+    (vitlab.runtime.precision; the choice is in the result). `compile`: torch.compile the model (`open_session`).
+    `errors`: list the misclassified images in the result. `session`: one already open on `weights` (an ONNX
+    file's, `deploy.onnx_serve`), used instead of opening one; `weights` then only names it."""
+    session = session or open_session(weights, device=device, precision=precision, compile=compile)
     model, dev, chosen, names = session.model, session.device, session.precision, list(session.class_names)
     has_names = getattr(model, "class_names", None) is not None
     data_split: ImageSplit = load_split(data, split, names if has_names else None, strict)
@@ -176,10 +199,14 @@ def evaluate_weights(
     transform = EvalTransform(model.config.image_size, resize)
     loader = make_loader(TransformedSplit(data_split, transform), ShardSampler(len(data_split), batch_size),
                          workers, dev)
+    predictions: list[torch.Tensor] | None = [] if errors else None
     meter = evaluate(model, loader, dev, model.config.mean, model.config.std, model.config.num_classes,
-                     confusion=True, progress_desc=f"eval {split}" if progress else None, precision=chosen)
+                     confusion=True, progress_desc=f"eval {split}" if progress else None, precision=chosen,
+                     predictions=predictions)
     metrics = require_finite(meter.result(), f"evaluation of {weights} on {data} {split}")
     result = EvalResult(metrics, meter.confusion.cpu(), names, None, resize, chosen)
+    if predictions is not None:
+        result.misclassified = misclassified(data_split, torch.cat(predictions), names)
     if confusion_png:
         write_confusion(result, confusion_png)
     return result

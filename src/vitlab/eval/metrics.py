@@ -61,6 +61,12 @@ class ClassificationMeter:
         return {"loss": loss / n, "top1": top1 / n, "top5": top5 / n, "count": int(count)}
 
 
+def informative_metrics(metrics: dict[str, float], num_classes: int) -> dict[str, float]:
+    """`metrics` without top5 for a model of 5 classes or fewer: every image's label is then among its top 5, so
+    top-5 accuracy is 100% by construction and says nothing about the model."""
+    return metrics if num_classes > 5 else {k: v for k, v in metrics.items() if k != "top5"}
+
+
 def require_finite(metrics: dict[str, float], what: str) -> dict[str, float]:
     """`metrics` if it is a result; ValueError (one line) when no image was evaluated or a value is NaN/inf:
     a command must not report such numbers as if they were one."""

@@ -28,7 +28,7 @@ from vitlab.models.timm_compat import eval_resize_of
 from vitlab.progress import printable
 from vitlab.progress import progress as progress_bar
 from vitlab.runtime.precision import Precision
-from vitlab.runtime.session import open_session
+from vitlab.runtime.session import InferenceSession, open_session
 
 NOT_AN_IMAGE = f"not an image file name ({', '.join(IMAGE_EXTENSIONS)})"
 
@@ -113,22 +113,25 @@ class Predictions:
 
 
 def predict(weights: str | Path, images: list[str], top_k: int | None = None, device: str = "auto",
-            precision: str = "auto", batch_size: int = 32, compile: bool = False) -> list[dict[str, Any]]:
+            precision: str = "auto", batch_size: int = 32, compile: bool = False,
+            session: InferenceSession | None = None) -> list[dict[str, Any]]:
     """`vitlab predict`'s results: for each image read (a folder: every image under it), the top-k classes with
     softmax probabilities. See `predict_images` for the rules; this returns its `results`."""
-    return predict_images(weights, images, top_k, device, precision, batch_size, compile).results
+    return predict_images(weights, images, top_k, device, precision, batch_size, compile, session).results
 
 
 @torch.no_grad()
 def predict_images(weights: str | Path, images: list[str], top_k: int | None = None, device: str = "auto",
-                   precision: str = "auto", batch_size: int = 32, compile: bool = False) -> Predictions:
+                   precision: str = "auto", batch_size: int = 32, compile: bool = False,
+                   session: InferenceSession | None = None) -> Predictions:
     """For each image (a folder: every image under it), the top-k classes with softmax probabilities, computed
     `batch_size` images at a time. `top_k` None: 5, or all classes of a model with fewer; a given `top_k` above
     the class count shows all of them, with a warning. `precision`: auto, fp32, bf16 or int8 (vitlab.runtime.precision;
     the choice is logged). `compile`: torch.compile the model (`open_session`). A named file that cannot be read
     is a DataError; an unreadable file under a folder is skipped with a warning (DataError if nothing could be
-    read)."""
-    session = open_session(weights, device=device, precision=precision, compile=compile)
+    read). `session`: one already open on `weights` (an ONNX file's, `deploy.onnx_serve`), used instead of opening
+    one."""
+    session = session or open_session(weights, device=device, precision=precision, compile=compile)
     model, dev, chosen, names = session.model, session.device, session.precision, list(session.class_names)
     log.info("precision %s (%s)", chosen.name, chosen.reason)
     named = {str(p) for p in images if not Path(p).is_dir()}

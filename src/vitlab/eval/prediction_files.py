@@ -1,13 +1,15 @@
-"""`vitlab predict --csv PATH` / `--json-out PATH`: the predictions as files, written atomically under the output
-rule (vitlab.files.outputs.check_output: a file vitlab did not write is replaced only with --force).
+"""Predictions as files: `vitlab predict --csv PATH` / `--json-out PATH` and `vitlab eval --errors PATH`, written
+atomically under the output rule (vitlab.files.outputs.check_output: an earlier output of the same verb and kind is
+replaced, any other file only with --force).
 
 CSV: one row per image read, `image, class_1, probability_1, …, class_k, probability_k` (probabilities as
-fractions in [0, 1]), for spreadsheets and pandas. A text cell that a spreadsheet would read as a formula (starting
-with =, +, -, @, a tab or a carriage return: file and class names are the user's data, possibly hostile) is written
-with a leading apostrophe, as OWASP recommends against CSV injection. A CSV has nowhere to carry vitlab's mark, so
-replacing an existing one always takes --force. JSON: one record, `written_by` first (so a later run may replace
-it), then the weights, the images skipped with why, and every image's top-k. Neither file ever replaces the
-weights or images the predictions were made from."""
+fractions in [0, 1]), for spreadsheets and pandas; eval's errors: one row per misclassified image, `image, true,
+predicted, confidence`. A text cell that a spreadsheet would read as a formula (starting with =, +, -, @, a tab or a
+carriage return: file and class names are the user's data, possibly hostile) is written with a leading apostrophe,
+as OWASP recommends against CSV injection. A CSV's header row is its mark (`files.marks.CSV_HEADERS`): a rerun
+replaces its own file. JSON: one record, `written_by` first (so a later run may replace it), then the weights, the
+images skipped with why, and every image's top-k. No file ever replaces the weights or images the predictions were
+made from."""
 
 from __future__ import annotations
 
@@ -15,11 +17,13 @@ import csv
 from pathlib import Path
 
 from vitlab.eval.prediction import Predictions
-from vitlab.files.outputs import JSON, TEXT, WRITTEN_BY, Kind, atomic_write, check_output
+from vitlab.files.outputs import CSV, JSON, WRITTEN_BY, Kind, atomic_write, check_output
 from vitlab.files.outputs import write_json as write_json_file
 
 WRITER = "vitlab predict"
-CSV_KIND, JSON_KIND = Kind(WRITER, TEXT), Kind(WRITER, JSON)
+CSV_KIND, JSON_KIND = Kind(WRITER, CSV), Kind(WRITER, JSON)
+ERRORS_KIND = Kind("vitlab eval", CSV)  # eval --errors: the misclassified images
+ERRORS_HEADER = ["image", "true", "predicted", "confidence"]
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # what makes a spreadsheet read a cell as a formula
 
 
@@ -44,15 +48,29 @@ def write_csv(predictions: Predictions, path: str | Path, force: bool = False,
     k = max((len(r["top"]) for r in predictions.results), default=0)
     header = ["image"] + [f"{name}_{i}" for i in range(1, k + 1) for name in ("class", "probability")]
 
+    rows = ([spreadsheet_safe(r["image"])] + [v for t in r["top"] for v in (
+        spreadsheet_safe(t["class"]), f"{t['probability']:.6g}")] for r in predictions.results)
+    return _write_rows(path, header, rows, CSV_KIND, force, inputs)
+
+
+def write_errors(misclassified: list[dict], path: str | Path, force: bool = False,
+                 inputs: tuple[str | Path, ...] = ()) -> Path:
+    """`vitlab eval --errors PATH`: one row per misclassified image (`EvalResult.misclassified`), the header alone
+    when there is none."""
+    rows = ([spreadsheet_safe(r["image"]), spreadsheet_safe(r["true"]), spreadsheet_safe(r["predicted"]),
+             f"{r['confidence']:.6g}"] for r in misclassified)
+    return _write_rows(path, ERRORS_HEADER, rows, ERRORS_KIND, force, inputs)
+
+
+def _write_rows(path: str | Path, header: list[str], rows, kind: Kind, force: bool,
+                inputs: tuple[str | Path, ...]) -> Path:
     def write(tmp: str) -> None:
         with open(tmp, "w", newline="", encoding="utf-8") as f:
             out = csv.writer(f)
             out.writerow(header)
-            for r in predictions.results:
-                out.writerow([spreadsheet_safe(r["image"])] + [v for t in r["top"] for v in (
-                    spreadsheet_safe(t["class"]), f"{t['probability']:.6g}")])
+            out.writerows(rows)
 
-    atomic_write(path, write, user_named=True, force=force, kind=CSV_KIND, inputs=inputs)
+    atomic_write(path, write, user_named=True, force=force, kind=kind, inputs=inputs)
     return Path(path)
 
 

@@ -4,7 +4,8 @@ replace (an earlier output of its own) from one it must not (the user's).
 The mark is `written_by: vitlab…` (the writer, e.g. "vitlab eval"), put where each format keeps text that its
 readers ignore: safetensors metadata, the first key of a JSON record, a PNG tEXt chunk, the zip comment of an .npz
 or torch.save file, a comment line in Markdown or HTML. vitlab safetensors from before the mark are recognised by
-their `format: vitlab` metadata.
+their `format: vitlab` metadata. A CSV has no such place (a comment line would be a row to a spreadsheet or
+pandas), so its header row is its mark: the exact columns a vitlab verb writes (`CSV_HEADERS`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ WRITTEN_BY = "written_by"  # the key of a verb's JSON record that names the verb
 _TEXT_MARK = re.compile(rb"<!-- written_by: (vitlab[^>\n]{0,80}?) -->")  # Markdown (model cards), HTML
 _JSON_MARK = re.compile(rb'\A\s*\{\s*"written_by"\s*:\s*"(vitlab[^"\n]{0,80})"')  # the record's first key
 _HEAD = 4096  # bytes read to recognise a mark: marks sit at the start (JSON, text) or in a bounded header
+# The header rows of the CSV files vitlab writes, by writer: `vitlab predict --csv` (image, then class_i and
+# probability_i for i = 1…k) and `vitlab eval --errors` (the misclassified images).
+CSV_HEADERS = {"vitlab predict": re.compile(rb"image(,class_(\d+),probability_\2)+\r?\n"),
+               "vitlab eval": re.compile(rb"image,true,predicted,confidence\r?\n")}
 
 
 def mark(writer: str = "vitlab") -> dict[str, str]:
@@ -43,7 +48,7 @@ def mark_zip(path: str | Path, writer: str = "vitlab") -> None:
 
 # What a file holds, read from its first bytes: the kinds of output a verb writes.
 WEIGHTS = "weights"  # safetensors, or a zip archive (torch.save, .npz): weights or arrays, never replaced by others
-PNG, JSON, ONNX, TEXT, OTHER = "png", "json", "onnx", "text", "other"
+PNG, JSON, ONNX, CSV, TEXT, OTHER = "png", "json", "onnx", "csv", "text", "other"
 
 
 class Kind(NamedTuple):
@@ -56,7 +61,7 @@ class Kind(NamedTuple):
 
     def __str__(self) -> str:
         what = "weights" if self.format == WEIGHTS else f"{'an' if self.format in (ONNX, OTHER) else 'a'} " \
-            f"{self.format.upper() if self.format in (PNG, JSON, ONNX) else self.format} file"
+            f"{self.format.upper() if self.format in (PNG, JSON, ONNX, CSV) else self.format} file"
         return what + (f" written by {self.writer}" if self.writer and self.format != WEIGHTS else "")
 
 
@@ -105,6 +110,8 @@ def _kind_in(f, head: bytes) -> Kind:
         return Kind(writer, JSON)
     if writer is not None and head[:1] == b"\x08":  # an ONNX ModelProto opens with its ir_version field
         return Kind(writer, ONNX)
+    if writer is not None and _csv_mark(head) == writer:
+        return Kind(writer, CSV)
     try:  # the head may end inside a character: an incremental decoder waits for the rest instead of failing
         codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
     except UnicodeDecodeError:
@@ -131,7 +138,12 @@ def _mark_in(f, head: bytes) -> str | None:
             return str(meta.get(WRITTEN_BY) or "vitlab")
         return None
     found = _JSON_MARK.match(head) or _TEXT_MARK.search(head)
-    return found.group(1).decode(errors="replace") if found else None
+    return found.group(1).decode(errors="replace") if found else _csv_mark(head)
+
+
+def _csv_mark(head: bytes) -> str | None:
+    """The writer whose CSV header row (`CSV_HEADERS`) the file opens with, None for any other first line."""
+    return next((writer for writer, header in CSV_HEADERS.items() if header.match(head)), None)
 
 
 def _png_mark(f) -> str | None:

@@ -31,6 +31,7 @@ from pathlib import Path
 from vitlab.errors import OutputRefused
 
 # The marks and kinds, re-exported: writers import the rule and the marks from one place.
+from vitlab.files.marks import CSV as CSV
 from vitlab.files.marks import JSON as JSON
 from vitlab.files.marks import ONNX as ONNX
 from vitlab.files.marks import PNG as PNG

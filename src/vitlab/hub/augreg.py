@@ -9,10 +9,10 @@ catalogue entry of its own, `augreg-index`, downloaded and cached like a checkpo
 from __future__ import annotations
 
 import csv
-import difflib
 from functools import cache
 from pathlib import Path
 
+from vitlab.errors import closest
 from vitlab.hub.entry import Entry, index_entry
 from vitlab.hub.fetch import fetch
 
@@ -54,8 +54,8 @@ def augreg_entry(filename: str, index: Path | None = None) -> Entry:
     rows = read_index(index)
     row = rows.get(filename)
     if row is None:
-        close = difflib.get_close_matches(filename, list(rows), n=1, cutoff=0.8)
-        hint = f"did you mean augreg:{close[0]}?" if close else "the index's filename/adapt_filename columns list them"
+        close = closest(filename, rows, cutoff=0.8)  # long names share most of their letters
+        hint = f"did you mean augreg:{close}?" if close else "the index's filename/adapt_filename columns list them"
         raise ValueError(f"augreg:{filename} is not a run of the AugReg index; {hint}")
     return _row_entry(filename, row)
 

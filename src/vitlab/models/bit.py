@@ -18,6 +18,7 @@ uses 1e-10, timm 1e-8; a model keeps the value of the file it was loaded from, s
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +28,7 @@ from torch.utils.checkpoint import checkpoint
 from vitlab.models.config import BiTConfig
 from vitlab.models.inputs import check_pixels, is_symbolic
 from vitlab.models.timm_compat import BiTTimmMixin
+from vitlab.models.timm_keys import bit_vitlab_key
 from vitlab.models.vit import zero_head
 
 torch.fx.wrap("check_pixels")  # a torch.fx leaf: the trace runs the input check on the real tensor
@@ -114,6 +116,18 @@ class BiT(BiTTimmMixin, nn.Module):
         self.head = nn.Linear(in_ch, cfg.num_classes) if cfg.num_classes else nn.Identity()
         self.grad_checkpointing = False  # set_grad_checkpointing(): units recomputed in the backward
         init_weights(self)
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        """timm's tensor names (`stages.i.blocks.j.…`, the 1×1-convolution head `head.fc.*`) load as well as
+        vitlab's, renamed by the timm BiT reader's own map and the head kernel flattened to the Linear it equals:
+        so that timm's `load_checkpoint(model, path)` and `model.load_state_dict(timm_model.state_dict())` work on
+        vitlab's model. Children load after this call, from the renamed dict."""
+        for key in [k for k in state_dict if k.startswith(prefix)]:
+            new = prefix + bit_vitlab_key(key[len(prefix) :])
+            if new != key and new not in state_dict:
+                value = state_dict.pop(key)
+                state_dict[new] = value.flatten(1) if new == prefix + "head.weight" and value.ndim == 4 else value
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute each unit in the backward pass instead of storing its activations: a large model's training

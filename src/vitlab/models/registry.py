@@ -9,8 +9,10 @@ imports no torch until a model is built.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from vitlab.errors import closest
 from vitlab.models.config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
 from vitlab.models.limits import check_blocks
 
@@ -47,8 +49,10 @@ LISTED_VITS = ["Ti/16", "S/16", "S/32", "B/8", "B/16", "B/32", "L/16", "L/32", "
 # big_transfer's released BiT-S/BiT-M models and the paper's Table 6 (R50x2, R152x1, R200x3)
 LISTED_BITS = ["R50x1", "R50x2", "R50x3", "R101x1", "R101x3", "R152x1", "R152x2", "R152x4", "R200x3"]
 
-# Overrides that leave the architecture the named one (head size, input size, regularisation, normalisation).
-_NAME_KEEPING = {"num_classes", "image_size", "dropout", "attn_dropout", "drop_path_rate", "mean", "std", "name"}
+# Overrides that leave the architecture the named one (head size, input size, regularisation, normalisation, BiT's
+# weight-standardisation eps: the numerics of the weights' source, 1e-10 big_transfer's, 1e-8 timm's).
+_NAME_KEEPING = {"num_classes", "image_size", "dropout", "attn_dropout", "drop_path_rate", "mean", "std", "name",
+                 "ws_eps"}  # fmt: skip
 
 _VIT_NAME = re.compile(r"^ViT-(Ti|S|B|L|H)/(\d+)(-gap)?$")
 _BIT_NAME = re.compile(r"^BiT-R(26|50|101|152|200)x(\d+)$")
@@ -59,6 +63,14 @@ def variant_names() -> list[str]:
     hybrids, the BiT ResNetV2s."""
     vits = [f"ViT-{v}" for v in LISTED_VITS]
     return vits + [f"{v}-gap" for v in vits] + list(HYBRIDS) + [f"BiT-{b}" for b in LISTED_BITS]
+
+
+def unknown_model(name: str, also: Iterable[str] = ()) -> str:
+    """The one line for a name that is no variant: the listed name it most likely misspells (among the variants
+    and `also`, the other names the caller accepts, e.g. timm's)."""
+    guess = closest(name, [*variant_names(), *also])
+    hint = f"did you mean {guess!r}? " if guess else ""
+    return f"unknown model {name!r}; {hint}`vitlab models` lists the names" + ("" if guess else " (e.g. 'ViT-B/16')")
 
 
 def model_config(name: str, /, **overrides: Any) -> ModelConfig:
@@ -75,7 +87,7 @@ def model_config(name: str, /, **overrides: Any) -> ModelConfig:
         depth, wf = m.groups()
         cfg = BiTConfig(layers=RESNET_DEPTHS[depth], width_factor=int(wf), name=name)
     else:
-        raise ValueError(f"unknown model {name!r}; `vitlab models` lists the names (e.g. 'ViT-B/16')")
+        raise ValueError(unknown_model(name))
     if not overrides:
         return cfg
     if set(overrides) - _NAME_KEEPING:  # e.g. depth=2: no longer the named variant

@@ -12,6 +12,8 @@ timm's transform vocabulary and vitlab's evaluation resizes (data/transforms.py)
   offset half to even where big_vision rounds the side and floors the offset, one pixel apart otherwise.
 - "resize-short-crop" (one resampling of the fractional central box) has no timm equivalent: crop_pct 1.0,
   "center" resizes first and crops after, which matches only when the resize enlarges the image.
+- "timm:INTERPOLATION:CROP_PCT[:squash]" (vitlab/constants.py timm_resize) is timm's transform itself, reported
+  field for field: identical pixels (a model made by a timm name evaluates so, weights/timm_arch.py).
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitlab.constants import FEWSHOT_RESIZE, resize_before_crop
+from vitlab.constants import check_eval_resize, resize_before_crop, timm_resize
 from vitlab.models.inputs import check_pixels
 from vitlab.ranges import is_int
 
 torch.fx.wrap("check_pixels")  # a torch.fx leaf: the trace runs the input check on the real tensor
 
-# How closely timm's transforms reproduce each vitlab evaluation resize (the cfg's "vitlab_eval_resize_in_timm").
+# How closely timm's transforms reproduce each vitlab evaluation resize (the cfg's "vitlab_eval_resize_in_timm");
+# a timm spelling is timm's own transform: "exact".
 TIMM_EXACTNESS = {
     "official": "exact",
     "big_vision": "exact for square sizes unless the long side or the centre offset rounds up (one pixel apart)",
@@ -43,12 +46,13 @@ def timm_eval_crop(image_size: tuple[int, int], eval_resize: str) -> dict[str, A
     them) that describe vitlab's evaluation pre-processing `eval_resize` (vitlab/constants.py) at `image_size`.
     timm resizes to floor(S / crop_pct), then crops S: "squash" ignores the aspect ratio, "center" keeps it."""
     side = max(image_size)
+    if (timm := timm_resize(check_eval_resize(eval_resize))) is not None:  # timm's transform: its fields as they are
+        interpolation, crop_pct, crop_mode = timm
+        return {"interpolation": interpolation, "crop_pct": crop_pct, "crop_mode": crop_mode}
     if eval_resize == "official":  # the whole image to S×S, aspect ignored (vit_jax input_pipeline)
         return {"interpolation": "bilinear", "crop_pct": 1.0, "crop_mode": "squash"}
     if eval_resize == "resize-short-crop":
         return {"interpolation": "bilinear", "crop_pct": 1.0, "crop_mode": "center"}
-    if eval_resize not in ("big_vision", FEWSHOT_RESIZE):
-        raise ValueError(f"unknown eval resize {eval_resize!r}")
     resized = resize_before_crop(side)
     mode = "center" if eval_resize == "big_vision" else "squash"  # few-shot: resize(r) ignoring the aspect
     return {"interpolation": "bilinear", "crop_pct": crop_pct_for(side, resized), "crop_mode": mode}
@@ -127,7 +131,7 @@ class TimmCompatMixin:
             "fixed_input_size": self._fixed_input_size,
             **timm_eval_crop(cfg.image_size, resize), "mean": tuple(cfg.mean), "std": tuple(cfg.std),
             "num_classes": cfg.num_classes, "first_conv": self._first_conv, "classifier": "head",
-            "vitlab_eval_resize": resize, "vitlab_eval_resize_in_timm": TIMM_EXACTNESS.get(resize, "unknown"),
+            "vitlab_eval_resize": resize, "vitlab_eval_resize_in_timm": TIMM_EXACTNESS.get(resize, "exact"),
         }  # fmt: skip
         return {**out, **(self._pretrained_cfg_overlay or {})}
 
@@ -161,9 +165,14 @@ class ViTTimmMixin(TimmCompatMixin):
     # timm's attribute names for what the config says; dynamic_img_size: vitlab takes any multiple of the patch size
     dynamic_img_size = True
     _fixed_input_size = True
+    # timm's global_pool "" (prune_intermediate_layers(prune_head=True), reset_classifier(n, "")): forward_head
+    # returns the tokens as they come, a head acting on each; no config describes it, so vitlab.save refuses it
+    unpooled = False
 
     @property
     def global_pool(self) -> str:
+        if self.unpooled:
+            return ""
         return "token" if self.config.classifier == "token" else "avg"
 
     @property
@@ -254,9 +263,11 @@ class ViTTimmMixin(TimmCompatMixin):
 
     def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False,
                                   prune_head: bool = True) -> list[int]:
-        """timm's: drop the blocks after the last index taken (and the head, and the final norm if asked). The
-        config follows (depth, no head), so that `vitlab.save` writes a file `load` rebuilds; a pruned final norm
-        or fc_norm has no config field, and `save` refuses that model."""
+        """timm's: drop the blocks after the last index taken (and the final norm if asked). Pruning the head is
+        timm's too: fc_norm, the representation layer and the classifier go, and nothing pools (global_pool ""), so
+        `forward` returns the (N, T, D) tokens. The config follows the depth, so that `vitlab.save` writes a file
+        `load` rebuilds with prune_head=False; a pruned head or final norm has no config field, and `save` refuses
+        that model."""
         take, max_index = feature_take_indices(len(self.blocks), indices)
         cfg, depth = self.config, len(self.blocks)
         self.blocks = self.blocks[: max_index + 1]
@@ -267,7 +278,7 @@ class ViTTimmMixin(TimmCompatMixin):
             self.norm = nn.Identity()
         if prune_head:  # the LayerNorm after pooling goes with the head, as timm prunes
             self.fc_norm, self.pre_logits, self.head = None, None, nn.Identity()
-            self.num_features = cfg.width
+            self.num_features, self.unpooled = cfg.width, True
             changes.update(num_classes=0, representation_size=None)
         self.config = cfg.replace(**changes)
         return take

@@ -1,6 +1,6 @@
-"""timm's names for a ViT's tensors and vitlab's, both ways: the one map that the timm reader and writer
-(vitlab.weights.timm) and a model's own `load_state_dict` of a timm state dict (timm's `load_checkpoint`) use.
-Pure string rules, no I/O: a bottom module of the models package."""
+"""timm's names for a ViT's and a BiT's tensors and vitlab's, both ways: the one map that the timm readers and
+writers (vitlab.weights.timm, vitlab.weights.timm_bit) and a model's own `load_state_dict` of a timm state dict
+(timm's `load_checkpoint`) use. Pure string rules, no I/O: a bottom module of the models package."""
 
 from __future__ import annotations
 
@@ -45,3 +45,28 @@ def timm_key(key: str, config: ViTConfig) -> str:
         root = "patch_embed.backbone." if config.resnet and not config.resnet.layers else "patch_embed.backbone.stem."
         return root + key[len("stem.") :]
     return rename_key(key, _TO_TIMM)
+
+
+# BiT (timm's resnetv2_*_bit): keys matching none are the same in both (stem.conv, norm1…conv3, norm). timm's head
+# is a 1×1 convolution, vitlab's the Linear it equals: the names map here, the (C, D, 1, 1) <-> (C, D) shape where
+# the tensors are (the timm BiT reader and writer, BiT's load_state_dict).
+_BIT_TO_TIMM = [
+    (r"^stages\.(\d+)\.(\d+)\.downsample\.", r"stages.\1.blocks.\2.downsample.conv."),
+    (r"^stages\.(\d+)\.(\d+)\.", r"stages.\1.blocks.\2."),
+    (r"^head\.", "head.fc."),
+]
+_BIT_TO_VITLAB = [
+    (r"^stages\.(\d+)\.blocks\.(\d+)\.downsample\.conv\.", r"stages.\1.\2.downsample."),
+    (r"^stages\.(\d+)\.blocks\.(\d+)\.", r"stages.\1.\2."),
+    (r"^head\.fc\.", "head."),
+]
+
+
+def bit_vitlab_key(key: str) -> str:
+    """timm's name for a BiT tensor -> vitlab's."""
+    return rename_key(key, _BIT_TO_VITLAB)
+
+
+def bit_timm_key(key: str) -> str:
+    """vitlab's name for a BiT tensor -> timm's."""
+    return rename_key(key, _BIT_TO_TIMM)

@@ -29,7 +29,9 @@ from vitlab.models.timm_keys import vitlab_key
 from vitlab.ranges import MAX_CLASSES, is_int
 
 # Leaves of a torch.fx trace: each branches on a type or a size, which symbolic tracing cannot evaluate, so the trace
-# records the call as one node that runs on real values (torch.fx.wrap acts on this module's names).
+# records the call as one node that runs on real values (torch.fx.wrap acts on this module's names). A traced model
+# therefore resamples its position table on each call at a non-native size, where eager inference reuses it: one
+# small interpolation (BENCHMARKS.md, "Bounds and choices in the code").
 for _leaf in ("check_pixels", "check_tokens", "pad_to_stride", "resample_pos_embed", "resample_1d",
               "resample_relative_table", "relative_position_index"):
     torch.fx.wrap(_leaf)
@@ -286,6 +288,8 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
         one (fc_norm), then the representation layer; the classifier unless pre_logits."""
         cfg = self.config
         check_tokens(tokens, cfg.width)
+        if self.unpooled:  # timm's global_pool "": no pooling, the head (if any) on every token
+            return tokens if pre_logits else self.head(tokens)
         pooled = tokens[:, 0] if cfg.classifier == "token" else tokens[:, cfg.num_prefix_tokens:].mean(dim=1)
         if self.fc_norm is not None:
             pooled = self.fc_norm(pooled)
@@ -299,7 +303,7 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
         for i, block in enumerate(self.blocks):
             # The token classifier reads only token 0, and after the last attention no token mixes with
             # another: the last block computes queries, residual and MLP for the class token alone.
-            only_cls = i == last and self.config.classifier == "token"
+            only_cls = i == last and self.config.classifier == "token" and not self.unpooled
             z = self.run_block(block, z, num_queries=1 if only_cls else None)
         return self.forward_head(self.norm(z))
 
@@ -325,16 +329,18 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """Fine-tuning rule (paper Section 3.2): drop the representation layer, attach a zero-initialised head
         (0 classes: none, `forward` returns the pooled representation). `global_pool` (timm's argument) changes
-        the pooling: "avg" (the mean of the patch tokens; a class token, if any, stays in the sequence) or
-        "token" (needs a class token in the weights)."""
+        the pooling: "avg" (the mean of the patch tokens; a class token, if any, stays in the sequence), "token"
+        (needs a class token in the weights) or "" (none, as timm: the head acts on every token)."""
         changes = {"num_classes": num_classes, "representation_size": None}
-        if global_pool not in (None, self.global_pool):
-            if global_pool not in ("token", "avg"):
-                raise ValueError(f"global_pool={global_pool!r}: vitlab pools with 'token' or 'avg'")
+        if global_pool is not None:
+            if global_pool not in ("token", "avg", ""):
+                raise ValueError(f"global_pool={global_pool!r}: vitlab pools with 'token' or 'avg' ('': no pooling)")
             if global_pool == "token" and not self.config.has_class_token:
                 raise ValueError("global_pool='token' needs a class token, and these weights have none; use 'avg'")
-            changes.update(classifier="token" if global_pool == "token" else "gap",
-                           class_token=self.config.has_class_token)
+            if global_pool and global_pool != ("token" if self.config.classifier == "token" else "avg"):
+                changes.update(classifier="token" if global_pool == "token" else "gap",
+                               class_token=self.config.has_class_token)
+            self.unpooled = global_pool == ""
         self.pre_logits = None
         self.num_features = self.config.width
         self.head = zero_head(self.num_features, num_classes, self.patch_embed.proj.weight)

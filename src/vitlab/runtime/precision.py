@@ -27,6 +27,8 @@ from types import MethodType
 import torch
 from torch import nn
 
+from vitlab.errors import setting
+
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
 USES = ("train", "infer")
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
@@ -88,10 +90,10 @@ def check_precision(requested: str, use: str) -> None:
     if use not in USES:
         raise ValueError(f"use must be one of {', '.join(USES)}, not {use!r}")
     if requested not in PRECISIONS:
-        raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, not {requested!r}")
+        raise ValueError(f"{setting('precision')} must be one of {', '.join(PRECISIONS)}, not {requested!r}")
     if requested == "int8" and use != "infer":
-        raise ValueError("--precision int8 is for the inference verbs only (eval, predict, bench, export); "
-                         "use auto, fp32 or bf16 here")
+        raise ValueError(f"{setting('precision', value='int8')} is for the inference verbs only (eval, predict, bench, "
+                         "export); use auto, fp32 or bf16 here")
 
 
 def resolve_precision(requested: str, device: torch.device, *, use: str, width: int | None = None,

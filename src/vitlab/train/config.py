@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from vitlab.constants import EVAL_RESIZES, TRAIN_CROPS, TRAIN_RESIZES
+from vitlab.constants import SETTING_CHOICES, TIMM_RESIZE_PREFIX, setting_words, timm_resize
+from vitlab.errors import setting
 from vitlab.ranges import EPOCHS, MODEL_FLAGS, MODEL_SIZES, SETTINGS, Range
 from vitlab.runtime.precision import check_precision
 from vitlab.train.finetune import tuning_problems
@@ -89,7 +90,7 @@ class TrainConfig:
     train_crop: str = "inception"  # inception (TF's sampler), inception-subpixel, resize-random-crop (BiT)
     train_resize: str = "pil"  # what resamples the crop: pil, or tensor (torch's uint8 kernel, within 1 level)
     eval_resize: str = "official"  # official (whole image to S×S), big_vision (short side 8/7·S, central crop),
-    # resize-short-crop (short side S, central crop)
+    # resize-short-crop (short side S, central crop); timm:INTERPOLATION:CROP_PCT when the initial weights record it
     # run
     out: str = "runs/run"
     resume: bool = False
@@ -134,8 +135,9 @@ MODEL_FIELD_FLAGS = {field: dest for dest, field in MODEL_FLAGS.items()}  # mode
 
 
 def _flag(name: str) -> str:
-    """A setting (or an architecture flag's name: heads) as the command line spells its flag."""
-    return "--" + FLAG_NAMES.get(name, name).replace("_", "-")
+    """A setting (or an architecture flag's name: heads) as the caller spells it: the command line's flag, or a
+    vitlab.fit keyword (vitlab.errors.setting)."""
+    return setting(name, FLAG_NAMES.get(name, name))
 
 
 def _recorded(name: str) -> str:
@@ -152,12 +154,6 @@ _SHAPES: dict[str, tuple[int | None, str, Any]] = {
     "crop_ratio": (2, "MIN MAX with MIN <= MAX", lambda v: v[0] <= v[1]),
     "lr_drops": (None, "increasing fractions", lambda v: all(a < b for a, b in zip(v, v[1:], strict=False))),
     "lr_sweep": (None, "learning rates", None),
-}
-# Settings whose value is one of a few words.
-CHOICES: dict[str, tuple[str, ...]] = {
-    "optimizer": ("adam", "sgd"), "decay": ("linear", "cosine", "step"), "loss": ("softmax", "sigmoid"),
-    "objective": ("classify", "mpp"), "mpp_target": ("mean-color", "mean-color-4x4", "pixels"),
-    "train_crop": TRAIN_CROPS, "train_resize": TRAIN_RESIZES, "eval_resize": EVAL_RESIZES,
 }
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 # The flags that are no TrainConfig field, with their type and range: --epochs (the steps, from the data) and the
@@ -186,13 +182,19 @@ def setting_problem(key: str, value: Any, label: str) -> str | None:
     if key in SETTINGS:
         allowed = SETTINGS[key]
         return None if allowed.holds(value) else f"{label} must be {allowed.allowed()}, got {setting_text(value)}"
-    if key in CHOICES and value not in CHOICES[key]:
-        return f"unknown {label} {value!r}; use {', '.join(CHOICES[key])}"
+    if key == "eval_resize" and isinstance(value, str) and value.startswith(TIMM_RESIZE_PREFIX):
+        try:  # timm's transform, as weights of a timm name record it (the flag offers vitlab's own resizes)
+            timm_resize(value)
+        except ValueError as err:
+            return f"{label}: {err}"
+        return None
+    if key in SETTING_CHOICES and value not in setting_words(key):
+        return f"unknown {label} {value!r}; use {', '.join(setting_words(key))}"
     if key == "precision":
         try:
             check_precision(value, "train")
         except ValueError as err:  # the flag's words, about `label`
-            return label + str(err).removeprefix("--precision")
+            return label + str(err).removeprefix(setting("precision"))
     if key == "device" and not _valid_device(value):
         return f"unknown {label} {value!r}; use auto, cpu, cuda or cuda:N"
     return None

@@ -19,6 +19,7 @@ models keep no floating-point buffers, so the parameters are the whole state (ti
 from __future__ import annotations
 
 import copy
+import math
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +29,7 @@ import torch
 from torch import nn
 
 from vitlab.constants import FREEZE_CHOICES
+from vitlab.errors import setting
 
 WARMUP_POWER = 2 / 3  # timm ModelEmaV3's warmup_power default (warmup_gamma 1)
 
@@ -40,6 +42,19 @@ def ema_decay(decay: float, step: int | None, warmup: bool) -> float:
     if s <= 0:
         return 0.0
     return max(min(1.0 - (1.0 + s) ** -WARMUP_POWER, decay), 0.0)
+
+
+def ema_warning(decay: float, warmup: bool, steps: int) -> str | None:
+    """One line when the EMA would still be mostly the initial weights at the run's end, else None. The rule: without
+    warm-up the average starts from the initial weights, which keep a share decay^steps of it, and its horizon is
+    about 1/(1 − decay) steps; a run shorter than that horizon keeps more than e^−1 (37%) of its start. With warm-up
+    the first update copies the weights (decay 0), so the start leaves the average at once."""
+    horizon = 1.0 / (1.0 - decay) if decay < 1 else math.inf
+    if warmup or steps >= horizon:
+        return None
+    return (f"--ema-decay {decay:g} averages over about {horizon:,.0f} steps (1/(1 − decay)), more than this run's "
+            f"{steps:,}: the saved EMA weights are {100 * decay ** steps:.0f}% the initial ones ({decay:g}^{steps}); "
+            f"add --ema-warmup, lower the decay below {1 - 1 / steps:.3g}, or train longer")
 
 
 def _trained(model: nn.Module) -> list[nn.Parameter]:
@@ -183,26 +198,30 @@ _HEAD = ("head", "pre_logits")
 
 
 def tuning_problems(cfg: Any) -> list[str]:
-    """The fine-tuning settings against each other (vitlab.train.config.validate reports them)."""
+    """The fine-tuning settings against each other (vitlab.train.config.validate reports them), named as the caller
+    spells them (vitlab.errors.setting)."""
+    freeze, lora, targets = setting("freeze"), setting("lora_rank", "lora"), setting("lora_targets")
     problems = []
     if cfg.freeze is not None and cfg.freeze not in FREEZE_CHOICES:
-        problems.append(f"unknown --freeze {cfg.freeze!r}; use {', '.join(FREEZE_CHOICES)}")
+        problems.append(f"unknown {freeze} {cfg.freeze!r}; use {', '.join(FREEZE_CHOICES)}")
     if cfg.lora_rank and cfg.freeze:
-        problems.append("--lora already freezes the backbone (only the adapters and the head train): leave --freeze "
+        problems.append(f"{lora} already freezes the backbone (only the adapters and the head train): leave {freeze} "
                         "out")
     if (cfg.lora_alpha is not None or cfg.lora_targets != ("qkv",)) and not cfg.lora_rank:
-        problems.append("--lora-alpha and --lora-targets shape LoRA adapters: add --lora RANK")
+        problems.append(f"{setting('lora_alpha')} and {targets} shape LoRA adapters: add "
+                        f"{setting('lora_rank', 'lora', 'RANK')}")
     unknown = [t for t in cfg.lora_targets if t not in LORA_TARGETS]
     if unknown or not cfg.lora_targets or len(set(cfg.lora_targets)) != len(cfg.lora_targets):
-        problems.append(f"--lora-targets {','.join(cfg.lora_targets) or '(none)'}: name each once, from "
+        problems.append(f"{targets} {','.join(cfg.lora_targets) or '(none)'}: name each once, from "
                         f"{', '.join(LORA_TARGETS)}")
     if cfg.ema_warmup and not cfg.ema:
-        problems.append("--ema-warmup warms up the EMA's decay: add --ema-decay D (or --ema D; e.g. 0.9998)")
+        problems.append(f"{setting('ema_warmup')} warms up the EMA's decay: add {setting('ema', 'ema-decay', 'D')} "
+                        "(e.g. 0.9998)")
     if cfg.objective != "classify" and (cfg.freeze or cfg.lora_rank or cfg.layer_decay is not None):
-        problems.append("--freeze, --lora and --layer-decay fine-tune a classifier: use them with --objective "
-                        "classify")
+        problems.append(f"{freeze}, {lora} and {setting('layer_decay')} fine-tune a classifier: use them with "
+                        f"{setting('objective', value='classify')}")
     if cfg.lora_rank and cfg.fsdp:
-        problems.append("--lora trains a few adapters; run it with DDP, not --fsdp")
+        problems.append(f"{lora} trains a few adapters; run it with DDP, not {setting('fsdp')}")
     return problems
 
 

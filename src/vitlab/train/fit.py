@@ -5,18 +5,28 @@ trained model with the run's result.
     result = vitlab.fit("finetune", init="vit_s16.safetensors", data="photos/", epochs=10, out="runs/photos")
     result.metrics["top1"], result.out_dir, result.model      # final validation metrics, run folder, the model
 
+    # objects instead of paths: a model (vitlab's, or a timm ViT) and map-style datasets of (image, label)
+    train, val = torchvision.datasets.ImageFolder("photos/train"), torchvision.datasets.ImageFolder("photos/val")
+    result = vitlab.fit("finetune", init=vitlab.load("vit_s16.safetensors"), data=(train, val), epochs=10)
+
 A thin layer over the command line's path: the settings are the flags as keywords (TrainConfig fields, plus
 `epochs` and the architecture flags `depth`, `width`, `heads`, `mlp_dim`, which set `model_args` as their flags
 do), each checked as its flag is (`fit_flags`), resolved by `vitlab.train.resolve`, checked by
 `vitlab.train.fit.prepare` as the run would, trained by `vitlab.train.run` (or `run_sweep` with `lr_sweep`). The
 console shows what the command line shows (the banner, the time estimate, step and validation lines, a progress bar
 on a terminal, the final `done:` line) unless `progress=False` or the program has set up logging itself.
+
+Objects (vitlab.data.objects has the rules for datasets): `data` is a dataset, or a (train, val) pair of them, and a
+single dataset needs `val_fraction` as a folder without val/ does; the datasets' images are transformed by vitlab
+(a dataset with a transform of its own is refused). `init` is a vitlab model or a timm ViT, whose weights are
+copied (the object is not trained). The run records each by its description, `object:TYPE(… sha256 …)` in
+config.json's data / init, and `resume` refuses another object than the run's. An object run cannot sweep learning
+rates (`lr_sweep`) nor measure few-shot accuracy (`fewshot_every`), which read the data by name.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import logging
 import os
@@ -29,9 +39,13 @@ from typing import Any
 
 import torch
 
-from vitlab.data import build_datasets
+from vitlab.data import Datasets, build_datasets
+from vitlab.data.objects import OBJECT_PREFIX, is_dataset_object
+from vitlab.errors import closest
+from vitlab.files.digest import tensors_fingerprint
 from vitlab.files.rundir import CONFIG
 from vitlab.models.config import BiTConfig, ViTConfig
+from vitlab.models.registry import describe_architecture
 from vitlab.ranges import MODEL_FLAGS
 from vitlab.train.config import (
     FLAG_NAMES,
@@ -39,13 +53,14 @@ from vitlab.train.config import (
     MODEL_FIELD_FLAGS,
     TrainConfig,
     model_args_problem,
+    read_record,
     setting_problem,
     type_problem,
 )
-from vitlab.train.resolve import Resolved, resolve
+from vitlab.train.resolve import InitWeights, Resolved, resolve
 from vitlab.train.runlog import append_to_console_log, check_trackers, result_line, schedule_lines, settings_lines
 from vitlab.train.trainer import RunResult, build_run_model, check_classes, objective_for, run, run_record
-from vitlab.weights.load import load
+from vitlab.weights.load import is_model_object, load, read_module
 
 # --------------------------------------------------------------------------------------------------------------
 # What a run checks before its first step, done before it starts: `--print-config` shows exactly what the run
@@ -116,15 +131,22 @@ def fit(recipe: str | None = None, *, config_file: str | os.PathLike | None = No
         **settings: Any) -> FitResult:
     """Train (fine-tune, with `init`) as the command line does; see the module doc. `recipe`: as `--recipe`
     (default: `demo`, or `finetune` with `init`); `config_file`: as `--config`; `settings`: the flags as keywords
-    (`data`, `init`, `out`, `lr`, `batch_size`, `steps` or `epochs`, `depth`, `heads`, …; paths as str or Path).
+    (`data`, `init`, `out`, `lr`, `batch_size`, `steps` or `epochs`, `depth`, `heads`, …; paths as str or Path;
+    `data` may be a dataset object or a (train, val) pair of them, `init` a vitlab model or a timm ViT: module doc).
     TypeError (one line, naming the keyword) for a keyword or a value of the wrong type, ValueError (one line) for
     settings or data the run would refuse."""
     _check_call(recipe, config_file, progress)
     flags = fit_flags(settings)
-    verb = "finetune" if flags.get("init") else "train"
+    verb = "finetune" if flags.get("init") is not None else "train"
     config_file = os.fspath(config_file) if config_file is not None else None
     with _console(progress):
-        resolved = prepare(resolve(recipe, flags, config_file=config_file, verb=verb))
+        held_out = _val_fraction(flags)
+        data, init_weights = _objects(flags, held_out)
+        resolved = resolve(recipe, flags, config_file=config_file, verb=verb, data=data, init_weights=init_weights)
+        if data is not None:
+            _check_object_run(resolved, held_out)
+            resolved = dataclasses.replace(resolved, data=data)  # a resumed run's too
+        resolved = prepare(resolved)
         outcome = train_resolved(resolved, verb, say=lambda line: log.info("%s", line))
     if resolved.config.lr_sweep:
         model = load(outcome.out_dir)  # the run the sweep chose (its refit, if it made one)
@@ -132,6 +154,44 @@ def fit(recipe: str | None = None, *, config_file: str | os.PathLike | None = No
                          seconds=outcome.seconds, model=model, sweep=outcome)
     model = load(outcome.weights) if outcome.weights is not None else None
     return FitResult(**{f.name: getattr(outcome, f.name) for f in fields(RunResult)}, model=model)
+
+
+def _objects(flags: dict[str, Any], val_fraction: float | None) -> tuple[Datasets | None, InitWeights | None]:
+    """A dataset object given as `data` built into the run's Datasets (`val_fraction` held out), a model object given
+    as `init` read as weights; in `flags` each is replaced by its description (module doc)."""
+    data = init_weights = None
+    if not isinstance(flags.get("data", ""), str):
+        data = build_datasets(flags["data"], val_fraction, bool(flags.get("strict")))
+        flags["data"] = data.source
+    if flags.get("init") is not None and not isinstance(flags["init"], str):
+        record = read_module(flags["init"])
+        init_weights = InitWeights(None, record)
+        kind = type(flags["init"]).__name__
+        flags["init"] = (f"{OBJECT_PREFIX}{kind}({record.config.name or describe_architecture(record.config)}, "
+                         f"tensors sha256 {tensors_fingerprint(record.state_dict)})")
+    return data, init_weights
+
+
+def _val_fraction(flags: Mapping[str, Any]) -> float | None:
+    """The held-out share a dataset object is split with: the keyword's, or on resume the stored run's."""
+    if "val_fraction" in flags or not flags.get("resume") or not flags.get("out"):
+        return flags.get("val_fraction")
+    stored = Path(flags["out"]) / CONFIG
+    return read_record(stored).get("val_fraction") if stored.is_file() else None
+
+
+def _check_object_run(resolved: Resolved, val_fraction: float | None) -> None:
+    """What a run on a dataset object cannot do, refused before it starts (module doc); `val_fraction`: the share
+    the object was split with."""
+    cfg = resolved.config
+    if (cfg.val_fraction or None) != (val_fraction or None):
+        raise ValueError(f"val_fraction {cfg.val_fraction} ({resolved.sources.get('val_fraction')}) would split a "
+                         "dataset object after it was split: pass val_fraction= to vitlab.fit itself")
+    if cfg.lr_sweep:
+        raise ValueError("lr_sweep splits its dev set from the data by name; with a dataset object, run one lr per "
+                         "vitlab.fit call")
+    if cfg.fewshot_every:
+        raise ValueError("fewshot_every reads the data by name; with a dataset object leave it 0")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -143,6 +203,10 @@ def fit(recipe: str | None = None, *, config_file: str | os.PathLike | None = No
 
 # Keywords whose value is a path (str or os.PathLike), with what else it may name.
 PATHS = {"data": "a path or dataset name", "init": "a path or weights name", "out": "a path"}
+# Objects a keyword takes besides a path (module doc).
+OBJECTS = {"data": "a map-style dataset of (image, label) (torchvision ImageFolder, datasets.Dataset, …) or a "
+                   "(train, val) pair of them",
+           "init": "a model (vitlab's, or a timm ViT)"}
 _KEYWORDS = frozenset(f.name for f in dataclasses.fields(TrainConfig)) | set(FLAG_ONLY)
 # What a model's config has that a run sets through model_args (the run sets its size and classes itself).
 _MODEL_SETTINGS = frozenset(f.name for c in (ViTConfig, BiTConfig) for f in dataclasses.fields(c)) - _KEYWORDS - {
@@ -183,8 +247,11 @@ def fit_flags(settings: Mapping[str, Any]) -> dict[str, Any]:
 
 def _type_problem(key: str, value: Any) -> str | None:
     if key in PATHS:
-        return None if isinstance(value, str) else (f"{key} must be {PATHS[key]} (str or os.PathLike), got "
-                                                     f"{type(value).__name__}")
+        if isinstance(value, str) or (key == "data" and is_dataset_object(value)) or (
+                key == "init" and is_model_object(value)):
+            return None
+        also = f", or {OBJECTS[key]}" if key in OBJECTS else ""
+        return f"{key} must be {PATHS[key]} (str or os.PathLike){also}, got {type(value).__name__}"
     if key == "resume":  # as --resume [auto]; auto: continue the run, or start it when there is none
         ok = isinstance(value, bool) or (isinstance(value, str) and value == "auto")
         return None if ok else f"resume must be True, False or 'auto', got {repr(value)[:60]}"
@@ -204,11 +271,11 @@ def _unknown_keyword(key: str) -> str:
         flag = MODEL_FIELD_FLAGS.get(key)
         return (f"vitlab.fit has no keyword {key!r}: it is a model setting; pass "
                 f"{f'{flag}=… (the --{flag} flag) or ' if flag else ''}model_args={{{key!r}: …}}")
-    close = difflib.get_close_matches(key, sorted(_KEYWORDS | _MODEL_SETTINGS), n=1)
-    if close and close[0] in _MODEL_SETTINGS:
-        return f"vitlab.fit has no keyword {key!r}; did you mean the model setting model_args={{{close[0]!r}: …}}?"
+    close = closest(key, sorted(_KEYWORDS | _MODEL_SETTINGS))
+    if close in _MODEL_SETTINGS:
+        return f"vitlab.fit has no keyword {key!r}; did you mean the model setting model_args={{{close!r}: …}}?"
     if close:
-        return f"vitlab.fit has no keyword {key!r}; did you mean {close[0]}?"
+        return f"vitlab.fit has no keyword {key!r}; did you mean {close}?"
     return (f"vitlab.fit has no keyword {key!r}: its keywords are vitlab train's flags (vitlab train --help), a "
             "model's own settings go in model_args")
 

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from vitlab.eval.classify import per_image_loss
+from vitlab.models.timm_compat import MATCH_PREVIOUS
 from vitlab.train.config import TrainConfig
 from vitlab.train.finetune import Ema  # noqa: F401  (re-exported: importable beside the optimisers)
 
@@ -19,63 +20,74 @@ from vitlab.train.finetune import Ema  # noqa: F401  (re-exported: importable be
 # Layer-wise learning-rate decay (`--layer-decay`), grouped as timm's `param_groups_layer_decay` groups a ViT
 # (after BEiT; MAE and DINOv2 fine-tune with it): the layers near the input, which learnt general features, move least.
 #
-# Layer ids over a ViT of depth L (timm 1.0's `VisionTransformer.group_matcher`, num_layers = L + 2):
+# The layers are the model's own `group_matcher` (vitlab.models.timm_compat, the one definition of a ViT's layer
+# groups), numbered as timm numbers them. For a ViT of depth L (with a hybrid's ResNet stem) that is L + 2 layers:
 #
 #     0        the embeddings: patch embedding (and a hybrid's ResNet stem), class and register tokens, position
 #              embedding
 #     i + 1    everything in block i (its relative position table included); the final norm goes with the last
 #              block (timm's MATCH_PREV_GROUP)
-#     L + 1    what follows: fc_norm, pre_logits and the head
+#     L + 1    what follows: fc_norm, pre_logits and the head (absent without a head: the last block is then the
+#              top layer, as in timm)
 #
-# and a parameter of layer l trains at lr · decay^(L + 1 − l): the head at the base lr, the last block (and the
-# final norm) at lr · decay, the embeddings at lr · decay^(L + 1). BEiT's and MAE's own code differ from timm only in
-# the final norm, which they train at the head's lr; vitlab follows timm, the reference its test compares with.
+# and a parameter of layer l trains at lr · decay^(top − l): the head at the base lr, the last block (and the final
+# norm) at lr · decay, the embeddings at lr · decay^(L + 1). BEiT's and MAE's own code differ from timm only in the
+# final norm, which they train at the head's lr; vitlab follows timm, the reference its test compares with. BiT has
+# no group_matcher (its BiT-HyperRule trains every layer at one lr) and is refused.
 #
 # The weight-decay split stays vitlab's (kernels only: vitlab.train.optim.param_groups); each of its groups is cut
 # by layer, so every optimizer group has one lr and one weight decay.
 
-_EMBEDDINGS = ("cls_token", "reg_token", "pos_embed", "patch_embed.", "stem.", "norm_pre.")
-_BLOCK = re.compile(r"^blocks\.(\d+)\.")
 
-
-def _depth(model: nn.Module) -> int:
-    blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, nn.ModuleList):
+def layer_ids(model: nn.Module) -> dict[str, int]:
+    """The layer of every parameter, by name, from `model.group_matcher()`: each name gets the ordinal of the first
+    pattern that matches it (the group's position, then the pattern's captured numbers, then its suffix; no match
+    sorts last), and the distinct ordinals in order are layers 0, 1, …; a suffix of MATCH_PREVIOUS joins the layer
+    before it. This is timm's reading of a group_matcher, so the layers are the ones timm's optimizer factory uses."""
+    matcher = getattr(model, "group_matcher", None)
+    if matcher is None:
         name = getattr(getattr(model, "config", None), "name", None) or type(model).__name__
         raise ValueError(f"--layer-decay groups a ViT's blocks, and {name} has none (a CNN); leave it unset")
-    return len(blocks)
+    rules = []
+    for ordinal, spec in enumerate(matcher(coarse=False).values()):
+        for pattern, suffix in [(spec, None)] if isinstance(spec, str) else spec:
+            rules.append((re.compile(pattern), ordinal, tuple(suffix or ())))
 
+    def order(name: str) -> tuple[float, ...]:
+        for pattern, ordinal, suffix in rules:
+            if m := pattern.match(name):
+                return (ordinal, *(float(g) for g in m.groups() if g is not None), *suffix)
+        return (math.inf,)
 
-def layer_id(name: str, depth: int) -> int:
-    """The layer of parameter `name` (a vitlab ViT's state-dict name; LoRA's adapter names included)."""
-    block = _BLOCK.match(name)
-    if block:
-        return int(block.group(1)) + 1
-    if name.startswith(_EMBEDDINGS):
-        return 0
-    if name.startswith("norm."):
-        return depth  # the final norm, with the last block
-    return depth + 1
+    orders = {name: order(name) for name, _ in model.named_parameters()}
+    layers: dict[tuple[float, ...], int] = {}
+    layer = -1
+    for key in sorted(set(orders.values())):
+        if layer < 0 or key[-1] != MATCH_PREVIOUS:
+            layer += 1
+        layers[key] = layer
+    return {name: layers[key] for name, key in orders.items()}
 
 
 def layer_scales(model: nn.Module, decay: float) -> dict[str, float]:
-    """The lr factor of every trained parameter, by name: decay^(num_layers − layer id)."""
-    depth = _depth(model)
-    return {name: decay ** (depth + 1 - layer_id(name, depth))
-            for name, p in model.named_parameters() if p.requires_grad}
+    """The lr factor of every trained parameter, by name: decay^(top layer − layer id)."""
+    ids = layer_ids(model)
+    top = max(ids.values())
+    return {name: decay ** (top - ids[name]) for name, p in model.named_parameters() if p.requires_grad}
 
 
 def layer_decay_groups(model: nn.Module, groups: list[dict[str, Any]], lr: float, decay: float) -> list[dict[str, Any]]:
     """`groups` (the weight-decay groups) cut by layer: one group per (layer, weight decay) with its own "lr"
     (lr · scale, which LambdaLR then schedules) and, as timm's groups, its "lr_scale". Ordered from the head
     down, so that the first group (what the training log reports as lr) trains at the base lr."""
-    depth = _depth(model)
+    ids = layer_ids(model)
+    top = max(ids.values())
     names = {id(p): name for name, p in model.named_parameters()}
     cut: dict[tuple[int, int], dict[str, Any]] = {}
     for g, group in enumerate(groups):
         for p in group["params"]:
-            layer = layer_id(names[id(p)], depth)
-            scale = decay ** (depth + 1 - layer)
+            layer = ids[names[id(p)]]
+            scale = decay ** (top - layer)
             entry = cut.setdefault((layer, g), {**{k: v for k, v in group.items() if k != "params"},
                                                 "params": [], "lr": lr * scale, "lr_scale": scale})
             entry["params"].append(p)
@@ -84,9 +96,10 @@ def layer_decay_groups(model: nn.Module, groups: list[dict[str, Any]], lr: float
 
 def describe(model: nn.Module, decay: float) -> str:
     """The banner's line."""
-    depth = _depth(model)
-    return (f"lr      layer decay {decay:g} over {depth + 2} layers (embeddings, {depth} blocks, head): head × 1, last "
-            f"block × {decay:.3g}, embeddings × {decay ** (depth + 1):.3g} (timm param_groups_layer_decay)")
+    top = max(layer_ids(model).values())
+    return (f"lr      layer decay {decay:g} over {top + 1} layers (the model's group_matcher: embeddings, blocks, "
+            f"head): top layer × 1, the next × {decay:.3g}, embeddings × {decay ** top:.3g} "
+            "(timm param_groups_layer_decay)")
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:

@@ -193,18 +193,17 @@ def hyperrule(num_images: int, image_hw: tuple[int, int]) -> dict[str, Any]:
 
 
 def typical_image_size(split: ImageSplit, probe: int = 64) -> tuple[int, int]:
-    """(height, width) of the median-area image among up to `probe` images spread over the split (file headers
-    only: nothing is decoded)."""
+    """(height, width) of the median-area image among up to `probe` images spread over the split (`image_size`:
+    a file's header, nothing decoded)."""
     if split.arrays is not None:
         return int(split.arrays.shape[1]), int(split.arrays.shape[2])
-    from vitlab.data.sources import DECODE_ERRORS, open_image
+    from vitlab.data.sources import DECODE_ERRORS
 
     n, m = len(split), min(probe, len(split))
     sizes = []
     for i in sorted({k * n // m for k in range(m)}):
         try:
-            with open_image(split.encoded(i)) as img:  # one over the image budget is skipped, as the loader skips it
-                sizes.append((img.height, img.width))
+            sizes.append(split.image_size(i))  # one over the image budget is skipped, as the loader skips it
         except DECODE_ERRORS:
             continue  # the loader reports unreadable files
     if not sizes:

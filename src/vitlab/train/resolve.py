@@ -24,7 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vitlab.constants import canonical_setting
 from vitlab.data import build_datasets
+from vitlab.data.objects import is_object_description
+from vitlab.errors import closest, setting
 from vitlab.files.rundir import CONFIG, MANIFEST, checkpoint_settings, list_checkpoints, run_dir_of
 from vitlab.models.config import BiTConfig, ViTConfig
 from vitlab.models.registry import architecture_differences, describe_architecture, model_config
@@ -54,7 +57,14 @@ from vitlab.train.recipes import (
     finetune_dropout,
     hyperrule_from_data,
 )
-from vitlab.train.rules import apply_epochs, check_epochs, follow_data, mark_given, steps_on_resume
+from vitlab.train.rules import (
+    apply_epochs,
+    check_epochs,
+    follow_data,
+    interval_rules,
+    mark_given,
+    steps_on_resume,
+)
 from vitlab.weights.load import read_weights
 from vitlab.weights.locate import locate
 
@@ -136,9 +146,10 @@ RUN_RECORD_KEYS = frozenset({"model_config", "class_names", "train_images", "val
 @dataclass(frozen=True)
 class InitWeights:
     """`--init` located once (a published name: its cached file; a run: its newest intact checkpoint, whose
-    manifest is checked) and read once: the settings, the model and every run of a sweep start from this."""
+    manifest is checked) and read once: the settings, the model and every run of a sweep start from this. A model
+    object (`vitlab.fit(init=model)`) is read the same way, without a file."""
 
-    path: Path  # the local weights file
+    path: Path | None  # the local weights file; None for a model object
     checkpoint: Any  # its vitlab.weights.record.WeightsRecord
 
 
@@ -168,18 +179,22 @@ def resolve_config(recipe: str = "demo", **overrides: Any) -> TrainConfig:
 
 
 def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *, config_file: str | None = None,
-            verb: str = "train", data: Any = None) -> Resolved:
+            verb: str = "train", data: Any = None, init_weights: InitWeights | None = None) -> Resolved:
     """Resolve a run's settings; `flags` are the TrainConfig fields given explicitly (None = not given).
-    `data`: the Datasets, if already built (otherwise built here when a rule needs them)."""
-    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    `data`: the Datasets, if already built (otherwise built here when a rule needs them); `init_weights`: the
+    initial weights already read (a model object: `flags["init"]` is then its description)."""
+    flags = {k: canonical_setting(k, v) for k, v in (flags or {}).items() if v is not None}
     epochs = check_epochs(flags)  # --epochs N: the steps once the data and batch are known (train/rules.py)
     _check_known(flags, "training settings")
     if flags.get("resume"):
         if flags.get("out") and (Path(flags["out"]) / CONFIG).exists():
             return _resume(Path(flags["out"]), flags, recipe, epochs)
+        resume, out = setting("resume"), setting("out")
+        if not flags.get("out"):
+            raise ValueError(f"{resume} needs {out}: the run folder to continue")
         if flags["resume"] != "auto" and not _holds_sweep(flags.get("out")):  # a typo in --out starts nothing
-            raise ValueError(f"--resume: {flags.get('out')} holds no run to continue (no config.json); check --out, "
-                             "or pass --resume auto to start a run there when there is none")
+            raise ValueError(f"{resume}: {flags.get('out')} holds no run to continue (no config.json); check the {out} "
+                             f"path, or pass {setting('resume', value='auto')} to start a run there when there is none")
         flags["resume"] = _holds_sweep(flags.get("out"))
     layers = _Layers()
     file_values = _read_config_file(config_file) if config_file else {}
@@ -191,7 +206,7 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
     layers.apply(recipe_values, f"recipe {name}")
     layers.apply({"recipe": name}, "flag" if recipe else f"recipe {name}")
     init = flags.get("init", file_values.get("init", layers.values.get("init")))
-    init_weights = _init_layer(layers, init) if init else None
+    init_weights = _init_layer(layers, init, init_weights) if init else None
     checkpoint = init_weights.checkpoint if init_weights else None
     preset = flags.get("preset", file_values.get("preset"))
     if preset is not None:
@@ -208,6 +223,7 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
     data = apply_epochs(layers, epochs, data)  # after the batch is decided, before BiT-HyperRule's warm-up
     data = _data_rules(layers, name, auto, data)
     _warmup_rule(layers, name)
+    interval_rules(layers, epochs, data)
     for key, (value, source) in frozen_backbone_settings(layers.values, layers.sources).items():
         layers.apply({key: value}, source)
     _precision_rule(layers, checkpoint)
@@ -260,7 +276,8 @@ def _check_known(values: Mapping[str, Any], what: str, extra: frozenset[str] = f
     known = {f.name for f in dataclasses.fields(TrainConfig)} | extra
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ValueError(f"unknown {what}: {', '.join(unknown)}")
+        guess = closest(unknown[0], sorted(known))
+        raise ValueError(f"unknown {what}: {', '.join(unknown)}" + (f"; did you mean {guess}?" if guess else ""))
 
 
 def _read_config_file(path: str) -> dict[str, Any]:
@@ -271,15 +288,17 @@ def _read_config_file(path: str) -> dict[str, Any]:
     _check_known(values, f"settings in --config {path}", RUN_RECORD_KEYS)
     values = {k: v for k, v in values.items() if k not in RUN_RECORD_KEYS and k not in ("resume", "auto")}
     check_types(values, f"--config {path}")
+    values = {k: canonical_setting(k, v) for k, v in values.items()}
     if "model_args" in values:
         check_model_args_type(values["model_args"], f"--config {path}")
     return values
 
 
-def _init_layer(layers: _Layers, init: str) -> InitWeights:
-    """What fine-tuning takes from its initial weights: their resolution, architecture name and, for weights a
-    vitlab run wrote, that run's pre-processing."""
-    init_weights = read_init(init)
+def _init_layer(layers: _Layers, init: str, init_weights: InitWeights | None = None) -> InitWeights:
+    """What fine-tuning takes from its initial weights (read here unless given): their resolution, architecture
+    name and, for weights a vitlab run wrote, that run's pre-processing (for other weights, the evaluation resize
+    they carry: timm's for the weights of a timm name)."""
+    init_weights = init_weights or read_init(init)
     checkpoint = init_weights.checkpoint
     config, source = checkpoint.config, f"weights {init}"
     values: dict[str, Any] = {"model": config.name or describe_architecture(config), "model_args": {}}
@@ -291,10 +310,10 @@ def _init_layer(layers: _Layers, init: str) -> InitWeights:
     return init_weights
 
 
-def _recorded_preprocessing(weights: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
+def _recorded_preprocessing(weights: Path | None, meta: Mapping[str, Any]) -> dict[str, Any]:
     """The pre-processing the run that wrote `weights` used: its config.json (the weights are the run's own or
-    one of its checkpoints'), else the evaluation resize recorded in the weights."""
-    run_dir = run_dir_of(weights)
+    one of its checkpoints'), else the evaluation resize recorded in the weights (or the model object)."""
+    run_dir = run_dir_of(weights) if weights is not None else None
     recorded = run_dir / CONFIG if run_dir is not None else None
     if recorded is None or not recorded.exists():
         return {"eval_resize": meta["eval_resize"]} if meta.get("eval_resize") else {}
@@ -475,6 +494,10 @@ def _resume(out: Path, flags: Mapping[str, Any], recipe: str | None, epochs: flo
             continue  # --precision auto: the choice the run made when it started
         if key == "init" and _same_file(now, before, Path(out)):
             continue  # the run's own --init by another spelling (relative to another folder, absolute)
+        if key in ("data", "init") and (is_object_description(now) or is_object_description(str(before))):
+            raise ValueError(f"{key} {str(now)[:300]} is not what the run in {out} was started with "
+                             f"({str(before)[:300]}); pass the same {'dataset' if key == 'data' else 'model'} to "
+                             "resume it, or start a new run with another out")
         if key not in SAFE_ON_RESUME:
             raise ValueError(f"{flag_text(key, now)} contradicts the run in {out} (stored: "
                              f"{value_text(key, before)}); resume without it, or start a new run with another --out")

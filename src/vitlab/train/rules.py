@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.data import DataError, build_datasets
+from vitlab.errors import setting
 from vitlab.train.recipes import (
     EPOCHS,
     FINETUNE_PRESETS,
@@ -170,9 +171,10 @@ def check_epochs(flags: dict[str, Any]) -> float | None:
     if epochs is None:
         return None
     if isinstance(epochs, bool) or not isinstance(epochs, int | float) or not math.isfinite(epochs) or epochs <= 0:
-        raise ValueError(f"--epochs must be a positive number, got {epochs}")
+        raise ValueError(f"{setting('epochs')} must be a positive number, got {epochs}")
     if flags.get("steps") is not None:
-        raise ValueError(f"--epochs {epochs:g} and --steps {flags['steps']} both set the run's length; pass one")
+        raise ValueError(f"{setting('epochs', value=epochs)} and {setting('steps', value=flags['steps'])} both set "
+                         "the run's length; pass one")
     return float(epochs)
 
 
@@ -194,6 +196,39 @@ def apply_epochs(layers: Any, epochs: float | None, data: Any) -> Any:
     return data
 
 
+# --------------------------------------------------------------------------------------------------------------
+# Short runs you can watch. A recipe's intervals are written for its own length (1,000 steps between evaluations,
+# 50 between log lines): a 10-step run would log once and validate only at its end. Unless the user chose them (a
+# flag or a --config file), they follow the run instead:
+#
+# - with --epochs, validation once per epoch (each validation also saves a checkpoint unless --save-every is set);
+# - a log line at least every tenth of the run: log_every at most steps // 10 (1 for runs under 20 steps).
+#
+# Each is recorded with the rule as its source, which the banner and --print-config show.
+
+LOG_LINES = 10  # log lines a run shows at least, when the user did not set --log-every
+
+
+def _user_set(source: str) -> bool:
+    return source.startswith(("flag", "config "))
+
+
+def interval_rules(layers: Any, epochs: float | None, data: Any) -> None:
+    """eval_every and log_every scaled to the run's length when the user did not set them (see above); `data`: the
+    Datasets (built by `apply_epochs` when `epochs` is given)."""
+    v, s = layers.values, layers.sources
+    steps, batch = v["steps"], v["batch_size"]
+    if epochs is not None and data is not None and not _user_set(s["eval_every"]):
+        per_epoch = steps_for(1, len(data.train), batch)
+        if per_epoch < steps and v["eval_every"] != per_epoch:
+            layers.apply({"eval_every": per_epoch}, f"{FLAG} {epochs:g}: once per epoch ({len(data.train):,} "
+                                                    f"training images / batch {batch:,})")
+    most = max(1, steps // LOG_LINES)
+    if not _user_set(s["log_every"]) and v["log_every"] > most:
+        layers.apply({"log_every": most}, f"a tenth of the run's {steps:,} steps ({s['log_every']} says "
+                                          f"{v['log_every']:,})")
+
+
 def mark_given(layers: Any, epochs: float | None) -> None:
     """Before the data rules: steps are the user's (--epochs), so no rule chooses them (nor, from them, the
     warm-up and evaluation interval a rule derives)."""
@@ -207,8 +242,8 @@ def steps_on_resume(record: dict[str, Any], epochs: float, path: Path) -> int:
     try:
         images, batch = int(record["train_images"]), int(record["batch_size"])
     except (ValueError, KeyError, TypeError):
-        raise ValueError(f"--epochs with --resume: {path} does not record the run's training images and batch; pass "
-                         "--steps instead") from None
+        raise ValueError(f"{setting('epochs')} with {setting('resume')}: {path} does not record the run's training "
+                         f"images and batch; pass {setting('steps')} instead") from None
     return steps_for(epochs, images, batch)
 
 

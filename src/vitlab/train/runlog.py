@@ -213,6 +213,9 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+FEW_POINTS = 50  # logged steps up to which curves.png marks each point
+
+
 def plot_curves(metrics_path: Path, out: Path) -> Path | None:
     """curves.png: loss (train and val), accuracy (val top-1 and top-5) and learning rate against step."""
     records = read_metrics(metrics_path) if metrics_path.exists() else []
@@ -226,7 +229,8 @@ def plot_curves(metrics_path: Path, out: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     fig, (ax_loss, ax_acc, ax_lr) = plt.subplots(1, 3, figsize=(15, 4))
-    ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train", lw=1)
+    dots = "o" if len(train) <= FEW_POINTS else None  # a short run's few points (or one) stay visible
+    ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train", lw=1, marker=dots, ms=3)
     ax_loss.plot([r["step"] for r in val], [r["loss"] for r in val], "o-", label="val")
     ax_loss.set_yscale("log")
     for key in ("top1", "top5"):
@@ -234,7 +238,7 @@ def plot_curves(metrics_path: Path, out: Path) -> Path | None:
     fewshot = [r for r in records if r["split"] == "fewshot"]
     if fewshot:  # the paper's progress signal during pre-training
         ax_acc.plot([r["step"] for r in fewshot], [r["5shot"] for r in fewshot], "s--", label="5-shot linear")
-    ax_lr.plot([r["step"] for r in train], [r["lr"] for r in train])
+    ax_lr.plot([r["step"] for r in train], [r["lr"] for r in train], marker=dots, ms=3)
     for ax, title in ((ax_loss, "loss"), (ax_acc, "accuracy"), (ax_lr, "learning rate")):
         ax.set_xlabel("step")
         ax.set_title(title)
@@ -331,8 +335,10 @@ def estimate_line(stats: dict[str, float], workers: int, remaining: int, measure
 _SHOWN_ELSEWHERE = {"out", "recipe", "data", "model", "model_args", "init"}
 
 
-def settings_lines(resolved: Resolved) -> list[str]:
-    """Every setting as `value`, grouped by source, then the notes: what --print-config prints."""
+def settings_lines(resolved: Resolved, defaults: bool = True) -> list[str]:
+    """Every setting as `value`, grouped by source, then the notes: what --print-config prints. `defaults=False`
+    (the banner) counts the settings left at vitlab's defaults instead of listing them: config.json records every
+    value, and the banner keeps to what the recipe, the weights and the flags chose."""
     values = resolved.config.to_dict()
     groups: dict[str, list[str]] = {}
     for key, value in values.items():
@@ -344,6 +350,9 @@ def settings_lines(resolved: Resolved) -> list[str]:
              + (f" {_fmt(values['model_args'])}" if values["model_args"] else "")
              + (f", initial weights {values['init']}" if values["init"] else "") + f", out {values['out']}"]
     for source in order:
+        if source == "default" and not defaults:
+            lines.append(f"  from default: {len(groups[source])} other settings (config.json lists every value)")
+            continue
         lines.append(_wrap(f"  from {source}: " + ", ".join(groups[source])))
     lines += [_wrap(f"  note: {note}") for note in resolved.notes]
     return lines
@@ -370,7 +379,8 @@ def banner_lines(resolved: Resolved, model: Any, data: Any, device: Any, world: 
         *([_wrap(line)] if (line := loss_line(cfg, data.num_classes)) else []),
         *(_wrap(line) for line in training or ()),
     ]
-    return lines + ["settings " + line if i == 0 else line for i, line in enumerate(settings_lines(resolved))]
+    settings = settings_lines(resolved, defaults=False)
+    return lines + ["settings " + line if i == 0 else line for i, line in enumerate(settings)]
 
 
 def schedule_lines(resolved: Resolved, train_images: int) -> list[str]:

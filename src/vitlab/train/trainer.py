@@ -58,7 +58,7 @@ from vitlab.train.distributed import (
     teardown,
     wrap_model,
 )
-from vitlab.train.finetune import Ema, Tuning
+from vitlab.train.finetune import Ema, Tuning, ema_warning
 from vitlab.train.optim import build_optimizer, build_scheduler, classification_loss
 from vitlab.train.optim import describe as describe_layer_decay
 from vitlab.train.resolve import InitWeights, Resolved, read_init
@@ -127,7 +127,7 @@ def build_run_model(cfg: TrainConfig, class_names: list[str], with_head: bool = 
             raise ValueError("--representation-size and --head-bias-init shape a model trained from scratch; "
                              "fine-tuning replaces the head with a zero one (paper Section 3.2): leave them unset")
         init = init or read_init(cfg.init)
-        model = model_from_checkpoint(init.checkpoint, init.path, image_size=cfg.image_size)
+        model = model_from_checkpoint(init.checkpoint, init.path or cfg.init, image_size=cfg.image_size)
         model.reset_classifier(k)
         model = _with_config(model, model.config.replace(**_setting_changes(cfg, model.config)))
     else:
@@ -434,6 +434,9 @@ class Trainer:
                                  torch.get_num_threads(), self.step, self._tuning_lines())
             for line in lines:
                 log.info(line)
+            warning = ema_warning(cfg.ema, cfg.ema_warmup, cfg.steps) if cfg.ema else None
+            if warning:
+                log.warning("warning: %s", warning)
             write_run_config(self.run_dir / CONFIG, cfg, resolved.record(), self.saved_model(),
                              self.data, d)
         self.log = RunLog(self.run_dir, cfg.steps, self.step, d.is_main, tensorboard=cfg.tensorboard,

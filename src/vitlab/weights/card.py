@@ -7,13 +7,15 @@ an export copied elsewhere or uploaded to a model hub explains itself.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from torch import nn
 
-from vitlab.constants import resize_before_crop
+from vitlab.constants import resize_before_crop, timm_resize
 from vitlab.files.outputs import atomic_write, mark_text
 from vitlab.models.config import BiTConfig, ModelConfig, ViTConfig
+from vitlab.models.timm_compat import eval_resize_of
 from vitlab.weights.bit_npz import bit_name
 from vitlab.weights.timm_arch import vitlab_name
 
@@ -87,8 +89,14 @@ def _model_rows(model: nn.Module) -> list[tuple[str, str]]:
 def preprocessing_lines(config: ModelConfig, eval_resize: str, fmt: str) -> list[str]:
     h, w = config.image_size
     resize = _RESIZE_WORDS.get(eval_resize, eval_resize).format(h=h, w=w, r=resize_before_crop(max(h, w)))
+    interpolation = "bilinear"
+    if (timm := timm_resize(eval_resize)) is not None:  # timm's evaluation transform, in its own terms
+        interpolation, crop_pct, crop_mode = timm
+        scaled = f"{math.floor(h / crop_pct)}" if h == w else f"{math.floor(h / crop_pct)}×{math.floor(w / crop_pct)}"
+        resize = (f"{'the whole image' if crop_mode == 'squash' else 'shorter side'} resized to {scaled} "
+                  f"(the input size / crop_pct {crop_pct:g}), then the central {h}×{w} crop (timm's evaluation)")
     lines = [
-        "- RGB; " + resize + "; bilinear resampling.",
+        "- RGB; " + resize + f"; {interpolation} resampling.",
         f"- Values: x / 255, then (x − mean) / std with mean {list(config.mean)} and std {list(config.std)}.",
         "- In Python: `vitlab.transforms(model)` is exactly this pipeline (what `vitlab eval` feeds the model).",
     ]
@@ -141,7 +149,7 @@ def model_card(model: nn.Module, fmt: str, dest: str | Path, source: str | Path 
     """The card's Markdown for `model` exported as `fmt` to `dest`; `source` is the file it was converted from."""
     config = model.config
     dest = Path(dest)
-    eval_resize = getattr(model, "eval_resize", None) or "official"
+    eval_resize = eval_resize_of(model)
     family = "bit" if isinstance(config, BiTConfig) else "vit"
     front = {"timm": ["library_name: timm"], "hf": ["library_name: transformers"]}.get(fmt, [])
     tags = ["image-classification" if config.num_classes else "image-feature-extraction", "vitlab",

@@ -30,7 +30,7 @@ from vitlab.weights.jax_npz import read_jax_npz
 from vitlab.weights.locate import locate_published, weights_path
 from vitlab.weights.record import WeightsRecord
 from vitlab.weights.tensors import read_json
-from vitlab.weights.timm import read_timm
+from vitlab.weights.timm import read_timm, read_timm_module
 from vitlab.weights.validate import check_state_dict, check_values
 from vitlab.weights.vitlab_format import is_vitlab_file, read_vitlab
 
@@ -88,6 +88,27 @@ def read_weights(path: str | Path, arch: str | None = None) -> WeightsRecord:
     if record and isinstance(record.get("model"), str) and record["model"]:
         check_published(ck, path, record["model"], str(record.get("name") or record["model"]))
     return ck
+
+
+def is_model_object(model: object) -> bool:
+    """Whether `read_module` reads `model`: a vitlab model (it has a vitlab config) or a timm model."""
+    return isinstance(model, nn.Module) and (isinstance(getattr(model, "config", None), ViTConfig | BiTConfig)
+                                             or type(model).__module__.split(".")[0] == "timm")
+
+
+def read_module(model: nn.Module) -> WeightsRecord:
+    """The config and tensors of a model object (`is_model_object`), as a file's are read: a vitlab model by its
+    config, a timm model through the timm reader (`read_timm_module`: WeightsError for what vitlab cannot
+    represent). The tensors are the model's own (a model built from them copies them: `model_from_checkpoint`)."""
+    if not is_model_object(model):
+        raise TypeError(f"{type(model).__name__} is neither a vitlab model nor a timm model")
+    config = getattr(model, "config", None)
+    if isinstance(config, ViTConfig | BiTConfig):
+        meta = {"class_names": list(model.class_names)} if getattr(model, "class_names", None) else {}
+        if getattr(model, "eval_resize", None):
+            meta["eval_resize"] = model.eval_resize
+        return WeightsRecord(config, {k: v.detach() for k, v in model.state_dict().items()}, "vitlab", meta)
+    return read_timm_module(model)
 
 
 def check_published(ck: WeightsRecord, path: str | Path, model: str, name: str) -> None:

@@ -19,10 +19,12 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from vitlab.constants import timm_resize_name
 from vitlab.errors import WeightsError
 from vitlab.files.outputs import atomic_write, mark, mark_zip
 from vitlab.models.config import BiTConfig, ModelConfig, ViTConfig
 from vitlab.models.registry import HYBRIDS, VIT_SIZES
+from vitlab.models.timm_compat import eval_resize_of
 from vitlab.models.timm_keys import timm_key, vitlab_key
 from vitlab.weights.card import CARD, model_card
 from vitlab.weights.record import WeightsRecord
@@ -46,11 +48,13 @@ from vitlab.weights.timm_arch import (
     timm_eval_crop,
     timm_name_options,
     timm_normalisation,
+    timm_preprocessing,
 )
 from vitlab.weights.timm_bit import is_timm_bit, read_timm_bit, timm_bit_hub_config, to_timm_bit_state_dict
 from vitlab.weights.validate import check_against, expected_shapes
 
-__all__ = ["read_timm", "timm_config", "timm_model_args", "timm_model_name", "to_timm_state_dict", "write_timm"]
+__all__ = ["read_timm", "read_timm_module", "timm_config", "timm_model_args", "timm_model_name", "to_timm_state_dict",
+           "write_timm"]
 
 HUB_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "README.md")
 HYBRID_NOTE = (
@@ -87,26 +91,61 @@ def read_timm(path: str | Path, arch: str | None = None) -> WeightsRecord:
         file, tensors = path, read_tensor_file(path)
     name = arch or hub.get("architecture")
     named_by = file if arch or not hub else path / "config.json"
+    return _timm_record(tensors, hub, name, path, file, named_by)
+
+
+def read_timm_module(model: nn.Module) -> WeightsRecord:
+    """A timm model object's weights (`vitlab.fit(init=model)`): read as its state dict is, with what the tensors do
+    not tell (heads, image size, pooling, activation) taken from the module, and its normalisation from its
+    pretrained_cfg. WeightsError, as for a file, for a timm feature vitlab cannot represent."""
+    where = Path(f"<timm {type(model).__name__} object>")
+    tensors = {k: v.detach() for k, v in model.state_dict().items()}
+    pcfg = dict(getattr(model, "pretrained_cfg", None) or {})
+    args: dict[str, Any] = {}
+    blocks = getattr(model, "blocks", None)
+    if blocks is not None and len(blocks):
+        args["num_heads"] = int(blocks[0].attn.num_heads)
+        if getattr(getattr(blocks[0].mlp, "act", None), "approximate", "none") == "tanh":
+            args["act_layer"] = "gelu_tanh"
+    img_size = getattr(getattr(model, "patch_embed", None), "img_size", None)
+    if img_size is not None:
+        args["img_size"] = int(img_size[0]) if img_size[0] == img_size[1] else tuple(img_size)
+    for key in ("global_pool", "no_embed_class"):
+        if isinstance(getattr(model, key, None), str | bool):
+            args[key] = getattr(model, key)
+    if hasattr(model, "cls_token"):
+        args["class_token"] = model.cls_token is not None
+    hub = {"architecture": None, "model_args": args, "num_classes": getattr(model, "num_classes", None),
+           "pretrained_cfg": {k: pcfg[k] for k in ("mean", "std") if pcfg.get(k)}}
+    name = pcfg.get("architecture") if is_timm_bit(pcfg.get("architecture"), tensors) else None
+    return _timm_record(tensors, hub, name, where, where, where)
+
+
+def _timm_record(tensors: dict[str, torch.Tensor], hub: dict[str, Any], name: str | None, path: Path, file: Path,
+                 named_by: Path) -> WeightsRecord:
+    """timm tensors as vitlab weights: `hub` (config.json's content, or {}), `name` (a timm model name or None:
+    inferred from the tensors); the paths name the source in errors."""
     if is_timm_bit(name, tensors):  # BiT's ResNetV2 (resnetv2_*_bit), not a ViT
         config, state = read_timm_bit(tensors, hub, name, file, named_by)
         return WeightsRecord(config, state, source="timm", meta=_meta(name, hub, config))
     reject_unsupported_tensors(tensors, file)
-    opts = timm_name_options(name, named_by) if name else infer_timm_options(tensors, file)
+    declared = path / "config.json" if hub and path.is_dir() else file  # where the architecture is declared
     args = hub.get("model_args") or {}
     if not isinstance(args, dict):
-        raise WeightsError(path / "config.json", "'model_args' is not an object", "the config is corrupt")
+        raise WeightsError(declared, "'model_args' is not an object", "the config is corrupt")
+    opts = timm_name_options(name, named_by) if name else infer_timm_options(tensors, file, args.get("num_heads"))
     opts.update(args)
     if isinstance(hub.get("num_classes"), int):
         opts["num_classes"] = hub["num_classes"]
     opts = complete_from_tensors(opts, tensors, file)
     pcfg = hub.get("pretrained_cfg") or {}
     mean, std = timm_normalisation(name) if name else (None, None)  # the file's own, else timm's for the name
-    config = config_from_timm_options(opts, path / "config.json" if hub else file, pcfg.get("mean") or mean,
+    config = config_from_timm_options(opts, declared, pcfg.get("mean") or mean,
                                       pcfg.get("std") or std)  # fmt: skip
     # A timm name fixes a listed architecture (its tensor check names it); model_args or inference from the
     # tensors are the file's own declarations, bounded by its tensor count.
-    declared_in, count = (path / "config.json" if hub else file), None if name and not args else len(tensors)
-    expected = {timm_key(k, config): shape for k, shape in expected_shapes(config, declared_in, count).items()}
+    count = None if name and not args else len(tensors)
+    expected = {timm_key(k, config): shape for k, shape in expected_shapes(config, declared, count).items()}
     arch_text = f"{name or 'the inferred ' + (config.name or 'ViT')} at {config.image_size[0]}x{config.image_size[1]}"
     check_against(file, expected, tensors, arch_text)
     state = {vitlab_key(k): v for k, v in tensors.items()}
@@ -137,9 +176,26 @@ def _meta(name: str | None, hub: dict[str, Any], config: ModelConfig) -> dict[st
     if isinstance(labels, list) and len(labels) == config.num_classes and all(isinstance(x, str) for x in labels):
         meta["class_names"] = labels
     notes = [] if "mean" in pcfg or name else ["input normalisation not in the file: assumed mean = std = 0.5"]
+    if resize := _eval_resize(name, pcfg, notes):
+        meta["eval_resize"] = resize
     if getattr(config, "resnet", None) is not None:
         notes.append(HYBRID_NOTE)
     return {**meta, "notes": notes} if notes else meta
+
+
+def _eval_resize(name: str | None, pcfg: dict[str, Any], notes: list[str]) -> str | None:
+    """How the weights are evaluated: the file's own pretrained cfg (interpolation, crop_pct, crop_mode) in the
+    timm spelling (data/transforms.py), else timm's for the name; None for weights that say neither (a bare state
+    dict of an inferred architecture: vitlab's default)."""
+    fields = (pcfg.get("interpolation"), pcfg.get("crop_pct"), pcfg.get("crop_mode") or "center")
+    if fields[0] is not None and fields[1] is not None:
+        try:
+            return timm_resize_name(*fields)
+        except (ValueError, TypeError):
+            notes.append(f"timm pre-processing interpolation={fields[0]!r}, crop_pct={fields[1]!r}, crop_mode="
+                         f"{fields[2]!r} has no vitlab equivalent: " + ("timm's for the name used" if name else
+                                                                         "vitlab's default used"))
+    return timm_preprocessing(name)[0] if name else None
 
 
 # --- writing -------------------------------------------------------------------------------------------------
@@ -268,7 +324,7 @@ def write_timm(model: nn.Module, path: str | Path, source: str | Path | None = N
     path = Path(path)
     folder = path.suffix != ".safetensors" and path.suffix not in PICKLE_SUFFIXES
     names = getattr(model, "class_names", None)
-    resize = getattr(model, "eval_resize", None) or "official"
+    resize = eval_resize_of(model)
     if isinstance(model.config, BiTConfig):  # BiT's ResNetV2: timm's resnetv2_*_bit
         hub = timm_bit_hub_config(model.config, names, path, resize) if folder else {}
         state = to_timm_bit_state_dict(model)

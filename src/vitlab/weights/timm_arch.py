@@ -65,6 +65,14 @@ DEFAULT_CLASSES = {name: 0 for name in LAYER_SCALE_NAMES if name.endswith("_dino
 # Weights timm normalises with other statistics than Google's 0.5: by tag (DINO, MAE, BAMBOO) or by name prefix.
 _TAG_NORMALISATION = {"dino": (IMAGENET_MEAN, IMAGENET_STD), "mae": (IMAGENET_MEAN, IMAGENET_STD),
                       "bamboo": (CLIP_MEAN, CLIP_STD)}  # fmt: skip
+# timm's evaluation of BiT weights by tag (resnetv2_*_bit): (eval resize, input size); "": a tag not listed.
+_TIMM_BIT_TAGS = {
+    "": ("timm:bicubic:0.875", 224), "goog_distilled_in1k": ("timm:bicubic:0.875", 224),
+    "goog_teacher_in21k_ft_in1k": ("timm:bicubic:0.875", 224), "goog_in21k": ("timm:bilinear:0.875", 224),
+    "goog_in21k_ft_in1k": ("timm:bilinear:1.0", 448), "goog_teacher_in21k_ft_in1k_384": ("timm:bicubic:1.0", 384),
+}  # fmt: skip
+_TIMM_BIT_SIZES = {"resnetv2_152x4_bit.goog_in21k_ft_in1k": 480}  # the one BiT fine-tuned at another size
+_TIMM_WHOLE_IMAGE_TAGS = ("bamboo",)  # ViT weights timm evaluates on the whole resized image at 224 px
 HEADS_BY_WIDTH = {width: heads for _, width, _, heads in VIT_SIZES.values()}
 _PLAIN_NAME = re.compile(r"^vit_(tiny|small|base|large|huge)_patch(\d+)(_gap)?_(\d+)(_miil)?(_in21k)?$")
 _DEIT_NAME = re.compile(r"^deit_(tiny|small|base)_patch16_(224|384)$")  # DeiT without distillation: a plain ViT
@@ -128,23 +136,47 @@ def timm_name_options(name: str, source: str | Path = "arch") -> dict[str, Any]:
     return opts
 
 
-def timm_normalisation(name: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """The mean and std timm's pretrained cfg gives the weights of a timm name ("ARCH.TAG"; a bare "ARCH" is its
-    default tag): ImageNet's for DeiT, DINOv2, DINO and MAE, CLIP's for BAMBOO, 0.5 for Google's (augreg, orig,
-    sam) and the others. A model of a timm name normalises as its weights were trained, however it was made."""
+def _arch_and_tag(name: str) -> tuple[str, str]:
+    """("ARCH", "TAG") of a timm name; a bare ARCH takes its default tag in the catalogue ("" when it has none)."""
     from vitlab.hub.catalogue import timm_name
 
     arch, _, tag = name.partition(".")
     if not tag:
         known = timm_name(arch)
         tag = (known.tag if known else None) or ""
+    return arch, tag
+
+
+def timm_normalisation(name: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The mean and std timm's pretrained cfg gives the weights of a timm name ("ARCH.TAG"; a bare "ARCH" is its
+    default tag): ImageNet's for DeiT, DINOv2, DINO and MAE, CLIP's for BAMBOO, 0.5 for Google's (augreg, orig,
+    sam) and the others. A model of a timm name normalises as its weights were trained, however it was made."""
+    arch, tag = _arch_and_tag(name)
     if arch.startswith("deit_") or arch.endswith("_dinov2"):
         return IMAGENET_MEAN, IMAGENET_STD
     return _TAG_NORMALISATION.get(tag, (OFFICIAL_MEAN, OFFICIAL_STD))
 
 
-def infer_timm_options(tensors: dict[str, torch.Tensor], path: str | Path) -> dict[str, Any]:
-    """A plain or BiT-hybrid timm ViT's options from tensor shapes alone; heads from the standard width table."""
+def timm_preprocessing(name: str) -> tuple[str, int]:
+    """(eval resize, input size) timm's pretrained cfg gives the weights of a timm name ("ARCH.TAG"; a bare "ARCH" is
+    its default tag), in the timm spelling of data/transforms.py: a model of a timm name evaluates as its weights
+    were evaluated, however it was made. ViTs and DeiTs: bicubic, the central 0.9 of the resized image at 224 px,
+    0.95 at 256 (the base register model 0.9), all of it from 384 px on; BiT's depend on the tag (_TIMM_BIT_TAGS)."""
+    arch, tag = _arch_and_tag(name)
+    if arch.startswith("resnetv2_"):
+        resize, size = _TIMM_BIT_TAGS.get(tag, _TIMM_BIT_TAGS[""])
+        return resize, _TIMM_BIT_SIZES.get(f"{arch}.{tag}", size)
+    size = timm_name_options(arch)["_img_size"]
+    if tag in _TIMM_WHOLE_IMAGE_TAGS or size >= 384:
+        return "timm:bicubic:1.0", size
+    crop_pct = 0.95 if size == 256 and arch != "vit_base_patch16_reg4_gap_256" else 0.9
+    return f"timm:bicubic:{crop_pct}", size
+
+
+def infer_timm_options(tensors: dict[str, torch.Tensor], path: str | Path, num_heads: int | None = None
+                       ) -> dict[str, Any]:
+    """A plain or BiT-hybrid timm ViT's options from tensor shapes alone; heads, unless given, from the standard
+    width table."""
     proj = tensors.get("patch_embed.proj.weight")
     if proj is None or proj.ndim != 4:
         raise WeightsError(path, "no 4-D tensor 'patch_embed.proj.weight'", "not a timm ViT state dict")
@@ -154,7 +186,7 @@ def infer_timm_options(tensors: dict[str, torch.Tensor], path: str | Path) -> di
     blocks = [int(m.group(1)) for k in tensors if (m := re.match(r"blocks\.(\d+)\.", k))]
     if not blocks:
         raise WeightsError(path, "no transformer blocks ('blocks.0.…')", "not a timm ViT state dict")
-    if width not in HEADS_BY_WIDTH:
+    if num_heads is None and width not in HEADS_BY_WIDTH:
         raise WeightsError(
             path, f"cannot tell the number of heads of width {width} from the tensors",
             "pass arch=<timm model name>, or read a hub folder whose config.json has model_args.num_heads",
@@ -162,7 +194,8 @@ def infer_timm_options(tensors: dict[str, torch.Tensor], path: str | Path) -> di
     fc1 = tensors.get("blocks.0.mlp.fc1.weight")
     has_cls, reg = "cls_token" in tensors, tensors.get("reg_token")
     opts = {
-        "patch_size": ph, "embed_dim": width, "depth": max(blocks) + 1, "num_heads": HEADS_BY_WIDTH[width],
+        "patch_size": ph, "embed_dim": width, "depth": max(blocks) + 1,
+        "num_heads": num_heads or HEADS_BY_WIDTH[width],
         "_mlp_dim": fc1.shape[0] if fc1 is not None else 4 * width, "class_token": has_cls,
         "global_pool": "token" if has_cls else "avg", "fc_norm": "fc_norm.weight" in tensors,
         "qkv_bias": "blocks.0.attn.qkv.bias" in tensors, "pos_embed": "learn" if "pos_embed" in tensors else "none",

@@ -19,9 +19,9 @@ from vitlab.constants import OFFICIAL_MEAN, OFFICIAL_STD
 from vitlab.errors import WeightsError
 from vitlab.models.config import BiTConfig
 from vitlab.models.registry import RESNET_DEPTHS
-from vitlab.models.timm_keys import rename_key
+from vitlab.models.timm_keys import bit_timm_key, bit_vitlab_key
 from vitlab.weights.tensors import units_per_stage
-from vitlab.weights.timm_arch import timm_eval_crop
+from vitlab.weights.timm_arch import timm_eval_crop, timm_preprocessing
 from vitlab.weights.validate import check_against, expected_shapes
 
 __all__ = ["TIMM_BITS", "is_timm_bit", "read_timm_bit", "timm_bit_hub_config", "to_timm_bit_state_dict"]
@@ -38,11 +38,6 @@ _BIT_OPTIONS: dict[str, Any] = {"global_pool": "avg", "output_stride": 32, "stem
                                 "basic": False, "bottle_ratio": 0.25, "avg_down": False}  # fmt: skip
 _HARMLESS_OPTIONS = {"drop_rate", "drop_path_rate", "zero_init_last"}  # training-time only
 _MODEL_OPTIONS = {"layers", "width_factor", "num_classes", "in_chans"}
-# vitlab -> timm key renames; keys matching none are the same in both (stem.conv, norm1…conv3, norm).
-_TO_TIMM = [(r"^stages\.(\d+)\.(\d+)\.downsample\.", r"stages.\1.blocks.\2.downsample.conv."),
-            (r"^stages\.(\d+)\.(\d+)\.", r"stages.\1.blocks.\2."), (r"^head\.", "head.fc.")]  # fmt: skip
-_TO_VITLAB = [(r"^stages\.(\d+)\.blocks\.(\d+)\.downsample\.conv\.", r"stages.\1.\2.downsample."),
-              (r"^stages\.(\d+)\.blocks\.(\d+)\.", r"stages.\1.\2."), (r"^head\.fc\.", "head.")]  # fmt: skip
 
 
 def is_timm_bit(name: str | None, tensors: dict[str, torch.Tensor]) -> bool:
@@ -59,7 +54,7 @@ def read_timm_bit(
     """Config and vitlab-named state dict of a timm BiT; the architecture from `name` (a timm name, from arch= or
     the hub folder's config.json) or, without one, from the tensors. `file` is named in tensor errors."""
     if any(re.match(r"stages\.\d+\.\d+\.", k) for k in tensors):  # torch.save(bit.state_dict()): vitlab's names
-        tensors = {rename_key(k, _TO_TIMM): _conv_head(k, v) for k, v in tensors.items()}
+        tensors = {bit_timm_key(k): _conv_head(k, v) for k, v in tensors.items()}
     opts = _name_options(name, named_by) if name else _infer_options(tensors, file)
     args = hub.get("model_args") or {}
     if not isinstance(args, dict):
@@ -72,13 +67,13 @@ def read_timm_bit(
     opts.setdefault("num_classes", head.shape[0] if head is not None else 0)
     opts.setdefault("in_chans", root.shape[1] if root is not None and root.ndim == 4 else 3)
     pcfg = hub.get("pretrained_cfg") or {}
-    config = _config(opts, pcfg, named_by if hub else file)
-    expected = {rename_key(k, _TO_TIMM): (*s, 1, 1) if k == "head.weight" else s
+    config = _config(opts, pcfg, named_by if hub else file, timm_preprocessing(name)[1] if name else 224)
+    expected = {bit_timm_key(k): (*s, 1, 1) if k == "head.weight" else s
                 for k, s in expected_shapes(config, named_by if hub else file,
                                             None if name and not args else len(tensors)).items()}  # fmt: skip
     size = f"{config.image_size[0]}x{config.image_size[1]}"
     check_against(file, expected, tensors, f"{name or 'the inferred ' + (config.name or 'BiT')} at {size}")
-    state = {rename_key(k, _TO_VITLAB): v.flatten(1) if k == "head.fc.weight" else v for k, v in tensors.items()}
+    state = {bit_vitlab_key(k): v.flatten(1) if k == "head.fc.weight" else v for k, v in tensors.items()}
     return config, state
 
 
@@ -121,9 +116,10 @@ def _check_options(opts: dict[str, Any], source: Path) -> None:
                                        f"({key}={_BIT_OPTIONS[key]!r})", "use timm for this model")  # fmt: skip
 
 
-def _config(opts: dict[str, Any], pcfg: dict[str, Any], source: Path) -> BiTConfig:
+def _config(opts: dict[str, Any], pcfg: dict[str, Any], source: Path, default_size: int) -> BiTConfig:
+    """The input size is the file's, else the one timm evaluates the name's weights at (`default_size`)."""
     size = pcfg.get("input_size")
-    image_size = tuple(size[1:]) if isinstance(size, list | tuple) and len(size) == 3 else (224, 224)
+    image_size = tuple(size[1:]) if isinstance(size, list | tuple) and len(size) == 3 else (default_size,) * 2
     layers, wf = tuple(opts["layers"]), opts["width_factor"]
     depth = next((d for d, units in RESNET_DEPTHS.items() if units == layers), None)
     try:
@@ -139,7 +135,7 @@ def _config(opts: dict[str, Any], pcfg: dict[str, Any], source: Path) -> BiTConf
 # --- writing -------------------------------------------------------------------------------------------------
 def to_timm_bit_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's tensors under timm's names, the head as timm's 1×1 convolution (views, not copies)."""
-    return {rename_key(k, _TO_TIMM): _conv_head(k, v.detach()) for k, v in model.state_dict().items()}
+    return {bit_timm_key(k): _conv_head(k, v.detach()) for k, v in model.state_dict().items()}
 
 
 def timm_bit_name(config: BiTConfig, where: str | Path = "model") -> str:
