@@ -62,12 +62,17 @@ def create_model(
         raise ValueError(f"feature_cls={feature_cls!r}: vitlab's feature extractor reads forward_intermediates, "
                          f"timm's {FEATURE_CLS!r}; pass feature_cls={FEATURE_CLS!r} or leave it out")
     overrides = vitlab_overrides(kwargs)
+    unpooled = kwargs.get("global_pool") == ""
     if pretrained:
+        if unpooled:
+            raise ValueError("global_pool='' with pretrained weights: load them, then model.reset_classifier(n, '')")
         model = _load_pretrained(name, pretrained, overrides)
     else:
         model = build_model(model_config_for(name, overrides))
         if _is_timm(name) or name.split(".", 1)[0] in LAYER_SCALE_NAMES:  # evaluated as timm evaluates its weights
             model.eval_resize = timm_preprocessing(name)[0]
+        if unpooled:  # timm's global_pool "": forward returns every token (the new head, if any, on each)
+            model.reset_classifier(model.num_classes, "")
     if not features_only:
         if out_indices is not None:
             raise ValueError("out_indices applies only with features_only=True")
@@ -99,6 +104,9 @@ def vitlab_overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
     elif "embed_dim" in kwargs and "mlp_dim" not in out:
         out["mlp_ratio"] = None  # timm's rule with the name's own ratio (model_config_for)
     pool, cls = kwargs.get("global_pool"), kwargs.get("class_token")
+    if pool == "":  # no pooling: the name's prefix tokens, the final norm on the tokens (create_model unpools)
+        pool = None
+        out.setdefault("fc_norm", False)
     if pool is not None or cls is not None:
         out["classifier"] = _classifier(pool, cls)
         if out["classifier"] == "gap" and cls:
@@ -185,6 +193,8 @@ def _bit_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
     out = dict(overrides)
     if out.pop("classifier", "gap") != "gap":
         raise ValueError("BiT pools with 'avg' (global mean); global_pool='token' needs a ViT")
+    if out.get("fc_norm") is False:  # global_pool="": no LayerNorm after pooling, which BiT has none of
+        del out["fc_norm"]
     for key in REGULARISATION:
         if key in out and not out[key]:
             del out[key]

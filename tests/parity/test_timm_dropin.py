@@ -210,3 +210,38 @@ def test_the_package_is_typed():
     from importlib.resources import files
 
     assert files("vitlab").joinpath("py.typed").is_file()
+
+
+
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "vit_base_patch16_reg4_gap_256", "vit_small_patch14_dinov2"])
+def test_no_pooling_at_creation_is_timms_model(name):
+    """create_model(name, global_pool="") builds timm's model of those keywords: its parameters (the final norm on
+    the tokens, no fc_norm), every token out, timm's values on timm's weights."""
+    size = 56 if "patch14" in name else 64
+    ref = timm.create_model(name, num_classes=0, global_pool="", depth=2, img_size=size).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    model = vitlab.create_model(name, num_classes=0, global_pool="", depth=2, img_size=size).eval()
+    model.load_state_dict(ref.state_dict())  # strict: timm's tensor names and shapes
+    x = torch.randn(2, 3, size, size)
+    with torch.no_grad():
+        assert model(x).shape == ref(x).shape == ref.forward_features(x).shape  # (N, T, D): every token
+        assert rel(model(x), ref(x)) < 1e-5
+    assert model.global_pool == ref.global_pool == ""
+    with pytest.raises(ValueError, match=r"^global_pool='' with pretrained weights: load them, then "):
+        vitlab.create_model(name, global_pool="", pretrained=True)
+
+
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "vit_base_patch16_reg4_gap_256"])
+def test_reset_classifier_without_pooling_gives_timms_tokens(name):
+    """reset_classifier(n, "") as timm's: every token through fc_norm (where the model has one) and the head."""
+    model, ref = twins(name, img_size=64)
+    model.reset_classifier(5, "")
+    ref.reset_classifier(5, "")
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        model.head.weight.copy_(ref.head.weight)
+        model.head.bias.copy_(ref.head.bias)
+        assert model(x).shape == ref(x).shape == (2, 16 + ref.num_prefix_tokens, 5)
+        assert rel(model(x), ref(x)) < 1e-5

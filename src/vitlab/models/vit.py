@@ -288,7 +288,8 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
         one (fc_norm), then the representation layer; the classifier unless pre_logits."""
         cfg = self.config
         check_tokens(tokens, cfg.width)
-        if self.unpooled:  # timm's global_pool "": no pooling, the head (if any) on every token
+        if self.unpooled:  # timm's global_pool "": no pooling; fc_norm (unless pruned) and the head on every token
+            tokens = tokens if self.fc_norm is None else self.fc_norm(tokens)
             return tokens if pre_logits else self.head(tokens)
         pooled = tokens[:, 0] if cfg.classifier == "token" else tokens[:, cfg.num_prefix_tokens:].mean(dim=1)
         if self.fc_norm is not None:
