@@ -169,7 +169,8 @@ def test_cli_bench(tmp_path, capsys: pytest.CaptureFixture[str], monkeypatch: py
     monkeypatch.setattr(bench.measure, "gemm_peak_gflops", lambda device, size=None, repeats=5: 100.0)
     out = tmp_path / "bench.json"
     argv = ["bench", "--model", "ViT-Ti/16", "--batch-size", "2", "--image-size", "32", "--repeats", "1",
-            "--warmup", "1", "--min-time", "0", "--threads", "1", "--mode", "infer", "--json", str(out)]
+            "--warmup", "1", "--min-time", "0", "--threads", "1", "--mode", "infer", "--precision", "fp32",
+            "--json", str(out)]  # fp32: the peak is the patched float32 one on every CPU (auto may pick bf16)
     assert main(argv) == 0
     assert "| vitlab | ViT-Ti/16 | infer |" in capsys.readouterr().out
     saved = json.loads(out.read_text())

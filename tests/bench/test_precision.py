@@ -68,7 +68,8 @@ def test_auto_follows_the_processor_and_the_width(monkeypatch):
     assert forms.resolve(settings).name == "fp32"
     monkeypatch.setattr(vitlab.runtime.precision, "cpu_flags", lambda text=None: frozenset({"avx2", "amx_bf16"}))
     assert forms.resolve(settings).name == "bf16"  # width 384
-    assert forms.resolve(BenchSettings(model="ViT-Ti/16", modes=("infer",))).name == "fp32"  # width 192
+    assert forms.resolve(BenchSettings(model="ViT-Ti/16", modes=("infer",))).name == "bf16"  # width 192 >= 128
+    assert forms.resolve(BenchSettings(model="ViT-Ti/16", modes=("train",))).name == "fp32"  # width 192 < 256
 
 
 def test_precision_peaks_are_measured_at_a_size_that_fits(monkeypatch):

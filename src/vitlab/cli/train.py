@@ -194,7 +194,7 @@ def _lora_targets(text: str) -> tuple[str, ...]:
 
 
 def _tuning_flags(p: argparse.ArgumentParser) -> None:
-    """Fine-tuning tools: EMA weights, layer-wise lr decay, a frozen backbone, LoRA (README: Fine-tuning tools)."""
+    """Fine-tuning tools: EMA weights, layer-wise lr decay, a frozen backbone, LoRA (docs/training.md)."""
     from vitlab.constants import FREEZE_CHOICES
 
     f = p.add_argument_group("fine-tuning tools")
