@@ -8,20 +8,11 @@ import pytest
 import torch
 
 import vitlab
+from tests.eval.test_inference import random_vit  # a 10-class ViT with random weights
 from vitlab.bench import BenchSettings, run_benchmark
 from vitlab.runtime.session import compile_for_inference, open_session
 
 CPU = torch.device("cpu")
-
-
-def random_vit(image_size: int = 16) -> torch.nn.Module:
-    model = vitlab.create_model("ViT-Ti/16", image_size=image_size, patch_size=4, width=32, depth=2, mlp_dim=64,
-                                num_heads=2, num_classes=10)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-    return model.eval()
 
 
 @pytest.fixture
@@ -39,13 +30,13 @@ def compiles(monkeypatch) -> list[dict]:
 
 
 def test_the_session_compiles_with_frozen_weights_and_static_shapes(compiles):
-    open_session(random_vit(), device=CPU, precision="fp32", compile=True)
+    open_session(random_vit(16), device=CPU, precision="fp32", compile=True)
     assert compiles == [{"dynamic": False, "options": {"freezing": True}}]
 
 
 def test_each_input_shape_compiles_once_and_is_said(compiles):
     said: list[str] = []
-    model = compile_for_inference(random_vit(), say=said.append)
+    model = compile_for_inference(random_vit(16), say=said.append)
     assert said == []  # nothing compiles before the first call
     with torch.inference_mode():
         for n in (4, 4, 2, 4):
@@ -72,8 +63,8 @@ def test_frozen_inductor_logits_match_eager(precision, tolerance, monkeypatch):
     frozen: list[int] = []
     real = compile_fx.fw_compiler_freezing
     monkeypatch.setattr(compile_fx, "fw_compiler_freezing", lambda *a, **k: frozen.append(1) or real(*a, **k))
-    eager = open_session(random_vit(), device=CPU, precision=precision).model
-    compiled = open_session(random_vit(), device=CPU, precision=precision, compile=True).model
+    eager = open_session(random_vit(16), device=CPU, precision=precision).model
+    compiled = open_session(random_vit(16), device=CPU, precision=precision, compile=True).model
     g = torch.Generator().manual_seed(1)
     with torch.inference_mode():
         for n in (4, 3):
@@ -90,7 +81,7 @@ def test_fewshot_compile_freezes_the_features_path_and_gives_eager_accuracy(comp
 
     from vitlab.cli import main
 
-    vitlab.save(random_vit(), tmp_path / "m.safetensors")
+    vitlab.save(random_vit(16), tmp_path / "m.safetensors")
     tables = []
     for extra in ([], ["--compile"]):
         out = tmp_path / f"fs{len(extra)}.json"
@@ -110,7 +101,7 @@ def test_frozen_inductor_features_match_eager(monkeypatch):
     frozen: list[int] = []
     real = compile_fx.fw_compiler_freezing
     monkeypatch.setattr(compile_fx, "fw_compiler_freezing", lambda *a, **k: frozen.append(1) or real(*a, **k))
-    eager, compiled = random_vit(), compile_for_inference(random_vit(), say=lambda line: None,
+    eager, compiled = random_vit(16), compile_for_inference(random_vit(16), say=lambda line: None,
                                                           method="forward_features")
     x = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
