@@ -139,7 +139,7 @@ def model_config_for(name: str, overrides: dict[str, Any]) -> ModelConfig:
         overrides = {"num_classes": timm.num_classes, "image_size": timm_preprocessing(name)[1], **overrides}
         if timm.arch.startswith("resnetv2_"):  # timm's standardisation eps: timm's weights give timm's outputs
             overrides = {"ws_eps": TIMM_WS_EPS, **overrides}
-    if timm is not None:  # timm's statistics for the weights of the name (DeiT, DINO, MAE: ImageNet's)
+        # timm's statistics for the weights of the name (DeiT, DINO, MAE: ImageNet's)
         mean, std = timm_normalisation(f"{timm.arch}.{timm.tag}" if timm.tag else timm.arch)
         overrides = {"mean": mean, "std": std, **overrides}
     if overrides.get("classifier") == "gap" and base.startswith("ViT-") and not base.endswith("-gap"):
