@@ -94,3 +94,18 @@ def small_mount(tmp_path):
     yield make
     for target in mounted:
         subprocess.run(["umount", "-l", str(target)], capture_output=True)
+
+
+@pytest.fixture
+def compiles(monkeypatch) -> list[dict]:
+    """The keyword arguments of every torch.compile call, each compiled with dynamo's eager backend (traced, not
+    code-generated: seconds, no C++)."""
+    calls: list[dict] = []
+    real = torch.compile
+
+    def spy(model, **kwargs):
+        calls.append(kwargs)
+        return real(model, backend="eager")
+
+    monkeypatch.setattr(torch, "compile", spy)
+    return calls

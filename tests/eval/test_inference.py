@@ -38,20 +38,6 @@ def weights(tmp_path):
     return str(path)
 
 
-@pytest.fixture
-def compiles(monkeypatch):
-    """Every torch.compile call, made with dynamo's eager backend (traced, not code-generated: seconds, no C++)."""
-    calls = []
-    real = torch.compile
-
-    def spy(model, **kwargs):
-        calls.append(model)
-        return real(model, backend="eager")
-
-    monkeypatch.setattr(torch, "compile", spy)
-    return calls
-
-
 def test_eval_compile_gives_eager_metrics_and_says_so(weights, compiles, capsys):
     argv = ["eval", "--weights", weights, "--data", "digits", "--json", "--precision", "fp32"]
     assert main(argv) == 0

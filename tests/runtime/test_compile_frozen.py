@@ -15,20 +15,6 @@ from vitlab.runtime.session import compile_for_inference, open_session
 CPU = torch.device("cpu")
 
 
-@pytest.fixture
-def compiles(monkeypatch) -> list[dict]:
-    """The keyword arguments of every torch.compile call, compiled with dynamo's eager backend (no C++)."""
-    calls: list[dict] = []
-    real = torch.compile
-
-    def spy(model, **kwargs):
-        calls.append(kwargs)
-        return real(model, backend="eager")
-
-    monkeypatch.setattr(torch, "compile", spy)
-    return calls
-
-
 def test_the_session_compiles_with_frozen_weights_and_static_shapes(compiles):
     open_session(random_vit(16), device=CPU, precision="fp32", compile=True)
     assert compiles == [{"dynamic": False, "options": {"freezing": True}}]
