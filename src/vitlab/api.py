@@ -61,6 +61,9 @@ def create_model(
     if feature_cls not in (None, FEATURE_CLS):
         raise ValueError(f"feature_cls={feature_cls!r}: vitlab's feature extractor reads forward_intermediates, "
                          f"timm's {FEATURE_CLS!r}; pass feature_cls={FEATURE_CLS!r} or leave it out")
+    dynamic = kwargs.pop("dynamic_img_size", False)
+    if not isinstance(dynamic, bool):
+        raise TypeError(f"dynamic_img_size must be True or False, got {dynamic!r}")
     overrides = vitlab_overrides(kwargs)
     unpooled = kwargs.get("global_pool") == ""
     if pretrained:
@@ -73,6 +76,11 @@ def create_model(
             model.eval_resize = timm_preprocessing(name)[0]
         if unpooled:  # timm's global_pool "": forward returns every token (the new head, if any, on each)
             model.reset_classifier(model.num_classes, "")
+    if dynamic:
+        if not hasattr(model, "dynamic_img_size"):
+            raise ValueError(f"dynamic_img_size applies to Vision Transformers; {name} (a ResNet) takes any input "
+                             "size as it is")
+        model.dynamic_img_size = True
     if not features_only:
         if out_indices is not None:
             raise ValueError("out_indices applies only with features_only=True")
@@ -87,8 +95,7 @@ def vitlab_overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
     model_config_for, which knows the name: timm's embed_dim without mlp_ratio keeps the name's ratio ("mlp_ratio":
     None), as timm computes the MLP width from the two; vitlab's `width` replaces the width alone (mlp_dim is a
     field of its own)."""
-    # dynamic_img_size: vitlab models take any input size divisible by the patch size, with it or without it
-    skip = ("global_pool", "class_token", "dynamic_img_size", "no_embed_class")
+    skip = ("global_pool", "class_token", "no_embed_class")
     out = {TIMM_KEYWORDS.get(k, k): v for k, v in kwargs.items() if k not in skip}
     if "no_embed_class" in kwargs:
         out["pos_embed_prefix"] = not kwargs["no_embed_class"]

@@ -236,6 +236,7 @@ def check_model_functions(model, x, grid):
 )
 def test_model_level_functions(kw, size, grid):
     model = tiny(**kw)
+    model.dynamic_img_size = True  # the analysis at another size than the native one, as `analyze --image-size`
     x = torch.randn(2, 3, *size)
     check_model_functions(model, x, grid)
     assert position_embedding_similarity(model, grid).shape == (*grid, *grid)
@@ -243,7 +244,7 @@ def test_model_level_functions(kw, size, grid):
 
 @pytest.mark.parametrize("size,grid", [((64, 64), (2, 2)), ((64, 96), (2, 3))])
 def test_hybrid(size, grid):
-    model = vitlab.create_model("R+ViT-Ti/16", image_size=64, num_classes=10, depth=2).eval()
+    model = vitlab.create_model("R+ViT-Ti/16", image_size=64, num_classes=10, depth=2, dynamic_img_size=True).eval()
     assert model.config.total_stride == 32  # stem stride 4 × patch 8: distances are in input pixels
     check_model_functions(model, torch.randn(1, 3, *size), grid)
 

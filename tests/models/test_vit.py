@@ -156,12 +156,26 @@ def test_resolution_change_224_to_384_matches_official_interpolation(tmp_path):
     assert np.linalg.norm(new[1:] - official) / np.linalg.norm(official) < 1e-5
 
 
-def test_any_input_size_divisible_by_patch_and_clear_error_otherwise():
+def test_another_input_size_is_refused_unless_dynamic_as_in_timm():
     model = randomize(vitlab.models.build_model(tiny()))
     with torch.no_grad():
+        with pytest.raises(ValueError, match=r"^model input is 24×56 pixels but this model takes 32×32; .*"
+                                             r"dynamic_img_size = True.* any multiple of 8"):
+            model(torch.randn(1, 3, 24, 56))
+        native = model(torch.randn(1, 3, 32, 32))
+        assert native.shape == (1, 7)
+        model.dynamic_img_size = True
         assert model(torch.randn(1, 3, 24, 56)).shape == (1, 7)  # non-square, 3×7 grid
         with pytest.raises(ValueError, match=r"input size \(30, 32\) is not divisible by the effective patch size 8"):
             model(torch.randn(1, 3, 30, 32))
+
+
+def test_dynamic_img_size_is_a_create_model_keyword_for_vits_only():
+    model = vitlab.create_model("ViT-Ti/16", depth=1, num_classes=3, dynamic_img_size=True)
+    assert model.dynamic_img_size is True
+    assert vitlab.create_model("ViT-Ti/16", depth=1).dynamic_img_size is False
+    with pytest.raises(ValueError, match="dynamic_img_size applies to Vision Transformers"):
+        vitlab.create_model("BiT-R50x1", dynamic_img_size=True)
 
 
 def test_resampled_position_embedding_is_cached_and_invalidated_on_update():

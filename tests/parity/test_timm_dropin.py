@@ -159,8 +159,11 @@ def test_dynamic_img_size_and_pad_are_timms():
     odd = torch.randn(2, 3, 220, 211)  # not multiples of 16: zero-padded right and bottom to the native 224
     with torch.no_grad():
         assert rel(model.forward_features(odd), ref.forward_features(odd)) < 1e-5
-    with pytest.raises(ValueError, match="not divisible"):
-        vitlab.create_model("ViT-Ti/16", depth=1)(odd)
+    model, ref = twins()  # a fixed input size, timm's default: both refuse another one
+    with pytest.raises(AssertionError, match="Input height \\(220\\) doesn't match model \\(224\\)"):
+        ref(odd)
+    with pytest.raises(ValueError, match="^model input is 220×211 pixels but this model takes 224×224; "):
+        model(odd)
 
 
 def test_deit_names_are_timms_vits():

@@ -40,8 +40,10 @@ def tracer_kwargs() -> dict:
 
 
 def build(name: str, kwargs: dict) -> torch.nn.Module:
+    """The model, taking any input size as timm's does with dynamic_img_size=True (a ResNet always does)."""
     torch.manual_seed(0)
-    model = vitlab.create_model(name, num_classes=5, **kwargs)
+    dynamic = {} if name.startswith("resnetv2") else {"dynamic_img_size": True}
+    model = vitlab.create_model(name, num_classes=5, **kwargs, **dynamic)
     with torch.no_grad():  # off the initial values (zero heads, zero GroupNorm scales)
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.02)
@@ -146,6 +148,8 @@ BAD_INPUTS = {
                 "torch.float32; convert the input with x.to(torch.float32)"),
     "odd size": (lambda x: x[..., :30, :], ValueError, "input size (30, 32) is not divisible by the effective "
                  "patch size 16; resize or crop to a multiple of 16"),
+    "another size, fixed": (lambda x: x[..., :16, :], ValueError, "model input is 16×32 pixels but this model "
+                            "takes 32×32; resize and crop with vitlab.transforms(model)"),
 }
 
 
@@ -153,6 +157,7 @@ BAD_INPUTS = {
 def test_traced_model_refuses_a_bad_input_with_the_eager_message(bad):
     change, error, message = BAD_INPUTS[bad]
     model = build("vit_tiny_patch16_224", {"depth": 1, "img_size": 32}).eval()
+    model.dynamic_img_size = bad != "another size, fixed"
     traced = torch.fx.symbolic_trace(model)
     x = change(torch.randn(2, 3, 32, 32))
     for forward in (model, traced):

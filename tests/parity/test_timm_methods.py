@@ -103,7 +103,8 @@ def test_forward_inspect_keeps_vitlabs_dict():
     ("BiT-R50x1", "resnetv2_50x1_bit", dict(out_indices=(1, 2))),
 ])  # fmt: skip
 def test_features_only_shapes_match_feature_info_and_timm(name, timm_name, kwargs):
-    net = vitlab.create_model(name, features_only=True, image_size=64, **kwargs).eval()
+    dynamic = {} if "BiT" in name else {"dynamic_img_size": True}  # the 64×96 input below
+    net = vitlab.create_model(name, features_only=True, image_size=64, **kwargs, **dynamic).eval()
     with torch.device("meta"):
         ref = timm.create_model(timm_name, pretrained=False, features_only=True, img_size=64, **kwargs) \
             if "BiT" not in name else timm.create_model(timm_name, pretrained=False, features_only=True, **kwargs)

@@ -257,6 +257,7 @@ def analyze_weights(
     stride = cfg.total_stride
     if size[0] % stride or size[1] % stride:
         raise ValueError(f"image size {size[0]}x{size[1]} is not a multiple of the effective patch size {stride}")
+    model.dynamic_img_size = size != tuple(cfg.image_size)  # asked for: the position embedding resampled
     class_names = getattr(model, "class_names", None)
     if images:
         picked = image_file_inputs(images, cfg, size, class_names or ())

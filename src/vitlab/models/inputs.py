@@ -38,6 +38,18 @@ def check_pixels(x: object, in_chans: int, weight: torch.Tensor | None = None) -
                         f"with x.to({weight.dtype}) (or the model with model.to({x.dtype}))")
 
 
+def check_image_size(x: torch.Tensor, image_size: tuple[int, int], stride: int, dynamic: bool) -> None:
+    """ValueError for pixels of another height or width than the model's native `image_size`, unless `dynamic`
+    (timm's `dynamic_img_size`: any size, the position embedding resampled per call). timm refuses them too: a
+    forgotten resize or crop would otherwise run at another resolution and give plausible, worse outputs."""
+    if dynamic or tuple(x.shape[-2:]) == tuple(image_size):
+        return
+    (h, w), (mh, mw) = x.shape[-2:], image_size
+    raise ValueError(f"model input is {h}×{w} pixels but this model takes {mh}×{mw}; resize and crop with "
+                     f"vitlab.transforms(model), or set model.dynamic_img_size = True (create_model(..., "
+                     f"dynamic_img_size=True)) to take any multiple of {stride}, the position embedding resampled")
+
+
 def pad_to_stride(x: torch.Tensor, stride: int, pad: bool) -> torch.Tensor:
     """x zero-padded right and bottom to a multiple of `stride` (timm's dynamic_img_pad) if `pad`; else x, or
     ValueError when its height or width is not a multiple."""

@@ -162,8 +162,7 @@ class TimmCompatMixin:
 
 
 class ViTTimmMixin(TimmCompatMixin):
-    # timm's attribute names for what the config says; dynamic_img_size: vitlab takes any multiple of the patch size
-    dynamic_img_size = True
+    # timm's attribute names for what the config says
     _fixed_input_size = True
     # timm's global_pool "" (prune_intermediate_layers(prune_head=True), reset_classifier(n, "")): forward_head
     # returns the tokens as they come, a head acting on each; no config describes it, so vitlab.save refuses it

@@ -15,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 from vitlab.models.config import ViTConfig
 from vitlab.models.droppath import DropPath, drop_path_rates
-from vitlab.models.inputs import check_pixels, check_tokens, is_symbolic, pad_to_stride
+from vitlab.models.inputs import check_image_size, check_pixels, check_tokens, is_symbolic, pad_to_stride
 from vitlab.models.posembed import (
     relative_position_index,
     resample_1d,
@@ -32,7 +32,7 @@ from vitlab.ranges import MAX_CLASSES, is_int
 # records the call as one node that runs on real values (torch.fx.wrap acts on this module's names). A traced model
 # therefore resamples its position table on each call at a non-native size, where eager inference reuses it: one
 # small interpolation (BENCHMARKS.md, "Bounds and choices in the code").
-for _leaf in ("check_pixels", "check_tokens", "pad_to_stride", "resample_pos_embed", "resample_1d",
+for _leaf in ("check_pixels", "check_image_size", "check_tokens", "pad_to_stride", "resample_pos_embed", "resample_1d",
               "resample_relative_table", "relative_position_index"):
     torch.fx.wrap(_leaf)
 
@@ -175,6 +175,8 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
         self.pos_drop = nn.Dropout(cfg.dropout)
         rates = drop_path_rates(cfg.drop_path_rate, cfg.depth)
         self.blocks = nn.ModuleList(Block(cfg, prefix + gh * gw, rate) for rate in rates)
+        # timm's dynamic_img_size: inputs of another size than cfg.image_size are refused unless this is set
+        self.dynamic_img_size = False
         self.grad_checkpointing = False  # set_grad_checkpointing(): blocks recomputed in the backward
         # fc_norm (timm's default for average pooling): the LayerNorm moves from the tokens to the pooled vector
         self.norm = nn.Identity() if cfg.fc_norm else nn.LayerNorm(cfg.width, eps=cfg.ln_eps)
@@ -240,6 +242,7 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
     def embed_patches(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """Pixels -> patch embeddings x_p·E (after the ResNet stem for hybrids): (N, gh*gw, D), (gh, gw)."""
         check_pixels(x, self.config.in_chans, self.patch_embed.proj.weight)
+        check_image_size(x, self.config.image_size, self.config.total_stride, self.dynamic_img_size)
         x = pad_to_stride(x, self.config.total_stride, self.config.dynamic_img_pad)
         if self.stem is not None:
             x = self.stem(x)
