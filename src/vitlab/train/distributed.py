@@ -6,6 +6,7 @@ itself knows nothing of DDP or FSDP), as torchtitan does.
 from __future__ import annotations
 
 import functools
+import gc
 import math
 import os
 import signal
@@ -119,15 +120,20 @@ def setup(device_name: str = "auto") -> Dist:
 
 
 def teardown(d: Dist, finished: bool = True) -> None:
-    """Leave the process group this process created. After a run that finished, first wait for every rank: a
-    rank that destroys its group and exits while a peer is still in its last collective closes the peer's gloo
-    connection under it, which can abort the peer at exit ("terminate called without an active exception", seen
-    under load in CI after a finished FSDP run). After a failure, no barrier: the other ranks may never arrive
-    (torchrun stops them)."""
+    """Leave the process group this process created, so that its gloo threads stop while the interpreter runs:
+    a group object whose last reference dies later, during the interpreter's finalization or on one of its own
+    worker threads, aborts the process ("terminate called without an active exception", seen under load in CI at
+    the exit of a finished FSDP run). Hence, in order: the garbage the run left (an FSDP model's mesh refers to
+    the group) collected; after a run that finished, a barrier, so that no rank closes its connections while a
+    peer is still in its last collective (after a failure the other ranks may never arrive: torchrun stops them);
+    the group destroyed while this function still holds it, and released here, on the main thread, last."""
     if d.owns_group and dist.is_initialized():
+        gc.collect()
         if finished:
             dist.barrier()
+        group = dist.group.WORLD
         dist.destroy_process_group()
+        del group
 
 
 def wrap_model(model: nn.Module, d: Dist, compile: bool, fsdp: bool) -> nn.Module:

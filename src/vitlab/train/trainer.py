@@ -360,22 +360,26 @@ def run(config: TrainConfig | Resolved) -> RunResult:
     d = setup(resolved.config.device)
     finished = False
     try:
-        trainer = Trainer(resolved, d)
-        try:
-            result = trainer.fit()
-            finished = True
-            return result
-        except OSError as err:
-            if err.errno not in OUTPUT_ERRNOS:
-                raise
-            last = trainer.checkpoints.last or "none yet"
-            raise OutputError(f"cannot write {err.filename or trainer.run_dir} ({err.strerror}) at step "
-                              f"{trainer.step}; the last good checkpoint is {last}: free space or fix permissions, "
-                              "then continue with --resume") from None
-        finally:
-            trainer.close()
+        result = _fit(resolved, d)  # the trainer, its model and optimizer are released on return
+        finished = True
+        return result
     finally:
         teardown(d, finished)
+
+
+def _fit(resolved: Resolved, d: Dist) -> RunResult:
+    trainer = Trainer(resolved, d)
+    try:
+        return trainer.fit()
+    except OSError as err:
+        if err.errno not in OUTPUT_ERRNOS:
+            raise
+        last = trainer.checkpoints.last or "none yet"
+        raise OutputError(f"cannot write {err.filename or trainer.run_dir} ({err.strerror}) at step "
+                          f"{trainer.step}; the last good checkpoint is {last}: free space or fix permissions, "
+                          "then continue with --resume") from None
+    finally:
+        trainer.close()
 
 
 class Trainer:
