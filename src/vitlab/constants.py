@@ -44,6 +44,10 @@ def canonical_setting(key: str, value: object) -> object:
     return SETTING_ALIASES.get(key, {}).get(value, value) if isinstance(value, str) else value
 
 
+# The smallest model width measured to gain under bf16 on a CPU that computes it natively, per use: `auto` picks
+# bf16 from there (vitlab.runtime.precision; the measurements in BENCHMARKS.md, "Precision").
+MIN_BF16_WIDTH: dict[str, int] = {"infer": 128, "train": 256}
+
 # timm's evaluation transform as an eval resize: "timm:INTERPOLATION:CROP_PCT[:squash]" (timm_resize parses it).
 TIMM_RESIZE_PREFIX = "timm:"
 TIMM_INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "lanczos", "box", "hamming")

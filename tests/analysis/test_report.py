@@ -63,6 +63,21 @@ def test_analyze_on_embedded_digits(tmp_path, capsys):
     assert all(f"src='{name}'" in page for name in FIGURES)
 
 
+def test_analyze_compile_traces_the_inspection_path_frozen_with_the_eager_numbers(tmp_path, capsys, compiles):
+    weights = saved(tiny_vit(), tmp_path)
+    summaries = []
+    for extra in ([], ["--compile"]):
+        out = tmp_path / f"out{len(extra)}"
+        rc, _, stderr = run_cli(["analyze", "--weights", weights, "--out", str(out), "--num-images", "2",
+                                 "--precision", "fp32", *extra], capsys)
+        assert rc == 0, stderr
+        summaries.append(json.loads((out / "summary.json").read_text()))
+    assert [c["options"] for c in compiles] == [{"freezing": True}]
+    eager, compiled = summaries
+    np.testing.assert_allclose(compiled["mean_attention_distance_px"], eager["mean_attention_distance_px"], rtol=1e-5)
+    np.testing.assert_allclose(compiled["rollout"]["maps"], eager["rollout"]["maps"], rtol=1e-5, atol=1e-7)
+
+
 def test_analyze_image_files_rgb_non_square(tmp_path, capsys):
     weights = saved(tiny_vit(patch_size=16), tmp_path)
     paths = []

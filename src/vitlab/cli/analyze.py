@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from vitlab.cli.types import (
+    COMPILE_HELP,
     DATA_SOURCES,
     PRECISION_HELP,
     device_name,
@@ -44,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", type=device_name, default="auto",
                    help="cpu, cuda or cuda:N (default auto: CUDA when available)")
     p.add_argument("--precision", type=precision_name(int8=False), default="auto", help=PRECISION_HELP)
+    p.add_argument("--compile", action="store_true", help=COMPILE_HELP)
     p.set_defaults(func=run_analyze)
 
 
@@ -57,7 +59,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     summary, chosen = analyze_weights(
         args.weights, args.out, images=args.images, data=args.data, image_size=size, num_images=args.num_images,
         head_fusion=args.head_fusion, discard_ratio=args.discard_ratio, components=args.components,
-        device=args.device, precision=args.precision)
+        device=args.device, precision=args.precision, compile=args.compile)
     print(f"analysed {summary['input']['description']} (precision {chosen.name}: {chosen.reason})")
     for name in summary["figures"]:
         print(f"wrote {args.out}/{name}")

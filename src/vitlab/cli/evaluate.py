@@ -10,6 +10,7 @@ from pathlib import Path
 
 from vitlab.cli.train import EVAL_RESIZE_HELP
 from vitlab.cli.types import (
+    COMPILE_HELP,
     DATA_SOURCES,
     PRECISION_HELP,
     batch_size,
@@ -24,9 +25,6 @@ WEIGHTS_HELP = ("weights file, checkpoint directory or run directory, or a .onnx
                 "ONNX Runtime with the pre-processing its metadata records; needs pip install 'vitlab[onnx]'; see "
                 "docs/deployment.md, 'Serving an ONNX file')")
 INFER_PRECISION_HELP = PRECISION_HELP + ", or int8 (dynamic int8 Linear layers, CPU)"
-COMPILE_HELP = ("torch.compile the model with its weights frozen into the graph (Inductor freezing); the first batch "
-                "of each shape compiles and the time is shown. Off by default: on a CPU the compilation costs more "
-                "than the faster inference saves except in evaluations of many minutes; figures in BENCHMARKS.md")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

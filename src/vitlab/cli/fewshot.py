@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from vitlab.cli.evaluate import COMPILE_HELP
 from vitlab.cli.train import EVAL_RESIZE_HELP
 from vitlab.cli.types import (
+    COMPILE_HELP,
     DATA_SOURCES,
     PRECISION_HELP,
     batch_size,

@@ -29,14 +29,13 @@ from types import MethodType
 import torch
 from torch import nn
 
+from vitlab.constants import MIN_BF16_WIDTH
 from vitlab.errors import setting
 
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
 USES = ("train", "infer")
 USE_WORDS = {"train": "training", "infer": "inference"}
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
-# The smallest width measured to gain under bf16 on a CPU that computes it natively, per use (USES).
-MIN_BF16_WIDTH: dict[str, int] = {"infer": 128, "train": 256}
 
 
 @dataclass(frozen=True)
