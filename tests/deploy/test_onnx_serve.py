@@ -163,3 +163,9 @@ def test_the_documented_onnxruntime_snippet_computes_what_predict_does(exported,
         ours = snippet.classify(str(exported["onnx"]), str(image), k=5)
         assert [name for name, _ in ours] == [t["class"] for t in theirs]
         assert np.allclose([p for _, p in ours], [t["probability"] for t in theirs], atol=1e-4)
+
+
+def test_loading_an_onnx_file_as_weights_says_how_to_serve_it(exported):
+    with pytest.raises(vitlab.weights.WeightsError, match=r"an ONNX file holds a graph to run, not weights .* "
+                                                          r"`vitlab predict --weights FILE`"):
+        vitlab.load(exported["onnx"])

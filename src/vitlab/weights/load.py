@@ -50,6 +50,10 @@ def detect_format(path: str | Path) -> str:
         return _zip_format(path)
     if path.suffix in (".pth", ".pt", ".bin", ".ckpt"):
         return "timm"
+    if path.suffix.lower() == ".onnx":  # a graph, not weights a model can be built from
+        raise WeightsError(path, "an ONNX file holds a graph to run, not weights to build a model from",
+                           "serve it with `vitlab predict --weights FILE` or `vitlab eval --weights FILE`, or in "
+                           "Python with onnxruntime (docs/deployment.md); load the .safetensors it was exported from")
     return "vitlab" if is_vitlab_file(path) else "timm"  # a bare safetensors state dict
 
 
