@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -244,3 +245,19 @@ def test_classification_metrics():
     meter.update(logits[2:], labels[2:], torch.tensor([3.0, 4.0]))
     assert meter.result() == {"loss": 2.5, "top1": 0.25, "top5": 1.0, "count": 4}
     assert torch.equal(meter.confusion, cm)
+
+
+def test_top5_is_shown_only_above_five_classes_and_always_recorded():
+    from vitlab.train.runlog import result_line
+    from vitlab.train.trainer import Classification, RunResult
+
+    metrics = {"loss": 0.5, "top1": 0.75, "top5": 1.0, "count": 8}
+    objective = Classification()
+    assert objective.summary(metrics, 4) == "val loss 0.5000  top-1 75.00%  (8 images)"  # 100% by construction
+    assert objective.summary(metrics, 10) == "val loss 0.5000  top-1 75.00%  top-5 100.00%  (8 images)"
+    shown = objective.reported(metrics, 4)
+    assert "top5" not in shown and "top5" in metrics  # the record (metrics.jsonl) keeps it
+    line = result_line(RunResult(Path("run"), "completed", 10, shown, 0.75, None, 100.0), "train")
+    assert "top-1 75.00%, loss 0.5000 (8 images)" in line and "top-5" not in line
+    line = result_line(RunResult(Path("run"), "completed", 10, metrics, 0.75, None, 100.0), "train")
+    assert "top-1 75.00%, top-5 100.00%, loss 0.5000" in line

@@ -487,8 +487,9 @@ def result_line(result: Any, verb: str) -> str:
     if result.status == "preempted":
         return f"preempted at step {result.step}; continue with: vitlab {verb} --out {result.out_dir} --resume"
     m = result.metrics
-    scores = (f"val top-1 {100 * m.get('top1', 0):.2f}%, top-5 {100 * m.get('top5', 0):.2f}%, loss "
-              f"{m.get('loss', 0):.4f} ({m.get('count', 0)} images)")
+    top5 = f"top-5 {100 * m['top5']:.2f}%, " if "top5" in m else ""  # only where it can be below 100%
+    scores = (f"val top-1 {100 * m.get('top1', 0):.2f}%, {top5}loss {m.get('loss', 0):.4f} ({m.get('count', 0)} "
+              "images)")
     if not result.images_per_s:  # no step ran: the run had finished before this invocation
         return (f"done: {result.out_dir} had already finished its {result.step:,} steps; nothing trained, its final "
                 f"weights evaluated again in {result.seconds:.0f} s: {scores}; weights {result.weights}")

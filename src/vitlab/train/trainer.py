@@ -35,7 +35,7 @@ from vitlab.data.stream import training_order
 from vitlab.errors import DataError, OutputError, TrainingDiverged
 from vitlab.eval.classify import evaluate, per_image_loss
 from vitlab.eval.fewshot_data import fewshot_weights
-from vitlab.eval.metrics import ClassificationMeter
+from vitlab.eval.metrics import ClassificationMeter, informative_metrics
 from vitlab.files.outputs import atomic_write
 from vitlab.files.rundir import BEST, CONFIG, CURVES, METRICS, WEIGHTS
 from vitlab.models.config import ViTConfig
@@ -238,10 +238,16 @@ class Classification:
         """Higher is better: what best.safetensors is chosen by."""
         return metrics["top1"]
 
-    def summary(self, metrics: dict[str, float]) -> str:
+    def reported(self, metrics: dict[str, float], num_classes: int) -> dict[str, float]:
+        """The metrics a person is shown (the console, the run's result): top-5 only above 5 classes, where it
+        can be below 100%. metrics.jsonl keeps every metric."""
+        return informative_metrics(metrics, num_classes)
+
+    def summary(self, metrics: dict[str, float], num_classes: int) -> str:
         """The validation line of the console log."""
-        return (f"val loss {metrics['loss']:.4f}  top-1 {100 * metrics['top1']:.2f}%  "
-                f"top-5 {100 * metrics['top5']:.2f}%  ({metrics['count']} images)")
+        m = self.reported(metrics, num_classes)
+        top5 = f"top-5 {100 * m['top5']:.2f}%  " if "top5" in m else ""
+        return f"val loss {m['loss']:.4f}  top-1 {100 * m['top1']:.2f}%  {top5}({m['count']} images)"
 
     def split_state(self, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         return state, {}
@@ -300,7 +306,10 @@ class MaskedPatches(Classification):
     def score(self, metrics: dict[str, float]) -> float:
         return -metrics["loss"] if self.target == "pixels" else metrics["top1"]
 
-    def summary(self, metrics: dict[str, float]) -> str:
+    def reported(self, metrics: dict[str, float], num_classes: int) -> dict[str, float]:
+        return metrics  # colour predictions: hundreds of classes whatever the dataset's count
+
+    def summary(self, metrics: dict[str, float], num_classes: int) -> str:
         return validation_summary(metrics, self.target)
 
     def split_state(self, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -586,7 +595,7 @@ class Trainer:
         if record:
             self.log.record({"step": self.step, "split": "val", **self.metrics, "ema": self.ema is not None,
                              "seconds": time.perf_counter() - t0})
-        self.log.message(f"step {self.step}: {self.objective.summary(self.metrics)}")
+        self.log.message(f"step {self.step}: {self.objective.summary(self.metrics, self.data.num_classes)}")
         return self.metrics
 
     def _fewshot(self) -> None:
@@ -620,7 +629,8 @@ class Trainer:
             log.warning("%d unreadable image(s) were skipped: %s", len(self.bad_images),
                         describe_paths(self.bad_images))
         return RunResult(
-            self.run_dir, status, self.step, dict(self.metrics), self.best["top1"] if self.best else None,
+            self.run_dir, status, self.step, self.objective.reported(dict(self.metrics), self.data.num_classes),
+            self.best["top1"] if self.best else None,
             weights, summary.get("images_per_s", 0.0), summary.get("data_images_per_s", 0.0), seconds,
             list(self.bad_images),
         )
