@@ -1,9 +1,11 @@
-"""Measure bf16 against float32 on this CPU over a sweep of widths, the catalogue's sizes and the experiment models,
-and print, for inference and for training, the width threshold of `--precision auto`
-(vitlab.runtime.precision.MIN_BF16_WIDTH, one entry per use) that the measurements support.
+"""Measure bf16 against float32 on this CPU over a sweep of widths, of token counts, the catalogue's sizes and the
+experiment models, and print, for inference and for training, the width threshold of `--precision auto`
+(vitlab.constants.MIN_BF16_WIDTH, one entry per use) and the token count from which training gains below it
+(vitlab.constants.BF16_TRAIN_LONG_SEQUENCE) that the measurements support.
 
-    python benchmarks/precision_threshold.py                       # widths, catalogue and experiments (~25 min)
+    python benchmarks/precision_threshold.py                       # every row set (~35 min)
     python benchmarks/precision_threshold.py --rows widths         # the width sweep alone (~8 min)
+    python benchmarks/precision_threshold.py --rows tokens         # the token sweep alone (~8 min)
     python benchmarks/precision_threshold.py --quick               # fewer models and repeats (~4 min)
     python benchmarks/precision_threshold.py --json out.json
 
@@ -16,7 +18,10 @@ fp32 / bf16 ... interleaved (median of --repeats), in the form vitlab uses: infe
 backward + step) under autocast with float32 master weights. A model gains in a use when bf16 is at least --gain
 (default 1.05x) faster there, at every batch size measured (the rule has one threshold per use, whatever the
 batch). The crossing printed for each use is the smallest width W such that every measured model of width >= W
-gains in that use and none below it does; if no W separates them it says so.
+gains in that use and none below it does; if no W separates them it says so. The token sweep is ViT-Ti/16 shapes of
+width 64 and 192 at 64, 112, 160 and 224 px (17, 50, 101 and 197 tokens); for training it prints the fewest
+tokens T such that, among the measured ViTs narrower than the training threshold, those with >= T tokens gain and
+those with fewer do not.
 """
 
 from __future__ import annotations
@@ -30,12 +35,13 @@ from collections.abc import Callable
 import torch
 
 from reproduction.families import MODELS
+from vitlab.constants import BF16_TRAIN_LONG_SEQUENCE, MIN_BF16_WIDTH
 from vitlab.models.registry import build_model, model_config
 from vitlab.runtime.allocator import tune_for_compute
 from vitlab.runtime.device import cpu_name
 from vitlab.runtime.precision import (
-    MIN_BF16_WIDTH,
     autocast_for,
+    config_tokens,
     config_width,
     cpu_flags,
     native_bf16,
@@ -54,9 +60,11 @@ CATALOGUE = [
     ("R50+ViT-B/16", "R50+ViT-B/16", {}, 224, (8,), 8),
     ("BiT-R50x1", "BiT-R50x1", {}, 224, (16,), 16),
 ]
+TOKENS = [(f"width {w}, {px} px", "ViT-Ti/16", {"width": w, "num_heads": max(1, w // 64), "mlp_dim": 4 * w}, px,
+           (8,), 32) for w in (64, 192) for px in (64, 112, 160, 224)]
 EXPERIMENTS = [(f"{family}-{size} (experiments)", name, args, 32, (64,), 64)
                for (family, size), (name, args) in MODELS.items()]
-ROWS = {"widths": WIDTHS, "catalogue": CATALOGUE, "experiments": EXPERIMENTS}
+ROWS = {"widths": WIDTHS, "tokens": TOKENS, "catalogue": CATALOGUE, "experiments": EXPERIMENTS}
 QUICK = {"width 64", "width 192", "width 384", "ViT-B/16", "ViT-M (experiments)", "BiT-L (experiments)"}
 
 
@@ -115,7 +123,8 @@ def _speed(batch: int, seconds: dict[str, float]) -> dict:
 def measure(row: tuple, repeats: int) -> dict:
     """Inference at each of the row's batches and training at its batch; each use's `speedup` is its smallest."""
     label, name, args, size, infer_batches, train_batch = row
-    result = {"model": label, "width": config_width(model_config(name, **args)), "image_size": size}
+    config = model_config(name, image_size=size, **args)
+    result = {"model": label, "width": config_width(config), "tokens": config_tokens(config), "image_size": size}
     batches = [_speed(b, _timed({p: _inference(name, args, size, b, p) for p in ("fp32", "bf16")}, repeats))
                for b in infer_batches]
     result["infer"] = {"batches": batches, "speedup": min(b["speedup"] for b in batches)}
@@ -135,6 +144,23 @@ def threshold(results: list[dict], gain: float, use: str) -> tuple[int | None, s
         if all(gains[r["model"]] == (r["width"] >= w) for r in results):
             return w, f"every measured model of width >= {w} gains >= {gain}x in {use}, none below"
     return None, f"no width separates the models that gain in {use} from those that do not: see the table"
+
+
+def token_threshold(results: list[dict], gain: float) -> tuple[int | None, str]:
+    """Among the measured ViTs narrower than the training threshold (and at least BF16_TRAIN_LONG_SEQUENCE's width),
+    the fewest tokens T with every model of >= T tokens gaining in training and every one below not gaining."""
+    least, narrowest = MIN_BF16_WIDTH["train"], BF16_TRAIN_LONG_SEQUENCE["width"]
+    rows = [r for r in results if r["tokens"] is not None and narrowest <= r["width"] < least]
+    if not rows:
+        return None, f"no ViT of width {narrowest}-{least - 1} measured"
+    gains = {r["model"]: r["train"]["speedup"] >= gain for r in rows}
+    if not any(gains.values()):
+        return None, f"no measured ViT of width {narrowest}-{least - 1} gains >= {gain}x in training"
+    for t in sorted({r["tokens"] for r in rows}):
+        if all(gains[r["model"]] == (r["tokens"] >= t) for r in rows):
+            return t, (f"every measured ViT of width {narrowest}-{least - 1} with >= {t} tokens gains >= {gain}x in "
+                       "training, none with fewer")
+    return None, f"no token count separates the ViTs of width {narrowest}-{least - 1} that gain in training"
 
 
 def _cell(use: dict) -> str:
@@ -165,18 +191,24 @@ def main() -> None:
     rows = [r for key in sets for r in ROWS[key] if not wanted or r[0] in wanted]
     repeats = 3 if args.quick else args.repeats
     results = []
-    print(f"{'model':28} {'width':>5} {'px':>4}  inference (batch: fp32/bf16 img/s, bf16 speed-up) | training")
+    print(f"{'model':28} {'width':>5} {'tok':>4} {'px':>4}  inference (batch: fp32/bf16 img/s, bf16 speed-up) | "
+          "training")
     for row in rows:
         r = measure(row, repeats)
         results.append(r)
-        print(f"{r['model']:28} {r['width']:>5} {r['image_size']:>4}  {_cell(r['infer'])} | {_cell(r['train'])}",
+        print(f"{r['model']:28} {r['width']:>5} {r['tokens'] or '-':>4} {r['image_size']:>4}  {_cell(r['infer'])} | "
+              f"{_cell(r['train'])}",
               flush=True)
     crossings = {}
     for use in ("infer", "train"):
         width, why = threshold(results, args.gain, use)
         crossings[use] = width
         print(f"{use}: crossing width {width if width is not None else 'none'} ({why}); "
-              f"vitlab.runtime.precision.MIN_BF16_WIDTH[{use!r}] is {MIN_BF16_WIDTH[use]}")
+              f"vitlab.constants.MIN_BF16_WIDTH[{use!r}] is {MIN_BF16_WIDTH[use]}")
+    tokens, why = token_threshold(results, args.gain)
+    crossings["train_tokens"] = tokens
+    print(f"train below width {MIN_BF16_WIDTH['train']}: crossing tokens {tokens if tokens is not None else 'none'} "
+          f"({why}); vitlab.constants.BF16_TRAIN_LONG_SEQUENCE is {BF16_TRAIN_LONG_SEQUENCE}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cpu": cpu_name(), "flags": native, "threads": torch.get_num_threads(),

@@ -47,6 +47,9 @@ def canonical_setting(key: str, value: object) -> object:
 # The smallest model width measured to gain under bf16 on a CPU that computes it natively, per use: `auto` picks
 # bf16 from there (vitlab.runtime.precision; the measurements in BENCHMARKS.md, "Precision").
 MIN_BF16_WIDTH: dict[str, int] = {"infer": 128, "train": 256}
+# Training gains below that width too when each image is a long sequence: a ViT with at least `tokens` tokens per
+# image (prefix included) and a width of at least `width` (the narrowest measured to gain).
+BF16_TRAIN_LONG_SEQUENCE: dict[str, int] = {"tokens": 197, "width": 64}
 
 # timm's evaluation transform as an eval resize: "timm:INTERPOLATION:CROP_PCT[:squash]" (timm_resize parses it).
 TIMM_RESIZE_PREFIX = "timm:"

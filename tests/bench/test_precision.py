@@ -69,7 +69,9 @@ def test_auto_follows_the_processor_and_the_width(monkeypatch):
     monkeypatch.setattr(vitlab.runtime.precision, "cpu_flags", lambda text=None: frozenset({"avx2", "amx_bf16"}))
     assert forms.resolve(settings).name == "bf16"  # width 384
     assert forms.resolve(BenchSettings(model="ViT-Ti/16", modes=("infer",))).name == "bf16"  # width 192 >= 128
-    assert forms.resolve(BenchSettings(model="ViT-Ti/16", modes=("train",))).name == "fp32"  # width 192 < 256
+    assert forms.resolve(BenchSettings(model="ViT-Ti/16", modes=("train",))).name == "bf16"  # 197 tokens
+    small = BenchSettings(model="ViT-Ti/16", modes=("train",), image_size=64)  # width 192 < 256, 17 tokens
+    assert forms.resolve(small).name == "fp32"
 
 
 def test_precision_peaks_are_measured_at_a_size_that_fits(monkeypatch):

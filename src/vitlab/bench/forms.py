@@ -18,7 +18,7 @@ from torch import nn
 
 from vitlab.bench.result import BenchSettings
 from vitlab.models.registry import model_config
-from vitlab.runtime.precision import Precision, config_width, resolve_precision
+from vitlab.runtime.precision import Precision, config_tokens, config_width, resolve_precision
 from vitlab.runtime.session import open_session
 
 
@@ -26,9 +26,10 @@ def resolve(settings: BenchSettings) -> Precision:
     """The precision both implementations compute in; int8 with training refused in one line."""
     if settings.precision == "int8" and "train" in settings.modes:
         raise ValueError("--precision int8 measures inference only (there is no int8 training): add --mode infer")
-    width = config_width(model_config(settings.model, image_size=settings.image_size))
+    config = model_config(settings.model, image_size=settings.image_size)
     use = "train" if "train" in settings.modes else "infer"
-    return resolve_precision(settings.precision, torch.device(settings.device), use=use, width=width)
+    return resolve_precision(settings.precision, torch.device(settings.device), use=use, width=config_width(config),
+                             tokens=config_tokens(config))
 
 
 def describe(precision: Precision, compare: str | None) -> str:

@@ -11,10 +11,12 @@ The rule for `auto` (the measurements behind it: BENCHMARKS.md "bf16 on a CPU th
   training gain from different widths: a training step adds the backward's attention and the float32 optimizer
   step), float32 below. Each is the smallest measured width that gains in that use; narrower widths either lost
   or are unmeasured and stay float32, so `auto` is never slower than float32 on a measured model.
-  `benchmarks/precision_threshold.py`, run on such a machine, measures a sweep of widths and every catalogue size
-  and experiment model and prints, for each use, the threshold the measurements support. The rule keys on
-  width, not token count, because token count did not separate the measured points; every catalogue model at its
-  native resolution has at least as many tokens as the fast ones.
+- Training, below that width: bf16 when each image is a long sequence (`BF16_TRAIN_LONG_SEQUENCE`: at least that
+  many tokens and that width). Narrow ViTs on small images (the demo's 17 tokens, the experiments' 65) lose in
+  training, while the same widths at 224 px (197 tokens) gain, so width alone would leave ViT-Ti/16's training
+  gain unused.
+  `benchmarks/precision_threshold.py`, run on such a machine, measures a sweep of widths, of token counts, every
+  catalogue size and experiment model, and prints, for each use, the thresholds the measurements support.
 
 Exactness paths (`convert`, `info`, the parity tests, `--precision fp32`) compute in float32 always.
 """
@@ -29,7 +31,7 @@ from types import MethodType
 import torch
 from torch import nn
 
-from vitlab.constants import MIN_BF16_WIDTH
+from vitlab.constants import BF16_TRAIN_LONG_SEQUENCE, MIN_BF16_WIDTH
 from vitlab.errors import setting
 
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
@@ -88,6 +90,14 @@ def config_width(config: object) -> int | None:
     return None
 
 
+def config_tokens(config: object) -> int | None:
+    """A ViT's (and hybrid's) tokens per image at its native size, prefix included; None for a BiT (no tokens)."""
+    if not hasattr(config, "grid_size"):
+        return None
+    gh, gw = config.grid_size()
+    return gh * gw + int(config.num_prefix_tokens)
+
+
 def check_precision(requested: str, use: str) -> None:
     """ValueError (one line, naming the choices) for an unknown precision, or int8 asked of training."""
     if use not in USES:
@@ -100,9 +110,10 @@ def check_precision(requested: str, use: str) -> None:
 
 
 def resolve_precision(requested: str, device: torch.device, *, use: str, width: int | None = None,
-                      flags: frozenset[str] | set[str] | None = None) -> Precision:
+                      tokens: int | None = None, flags: frozenset[str] | set[str] | None = None) -> Precision:
     """`requested` (auto, fp32, bf16, int8) as the precision to compute in on `device`, with the reason.
-    `width` is the model's (`model_width`); `flags` the CPU's (`cpu_flags()` when None; tests inject them)."""
+    `width` is the model's (`model_width`), `tokens` its tokens per image (`config_tokens`; None: not a ViT, or
+    unknown); `flags` the CPU's (`cpu_flags()` when None; tests inject them)."""
     check_precision(requested, use)
     device = torch.device(device)
     if requested == "int8":
@@ -123,11 +134,18 @@ def resolve_precision(requested: str, device: torch.device, *, use: str, width: 
         return Precision("fp32", "auto: this CPU has no native bf16 (no amx_bf16/avx512_bf16 flag)")
     if width is None:
         return Precision("fp32", f"auto: CPU has {found[0]} but the model's width is unknown")
-    least = MIN_BF16_WIDTH[use]
-    if width < least:
-        return Precision("fp32", f"auto: CPU has {found[0]} but width {width} < {least} "
-                                 f"(too small to gain from bf16 in {USE_WORDS[use]})")
-    return Precision("bf16", f"auto: CPU has {found[0]} and width {width} >= {least} (bf16 gains in {USE_WORDS[use]})")
+    least, words = MIN_BF16_WIDTH[use], USE_WORDS[use]
+    if width >= least:
+        return Precision("bf16", f"auto: CPU has {found[0]} and width {width} >= {least} (bf16 gains in {words})")
+    long = BF16_TRAIN_LONG_SEQUENCE
+    if use == "train" and tokens is not None and width >= long["width"]:
+        if tokens >= long["tokens"]:
+            return Precision("bf16", f"auto: CPU has {found[0]}, width {width} >= {long['width']} and {tokens} tokens "
+                                     f"per image >= {long['tokens']} (bf16 gains in {words})")
+        return Precision("fp32", f"auto: CPU has {found[0]} but width {width} < {least} and {tokens} tokens per "
+                                 f"image < {long['tokens']} (too small to gain from bf16 in {words})")
+    return Precision("fp32", f"auto: CPU has {found[0]} but width {width} < {least} (too small to gain from bf16 in "
+                             f"{words})")
 
 
 def device_kind(name: str) -> torch.device:
@@ -143,7 +161,7 @@ def training_precision(config: object, device: torch.device | str) -> Precision:
     one place a run's auto precision is decided, for the command line's resolution and a TrainConfig given
     directly alike."""
     kind = device if isinstance(device, torch.device) else device_kind(device)
-    return resolve_precision("auto", kind, use="train", width=config_width(config))
+    return resolve_precision("auto", kind, use="train", width=config_width(config), tokens=config_tokens(config))
 
 
 def autocast_for(device: torch.device | str, precision: Precision | str) -> AbstractContextManager:

@@ -442,8 +442,14 @@ def _precision_rule(layers: _Layers, checkpoint: Any) -> None:
     """--precision auto decided once, by vitlab.runtime.precision's measured rule: config.json records the choice with
     the rule's reason as its source, and a resumed run keeps it on any machine."""
     v = layers.values
-    if v["precision"] == "auto":
-        config = checkpoint.config if checkpoint is not None else model_config(v["model"], **v["model_args"])
+    if v["precision"] == "auto":  # the model as the run builds it: at the run's image size (its token count)
+        size = {"image_size": v["image_size"]} if v.get("image_size") else {}
+        if checkpoint is None:
+            config = model_config(v["model"], **size, **v["model_args"])
+        elif isinstance(checkpoint.config, ViTConfig):
+            config = checkpoint.config.replace(**size)
+        else:
+            config = checkpoint.config
         chosen = training_precision(config, v["device"])
         layers.apply({"precision": chosen.name}, chosen.reason)
 
