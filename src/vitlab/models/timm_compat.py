@@ -154,6 +154,11 @@ class TimmCompatMixin:
     def get_classifier(self) -> nn.Module:
         return self.head
 
+    def __prepare_scriptable__(self) -> Any:
+        # torch.jit.script calls this first: one clear line instead of TorchScript's opaque AttributeError
+        raise RuntimeError("vitlab models are not TorchScript-scriptable; use torch.jit.trace(model, x), "
+                           "torch.export.export(model, (x,)) or vitlab's ONNX export instead")
+
 
 class ViTTimmMixin(TimmCompatMixin):
     # timm's attribute names for what the config says
@@ -187,11 +192,6 @@ class ViTTimmMixin(TimmCompatMixin):
     @property
     def dynamic_img_pad(self) -> bool:
         return self.config.dynamic_img_pad
-
-    def __prepare_scriptable__(self) -> Any:
-        # torch.jit.script calls this first: one clear line instead of TorchScript's opaque AttributeError
-        raise RuntimeError("vitlab models are not TorchScript-scriptable; use torch.jit.trace(model, x), "
-                           "torch.export.export(model, (x,)) or vitlab's ONNX export instead")
 
     @property
     def _first_conv(self) -> str:  # type: ignore[override]
