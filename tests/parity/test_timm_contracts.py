@@ -1,9 +1,9 @@
 """timm's generic model contracts (the ones its tests/test_models.py and its optimizer factory rely on) on every
 ViT, DeiT, register and hybrid name vitlab builds, each against timm's model of the same name: head sizes,
 `pretrained_cfg["fixed_input_size"]`, `features_only=True, feature_cls="getter"`, layer-wise learning-rate decay
-groups (`group_matcher`, `no_weight_decay`) and `prune_intermediate_layers`. Small sizes (depth 1-3, a 56 or 64
-pixel input, width 64 where the width is not what is checked) keep every name fast; none of these contracts
-depends on them."""
+groups (`group_matcher`, `no_weight_decay`; BiT's groups too) and `prune_intermediate_layers`. Small sizes (depth
+1-3, a 56 or 64 pixel input, width 64 where the width is not what is checked) keep every name fast; none of these
+contracts depends on them."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ import warnings
 import pytest
 import timm
 import torch
+from timm.models import group_parameters
 from timm.optim import create_optimizer_v2
 
 import vitlab
 from vitlab.api import model_config_for
-from vitlab.models.timm_keys import timm_key
+from vitlab.models.timm_keys import bit_timm_key, timm_key
 
 warnings.filterwarnings("ignore", category=UserWarning)
 
@@ -99,6 +100,22 @@ def test_layer_decay_groups_are_timms_parameter_by_parameter(name):
     assert ours.keys() == theirs.keys()
     assert {k: v for k, v in ours.items() if v != theirs[k]} == {}
     assert len({scale for scale, _ in theirs.values()}) == 5  # embeddings, 3 blocks, the head: decay applies
+
+
+def test_bit_layer_decay_groups_are_timms_resnetv2_groups():
+    """timm's optimizer factory on vitlab's BiT (timm's names for its tensors) gives every parameter the lr scale and
+    weight decay it gives timm's ResNetV2: the root conv, one layer per unit (the final norm with the last), the
+    head; and both groupings of the matcher, by unit and by stage (coarse), hold the same tensors as timm's."""
+    model = vitlab.create_model("resnetv2_50x1_bit", num_classes=5)
+    ref = timm.create_model("resnetv2_50x1_bit", pretrained=False, num_classes=5)
+    ours, theirs = lr_groups(model, bit_timm_key), lr_groups(ref)
+    assert ours.keys() == theirs.keys()
+    assert {k: v for k, v in ours.items() if v != theirs[k]} == {}
+    assert len({scale for scale, _ in theirs.values()}) == 1 + 16 + 1  # root, R50's 16 units, head
+    for coarse in (False, True):
+        groups = group_parameters(model, model.group_matcher(coarse=coarse))
+        assert {k: sorted(map(bit_timm_key, v)) for k, v in groups.items()} == {
+            k: sorted(v) for k, v in group_parameters(ref, ref.group_matcher(coarse=coarse)).items()}
 
 
 @pytest.mark.parametrize("name", FC_NORM_NAMES)

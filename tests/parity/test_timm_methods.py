@@ -1,12 +1,15 @@
 """The model methods timm users call, against timm's own on the same weights: forward_intermediates (ViT and BiT),
-features_only with feature_info, get_classifier / reset_classifier, and set_grad_checkpointing (same gradients,
-and the blocks really are recomputed)."""
+BiT's prune_intermediate_layers and unpooled head, features_only with feature_info, get_classifier /
+reset_classifier, and set_grad_checkpointing (same gradients, and the blocks really are recomputed)."""
+
+import copy
 
 import pytest
 import torch
 from torch import nn
 
 import vitlab
+from vitlab.models.timm_keys import bit_timm_key
 from vitlab.weights.timm import timm_model_args, timm_model_name, to_timm_state_dict
 from vitlab.weights.timm_bit import to_timm_bit_state_dict
 
@@ -77,6 +80,64 @@ def test_bit_forward_intermediates_equals_timms():
         for kwargs in (dict(), dict(indices=[0, 2]), dict(norm=True, intermediates_only=True),
                        dict(indices=2, stop_early=True)):
             assert_same(model.forward_intermediates(x, **kwargs), ref.forward_intermediates(x, **kwargs), 1e-4)
+
+
+@pytest.fixture(scope="module")
+def bit_pair():
+    """vitlab's BiT-R50x1 with random weights and timm's resnetv2_50x1_bit holding the same ones (timm's eps)."""
+    model = randomize(vitlab.create_model("BiT-R50x1", num_classes=5, ws_eps=1e-8))
+    ref = timm.create_model("resnetv2_50x1_bit", pretrained=False, num_classes=5).eval()
+    ref.load_state_dict(to_timm_bit_state_dict(model))
+    return model, ref
+
+
+PRUNES = [
+    dict(indices=[1, 2]),  # stages 3 and 4 go, with the final norm and the head
+    dict(indices=[0]),  # the root conv alone: the max-pool goes too
+    dict(indices=[0, 4], prune_head=False),  # nothing goes
+    dict(indices=[0, 4], prune_head=False, prune_norm=True),  # the final norm alone goes: the head pools the raw map
+    dict(indices=1),  # the last feature: every stage stays, the head goes and nothing pools
+    dict(indices=[3], prune_head=False, prune_norm=True),  # cutting a stage takes the head even when not asked
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("prune", PRUNES, ids=lambda p: "-".join(f"{k}={v}" for k, v in p.items()))
+def test_bit_prune_intermediate_layers_equals_timms(bit_pair, prune):
+    """timm's ResNetV2.prune_intermediate_layers on both models, then everything the pruned models give: the
+    indices returned, forward (logits, or the unpooled map), forward_intermediates (indices still count the
+    unpruned model's five features, as timm's), the widths, class count and pooling, and the same tensors left."""
+    model, ref = (copy.deepcopy(m) for m in bit_pair)
+    assert model.prune_intermediate_layers(**prune) == ref.prune_intermediate_layers(**prune)
+    assert sorted(bit_timm_key(k) for k in model.state_dict()) == sorted(ref.state_dict())
+    assert (model.num_features, model.head_hidden_size, model.num_classes) == (
+        ref.num_features, ref.head_hidden_size, ref.num_classes)
+    assert model.global_pool == ref.head.global_pool.pool_type
+    x = torch.randn(2, 3, 64, 48, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert_same(model(x), ref(x), 1e-4)
+        for kwargs in (dict(), dict(indices=2), dict(indices=prune["indices"], stop_early=True), dict(norm=True),
+                       dict(indices=[0, -1], intermediates_only=True)):
+            assert_same(model.forward_intermediates(x, **kwargs), ref.forward_intermediates(x, **kwargs), 1e-4)
+
+
+def test_bit_unpooled_head_acts_at_each_position_as_timms(bit_pair, tmp_path):
+    """Without pooling (a pruned head, or global_pool ""), a new head classifies every position as timm's 1×1
+    convolution does; "avg" pools again. vitlab.save refuses a pruned BiT in one line: no config describes it."""
+    model, ref = (copy.deepcopy(m) for m in bit_pair)
+    model.prune_intermediate_layers([2]), ref.prune_intermediate_layers([2])
+    with pytest.raises(ValueError, match="^vitlab.save: the model no longer pools"):
+        vitlab.save(model, tmp_path / "pruned.safetensors")
+    model.reset_classifier(3), ref.reset_classifier(3)
+    with torch.no_grad():
+        model.head.weight.normal_(generator=torch.Generator().manual_seed(5)), model.head.bias.fill_(0.5)
+        ref.head.fc.weight.copy_(model.head.weight[:, :, None, None]), ref.head.fc.bias.copy_(model.head.bias)
+        x = torch.randn(2, 3, 64, 48, generator=torch.Generator().manual_seed(6))
+        assert model.global_pool == "" and model(x).shape == (2, 3, 8, 6)
+        assert_same(model(x), ref(x), 1e-4)
+        model.reset_classifier(3, "avg")
+        assert model.global_pool == "avg" and model(x).shape == (2, 3)
+        unpooled = vitlab.create_model("resnetv2_50x1_bit", num_classes=0, global_pool="").eval()
+        assert torch.equal(unpooled(x), unpooled.forward_features(x))
 
 
 def test_intermediate_errors_are_value_errors():

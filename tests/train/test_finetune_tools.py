@@ -141,6 +141,17 @@ def test_layer_decay_refuses_a_model_without_blocks():
         layer_scales(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Linear(4, 2)), 0.75)
 
 
+
+def test_layer_decay_refuses_bit_although_it_has_timms_groups():
+    """BiT's group_matcher serves timm's optimizer factory; vitlab's --layer-decay still refuses BiT in one line (the
+    BiT-HyperRule fine-tunes every layer at one lr)."""
+    model = vitlab.create_model("BiT-R50x1", num_classes=5)
+    assert model.group_matcher()["stem"]
+    with pytest.raises(ValueError) as refused:
+        layer_scales(model, 0.75)
+    assert str(refused.value) == ("--layer-decay groups a ViT's blocks, and BiT-R50x1 is a BiT ResNet, which the "
+                                  "BiT-HyperRule fine-tunes at one lr in every layer; leave it unset")
+
 # --- EMA ------------------------------------------------------------------------------------------------------
 @pytest.mark.parity
 @pytest.mark.parametrize("warmup", [False, True])

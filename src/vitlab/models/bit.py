@@ -141,17 +141,31 @@ class BiT(BiTTimmMixin, nn.Module):
             x = checkpoint(unit, x, use_reentrant=False) if recompute else unit(x)
         return x
 
+    def stem_pool(self, x: torch.Tensor) -> torch.Tensor:
+        """Zero padding, then VALID 3×3/2 max-pooling: (N, 64·wf, H/4, W/4). It feeds the stages, so a model pruned
+        to the root conv's features has none (as timm's)."""
+        return F.max_pool2d(F.pad(x, (1, 1, 1, 1)), 3, 2) if len(self.stages) else x
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The final GroupNorm + ReLU (timm's norm-act "norm"); none once pruned (prune_intermediate_layers)."""
+        # In place: the ReLU acts on the fresh GroupNorm output, which GroupNorm's backward does not need.
+        return x if isinstance(self.norm, nn.Identity) else F.relu_(self.norm(x))
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Feature map after the final GroupNorm and ReLU: (N, C, H/32, W/32)."""
         check_pixels(x, self.config.in_chans, self.stem.conv.weight)
-        x = self.stem.conv(x)  # (N, 64·wf, H/2, W/2)
-        x = F.max_pool2d(F.pad(x, (1, 1, 1, 1)), 3, 2)  # zero padding, then VALID pooling: (N, 64·wf, H/4, W/4)
+        x = self.stem_pool(self.stem.conv(x))  # (N, 64·wf, H/4, W/4)
         for stage in self.stages:
             x = self.run_stage(stage, x)
-        return F.relu_(self.norm(x))
+        return self.final_norm(x)
 
     def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Global mean over the map: the 2048·wf representation; the classifier unless pre_logits."""
+        """Global mean over the map: the 2048·wf representation; the classifier unless pre_logits. Unpooled
+        (timm's global_pool ""): the map as it is, the classifier at each position (timm's 1×1 convolution)."""
+        if self.unpooled:
+            if pre_logits or isinstance(self.head, nn.Identity):
+                return features
+            return self.head(features.movedim(1, -1)).movedim(-1, 1)  # (N, H, W, C) -> (N, classes, H, W)
         pooled = features.mean(dim=(2, 3))
         return pooled if pre_logits else self.head(pooled)
 
@@ -160,9 +174,12 @@ class BiT(BiTTimmMixin, nn.Module):
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """BiT transfer rule (and the ViT paper's): a new zero-initialised head for the new classes. `global_pool`
-        (timm's argument) may only be "avg", the pooling BiT has."""
-        self.check_global_pool(global_pool)
-        self.head = zero_head(self.num_features, num_classes, self.norm.weight)
+        (timm's argument): "avg", the pooling BiT has, or "" (none, as timm: the head acts at each position)."""
+        if global_pool not in (None, "avg", ""):
+            raise ValueError(f"global_pool={global_pool!r}: BiT pools with 'avg' ('': no pooling)")
+        if global_pool is not None:
+            self.unpooled = global_pool == ""
+        self.head = zero_head(self.num_features, num_classes, self.stem.conv.weight)
         self.config = self.config.replace(num_classes=num_classes)
 
 

@@ -22,7 +22,6 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vitlab.constants import check_eval_resize, resize_before_crop, timm_resize
@@ -155,10 +154,10 @@ class TimmCompatMixin:
     def get_classifier(self) -> nn.Module:
         return self.head
 
-    def check_global_pool(self, global_pool: str | None) -> None:
-        if global_pool not in (None, self.global_pool):
-            raise ValueError(f"global_pool={global_pool!r}: this architecture pools with {self.global_pool!r} "
-                             "(a class token is part of the weights); build another model to change it")
+    def __prepare_scriptable__(self) -> Any:
+        # torch.jit.script calls this first: one clear line instead of TorchScript's opaque AttributeError
+        raise RuntimeError("vitlab models are not TorchScript-scriptable; use torch.jit.trace(model, x), "
+                           "torch.export.export(model, (x,)) or vitlab's ONNX export instead")
 
 
 class ViTTimmMixin(TimmCompatMixin):
@@ -193,11 +192,6 @@ class ViTTimmMixin(TimmCompatMixin):
     @property
     def dynamic_img_pad(self) -> bool:
         return self.config.dynamic_img_pad
-
-    def __prepare_scriptable__(self) -> Any:
-        # torch.jit.script calls this first: one clear line instead of TorchScript's opaque AttributeError
-        raise RuntimeError("vitlab models are not TorchScript-scriptable; use torch.jit.trace(model, x), "
-                           "torch.export.export(model, (x,)) or vitlab's ONNX export instead")
 
     @property
     def _first_conv(self) -> str:  # type: ignore[override]
@@ -285,16 +279,31 @@ class ViTTimmMixin(TimmCompatMixin):
 
 class BiTTimmMixin(TimmCompatMixin):
     _first_conv = "stem.conv"
-    global_pool = "avg"
+    # timm's global_pool "" (prune_intermediate_layers(prune_head=True), reset_classifier(n, "")): forward_head
+    # returns the (N, C, H, W) map, a head acting at each position; no config describes it, so vitlab.save refuses it
+    unpooled = False
+
+    @property
+    def global_pool(self) -> str:
+        return "" if self.unpooled else "avg"
 
     @property
     def feature_info(self) -> FeatureInfo:
-        """timm's resnetv2 features: the root conv (reduction 2, before the max-pool), then each stage."""
+        """timm's resnetv2 features: the root conv (reduction 2, before the max-pool), then each stage. They are
+        the config's, so pruning keeps them (as timm keeps its feature_info) and indices name the same features."""
         cfg = self.config
         info = [dict(num_chs=cfg.root_width, reduction=2, module="stem.conv")]
         for i in range(len(cfg.layers)):
             info.append(dict(num_chs=4 * cfg.root_width * 2**i, reduction=4 * 2**i, module=f"stages.{i}"))
         return FeatureInfo(info)
+
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """timm's ResNetV2 layer groups (layer-wise learning-rate decay reads them): the root conv first, then one
+        group per unit, the final norm with the last unit; the head, matching nothing, comes last. `coarse`: one
+        group per stage, the final norm with the head, as timm."""
+        if coarse:
+            return {"stem": r"^stem\.", "blocks": r"^stages\.(\d+)\."}
+        return {"stem": r"^stem\.", "blocks": [(r"^stages\.(\d+)\.(\d+)\.", None), (r"^norm\.", (MATCH_PREVIOUS,))]}
 
     def forward_intermediates(
         self, x: torch.Tensor, indices: int | list[int] | None = None, norm: bool = False, stop_early: bool = False,
@@ -302,24 +311,43 @@ class BiTTimmMixin(TimmCompatMixin):
     ) -> Any:
         """timm's ResNetV2.forward_intermediates: feature 0 is the root conv's output, 1… the stages'; `norm`
         applies the final GroupNorm + ReLU to the last stage's. Returns (final features, intermediates) or the
-        intermediates alone."""
+        intermediates alone. Indices count the features of the model as built (feature_info), pruned or not."""
         if output_fmt != "NCHW":
             raise ValueError(f"output_fmt={output_fmt!r}: a CNN's features are maps, use 'NCHW'")
         last = len(self.stages)
-        take, max_index = feature_take_indices(last + 1, indices)
+        take, max_index = feature_take_indices(len(self.feature_info), indices)
         check_pixels(x, self.config.in_chans, self.stem.conv.weight)
         x = self.stem.conv(x)  # (N, 64·wf, H/2, W/2)
         inter = [x] if 0 in take else []
-        x = F.max_pool2d(F.pad(x, (1, 1, 1, 1)), 3, 2)
+        x = self.stem_pool(x)
         stages = self.stages[:max_index] if stop_early else self.stages
         reached = 0
         for reached, stage in enumerate(stages, start=1):
             x = self.run_stage(stage, x)
             if reached in take:
-                inter.append(F.relu(self.norm(x)) if norm and reached == last else x)
+                inter.append(self.final_norm(x) if norm and reached == last else x)
         if intermediates_only:
             return inter
-        return (F.relu(self.norm(x)) if reached == last else x), inter
+        return (self.final_norm(x) if reached == last else x), inter
+
+    def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> list[int]:
+        """timm's ResNetV2 rule: drop the stages after the last feature taken (feature 0 alone: the max-pool
+        too, which feeds the stages). The final GroupNorm + ReLU goes when asked or when the last stage goes (it
+        is sized for that stage), and the head when asked or when any stage goes; without a head nothing pools
+        (global_pool ""), so `forward` returns the (N, C, H, W) map. The config keeps the stages it was built
+        with, so feature_info and the indices stay timm's; `vitlab.save` refuses a pruned model (it no longer
+        pools, or lacks its final norm)."""
+        take, max_index = feature_take_indices(len(self.feature_info), indices)
+        cut = max_index < len(self.stages)
+        if prune_norm or cut:
+            self.norm = nn.Identity()
+        self.stages = self.stages[:max_index]
+        if cut:
+            self.num_features = self.feature_info[max_index]["num_chs"]
+        if prune_head or cut:
+            self.reset_classifier(0, "")
+        return take
 
 
 class FeatureExtractor(nn.Module):
@@ -332,15 +360,9 @@ class FeatureExtractor(nn.Module):
         take, max_index = feature_take_indices(len(model.feature_info), indices)
         self.feature_info = FeatureInfo(model.feature_info[i] for i in take)
         self.out_indices, self.norm = take, norm  # absolute: "the last n" would move once layers are removed
-        if hasattr(model, "blocks"):  # ViT: drop later blocks, the head, and the final norm unless it is used
-            model.prune_intermediate_layers(take, prune_norm=not norm)
-        else:  # BiT: feature i > 0 is stage i - 1; drop the stages after the last one taken, and the head
-            if norm and max_index < len(model.stages):
-                raise ValueError("norm=True applies BiT's final GroupNorm, which needs the last stage in out_indices")
-            model.stages = model.stages[:max_index]
-            model.head = nn.Identity()
-            if not norm:
-                model.norm = nn.Identity()
+        if norm and not hasattr(model, "blocks") and max_index < len(model.stages):
+            raise ValueError("norm=True applies BiT's final GroupNorm, which needs the last stage in out_indices")
+        model.prune_intermediate_layers(take, prune_norm=not norm)  # later blocks or stages, the head, unused norms
         self.model = model
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from vitlab.eval.classify import per_image_loss
+from vitlab.models.config import BiTConfig
 from vitlab.models.timm_compat import MATCH_PREVIOUS
 from vitlab.train.config import TrainConfig
 from vitlab.train.finetune import Ema  # noqa: F401  (re-exported: importable beside the optimisers)
@@ -33,7 +34,8 @@ from vitlab.train.finetune import Ema  # noqa: F401  (re-exported: importable be
 # and a parameter of layer l trains at lr · decay^(top − l): the head at the base lr, the last block (and the final
 # norm) at lr · decay, the embeddings at lr · decay^(L + 1). BEiT's and MAE's own code differ from timm only in the
 # final norm, which they train at the head's lr; vitlab follows timm, the reference its test compares with. BiT has
-# no group_matcher (its BiT-HyperRule trains every layer at one lr) and is refused.
+# timm's ResNetV2 group_matcher (for timm's optimizer factory) but is refused here: its BiT-HyperRule trains every
+# layer at one lr.
 #
 # The weight-decay split stays vitlab's (kernels only: vitlab.train.optim.param_groups); each of its groups is cut
 # by layer, so every optimizer group has one lr and one weight decay.
@@ -45,9 +47,13 @@ def layer_ids(model: nn.Module) -> dict[str, int]:
     sorts last), and the distinct ordinals in order are layers 0, 1, …; a suffix of MATCH_PREVIOUS joins the layer
     before it. This is timm's reading of a group_matcher, so the layers are the ones timm's optimizer factory uses."""
     matcher = getattr(model, "group_matcher", None)
+    config = getattr(model, "config", None)
+    name = getattr(config, "name", None) or type(model).__name__
     if matcher is None:
-        name = getattr(getattr(model, "config", None), "name", None) or type(model).__name__
         raise ValueError(f"--layer-decay groups a ViT's blocks, and {name} has none (a CNN); leave it unset")
+    if isinstance(config, BiTConfig):
+        raise ValueError(f"--layer-decay groups a ViT's blocks, and {name} is a BiT ResNet, which the BiT-HyperRule "
+                         "fine-tunes at one lr in every layer; leave it unset")
     rules = []
     for ordinal, spec in enumerate(matcher(coarse=False).values()):
         for pattern, suffix in [(spec, None)] if isinstance(spec, str) else spec:
