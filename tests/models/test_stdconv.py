@@ -179,3 +179,18 @@ def test_inference_tensors_copies_and_casts_hold_no_kernels(case):
     pickled = torch.load(buffer, weights_only=False)
     for other in (copy.deepcopy(model), pickled, model.double()):
         assert all(m._standardized is None for m in other.modules() if isinstance(m, STD_CONVS))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_compiled_model_computes_the_kernels_from_the_weights(case):
+    """A torch.compile graph (Dynamo's capture) standardises from the weights: compiled after inference forwards
+    filled the cache, it follows a later in-place update of the weights."""
+    model, x = build(case)
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        model(x)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
+        for m in model.modules():
+            if isinstance(m, STD_CONVS):
+                m.weight.add_(torch.randn_like(m.weight))
+        torch.testing.assert_close(compiled(x), fresh(model).eval()(x), rtol=1e-5, atol=1e-6)

@@ -52,8 +52,8 @@ class StandardizedConv2d(nn.Conv2d):
 
 def standardized_kernel(conv: StandardizedConv2d, weight: torch.Tensor) -> torch.Tensor:
     """`conv.standardize(weight)`, kept on `conv` and returned again while the weight is the same tensor, unmodified:
-    its version counter moves on every in-place update (an optimizer step, load_state_dict, a no_grad edit; not a
-    write through `.data`, which `model.eval()` after it answers), its storage and dtype on a cast or a move.
+    its version counter moves on every in-place update (an optimizer step, load_state_dict, a no_grad edit; a write
+    through `.data` bypasses it, so call `model.eval()` after one), its storage and dtype on a cast or a move.
     Computed afresh whenever autograd, training mode or graph capture is on, and for an inference-mode tensor,
     which has no version counter.
 
