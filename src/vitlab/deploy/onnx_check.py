@@ -110,8 +110,8 @@ def compare(sess, model: nn.Module, inputs: list[torch.Tensor], precision: str) 
     rounding past 1e-5, and then no float32 implementation agrees with another more closely than that)."""
     name = sess.get_inputs()[0].name
     errors, rounding = [], 0.0
-    # no_grad, not inference_mode: the float64 copy's parameters must stay ordinary tensors (BiT's weight
-    # standardisation caches by version counter, which inference tensors lack)
+    # no_grad, not inference_mode: the float64 copy's parameters stay ordinary tensors, whose version counter lets
+    # the hybrids' and BiT's weight standardisation reuse its kernels (an inference tensor has none)
     with torch.no_grad():
         wide = copy.deepcopy(model).double() if precision == "fp32" else None
         for x in inputs:

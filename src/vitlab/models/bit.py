@@ -26,7 +26,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from vitlab.models.config import BiTConfig
-from vitlab.models.inputs import check_pixels, is_symbolic
+from vitlab.models.inputs import check_pixels
+from vitlab.models.stdconv import StandardizedConv2d
 from vitlab.models.timm_compat import BiTTimmMixin
 from vitlab.models.timm_keys import bit_vitlab_key
 from vitlab.models.vit import zero_head
@@ -34,40 +35,18 @@ from vitlab.models.vit import zero_head
 torch.fx.wrap("check_pixels")  # a torch.fx leaf: the trace runs the input check on the real tensor
 
 
-def standardize(weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """(w − mean) / sqrt(var + eps) per output filter, mean and (biased) variance over (in, kh, kw)."""
-    # Batch norm over a (1, out, in·kh·kw) view computes exactly this in one fused kernel, forward and backward;
-    # var_mean, subtract and multiply take three passes over the weights (a quarter of small-batch inference).
-    flat = weight.reshape(1, weight.shape[0], -1)
-    return F.batch_norm(flat, None, None, training=True, momentum=0.0, eps=eps).reshape_as(weight)
-
-
-class StdConv2d(nn.Conv2d):
+class StdConv2d(StandardizedConv2d):
     """Weight-standardised convolution without bias, symmetric ("fixed") padding as big_transfer pads."""
 
     def __init__(self, in_ch: int, out_ch: int, kernel: int, stride: int = 1, eps: float = 1e-10):
-        super().__init__(in_ch, out_ch, kernel, stride=stride, padding=kernel // 2, bias=False)
-        self.eps = eps
-        self._standardized: tuple[tuple, torch.Tensor] | None = None
+        super().__init__(in_ch, out_ch, kernel, stride, kernel // 2, eps)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.conv2d(x, self.standardized_weight(), None, self.stride, self.padding)
-
-    def standardized_weight(self) -> torch.Tensor:
-        """The standardised kernel. In eval mode without autograd it is computed once and reused while the weight
-        is unchanged (in place: its version counter; replaced, moved or cast: its storage and dtype), which
-        saves a pass over every kernel per forward at the cost of one copy of them; any mode switch drops it."""
-        w = self.weight
-        if self.training or torch.is_grad_enabled() or torch.compiler.is_compiling() or is_symbolic(w):
-            return standardize(w, self.eps)
-        key = (id(w), w._version, w.data_ptr(), w.dtype, w.device, self.eps)
-        if self._standardized is None or self._standardized[0] != key:
-            self._standardized = (key, standardize(w, self.eps))
-        return self._standardized[1]
-
-    def train(self, mode: bool = True) -> StdConv2d:
-        self._standardized = None
-        return super().train(mode)
+    def standardize(self, weight: torch.Tensor) -> torch.Tensor:
+        """(w − mean) / sqrt(var + eps) per output filter, mean and (biased) variance over (in, kh, kw)."""
+        # Batch norm over a (1, out, in·kh·kw) view computes exactly this in one fused kernel, forward and backward,
+        # where var_mean, subtract and multiply take three passes over the weights.
+        flat = weight.reshape(1, weight.shape[0], -1)
+        return F.batch_norm(flat, None, None, training=True, momentum=0.0, eps=self.eps).reshape_as(weight)
 
 
 class PreActBottleneck(nn.Module):

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitlab.models.config import ResNetConfig
+from vitlab.models.stdconv import StandardizedConv2d
 
 GN_EPS = 1e-6
 WS_EPS = 1e-5
@@ -26,24 +27,26 @@ def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
     return total // 2, total - total // 2
 
 
-class StdConv2d(nn.Conv2d):
+class StdConv2d(StandardizedConv2d):
     """Conv with weight standardisation w <- (w - mean) / (std + 1e-5) per output filter, JAX "SAME" padding."""
 
     def __init__(self, in_ch: int, out_ch: int, kernel: int, stride: int = 1):
         # Stride 1 with an odd kernel pads symmetrically, which Conv2d does natively; stride 2 may not.
         static = (kernel - 1) // 2 if stride == 1 else 0
-        super().__init__(in_ch, out_ch, kernel, stride=stride, padding=static, bias=False)
+        super().__init__(in_ch, out_ch, kernel, stride, static, WS_EPS)
 
-    def standardized_weight(self) -> torch.Tensor:
-        var, mean = torch.var_mean(self.weight, dim=(1, 2, 3), keepdim=True, unbiased=False)  # one pass
-        return (self.weight - mean) / (var.sqrt() + WS_EPS)
+    def standardize(self, weight: torch.Tensor) -> torch.Tensor:
+        # The official eps is added to the standard deviation, outside the square root: no fused normalisation
+        # kernel computes that rounding, so statistics in one var_mean pass, then subtract and divide.
+        var, mean = torch.var_mean(weight, dim=(1, 2, 3), keepdim=True, unbiased=False)
+        return (weight - mean) / (var.sqrt() + self.eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.stride[0] > 1:
             k, s = self.kernel_size[0], self.stride[0]
             ph, pw = same_padding(x.shape[-2], k, s), same_padding(x.shape[-1], k, s)
             x = F.pad(x, (pw[0], pw[1], ph[0], ph[1]))
-        return F.conv2d(x, self.standardized_weight(), None, self.stride, self.padding)
+        return super().forward(x)
 
 
 def max_pool_same(x: torch.Tensor, kernel: int = 3, stride: int = 2) -> torch.Tensor:

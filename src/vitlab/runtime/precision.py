@@ -175,7 +175,7 @@ def autocast_for(device: torch.device | str, precision: Precision | str) -> Abst
 
 
 def _has_weight_standardisation(model: nn.Module) -> bool:
-    """The hybrid's and BiT's convolutions standardise their weights on each call: computed from bf16 weights
+    """The hybrid's and BiT's convolutions standardise their weights before use: computed from bf16 weights
     that statistic loses precision, so those models keep float32 weights (autocast rounds the standardised kernels
     to bf16 for the convolutions)."""
     config = getattr(model, "config", None)
