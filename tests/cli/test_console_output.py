@@ -124,11 +124,11 @@ def test_mpp_validation_counts_corrupted_patches_not_images():
              "bad": []}  # as the loader yields them
     metrics = objective.evaluate(module, [batch], torch.device("cpu"), 0, SimpleNamespace(seed=0))
     assert metrics["count"] == 2 * 16 // 2  # half of each image's 16 patches are corrupted
-    line = objective.summary(metrics)
+    line = objective.summary(metrics, 0)
     assert line.endswith("(16 corrupted patches)") and "images" not in line
-    assert MaskedPatches("mean-color-4x4").summary(metrics).endswith("(16 colour cells, 16 per corrupted patch)")
-    assert MaskedPatches("pixels").summary(metrics).startswith("val L2 loss")
-    cls = Classification().summary({"loss": 0.5, "top1": 0.25, "top5": 1.0, "count": 8})
+    assert MaskedPatches("mean-color-4x4").summary(metrics, 0).endswith("(16 colour cells, 16 per corrupted patch)")
+    assert MaskedPatches("pixels").summary(metrics, 0).startswith("val L2 loss")
+    cls = Classification().summary({"loss": 0.5, "top1": 0.25, "top5": 1.0, "count": 8}, 10)
     assert cls == "val loss 0.5000  top-1 25.00%  top-5 100.00%  (8 images)"
     assert np.isfinite(metrics["loss"])
 
