@@ -250,3 +250,26 @@ def test_unrepresentable_models_are_refused(tmp_path):
     with pytest.raises(WeightsError, match="notes.txt"):
         write_timm(create_model("ViT-Ti/16", image_size=32, depth=1), tmp_path / "taken")
     assert (tmp_path / "taken" / "notes.txt").read_text() == "keep me"
+
+
+def test_a_timm_model_built_for_any_input_size_loads_as_one(tmp_path):
+    """timm's dynamic_img_size=True, from a hub folder's model_args or a model object, carries over: vitlab's model
+    then takes another size too, with timm's outputs; without it vitlab's refuses that size, as timm's does."""
+    import vitlab
+    from vitlab.weights.load import model_from_checkpoint, read_module
+
+    args = {"img_size": 64, "depth": 2, "num_classes": 5}
+    ref = randomize(timm.create_model("vit_tiny_patch16_224", pretrained=False, dynamic_img_size=True, **args))
+    native, x = torch.randn(2, 3, 64, 64), torch.randn(2, 3, 96, 80)
+    with torch.no_grad():
+        expected = ref(native)
+    save_for_hf(ref, tmp_path / "hub", safe_serialization=True, model_args={**args, "dynamic_img_size": True})
+    for model in (model_from_checkpoint(read_module(ref), "<timm object>"), vitlab.load(tmp_path / "hub")):
+        assert model.dynamic_img_size is True
+        with torch.no_grad():
+            assert rel_err(model(native), expected) <= TOL
+            # taken, the position embedding resampled the official way (timm's is bicubic: docs/models.md)
+            assert model(x).shape == ref(x).shape == (2, 5)
+    fixed = timm.create_model("vit_tiny_patch16_224", pretrained=False, **args)
+    with pytest.raises(ValueError, match="model input is 96×80 pixels but this model takes 64×64"):
+        model_from_checkpoint(read_module(fixed), "<timm object>")(x)

@@ -111,6 +111,8 @@ def read_module(model: nn.Module) -> WeightsRecord:
         meta = {"class_names": list(model.class_names)} if getattr(model, "class_names", None) else {}
         if getattr(model, "eval_resize", None):
             meta["eval_resize"] = model.eval_resize
+        if getattr(model, "dynamic_img_size", False):
+            meta["dynamic_img_size"] = True
         return WeightsRecord(config, {k: v.detach() for k, v in model.state_dict().items()}, "vitlab", meta)
     return read_timm_module(model)
 
@@ -199,6 +201,8 @@ def model_from_checkpoint(
         model.class_names = list(ck.meta["class_names"])
     if ck.meta.get("eval_resize"):  # how the run evaluated: `vitlab.transforms(model)` and exports repeat it
         model.eval_resize = ck.meta["eval_resize"]
+    if ck.meta.get("dynamic_img_size") and hasattr(model, "dynamic_img_size"):  # a timm model built to take any size
+        model.dynamic_img_size = True
     return model.eval()
 
 

@@ -110,7 +110,7 @@ def read_timm_module(model: nn.Module) -> WeightsRecord:
     img_size = getattr(getattr(model, "patch_embed", None), "img_size", None)
     if img_size is not None:
         args["img_size"] = int(img_size[0]) if img_size[0] == img_size[1] else tuple(img_size)
-    for key in ("global_pool", "no_embed_class"):
+    for key in ("global_pool", "no_embed_class", "dynamic_img_size"):
         if isinstance(getattr(model, key, None), str | bool):
             args[key] = getattr(model, key)
     if hasattr(model, "cls_token"):
@@ -180,6 +180,8 @@ def _meta(name: str | None, hub: dict[str, Any], config: ModelConfig) -> dict[st
         meta["eval_resize"] = resize
     if getattr(config, "resnet", None) is not None:
         notes.append(HYBRID_NOTE)
+    if (hub.get("model_args") or {}).get("dynamic_img_size") is True:  # timm's model takes any size: so does vitlab's
+        meta["dynamic_img_size"] = True
     return {**meta, "notes": notes} if notes else meta
 
 
