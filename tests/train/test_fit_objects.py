@@ -144,3 +144,19 @@ def test_objects_vitlab_cannot_use_are_refused_in_one_line(photos, tmp_path):
 def test_a_recorded_object_description_is_not_read_as_a_path():
     with pytest.raises(DataError, match="names a dataset object a vitlab.fit run was given; .* pass the same object"):
         build_datasets("object:torchvision.ImageFolder(24 items, 2 classes, sha256 0123456789abcdef)")
+
+
+def test_a_dataset_object_is_split_by_the_config_files_val_fraction(tmp_path):
+    """The split comes before the run is resolved, so the held-out share is read from the keyword, the resumed run
+    or the --config file alike; a keyword still wins over the file."""
+    config = tmp_path / "settings.json"
+    config.write_text(json.dumps({"val_fraction": 0.2}))
+    out = tmp_path / "run"
+    vitlab.fit("finetune", config_file=config, init=_vitlab_model(0), data=_hf_dataset(), out=out, **TINY)
+    record = json.loads((out / "config.json").read_text())
+    assert (record["val_fraction"], record["train_images"], record["val_images"]) == (0.2, 8, 2)
+    again = tmp_path / "keyword"
+    vitlab.fit("finetune", config_file=config, init=_vitlab_model(0), data=_hf_dataset(), out=again,
+               val_fraction=0.4, **TINY)
+    record = json.loads((again / "config.json").read_text())
+    assert (record["val_fraction"], record["train_images"], record["val_images"]) == (0.4, 6, 4)

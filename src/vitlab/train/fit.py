@@ -17,11 +17,11 @@ console shows what the command line shows (the banner, the time estimate, step a
 on a terminal, the final `done:` line) unless `progress=False` or the program has set up logging itself.
 
 Objects (vitlab.data.objects has the rules for datasets): `data` is a dataset, or a (train, val) pair of them, and a
-single dataset needs `val_fraction` as a folder without val/ does; the datasets' images are transformed by vitlab
-(a dataset with a transform of its own is refused). `init` is a vitlab model or a timm ViT, whose weights are
-copied (the object is not trained). The run records each by its description, `object:TYPE(… sha256 …)` in
-config.json's data / init, and `resume` refuses another object than the run's. An object run cannot sweep learning
-rates (`lr_sweep`) nor measure few-shot accuracy (`fewshot_every`), which read the data by name.
+single dataset needs `val_fraction` (the keyword or --config's) as a folder without val/ does; the datasets' images are
+transformed by vitlab (a dataset with a transform of its own is refused). `init` is a vitlab model or a timm ViT, whose
+weights are copied (the object is not trained). The run records each by its description, `object:TYPE(… sha256 …)` in
+config.json's data / init, and `resume` refuses another object than the run's. An object run cannot sweep learning rates
+(`lr_sweep`) nor measure few-shot accuracy (`fewshot_every`), which read the data by name.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from vitlab.train.config import (
     setting_problem,
     type_problem,
 )
-from vitlab.train.resolve import InitWeights, Resolved, resolve
+from vitlab.train.resolve import InitWeights, Resolved, read_config_file, resolve
 from vitlab.train.runlog import append_to_console_log, check_trackers, result_line, schedule_lines, settings_lines
 from vitlab.train.trainer import RunResult, build_run_model, check_classes, objective_for, run, run_record
 from vitlab.weights.load import is_model_object, load, read_module
@@ -141,7 +141,7 @@ def fit(recipe: str | None = None, *, config_file: str | os.PathLike | None = No
     verb = "finetune" if flags.get("init") is not None else "train"
     config_file = os.fspath(config_file) if config_file is not None else None
     with _console(progress):
-        held_out = _val_fraction(flags)
+        held_out = _val_fraction(flags, config_file)
         data, init_weights = _objects(flags, held_out)
         resolved = resolve(recipe, flags, config_file=config_file, verb=verb, data=data, init_weights=init_weights)
         if data is not None:
@@ -173,12 +173,15 @@ def _objects(flags: dict[str, Any], val_fraction: float | None) -> tuple[Dataset
     return data, init_weights
 
 
-def _val_fraction(flags: Mapping[str, Any]) -> float | None:
-    """The held-out share a dataset object is split with: the keyword's, or on resume the stored run's."""
-    if "val_fraction" in flags or not flags.get("resume") or not flags.get("out"):
-        return flags.get("val_fraction")
-    stored = Path(flags["out"]) / CONFIG
-    return read_record(stored).get("val_fraction") if stored.is_file() else None
+def _val_fraction(flags: Mapping[str, Any], config_file: str | None) -> float | None:
+    """The held-out share a dataset object is split with, found before the run is resolved because the split
+    comes first: the keyword's, else on resume the stored run's, else the config file's (no recipe sets it)."""
+    if "val_fraction" in flags:
+        return flags["val_fraction"]
+    stored = Path(flags["out"]) / CONFIG if flags.get("out") else None
+    if flags.get("resume") and stored is not None and stored.is_file():
+        return read_record(stored).get("val_fraction")
+    return read_config_file(config_file).get("val_fraction") if config_file else None
 
 
 def _check_object_run(resolved: Resolved, val_fraction: float | None) -> None:

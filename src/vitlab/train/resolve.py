@@ -197,7 +197,7 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
                              f"path, or pass {setting('resume', value='auto')} to start a run there when there is none")
         flags["resume"] = _holds_sweep(flags.get("out"))
     layers = _Layers()
-    file_values = _read_config_file(config_file) if config_file else {}
+    file_values = read_config_file(config_file) if config_file else {}
     name = recipe or file_values.get("recipe") or DEFAULT_RECIPE.get(verb, "demo")
     if name not in RECIPES:
         raise ValueError(f"unknown recipe {name!r}; choose one of {', '.join(RECIPES)}")
@@ -280,7 +280,7 @@ def _check_known(values: Mapping[str, Any], what: str, extra: frozenset[str] = f
         raise ValueError(f"unknown {what}: {', '.join(unknown)}" + (f"; did you mean {guess}?" if guess else ""))
 
 
-def _read_config_file(path: str) -> dict[str, Any]:
+def read_config_file(path: str) -> dict[str, Any]:
     """A run's config.json, or a JSON/YAML file of TrainConfig fields (`vitlab train --config`)."""
     values = parse_settings(path)  # bounded: size, nesting, no YAML aliases
     if not isinstance(values, dict):
