@@ -120,3 +120,39 @@ def test_finetune_lr_sweep_end_to_end(tmp_path, capsys):
     assert record["dev_top1"] == best_dev
     assert record["chosen_lr"] == min(r["lr"] for r in record["rows"] if r["dev_top1"] == best_dev)
     assert f"chosen lr {record['chosen_lr']:g} (best on the 20% dev split)" in printed
+
+
+def test_an_interrupted_sweep_resumes_each_run_held_to_its_settings(tmp_path, capsys):
+    """--resume on a sweep: a run it finished is evaluated again, a run it never started trains, so the table is the
+    uninterrupted sweep's; each run resumes as any run does (--steps extends its schedule, a setting that changes what
+    it computes is refused in one line naming the run, before anything trains)."""
+    import shutil
+
+    init = tmp_path / "init.safetensors"
+    vitlab.save(vitlab.create_model("ViT-Ti/4", image_size=8, num_classes=5, depth=1, width=32, num_heads=2,
+                                    mlp_dim=64), init)
+    out = tmp_path / "sweep"
+    argv = ["finetune", "--init", str(init), "--data", str(folder(tmp_path / "data")), "--out", str(out),
+            "--lr-sweep", "0.3,0.01", "--dev-fraction", "0.2", "--warmup", "1", "--image-size", "8",
+            "--batch-size", "8", "--workers", "0", "--eval-batch-size", "64"]
+    assert main([*argv, "--steps", "3"]) == 0
+    whole = json.loads((out / "sweep.json").read_text())["rows"]
+    shutil.rmtree(out / "lr_0.3")  # stopped after its first run
+    (out / "sweep.json").unlink()
+    assert main([*argv, "--steps", "3", "--resume"]) == 0
+    assert json.loads((out / "sweep.json").read_text())["rows"] == whole
+
+    capsys.readouterr()
+    logged = (out / "lr_0.01" / "metrics.jsonl").read_text()
+    assert main([*argv, "--steps", "4", "--batch-size", "16", "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"vitlab finetune: error: --batch-size 16 contradicts the run in {out / 'lr_0.01'} (stored: 8); "
+                   "resume without it, or start a new run with another --out"]
+    assert (out / "lr_0.01" / "metrics.jsonl").read_text() == logged  # nothing trained
+
+    assert main([*argv, "--steps", "4", "--resume"]) == 0
+    for run_dir in (out / "lr_0.01", out / "lr_0.3"):
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert any(r.get("split") == "resume" and r.get("changed") == {"steps": [3, 4]} for r in rows)
+        assert max(r["step"] for r in rows if r.get("split") == "train") == 4
+        assert json.loads((run_dir / "config.json").read_text())["steps"] == 4

@@ -64,6 +64,7 @@ from vitlab.train.rules import (
     interval_rules,
     mark_given,
     steps_on_resume,
+    user_set,
 )
 from vitlab.weights.load import read_weights
 from vitlab.weights.locate import locate
@@ -214,6 +215,8 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
     if file_values:
         _file_layer(layers, file_values, f"config {config_file}")
     _flag_layer(layers, flags)
+    if flags.get("resume"):  # only an interrupted sweep gets here: its runs resume one by one (train/sweep.py)
+        layers.apply({"resume": True}, "flag")
     mark_given(layers, epochs)
     _check_model(layers, checkpoint)
     if "out" not in layers.values or layers.sources["out"] == "default":
@@ -520,6 +523,19 @@ def _resume(out: Path, flags: Mapping[str, Any], recipe: str | None, epochs: flo
     notes = tuple(f"resumed with {flag_text(k, v[1])} (was {setting_text(v[0])})"
                   + _extension(k, v, stored) for k, v in changes.items())
     return Resolved(config, sources, tuple(record.get("notes", ())) + notes, resumed_changes=changes)
+
+
+# The settings a sweep gives each of its runs itself (train/sweep.py: sub_config), never compared with a run's record.
+SWEEP_OWN = frozenset({"lr", "lr_sweep", "refit", "val_fraction", "resume", "out"})
+
+
+def resume_sweep_run(sweep: Resolved, out: Path, lr: float) -> Resolved:
+    """One run of an interrupted sweep (`out`: its folder, which holds a config.json), resumed as any run is: its
+    recorded settings, held to the values the user set for the sweep (a contradiction refused in one line naming
+    the run, a change a resume may make applied), so no run continues with settings it was not trained with."""
+    cfg = sweep.config
+    given = {k: getattr(cfg, k) for k, source in sweep.sources.items() if user_set(source) and k not in SWEEP_OWN}
+    return _resume(out, {**given, "lr": lr, "resume": True, "out": str(out)}, cfg.recipe, None)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -209,7 +209,8 @@ def apply_epochs(layers: Any, epochs: float | None, data: Any) -> Any:
 LOG_LINES = 10  # log lines a run shows at least, when the user did not set --log-every
 
 
-def _user_set(source: str) -> bool:
+def user_set(source: str) -> bool:
+    """Whether a value's source is the user's: a flag (or keyword) or a --config file."""
     return source.startswith(("flag", "config "))
 
 
@@ -218,13 +219,13 @@ def interval_rules(layers: Any, epochs: float | None, data: Any) -> None:
     Datasets (built by `apply_epochs` when `epochs` is given)."""
     v, s = layers.values, layers.sources
     steps, batch = v["steps"], v["batch_size"]
-    if epochs is not None and data is not None and not _user_set(s["eval_every"]):
+    if epochs is not None and data is not None and not user_set(s["eval_every"]):
         per_epoch = steps_for(1, len(data.train), batch)
         if per_epoch < steps and v["eval_every"] != per_epoch:
             layers.apply({"eval_every": per_epoch}, f"{FLAG} {epochs:g}: once per epoch ({len(data.train):,} "
                                                     f"training images / batch {batch:,})")
     most = max(1, steps // LOG_LINES)
-    if not _user_set(s["log_every"]) and v["log_every"] > most:
+    if not user_set(s["log_every"]) and v["log_every"] > most:
         layers.apply({"log_every": most}, f"a tenth of the run's {steps:,} steps ({s['log_every']} says "
                                           f"{v['log_every']:,})")
 

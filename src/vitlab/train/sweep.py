@@ -25,9 +25,9 @@ from vitlab.data.datasets import has_val_split
 from vitlab.errors import DataError
 from vitlab.eval.classify import evaluate_weights
 from vitlab.files.outputs import WRITTEN_BY, atomic_write, check_replaceable, mark, write_json
-from vitlab.files.rundir import REFIT_RUN, SWEEP_PLOT, SWEEP_RECORD, sweep_run_name
+from vitlab.files.rundir import CONFIG, REFIT_RUN, SWEEP_PLOT, SWEEP_RECORD, sweep_run_name
 from vitlab.train.config import TrainConfig
-from vitlab.train.resolve import Resolved
+from vitlab.train.resolve import Resolved, resume_sweep_run
 from vitlab.train.trainer import run
 
 log = logging.getLogger("vitlab.train")
@@ -78,8 +78,10 @@ def check_sweep(cfg: TrainConfig) -> None:
 
 
 def sub_config(cfg: TrainConfig, lr: float, dev_fraction: float | None, name: str) -> TrainConfig:
-    """One run of the sweep: the sweep's settings at `lr`, validated on the dev split, in `<out>/<name>`."""
-    return cfg.replace(lr=lr, lr_sweep=(), val_fraction=dev_fraction, refit=False, out=str(Path(cfg.out) / name))
+    """One run of the sweep: the sweep's settings at `lr`, validated on the dev split, in `<out>/<name>` (a new run:
+    one an interrupted sweep already started resumes from its own record, `_sub_run`)."""
+    return cfg.replace(lr=lr, lr_sweep=(), val_fraction=dev_fraction, refit=False, resume=False,
+                       out=str(Path(cfg.out) / name))
 
 
 def run_name(lr: float) -> str:
@@ -118,8 +120,11 @@ def _fine_tune(resolved: Resolved) -> tuple[float, float]:
 
 def _sub_run(resolved: Resolved, lr: float, dev_fraction: float | None, name: str) -> Resolved:
     """One run of the sweep with the sweep's sources (its banner and config.json say which values the sweep
-    set); the initial weights are read once for all of them."""
+    set); the initial weights are read once for all of them. Resuming a sweep, a run it already started resumes
+    from its own record, held to the sweep's settings as any resumed run is to its flags."""
     sub = sub_config(resolved.config, lr, dev_fraction, name)
+    if resolved.config.resume and (Path(sub.out) / CONFIG).is_file():
+        return resume_sweep_run(resolved, Path(sub.out), lr)
     split = f"sweep: {100 * dev_fraction:g}% dev split" if dev_fraction else "sweep: refit on all of train"
     sources = {**resolved.sources, "lr": "sweep (--lr-sweep)", "lr_sweep": "sweep", "refit": "sweep",
                "val_fraction": split, "out": "sweep"}
@@ -138,8 +143,9 @@ def run_sweep(settings: TrainConfig | Resolved) -> SweepResult:
     check_replaceable(out, SWEEP_RECORD, SWEEP, (SWEEP_PLOT,), legacy_keys=SWEEP_RECORD_KEYS)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for lr in sorted(cfg.lr_sweep):
-        sub = _sub_run(resolved, lr, cfg.dev_fraction, run_name(lr))
+    # every run first: a resumed sweep refuses a contradicting setting before any run trains
+    subs = {lr: _sub_run(resolved, lr, cfg.dev_fraction, run_name(lr)) for lr in sorted(cfg.lr_sweep)}
+    for lr, sub in subs.items():
         log.info("sweep: lr %g on train minus %g%% dev -> %s", lr, 100 * cfg.dev_fraction, sub.config.out)
         dev, test = _fine_tune(sub)
         rows.append(SweepRow(lr, dev, test, sub.config.out))
