@@ -360,7 +360,7 @@ def save(model: nn.Module, path: str | os.PathLike, *, force: bool = False) -> N
         force: replace an existing regular file that vitlab did not write.
 
     Raises:
-        FileExistsError: the one-line refusal (a `.pt`/`.pth` name: ValueError, pickles are not written).
+        FileExistsError: the one-line refusal (a `.pt`/`.pth` or `.onnx` name: ValueError, read as another format).
         TypeError, ValueError: a wrong argument, or a model `load` could not rebuild (int8, pruned), in one line.
     """
     from vitlab.runtime.quantize import is_int8

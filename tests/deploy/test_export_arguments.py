@@ -122,3 +122,35 @@ def test_a_storage_failure_inside_the_exporter_names_the_target(vit, tmp_path, m
     assert capsys.readouterr().err == (f"vitlab export: error: {target}: No space left on device; free some space "
                                        "there or write elsewhere\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["w.safetensors"]  # no temporary, no work folder left
+
+
+@pytest.mark.parametrize("name", ["m.safetensors", "m.pt", "m"])
+def test_a_graph_is_written_only_under_an_onnx_name(name, vit, tmp_path, capsys):
+    """predict and eval serve a graph by its .onnx name and read any other name as weights: an export under another
+    name would be served by nothing, so it is refused before the tracing, from the command line and from Python."""
+    weights = tmp_path / "w.safetensors"
+    vitlab.save(vit, weights)
+    target = tmp_path / name
+    assert main(["export", str(weights), str(target)]) == 2
+    assert capsys.readouterr().err == (f"vitlab export: error: {target}: an export is an ONNX graph, which predict "
+                                       "and eval serve by its .onnx name; write m.onnx (vitlab convert writes weights "
+                                       "in other formats)\n")
+    with pytest.raises(ValueError, match=r"an export is an ONNX graph.*; write m\.onnx"):
+        vitlab.export_onnx(vit, target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.safetensors"]
+
+
+def test_weights_are_never_written_under_an_onnx_name(vit, tmp_path, capsys):
+    """The other way round: vitlab.save and convert refuse a .onnx name, which predict and eval would serve as a
+    graph (and vitlab.load refuses as one), each naming the command that writes ONNX."""
+    weights = tmp_path / "w.safetensors"
+    vitlab.save(vit, weights)
+    with pytest.raises(ValueError, match=r"m\.onnx: vitlab\.save writes safetensors, but a \.onnx file is served as "
+                                         r"an ONNX graph; name it m\.safetensors \(export_onnx writes ONNX\)"):
+        vitlab.save(vit, tmp_path / "m.onnx")
+    assert main(["convert", str(weights), str(tmp_path / "m.onnx")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "convert writes weights; an ONNX graph is what vitlab export writes" in err[0]
+    assert main(["convert", str(weights), str(tmp_path / "m.onnx"), "--to", "vitlab"]) == 2
+    assert "vitlab.save writes safetensors, but a .onnx file is served as an ONNX graph" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.safetensors"]

@@ -45,6 +45,7 @@ from vitlab.deploy.onnx_check import (
     sample_inputs,
     session,
 )
+from vitlab.deploy.onnx_serve import is_onnx_path
 from vitlab.files.outputs import ONNX, Kind, atomic_write, check_output, mark_text
 from vitlab.models.timm_compat import eval_resize_of
 from vitlab.ranges import EXPORT_BATCH, ONNX_OPSET, check_choice
@@ -84,6 +85,8 @@ def export_onnx(model: nn.Module, path: str | Path, *, precision: str = "fp32", 
     make or a failed check; nothing is written then. A wrong argument is one line naming it (`check_arguments`)."""
     name = check_arguments(path, precision, batch_size, opset, force)
     onnx, _ = require_onnx()
+    check_output(path, force, kind=ONNX_KIND, inputs=inputs)  # before the tracing; again before the rename
+    check_onnx_name(path)
     model = _float32_cpu(model)
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     if size > MAX_PROTO_BYTES:
@@ -135,6 +138,7 @@ def export_weights(weights: str | Path, path: str | Path, *, precision: str = "f
     check_arguments(path, precision, batch_size, opset, force)  # before minutes of loading
     require_onnx()
     check_output(path, force, kind=ONNX_KIND, inputs=(weights,))
+    check_onnx_name(path)
     return export_onnx(load(weights), path, precision=precision, batch_size=batch_size, opset=opset, force=force,
                        inputs=(weights,))
 
@@ -152,6 +156,14 @@ def check_arguments(path: object, precision: object, batch_size: object, opset: 
     if not isinstance(force, bool):
         raise TypeError(f"force must be True or False, got {force!r}")
     return name
+
+
+def check_onnx_name(path: str | os.PathLike) -> None:
+    """An export's file name ends in .onnx: predict and eval serve a graph by that name, and a graph under a weights
+    name (.safetensors, .pt) would be read as weights by everything else."""
+    if not is_onnx_path(path):
+        raise ValueError(f"{path}: an export is an ONNX graph, which predict and eval serve by its .onnx name; write "
+                         f"{Path(path).with_suffix('.onnx').name} (vitlab convert writes weights in other formats)")
 
 
 def _export_precision(precision: object) -> str:

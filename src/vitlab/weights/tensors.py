@@ -29,6 +29,7 @@ from vitlab.files.outputs import atomic_folder, atomic_write, mark_zip
 from vitlab.progress import progress
 
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
+ONNX_SUFFIX = ".onnx"  # a graph (vitlab export) served by ONNX Runtime, never weights to build a model from
 # Training checkpoints nest the weights under one of these (timm: "state_dict", DeiT/MAE: "model").
 WRAPPER_KEYS = ("state_dict", "model", "module", "model_state_dict")
 # DDP and torch.compile prefix every key; neither changes the weights.

@@ -16,7 +16,7 @@ from vitlab.files.outputs import WEIGHTS, Kind, atomic_write, check_output, mark
 from vitlab.models.config import config_from_dict
 from vitlab.weights.arguments import check_matches_config, check_model
 from vitlab.weights.record import WeightsRecord
-from vitlab.weights.tensors import PICKLE_SUFFIXES, read_safetensors, safetensors_header
+from vitlab.weights.tensors import ONNX_SUFFIX, PICKLE_SUFFIXES, read_safetensors, safetensors_header
 from vitlab.weights.validate import check_state_dict, expected_shapes
 
 FORMAT_TAG = "vitlab"
@@ -33,18 +33,21 @@ def is_vitlab_file(path: str | Path) -> bool:
 def save(model: torch.nn.Module, path: str | Path, meta: dict[str, Any] | None = None, force: bool = False,
          fix: str = "pass force=True to replace it, or choose a new name", *, user_named: bool = True,
          inputs: tuple[str | os.PathLike, ...] = ()) -> None:
-    """Weights + config (+ meta such as class names) in one safetensors file, written atomically. A name that
-    `load` would read as another format (`m.pt`: a PyTorch pickle) is refused, so that load(save(m)) holds. The
-    output rule (`outputs.check_output`, weights): an existing file is replaced only if it is vitlab's weights (or
-    with `force`), never one of `inputs`, a run's own files, a device, FIFO, socket, link or folder; a refusal is a
-    FileExistsError whose one line ends in `fix`. `user_named` False: a run's training writing its own files (only
-    special files are refused there: the run's folder was checked when it started)."""
+    """Weights + config (+ meta such as class names) in one safetensors file, written atomically. A name that `load`
+    would read as another format (`m.pt`: a PyTorch pickle; `m.onnx`: a graph) is refused, so that load(save(m)) holds.
+    The output rule (`outputs.check_output`, weights): an existing file is replaced only if it is vitlab's weights
+    (or with `force`), never one of `inputs`, a run's own files, a device, FIFO, socket, link or folder; a refusal
+    is a FileExistsError whose one line ends in `fix`. `user_named` False: a run's training writing its own files
+    (only special files are refused there: the run's folder was checked when it started)."""
     check_model(model)
     if not isinstance(path, str | os.PathLike):
         raise TypeError(f"vitlab.save takes a file path (str or pathlib.Path), got {type(path).__name__}")
     if Path(path).suffix in PICKLE_SUFFIXES:  # what detect_format reads as a pickle
         raise ValueError(f"{path}: vitlab.save writes safetensors, but a {Path(path).suffix} file is read as a PyTorch "
                          f"pickle; name it {Path(path).with_suffix('.safetensors').name}")
+    if Path(path).suffix.lower() == ONNX_SUFFIX:  # what predict and eval serve as a graph
+        raise ValueError(f"{path}: vitlab.save writes safetensors, but a {ONNX_SUFFIX} file is served as an ONNX "
+                         f"graph; name it {Path(path).with_suffix('.safetensors').name} (export_onnx writes ONNX)")
     check_matches_config(model, model.state_dict(), expected_shapes(model.config))  # load must rebuild it
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     if user_named:
