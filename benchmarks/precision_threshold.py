@@ -1,27 +1,30 @@
-"""Measure bf16 against float32 on this CPU over a sweep of widths, of token counts, the catalogue's sizes and the
-experiment models, and print, for inference and for training, the width threshold of `--precision auto`
-(vitlab.constants.MIN_BF16_WIDTH, one entry per use) and the token count from which training gains below it
-(vitlab.constants.BF16_TRAIN_LONG_SEQUENCE) that the measurements support.
+"""Measure bf16 against float32 on this CPU over sweeps of widths, token counts and head dims, the catalogue's sizes
+and the experiment models, and check `--precision auto`'s rule (vitlab.constants.BF16_GAINS, the regions where bf16
+gains, one set per use) against them: the models it puts in bf16 that run slower, and those it keeps in float32
+that would gain.
 
     python benchmarks/precision_threshold.py                       # every row set (~35 min)
     python benchmarks/precision_threshold.py --rows widths         # the width sweep alone (~8 min)
     python benchmarks/precision_threshold.py --rows tokens         # the token sweep alone (~8 min)
+    python benchmarks/precision_threshold.py --rows heads          # the demo's shape by head dim (~5 min)
     python benchmarks/precision_threshold.py --quick               # fewer models and repeats (~4 min)
     python benchmarks/precision_threshold.py --json out.json
 
 Meant for a CPU that computes bf16 natively (flags amx_bf16 or avx512_bf16: Intel Sapphire/Emerald/Granite
 Rapids, Cooper Lake, AMD Zen 4); elsewhere bf16 is emulated and every ratio is below 1, which the script says.
-The width sweep is a ViT-Ti/16 with width W (64, 128, 192, 256, 384; heads W/64, MLP 4W: 192 is ViT-Ti/16 and 384
-ViT-S/16) at 224 px, inference at batch 1, 8 and 32 and training at batch 32. Each model is timed fp32 / bf16 /
-fp32 / bf16 ... interleaved (median of --repeats), in the form vitlab uses: inference with `prepare_for_inference`
-(bf16 weights for a ViT) under `autocast_for`; a training step (fused AdamW as `vitlab train` takes it, forward +
-backward + step) under autocast with float32 master weights. A model gains in a use when bf16 is at least --gain
-(default 1.05x) faster there, at every batch size measured (the rule has one threshold per use, whatever the
-batch). The crossing printed for each use is the smallest width W such that every measured model of width >= W
-gains in that use and none below it does; if no W separates them it says so. The token sweep is ViT-Ti/16 shapes of
-width 64 and 192 at 64, 112, 160 and 224 px (17, 50, 101 and 197 tokens); for training it prints the fewest
-tokens T such that every measured ViT narrower than the training threshold with >= T tokens gains, and names the
-gains below T that the rule leaves unused.
+Each model is timed fp32 / bf16 / fp32 / bf16 ... interleaved (median of --repeats), in the form vitlab uses:
+inference with `prepare_for_inference` (bf16 weights for a ViT) under `autocast_for`; a training step (fused AdamW
+as `vitlab train` takes it, forward + backward + step) under autocast with float32 master weights. A model gains in
+a use when bf16 is at least --gain (default 1.05x) faster there, at every batch size measured (the rule has no
+batch term).
+
+- widths: a ViT-Ti/16 with width W (64, 128, 192, 256, 384; heads W/64, MLP 4W: 192 is ViT-Ti/16 and 384
+  ViT-S/16) at 224 px, inference at batch 1, 8 and 32, training at batch 32.
+- tokens: ViT-Ti/16 shapes of width 64, 128, 160 and 192 (head dim 64; 80 at 160) at 64, 112, 160 and 224 px
+  (17, 50, 101 and 197 tokens), inference at batch 8, training at 32.
+- heads: the demo's shape (ViT-Ti/4, 4 layers, 16 px: 17 tokens, training batch 128) at widths 128-384, head dim
+  32 or 64 and MLP ratio 2 or 4: with few tokens the head dim decides the gain as much as the width.
+- catalogue, experiments: every catalogue size at 224 px and the experiment models at 32 px.
 """
 
 from __future__ import annotations
@@ -35,17 +38,18 @@ from collections.abc import Callable
 import torch
 
 from reproduction.families import MODELS
-from vitlab.constants import BF16_TRAIN_LONG_SEQUENCE, MIN_BF16_WIDTH
+from vitlab.constants import BF16_GAINS
 from vitlab.models.registry import build_model, model_config
 from vitlab.runtime.allocator import tune_for_compute
 from vitlab.runtime.device import cpu_name
 from vitlab.runtime.precision import (
+    NATIVE_BF16_FLAGS,
     autocast_for,
-    config_tokens,
-    config_width,
+    config_shape,
     cpu_flags,
     native_bf16,
     prepare_for_inference,
+    resolve_precision,
 )
 from vitlab.train.optim import fused_adamw_fits
 
@@ -61,10 +65,16 @@ CATALOGUE = [
     ("BiT-R50x1", "BiT-R50x1", {}, 224, (16,), 16),
 ]
 TOKENS = [(f"width {w}, {px} px", "ViT-Ti/16", {"width": w, "num_heads": max(1, w // 64), "mlp_dim": 4 * w}, px,
-           (8,), 32) for w in (64, 192) for px in (64, 112, 160, 224)]
+           (8,), 32) for w in (64, 128, 160, 192) for px in (64, 112, 160, 224)]
+# The demo's shape (ViT-Ti/4, 4 layers, 16 px: 17 tokens, batch 128) at widths, head dims and MLP ratios: at few
+# tokens the per-head attention matmuls are as narrow as the head dim, so it decides the gain as much as the width.
+HEADS = [(f"width {w}, head {hd}, MLP {r}x", "ViT-Ti/4",
+          {"depth": 4, "width": w, "num_heads": w // hd, "mlp_dim": r * w}, 16, (8,), 128)
+         for w, hd, r in ((128, 32, 2), (256, 32, 2), (384, 32, 2), (128, 32, 4), (256, 32, 4), (384, 32, 4),
+                          (128, 64, 4), (192, 64, 4), (256, 64, 4), (384, 64, 4), (192, 64, 2), (256, 64, 2))]
 EXPERIMENTS = [(f"{family}-{size} (experiments)", name, args, 32, (64,), 64)
                for (family, size), (name, args) in MODELS.items()]
-ROWS = {"widths": WIDTHS, "tokens": TOKENS, "catalogue": CATALOGUE, "experiments": EXPERIMENTS}
+ROWS = {"widths": WIDTHS, "tokens": TOKENS, "heads": HEADS, "catalogue": CATALOGUE, "experiments": EXPERIMENTS}
 QUICK = {"width 64", "width 192", "width 384", "ViT-B/16", "ViT-M (experiments)", "BiT-L (experiments)"}
 
 
@@ -124,7 +134,7 @@ def measure(row: tuple, repeats: int) -> dict:
     """Inference at each of the row's batches and training at its batch; each use's `speedup` is its smallest."""
     label, name, args, size, infer_batches, train_batch = row
     config = model_config(name, image_size=size, **args)
-    result = {"model": label, "width": config_width(config), "tokens": config_tokens(config), "image_size": size}
+    result = {"model": label, **config_shape(config), "image_size": size}
     batches = [_speed(b, _timed({p: _inference(name, args, size, b, p) for p in ("fp32", "bf16")}, repeats))
                for b in infer_batches]
     result["infer"] = {"batches": batches, "speedup": min(b["speedup"] for b in batches)}
@@ -134,35 +144,19 @@ def measure(row: tuple, repeats: int) -> dict:
     return result
 
 
-def threshold(results: list[dict], gain: float, use: str) -> tuple[int | None, str]:
-    """The smallest width W with every model >= W gaining in `use` and every one below not gaining."""
-    gains = {r["model"]: r[use]["speedup"] >= gain for r in results}
-    if not any(gains.values()):
-        return None, f"no measured model gains >= {gain}x from bf16 in {use} on this CPU: auto must pick float32"
-    widths = sorted({r["width"] for r in results})
-    for w in widths:
-        if all(gains[r["model"]] == (r["width"] >= w) for r in results):
-            return w, f"every measured model of width >= {w} gains >= {gain}x in {use}, none below"
-    return None, f"no width separates the models that gain in {use} from those that do not: see the table"
-
-
-def token_threshold(results: list[dict], gain: float) -> tuple[int | None, str]:
-    """Among the measured ViTs narrower than the training threshold (and at least BF16_TRAIN_LONG_SEQUENCE's width),
-    the fewest tokens T such that every model of >= T tokens gains in training; the gains below T (a wider model
-    may gain from fewer tokens than a narrow one) are named, as left unused by the rule."""
-    least, narrowest = MIN_BF16_WIDTH["train"], BF16_TRAIN_LONG_SEQUENCE["width"]
-    rows = [r for r in results if r["tokens"] is not None and narrowest <= r["width"] < least]
-    if not rows:
-        return None, f"no ViT of width {narrowest}-{least - 1} measured"
-    gains = {r["model"]: r["train"]["speedup"] >= gain for r in rows}
-    enough = [t for t in sorted({r["tokens"] for r in rows})
-              if all(gains[r["model"]] for r in rows if r["tokens"] >= t)]
-    if not enough:
-        return None, f"the ViTs of width {narrowest}-{least - 1} with the most tokens measured do not all gain"
-    t = enough[0]
-    unused = [r["model"] for r in rows if r["tokens"] < t and gains[r["model"]]]
-    return t, (f"every measured ViT of width {narrowest}-{least - 1} with >= {t} tokens gains >= {gain}x in training"
-               + (f"; below it these gain too, unused by the rule: {', '.join(unused)}" if unused else ""))
+def check_rule(results: list[dict], gain: float, use: str) -> tuple[list[str], list[str]]:
+    """The measured models on which `auto`'s rule (BF16_GAINS, as resolve_precision reads it on a CPU with native
+    bf16) is wrong in `use`: those it puts in bf16 that run slower than float32 there (the rule must never be), and
+    those it keeps in float32 that gain at least `gain` (unused gains)."""
+    slower, unused = [], []
+    for r in results:
+        picked = resolve_precision("auto", torch.device("cpu"), use=use, width=r["width"], tokens=r["tokens"],
+                                   head_dim=r["head_dim"], flags=frozenset(NATIVE_BF16_FLAGS)).name
+        if picked == "bf16" and r[use]["speedup"] < 1.0:
+            slower.append(f"{r['model']} ({r[use]['speedup']:.2f}x)")
+        if picked == "fp32" and r[use]["speedup"] >= gain:
+            unused.append(f"{r['model']} ({r[use]['speedup']:.2f}x)")
+    return slower, unused
 
 
 def _cell(use: dict) -> str:
@@ -201,20 +195,17 @@ def main() -> None:
         print(f"{r['model']:28} {r['width']:>5} {r['tokens'] or '-':>4} {r['image_size']:>4}  {_cell(r['infer'])} | "
               f"{_cell(r['train'])}",
               flush=True)
-    crossings = {}
+    verdict = {}
     for use in ("infer", "train"):
-        width, why = threshold(results, args.gain, use)
-        crossings[use] = width
-        print(f"{use}: crossing width {width if width is not None else 'none'} ({why}); "
-              f"vitlab.constants.MIN_BF16_WIDTH[{use!r}] is {MIN_BF16_WIDTH[use]}")
-    tokens, why = token_threshold(results, args.gain)
-    crossings["train_tokens"] = tokens
-    print(f"train below width {MIN_BF16_WIDTH['train']}: crossing tokens {tokens if tokens is not None else 'none'} "
-          f"({why}); vitlab.constants.BF16_TRAIN_LONG_SEQUENCE is {BF16_TRAIN_LONG_SEQUENCE}")
+        slower, unused = check_rule(results, args.gain, use)
+        verdict[use] = {"bf16_but_slower": slower, "fp32_but_gains": unused}
+        print(f"{use}: BF16_GAINS[{use!r}] = {BF16_GAINS[use]}")
+        print(f"  auto picks bf16 where it is slower: {', '.join(slower) or 'none'}")
+        print(f"  auto keeps float32 where bf16 gains >= {args.gain}x: {', '.join(unused) or 'none'}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cpu": cpu_name(), "flags": native, "threads": torch.get_num_threads(),
-                       "torch": torch.__version__, "gain": args.gain, "results": results, "crossing": crossings},
+                       "torch": torch.__version__, "gain": args.gain, "results": results, "rule": verdict},
                       f, indent=1)
 
 

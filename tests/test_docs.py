@@ -136,11 +136,14 @@ def test_every_help_prints_percent_once_and_export_offers_only_what_it_writes(ca
 
 
 def test_the_readme_states_the_auto_precision_rule_not_one_machine_outcome():
-    """README's bf16 row gives `auto`'s rule (the CPU flags and the widths runtime/precision.py reads), so a reader on
-    a CPU with native bf16 is not told float32 is kept for every model."""
-    from vitlab.runtime.precision import MIN_BF16_WIDTH, NATIVE_BF16_FLAGS
+    """README's bf16 row gives `auto`'s rule (the CPU flags and every bound of the regions runtime/precision.py
+    reads), so a reader on a CPU with native bf16 is not told float32 is kept for every model."""
+    from vitlab.constants import BF16_GAINS
+    from vitlab.runtime.precision import NATIVE_BF16_FLAGS
 
     row = next(line for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
                if line.startswith("| bf16 |"))
-    assert all(flag in row for flag in NATIVE_BF16_FLAGS) and f"width ≥ {min(MIN_BF16_WIDTH.values())}" in row
-    assert all(f"≥ {width}" in row for width in MIN_BF16_WIDTH.values())  # each use's threshold
+    assert all(flag in row for flag in NATIVE_BF16_FLAGS)
+    for use, words in (("infer", "inference"), ("train", "training")):
+        said = row[row.index(f"in {words}"):]
+        assert all(f"≥ {least}" in said for region in BF16_GAINS[use] for least in region.values()), use

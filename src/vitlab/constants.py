@@ -44,12 +44,22 @@ def canonical_setting(key: str, value: object) -> object:
     return SETTING_ALIASES.get(key, {}).get(value, value) if isinstance(value, str) else value
 
 
-# The smallest model width measured to gain under bf16 on a CPU that computes it natively, per use: `auto` picks
-# bf16 from there (vitlab.runtime.precision; the measurements in BENCHMARKS.md, "Precision").
-MIN_BF16_WIDTH: dict[str, int] = {"infer": 128, "train": 256}
-# Training gains below that width too when each image is a long sequence: a ViT with at least `tokens` tokens per
-# image (prefix included) and a width of at least `width` (the narrowest measured to gain).
-BF16_TRAIN_LONG_SEQUENCE: dict[str, int] = {"tokens": 197, "width": 64}
+# Where bf16 was measured to gain on a CPU that computes it natively, per use: `auto` picks bf16 for a model that
+# meets every bound of any one region (vitlab.runtime.precision; the measurements in BENCHMARKS.md, "bf16 on a CPU
+# that computes it natively"). Bounds are least values: the model's width, a ViT's tokens per image (prefix
+# included) and head dim; a model without attention (a BiT) is bound by its width alone.
+BF16_GAINS: dict[str, tuple[dict[str, int], ...]] = {
+    "infer": ({"width": 192}, {"width": 128, "tokens": 50}),
+    "train": ({"width": 256, "head_dim": 64}, {"width": 160, "head_dim": 64, "tokens": 50},
+              {"width": 64, "tokens": 197}),
+}
+_BOUND_WORDS = {"width": "width >= {}", "head_dim": "head dim >= {}", "tokens": ">= {} tokens per image"}
+
+
+def bf16_gains_text(use: str) -> str:
+    """`BF16_GAINS[use]` in words, for the help and the docs: "width >= 192, or width >= 128 and >= 50 tokens..."."""
+    return ", or ".join(" and ".join(_BOUND_WORDS[key].format(least) for key, least in region.items())
+                        for region in BF16_GAINS[use])
 
 # timm's evaluation transform as an eval resize: "timm:INTERPOLATION:CROP_PCT[:squash]" (timm_resize parses it).
 TIMM_RESIZE_PREFIX = "timm:"

@@ -15,14 +15,14 @@ import torch
 import vitlab
 from tests.conftest import TINY_TRAIN, TINY_VIT_ARGS
 from vitlab.cli import main
+from vitlab.constants import BF16_GAINS
 from vitlab.models.registry import model_config
 from vitlab.runtime.precision import (
-    MIN_BF16_WIDTH,
     USES,
     Precision,
     autocast_for,
+    config_shape,
     config_tokens,
-    config_width,
     cpu_flags,
     native_bf16,
     prepare_for_inference,
@@ -58,17 +58,24 @@ def test_flag_reader_finds_native_bf16():
     (XEON_AMX, None, "fp32"),  # a model of unknown size: never risk being slower
 ])
 def test_auto_on_cpu(cpuinfo, width, expected):
-    chosen = resolve_precision("auto", CPU, use="train", width=width, flags=cpu_flags(cpuinfo))
+    """Training a ViT of head dim 64 on 16 px images (17 tokens): only the width decides."""
+    chosen = resolve_precision("auto", CPU, use="train", width=width, head_dim=64, tokens=17,
+                               flags=cpu_flags(cpuinfo))
     assert chosen.name == expected
     assert chosen.reason.startswith("auto: ")
 
 
 def test_auto_reasons_say_why():
     amx = cpu_flags(XEON_AMX)
-    assert resolve_precision("auto", CPU, use="infer", width=768, flags=amx).reason == \
-        "auto: CPU has amx_bf16 and width 768 >= 128 (bf16 gains in inference)"
+    assert resolve_precision("auto", CPU, use="infer", width=768, head_dim=64, tokens=197, flags=amx).reason == \
+        "auto: CPU has amx_bf16 and width 768 >= 192 (bf16 gains in inference)"
+    assert resolve_precision("auto", CPU, use="train", width=768, head_dim=64, tokens=197, flags=amx).reason == \
+        "auto: CPU has amx_bf16 and width 768 >= 256 and head dim 64 >= 64 (bf16 gains in training)"
+    assert resolve_precision("auto", CPU, use="infer", width=64, head_dim=32, tokens=65, flags=amx).reason == \
+        "auto: CPU has amx_bf16 but width 64, head dim 32 and 65 tokens per image are too small to gain from bf16 " \
+        "in inference"
     assert resolve_precision("auto", CPU, use="infer", width=64, flags=amx).reason == \
-        "auto: CPU has amx_bf16 but width 64 < 128 (too small to gain from bf16 in inference)"
+        "auto: CPU has amx_bf16 but width 64 is too small to gain from bf16 in inference"  # a BiT's width alone
     assert "no native bf16" in resolve_precision("auto", CPU, use="infer", width=768,
                                                  flags=cpu_flags(EPYC_MILAN)).reason
 
@@ -94,65 +101,69 @@ def test_every_named_model_is_fp32_on_a_cpu_without_native_bf16():
     """On a CPU without native bf16 (an AMD EPYC Milan's flags) auto picks float32 for every model."""
     amd = cpu_flags(EPYC_MILAN)
     for name in vitlab.list_models():
-        width = config_width(model_config(name))
-        assert resolve_precision("auto", CPU, use="infer", width=width, flags=amd).name == "fp32", name
+        shape = config_shape(model_config(name))
+        assert resolve_precision("auto", CPU, use="infer", **shape, flags=amd).name == "fp32", name
 
 
-def test_on_native_bf16_the_catalogue_splits_by_width():
-    """Inference: ViT-Ti/16 and larger (width >= 128, measured 1.12-1.75x faster at 224 px, 1.9-3.1x for ViT-Ti/16
-    on an AMX Xeon) compute in bf16, the experiments' width-64 models in float32 (0.91x at batch 1)."""
-    amx = cpu_flags(XEON_AMX)
-
-    def auto(name: str, **args) -> str:
-        return resolve_precision("auto", CPU, use="infer", width=config_width(model_config(name, **args)),
-                                 flags=amx).name
-
-    assert [auto(n) for n in ("ViT-Ti/16", "ViT-S/16", "ViT-B/16", "ViT-L/16", "R50+ViT-B/16")] == \
-        ["bf16", "bf16", "bf16", "bf16", "bf16"]
-    assert auto("ViT-Ti/4", depth=6, width=64, num_heads=4, mlp_dim=128) == "fp32"  # the experiments' ViT-M
+def auto(use: str, name: str, **args) -> Precision:
+    """`auto` on an AMX Xeon for the named model with these arguments."""
+    return resolve_precision("auto", CPU, use=use, **config_shape(model_config(name, **args)),
+                             flags=cpu_flags(XEON_AMX))
 
 
-def test_each_use_has_its_own_threshold(monkeypatch):
-    """Inference and training read their own entry of the one table: a width between the two gets bf16 for the use
-    whose threshold it reaches and float32 for the other, and the reason names the use."""
-    monkeypatch.setitem(MIN_BF16_WIDTH, "infer", 192)
-    amx = cpu_flags(XEON_AMX)
-    ti = config_width(model_config("ViT-Ti/16"))
-    infer = resolve_precision("auto", CPU, use="infer", width=ti, flags=amx)
-    train = resolve_precision("auto", CPU, use="train", width=ti, flags=amx)
-    assert infer == Precision("bf16", "auto: CPU has amx_bf16 and width 192 >= 192 (bf16 gains in inference)")
-    assert train == Precision("fp32", "auto: CPU has amx_bf16 but width 192 < 256 (too small to gain from bf16 in "
-                                      "training)")
-    assert resolve_precision("auto", CPU, use="infer", width=128, flags=amx).name == "fp32"
-    assert resolve_precision("auto", CPU, use="infer", width=ti, flags=cpu_flags(EPYC_MILAN)).name == "fp32"
+def test_on_native_bf16_the_catalogue_infers_in_bf16_and_short_narrow_sequences_in_float32():
+    """Inference: ViT-Ti/16 and larger at 224 px (measured 1.12-1.75x faster, 1.9-3.1x for ViT-Ti/16 on an AMX
+    Xeon) compute in bf16; a width-128 ViT on 17 tokens of 16 px images (the demo's, 0.86-0.97x) and the
+    experiments' width-64 models (0.91x at batch 1) in float32, while width 192 gains from 17 tokens (1.18-1.23x)."""
+    assert [auto("infer", n).name for n in ("ViT-Ti/16", "ViT-S/16", "ViT-B/16", "ViT-L/16", "R50+ViT-B/16",
+                                            "BiT-R50x1")] == ["bf16"] * 6
+    assert auto("infer", "ViT-Ti/4", image_size=32, depth=6, width=64, num_heads=2, mlp_dim=128).name == "fp32"
+    assert auto("infer", "ViT-Ti/4", image_size=16, depth=4, width=128, num_heads=4, mlp_dim=256).name == "fp32"
+    assert auto("infer", "ViT-Ti/16", image_size=112, width=128, num_heads=2, mlp_dim=512).name == "bf16"  # 50 tokens
+    assert auto("infer", "ViT-Ti/16", image_size=64).reason == \
+        "auto: CPU has amx_bf16 and width 192 >= 192 (bf16 gains in inference)"
 
 
-def test_training_below_the_width_gains_from_long_sequences():
-    """ViT-Ti/16 at 224 px (197 tokens, measured 1.42x faster in training on the AVX512-BF16 EPYC) trains in bf16;
-    the same model on small images, the experiments' 32 px models (65 tokens) and a BiT of width 256 below the
-    training threshold are float32, measured slower or unmeasured."""
-    amx = cpu_flags(XEON_AMX)
+def test_each_use_reads_its_own_regions(monkeypatch):
+    """Inference and training read their own entry of the one table, and the reason names the use."""
+    monkeypatch.setitem(BF16_GAINS, "infer", ({"width": 512},))
+    assert auto("infer", "ViT-S/16") == Precision("fp32", "auto: CPU has amx_bf16 but width 384, head dim 64 and "
+                                                          "197 tokens per image are too small to gain from bf16 in "
+                                                          "inference")
+    assert auto("train", "ViT-S/16").name == "bf16"
 
-    def train(name: str, **args) -> Precision:
-        config = model_config(name, **args)
-        return resolve_precision("auto", CPU, use="train", width=config_width(config), tokens=config_tokens(config),
-                                 flags=amx)
 
+def test_training_gains_from_wide_heads_or_long_sequences():
+    """Training: ViT-Ti/16 at 224 px (197 tokens, 1.31-1.56x) and width 160-192 from 50 tokens (1.13-1.30x) in bf16;
+    on the demo's 17 tokens a head dim of 64 gains from width 256 (1.22-1.26x) while head dim 32 loses even at
+    width 256-384 (0.74-0.99x), as do the same models on small images and the experiments' 32 px models (65
+    tokens, widths 48-96); a BiT by its width (256: 1.19-1.37x)."""
     assert config_tokens(model_config("ViT-Ti/16")) == 197
-    assert train("ViT-Ti/16") == Precision("bf16", "auto: CPU has amx_bf16, width 192 >= 64 and 197 tokens per "
-                                                    "image >= 197 (bf16 gains in training)")
-    assert train("ViT-Ti/16", image_size=64).reason == ("auto: CPU has amx_bf16 but width 192 < 256 and 17 tokens "
-                                                        "per image < 197 (too small to gain from bf16 in training)")
-    assert train("ViT-Ti/4", image_size=32, depth=6, width=64, num_heads=4, mlp_dim=128).name == "fp32"  # 65 tokens
-    assert train("ViT-Ti/16", width=32, num_heads=1, mlp_dim=128).name == "fp32"  # narrower than measured
+    assert auto("train", "ViT-Ti/16").name == "bf16"
+    assert auto("train", "ViT-Ti/16", width=128, num_heads=4, mlp_dim=512) == Precision(
+        "bf16", "auto: CPU has amx_bf16 and width 128 >= 64 and 197 tokens per image >= 197 (bf16 gains in training)")
+    assert auto("train", "ViT-Ti/16", image_size=112).reason == (
+        "auto: CPU has amx_bf16 and width 192 >= 160 and head dim 64 >= 64 and 50 tokens per image >= 50 (bf16 "
+        "gains in training)")
+    assert auto("train", "ViT-Ti/16", image_size=64).reason == (
+        "auto: CPU has amx_bf16 but width 192, head dim 64 and 17 tokens per image are too small to gain from bf16 "
+        "in training")
+    demo_shape = {"image_size": 16, "depth": 4}
+    assert auto("train", "ViT-Ti/4", **demo_shape, width=256, num_heads=4, mlp_dim=1024).name == "bf16"  # head 64
+    assert auto("train", "ViT-Ti/4", **demo_shape, width=256, num_heads=8, mlp_dim=1024).name == "fp32"  # head 32
+    assert auto("train", "ViT-Ti/4", **demo_shape, width=384, num_heads=12, mlp_dim=768).name == "fp32"  # head 32
+    assert auto("train", "ViT-Ti/4", image_size=32, depth=6, width=64, num_heads=2, mlp_dim=128).name == "fp32"
+    assert auto("train", "ViT-Ti/16", width=32, num_heads=1, mlp_dim=128).name == "fp32"  # narrower than measured
     assert config_tokens(model_config("BiT-R50x1")) is None
-    assert train("BiT-R50x1").name == "bf16"  # width 256: the width rule
+    assert auto("train", "BiT-R50x1").reason == "auto: CPU has amx_bf16 and width 256 >= 256 (bf16 gains in training)"
     assert training_precision(model_config("ViT-Ti/16"), CPU).name == ("bf16" if native_bf16(cpu_flags()) else
                                                                          "fp32")
 
 
-def test_the_table_has_one_threshold_per_use():
-    assert set(MIN_BF16_WIDTH) == set(USES)
+def test_the_table_has_regions_for_each_use_bounding_only_what_a_config_has():
+    assert set(BF16_GAINS) == set(USES)
+    assert all(region and set(region) <= {"width", "tokens", "head_dim"} and "width" in region
+               for regions in BF16_GAINS.values() for region in regions)
 
 
 # --- the setting recorded and kept ---------------------------------------------------------------------------
@@ -160,11 +171,12 @@ def test_auto_is_resolved_once_with_its_reason(monkeypatch):
     monkeypatch.setattr("vitlab.runtime.precision.cpu_flags", lambda text=None: cpu_flags(XEON_AMX))
     wide = resolve("demo", {"model": "ViT-S/16", "image_size": 32, "device": "cpu"})
     assert wide.config.precision == "bf16"
-    assert wide.sources["precision"] == "auto: CPU has amx_bf16 and width 384 >= 256 (bf16 gains in training)"
+    assert wide.sources["precision"] == ("auto: CPU has amx_bf16 and width 384 >= 256 and head dim 64 >= 64 (bf16 "
+                                         "gains in training)")
     small = resolve("demo", {"device": "cpu"})  # the demo's ViT, width 128, 17 tokens of 16 px images
     assert (small.config.precision, small.sources["precision"]) == \
-        ("fp32", "auto: CPU has amx_bf16 but width 128 < 256 and 17 tokens per image < 197 (too small to gain from "
-                 "bf16 in training)")
+        ("fp32", "auto: CPU has amx_bf16 but width 128, head dim 32 and 17 tokens per image are too small to gain "
+                 "from bf16 in training")
     given = resolve("demo", {"model": "ViT-S/16", "device": "cpu", "precision": "fp32"})
     assert (given.config.precision, given.sources["precision"]) == ("fp32", "flag")
 

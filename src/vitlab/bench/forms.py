@@ -18,7 +18,7 @@ from torch import nn
 
 from vitlab.bench.result import BenchSettings
 from vitlab.models.registry import model_config
-from vitlab.runtime.precision import Precision, config_tokens, config_width, resolve_precision
+from vitlab.runtime.precision import Precision, config_shape, resolve_precision
 from vitlab.runtime.session import open_session
 
 
@@ -28,8 +28,7 @@ def resolve(settings: BenchSettings) -> Precision:
         raise ValueError("--precision int8 measures inference only (there is no int8 training): add --mode infer")
     config = model_config(settings.model, image_size=settings.image_size)
     use = "train" if "train" in settings.modes else "infer"
-    return resolve_precision(settings.precision, torch.device(settings.device), use=use, width=config_width(config),
-                             tokens=config_tokens(config))
+    return resolve_precision(settings.precision, torch.device(settings.device), use=use, **config_shape(config))
 
 
 def describe(precision: Precision, compare: str | None) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from vitlab import ranges
-from vitlab.constants import MIN_BF16_WIDTH
+from vitlab.constants import bf16_gains_text
 from vitlab.ranges import Range
 
 
@@ -108,8 +108,8 @@ def precision_name(int8: bool) -> Callable[[str], str]:
     return parse
 
 
-PRECISION_HELP = (f"auto (default: bf16 on CUDA, and on CPUs with AMX/AVX512-BF16 for models of width >= "
-                  f"{MIN_BF16_WIDTH['infer']} in inference, >= {MIN_BF16_WIDTH['train']} in training; else float32; "
+PRECISION_HELP = (f"auto (default: bf16 on CUDA, and on CPUs with AMX/AVX512-BF16 where it was measured to gain: in "
+                  f"inference at {bf16_gains_text('infer')}; in training at {bf16_gains_text('train')}; else float32; "
                   "see docs/deployment.md, 'Precision'), fp32 or bf16")
 COMPILE_HELP = ("torch.compile the model with its weights frozen into the graph (Inductor freezing); the first batch "
                 "of each shape compiles and the time is shown. Off by default: on a CPU the compilation costs more "

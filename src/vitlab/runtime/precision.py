@@ -6,17 +6,16 @@ The rule for `auto` (the measurements behind it: BENCHMARKS.md "bf16 on a CPU th
 - CUDA: bf16 (tensor cores compute it natively; training and evaluation run under bf16 autocast there).
 - CPU without a native bf16 instruction (no `amx_bf16` and no `avx512_bf16` flag, e.g. AMD Zen 2/3): float32;
   bf16 is emulated there and always slower.
-- CPU with one: bf16 when the model's width (the inner dimension of its matmuls, what AMX tiles and AVX512-BF16
-  dot products need to amortise the casts) is at least the use's entry of `MIN_BF16_WIDTH` (inference and
-  training gain from different widths: a training step adds the backward's attention and the float32 optimizer
-  step), float32 below. Each is the smallest measured width that gains in that use; narrower widths either lost
-  or are unmeasured and stay float32, so `auto` is never slower than float32 on a measured model.
-- Training, below that width: bf16 when each image is a long sequence (`BF16_TRAIN_LONG_SEQUENCE`: at least that
-  many tokens and that width). Narrow ViTs on small images (the demo's 17 tokens, the experiments' 65) lose in
-  training, while the same widths at 224 px (197 tokens) gain, so width alone would leave ViT-Ti/16's training
-  gain unused.
-  `benchmarks/precision_threshold.py`, run on such a machine, measures a sweep of widths, of token counts, every
-  catalogue size and experiment model, and prints, for each use, the thresholds the measurements support.
+- CPU with one: bf16 when the model lies in a region where bf16 was measured to gain in the use (`BF16_GAINS`:
+  inference and training have their own, since a training step adds the backward's attention and the float32
+  optimizer step), float32 elsewhere. A region bounds the width (the inner dimension of the matmuls, what AMX tiles
+  and AVX512-BF16 dot products need to amortise the casts) and, for a ViT, the tokens per image and the head dim:
+  with few tokens the attention's matmuls are as narrow as the head dim, so a ViT of head dim 32 on small images
+  trains slower in bf16 at widths where one of head dim 64 gains, while at 197 tokens any width from 64 gains.
+  Models outside every region either lost or are unmeasured and stay float32, so `auto` is never slower than
+  float32 on a measured model.
+  `benchmarks/precision_threshold.py`, run on such a machine, measures sweeps of widths, token counts and head
+  dims, every catalogue size and experiment model, and names the measured models on which the rule is wrong.
 
 Exactness paths (`convert`, `info`, the parity tests, `--precision fp32`) compute in float32 always.
 """
@@ -31,12 +30,13 @@ from types import MethodType
 import torch
 from torch import nn
 
-from vitlab.constants import BF16_TRAIN_LONG_SEQUENCE, MIN_BF16_WIDTH
+from vitlab.constants import BF16_GAINS
 from vitlab.errors import setting
 
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
 USES = ("train", "infer")
 USE_WORDS = {"train": "training", "infer": "inference"}
+SHAPE_WORDS = {"width": "width {}", "head_dim": "head dim {}", "tokens": "{} tokens per image"}  # as reasons say them
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
@@ -75,10 +75,15 @@ def native_bf16(flags: frozenset[str] | set[str]) -> bool:
     return any(f in flags for f in NATIVE_BF16_FLAGS)
 
 
-def model_width(model: nn.Module) -> int | None:
-    """The width `auto` compares with `MIN_BF16_WIDTH` (`config_width` of the model's config); None for a model
+def model_shape(model: nn.Module) -> dict[str, int | None]:
+    """The bounds `auto` compares with `BF16_GAINS` (`config_shape` of the model's config); width None for a model
     without a vitlab config."""
-    return config_width(getattr(model, "config", None))
+    return config_shape(getattr(model, "config", None))
+
+
+def config_shape(config: object) -> dict[str, int | None]:
+    """A config's width, tokens per image and head dim, as `resolve_precision` takes them."""
+    return {"width": config_width(config), "tokens": config_tokens(config), "head_dim": config_head_dim(config)}
 
 
 def config_width(config: object) -> int | None:
@@ -98,6 +103,11 @@ def config_tokens(config: object) -> int | None:
     return gh * gw + int(config.num_prefix_tokens)
 
 
+def config_head_dim(config: object) -> int | None:
+    """A ViT's (and hybrid's) width per attention head; None for a BiT (no attention)."""
+    return int(config.head_dim) if hasattr(config, "head_dim") else None
+
+
 def check_precision(requested: str, use: str) -> None:
     """ValueError (one line, naming the choices) for an unknown precision, or int8 asked of training."""
     if use not in USES:
@@ -110,10 +120,11 @@ def check_precision(requested: str, use: str) -> None:
 
 
 def resolve_precision(requested: str, device: torch.device, *, use: str, width: int | None = None,
-                      tokens: int | None = None, flags: frozenset[str] | set[str] | None = None) -> Precision:
+                      tokens: int | None = None, head_dim: int | None = None,
+                      flags: frozenset[str] | set[str] | None = None) -> Precision:
     """`requested` (auto, fp32, bf16, int8) as the precision to compute in on `device`, with the reason.
-    `width` is the model's (`model_width`), `tokens` its tokens per image (`config_tokens`; None: not a ViT, or
-    unknown); `flags` the CPU's (`cpu_flags()` when None; tests inject them)."""
+    `width`, `tokens` and `head_dim` are the model's (`config_shape`; tokens and head dim None: a model without
+    attention, bound by its width alone); `flags` the CPU's (`cpu_flags()` when None; tests inject them)."""
     check_precision(requested, use)
     device = torch.device(device)
     if requested == "int8":
@@ -134,18 +145,17 @@ def resolve_precision(requested: str, device: torch.device, *, use: str, width: 
         return Precision("fp32", "auto: this CPU has no native bf16 (no amx_bf16/avx512_bf16 flag)")
     if width is None:
         return Precision("fp32", f"auto: CPU has {found[0]} but the model's width is unknown")
-    least, words = MIN_BF16_WIDTH[use], USE_WORDS[use]
-    if width >= least:
-        return Precision("bf16", f"auto: CPU has {found[0]} and width {width} >= {least} (bf16 gains in {words})")
-    long = BF16_TRAIN_LONG_SEQUENCE
-    if use == "train" and tokens is not None and width >= long["width"]:
-        if tokens >= long["tokens"]:
-            return Precision("bf16", f"auto: CPU has {found[0]}, width {width} >= {long['width']} and {tokens} tokens "
-                                     f"per image >= {long['tokens']} (bf16 gains in {words})")
-        return Precision("fp32", f"auto: CPU has {found[0]} but width {width} < {least} and {tokens} tokens per "
-                                 f"image < {long['tokens']} (too small to gain from bf16 in {words})")
-    return Precision("fp32", f"auto: CPU has {found[0]} but width {width} < {least} (too small to gain from bf16 in "
-                             f"{words})")
+    shape = {"width": width, "head_dim": head_dim, "tokens": tokens}
+    words = USE_WORDS[use]
+    for region in BF16_GAINS[use]:
+        bounds = {key: least for key, least in region.items() if shape[key] is not None}
+        if all(shape[key] >= least for key, least in bounds.items()):
+            met = " and ".join(f"{SHAPE_WORDS[key].format(shape[key])} >= {least}" for key, least in bounds.items())
+            return Precision("bf16", f"auto: CPU has {found[0]} and {met} (bf16 gains in {words})")
+    known = [SHAPE_WORDS[key].format(value) for key, value in shape.items() if value is not None]
+    described = known[0] if len(known) == 1 else f"{', '.join(known[:-1])} and {known[-1]}"
+    return Precision("fp32", f"auto: CPU has {found[0]} but {described} {'is' if len(known) == 1 else 'are'} too "
+                             f"small to gain from bf16 in {words}")
 
 
 def device_kind(name: str) -> torch.device:
@@ -161,7 +171,7 @@ def training_precision(config: object, device: torch.device | str) -> Precision:
     one place a run's auto precision is decided, for the command line's resolution and a TrainConfig given
     directly alike."""
     kind = device if isinstance(device, torch.device) else device_kind(device)
-    return resolve_precision("auto", kind, use="train", width=config_width(config), tokens=config_tokens(config))
+    return resolve_precision("auto", kind, use="train", **config_shape(config))
 
 
 def autocast_for(device: torch.device | str, precision: Precision | str) -> AbstractContextManager:

@@ -24,7 +24,7 @@ from vitlab.runtime.precision import (
     Precision,
     autocast_for,
     computed_precision,
-    model_width,
+    model_shape,
     prepare_for_inference,
     resolve_precision,
 )
@@ -73,7 +73,7 @@ def open_session(
     classes = getattr(getattr(model, "config", None), "num_classes", 0)  # 0 for a model of another library
     names = getattr(model, "class_names", None) or [str(i) for i in range(classes)]
     chosen = precision if isinstance(precision, Precision) else resolve_precision(
-        precision, dev, use="infer", width=model_width(model))
+        precision, dev, use="infer", **model_shape(model))
     if cast_weights:
         model = prepare_for_inference(model, chosen)
         chosen = computed_precision(model, chosen)
