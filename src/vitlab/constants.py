@@ -53,12 +53,12 @@ BF16_GAINS: dict[str, tuple[dict[str, int], ...]] = {
     "train": ({"width": 256, "head_dim": 64}, {"width": 160, "head_dim": 64, "tokens": 50},
               {"width": 64, "tokens": 197}),
 }
-_BOUND_WORDS = {"width": "width >= {}", "head_dim": "head dim >= {}", "tokens": ">= {} tokens per image"}
+SHAPE_WORDS = {"width": "width {}", "head_dim": "head dim {}", "tokens": "{} tokens per image"}  # as messages say them
 
 
 def bf16_gains_text(use: str) -> str:
-    """`BF16_GAINS[use]` in words, for the help and the docs: "width >= 192, or width >= 128 and >= 50 tokens..."."""
-    return ", or ".join(" and ".join(_BOUND_WORDS[key].format(least) for key, least in region.items())
+    """`BF16_GAINS[use]` in words, for the help: "width >= 192, or width >= 128 and >= 50 tokens per image"."""
+    return ", or ".join(" and ".join(SHAPE_WORDS[key].format(f">= {least}") for key, least in region.items())
                         for region in BF16_GAINS[use])
 
 # timm's evaluation transform as an eval resize: "timm:INTERPOLATION:CROP_PCT[:squash]" (timm_resize parses it).

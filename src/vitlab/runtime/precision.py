@@ -30,13 +30,12 @@ from types import MethodType
 import torch
 from torch import nn
 
-from vitlab.constants import BF16_GAINS
+from vitlab.constants import BF16_GAINS, SHAPE_WORDS
 from vitlab.errors import setting
 
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
 USES = ("train", "infer")
 USE_WORDS = {"train": "training", "infer": "inference"}
-SHAPE_WORDS = {"width": "width {}", "head_dim": "head dim {}", "tokens": "{} tokens per image"}  # as reasons say them
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
