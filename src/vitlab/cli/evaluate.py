@@ -160,7 +160,8 @@ def _write_outputs(args: argparse.Namespace, r, record: dict, png) -> list[str]:
 
 def _onnx_session(args: argparse.Namespace):
     """The ONNX Runtime session for a .onnx --weights (`deploy.onnx_serve`), None for weights PyTorch reads."""
-    from vitlab.deploy.onnx_serve import is_onnx_path, open_onnx_session
+    from vitlab.deploy.onnx_serve import open_onnx_session
+    from vitlab.weights.tensors import is_onnx_path
 
     if not is_onnx_path(args.weights):
         return None

@@ -45,11 +45,11 @@ from vitlab.deploy.onnx_check import (
     sample_inputs,
     session,
 )
-from vitlab.deploy.onnx_serve import is_onnx_path
 from vitlab.files.outputs import ONNX, Kind, atomic_write, check_output, mark_text
 from vitlab.models.timm_compat import eval_resize_of
 from vitlab.ranges import EXPORT_BATCH, ONNX_OPSET, check_choice
 from vitlab.runtime.quantize import is_int8
+from vitlab.weights.tensors import is_onnx_path
 
 ONNX_KIND = Kind("vitlab export", ONNX)  # what an earlier export left: replaced by the next one
 

@@ -25,18 +25,12 @@ from vitlab.models import config_from_dict
 from vitlab.models.config import ModelConfig
 from vitlab.runtime.precision import Precision
 from vitlab.runtime.session import InferenceSession
-from vitlab.weights.tensors import ONNX_SUFFIX
 
 # What `onnx_export` writes and serving needs: without one of these a file cannot be fed as its weights expect.
 REQUIRED_METADATA = ("vitlab_config", "image_size", "mean", "std")
 # Files from before the key: evaluated as any weights without a recorded resize are (`eval_resize_of`).
 DEFAULT_EVAL_RESIZE = "official"
 log = logging.getLogger("vitlab")
-
-
-def is_onnx_path(weights: object) -> bool:
-    """Whether `weights` names an ONNX file (by its `.onnx` suffix): served by ONNX Runtime, not `vitlab.load`."""
-    return isinstance(weights, str | os.PathLike) and Path(weights).suffix.lower() == ONNX_SUFFIX
 
 
 class OnnxModel(nn.Module):

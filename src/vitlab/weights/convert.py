@@ -18,7 +18,7 @@ from vitlab.weights.hf_folder import HF_FILES
 from vitlab.weights.jax_npz import write_jax_npz
 from vitlab.weights.load import detect_format, load, read_weights
 from vitlab.weights.locate import locate
-from vitlab.weights.tensors import ONNX_SUFFIX, PICKLE_SUFFIXES
+from vitlab.weights.tensors import PICKLE_SUFFIXES, is_onnx_path
 from vitlab.weights.timm import HUB_FILES, write_timm
 from vitlab.weights.validate import check_values
 from vitlab.weights.vitlab_format import WEIGHTS_KIND, save
@@ -39,7 +39,7 @@ def target_format(dst: str | Path, to: str | None) -> str:
         return "vitlab"
     if suffix == ".npz":
         return "jax-npz"
-    if suffix.lower() == ONNX_SUFFIX:
+    if is_onnx_path(dst):
         raise ValueError(f"{dst}: convert writes weights; an ONNX graph is what vitlab export writes (vitlab "
                          f"export WEIGHTS {dst})")
     raise ValueError(f"cannot tell the output format from {str(dst)!r}; pass --to {'|'.join(TARGETS)}")

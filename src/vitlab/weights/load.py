@@ -29,7 +29,7 @@ from vitlab.weights.hf import read_hf
 from vitlab.weights.jax_npz import read_jax_npz
 from vitlab.weights.locate import locate_published, weights_path
 from vitlab.weights.record import WeightsRecord
-from vitlab.weights.tensors import ONNX_SUFFIX, PICKLE_SUFFIXES, read_json
+from vitlab.weights.tensors import PICKLE_SUFFIXES, is_onnx_path, read_json
 from vitlab.weights.timm import read_timm, read_timm_module
 from vitlab.weights.validate import check_state_dict, check_values
 from vitlab.weights.vitlab_format import is_vitlab_file, read_vitlab
@@ -50,7 +50,7 @@ def detect_format(path: str | Path) -> str:
         return _zip_format(path)
     if path.suffix in PICKLE_SUFFIXES:
         return "timm"
-    if path.suffix.lower() == ONNX_SUFFIX:
+    if is_onnx_path(path):
         raise WeightsError(path, "an ONNX file holds a graph to run, not weights to build a model from",
                            "serve it with `vitlab predict --weights FILE` or `vitlab eval --weights FILE`, or in "
                            "Python with onnxruntime (docs/deployment.md); load the .safetensors it was exported from")

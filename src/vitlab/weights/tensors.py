@@ -39,6 +39,11 @@ _FIX_CORRUPT = "download or export the file again"
 
 
 # --- safetensors and torch pickles ---------------------------------------------------------------------------
+
+def is_onnx_path(weights: object) -> bool:
+    """Whether `weights` names an ONNX file (by its `.onnx` suffix): served by ONNX Runtime, not `vitlab.load`."""
+    return isinstance(weights, str | os.PathLike) and Path(weights).suffix.lower() == ONNX_SUFFIX
+
 def safetensors_header(path: str | Path) -> dict[str, Any]:
     """The parsed JSON header; WeightsError if the file is not safetensors or is shorter than its header says."""
     path = Path(path)

@@ -16,7 +16,7 @@ from vitlab.files.outputs import WEIGHTS, Kind, atomic_write, check_output, mark
 from vitlab.models.config import config_from_dict
 from vitlab.weights.arguments import check_matches_config, check_model
 from vitlab.weights.record import WeightsRecord
-from vitlab.weights.tensors import ONNX_SUFFIX, PICKLE_SUFFIXES, read_safetensors, safetensors_header
+from vitlab.weights.tensors import ONNX_SUFFIX, PICKLE_SUFFIXES, is_onnx_path, read_safetensors, safetensors_header
 from vitlab.weights.validate import check_state_dict, expected_shapes
 
 FORMAT_TAG = "vitlab"
@@ -45,7 +45,7 @@ def save(model: torch.nn.Module, path: str | Path, meta: dict[str, Any] | None =
     if Path(path).suffix in PICKLE_SUFFIXES:  # what detect_format reads as a pickle
         raise ValueError(f"{path}: vitlab.save writes safetensors, but a {Path(path).suffix} file is read as a PyTorch "
                          f"pickle; name it {Path(path).with_suffix('.safetensors').name}")
-    if Path(path).suffix.lower() == ONNX_SUFFIX:  # what predict and eval serve as a graph
+    if is_onnx_path(path):  # what predict and eval serve as a graph
         raise ValueError(f"{path}: vitlab.save writes safetensors, but a {ONNX_SUFFIX} file is served as an ONNX "
                          f"graph; name it {Path(path).with_suffix('.safetensors').name} (export_onnx writes ONNX)")
     check_matches_config(model, model.state_dict(), expected_shapes(model.config))  # load must rebuild it
