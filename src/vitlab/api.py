@@ -293,12 +293,14 @@ def load(
     precision: str | None = None,
     *,
     arch: str | None = None,
+    use_ema: bool = False,
 ) -> nn.Module:
     """A model in eval mode, its architecture read from the weights (nothing else needed).
 
     Args:
         path: a weights file or folder in any supported format (vitlab safetensors, the official JAX `.npz`, BiT
-            `.npz`, a timm hub folder or state dict, a Hugging Face transformers folder), a run or checkpoint
+            `.npz`, a timm hub folder or state dict, a timm `train.py` or Lightning training checkpoint, a Hugging Face
+            transformers folder), a run or checkpoint
             directory, or a published name, downloaded once into the cache: `"augreg-i21k:ViT-B/16"`,
             `"hf-hub:google/vit-base-patch16-224"`, a timm name with its tag, or a model name with `pretrained`.
         image_size: a new native input size; the position embedding is resampled as the official code does
@@ -309,6 +311,8 @@ def load(
         precision: auto, fp32, bf16 or int8 (None: float32 as stored) prepares the model for inference as
             `vitlab eval --precision` does.
         arch: the timm architecture name of a bare timm state dict whose shapes alone do not determine it.
+        use_ema: a training checkpoint's exponential-moving-average weights (timm's train.py `state_dict_ema`), as
+            timm's `use_ema`; a file without them is an error. Default: the trained weights (`state_dict`).
 
     Returns:
         The model with `.config`; a published checkpoint also carries `.hub_entry` and, for ImageNet
@@ -326,7 +330,10 @@ def load(
     bf16 under the model's own autocast: from bf16 weights for a ViT, from float32 weights for the hybrids and BiT,
     whose weight standardisation is computed in float32."""
     _check_load_options(pretrained, precision, arch)  # path and sizes: weights.load's own checks
-    model = load_weights(path, image_size=image_size, num_classes=num_classes, pretrained=pretrained, arch=arch)
+    if not isinstance(use_ema, bool):
+        raise TypeError(f"use_ema must be True or False, got {use_ema!r}")
+    model = load_weights(path, image_size=image_size, num_classes=num_classes, pretrained=pretrained, arch=arch,
+                         use_ema=use_ema)
     if precision is None:
         return model
     from vitlab.runtime.session import open_session

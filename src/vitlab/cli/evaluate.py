@@ -25,6 +25,8 @@ WEIGHTS_HELP = ("weights file, checkpoint directory or run directory, or a .onnx
                 "ONNX Runtime with the pre-processing its metadata records; needs pip install 'vitlab[onnx]'; see "
                 "docs/deployment.md, 'Serving an ONNX file')")
 INFER_PRECISION_HELP = PRECISION_HELP + ", or int8 (dynamic int8 Linear layers, CPU)"
+USE_EMA_HELP = ("read a training checkpoint's exponential-moving-average weights (timm's train.py state_dict_ema), "
+                "as timm's validate.py --use-ema; default: its trained weights (state_dict)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,6 +41,7 @@ def _register_eval(sub: argparse._SubParsersAction) -> None:
                        description="Evaluate weights (file, checkpoint or run directory, or an ONNX file vitlab "
                                    "exported) on a dataset split.")
     p.add_argument("--weights", required=True, help=WEIGHTS_HELP)
+    p.add_argument("--use-ema", action="store_true", help=USE_EMA_HELP)
     p.add_argument("--data", required=True, help=DATA_SOURCES)
     p.add_argument("--split", default="val", choices=["val", "train"],
                    help="split to evaluate (default val; embedded sets: their test split)")
@@ -98,7 +101,7 @@ def _eval(args: argparse.Namespace) -> int:
                           legacy_keys=EVAL_RECORD_KEYS, inputs=inputs)
     r = evaluate_weights(args.weights, args.data, args.split, args.batch_size, args.workers, args.device,
                          None, args.strict, args.eval_resize, precision=args.precision, compile=args.compile,
-                         errors=bool(args.errors), session=_onnx_session(args))
+                         errors=bool(args.errors), session=_session(args))
     m = informative_metrics(r.metrics, len(r.class_names))  # top-5 only where it is not 100% by construction
     record = {**m, "eval_resize": r.eval_resize, "weights": str(args.weights), "data": args.data,
               "split": args.split, "precision": r.precision.to_dict(), "compile": args.compile,
@@ -158,14 +161,25 @@ def _write_outputs(args: argparse.Namespace, r, record: dict, png) -> list[str]:
     return failures
 
 
-def _onnx_session(args: argparse.Namespace):
-    """The ONNX Runtime session for a .onnx --weights (`deploy.onnx_serve`), None for weights PyTorch reads."""
-    from vitlab.deploy.onnx_serve import open_onnx_session
+def _session(args: argparse.Namespace):
+    """The session --weights needs opened here: the ONNX Runtime session of a .onnx file (`deploy.onnx_serve`), or
+    one on a training checkpoint's EMA weights (--use-ema); None: the evaluation opens the weights itself."""
     from vitlab.weights.tensors import is_onnx_path
 
-    if not is_onnx_path(args.weights):
+    if is_onnx_path(args.weights):
+        from vitlab.deploy.onnx_serve import open_onnx_session
+        from vitlab.errors import WeightsError
+
+        if args.use_ema:
+            raise WeightsError(args.weights, "holds no EMA weights (an ONNX file is one graph)", "leave out --use-ema")
+        return open_onnx_session(args.weights, device=args.device, precision=args.precision, compile=args.compile)
+    if not args.use_ema:
         return None
-    return open_onnx_session(args.weights, device=args.device, precision=args.precision, compile=args.compile)
+    from vitlab.runtime.session import open_session
+    from vitlab.weights.load import load
+
+    return open_session(load(args.weights, use_ema=True), device=args.device, precision=args.precision,
+                        compile=args.compile)
 
 
 def _distinct_outputs(*paths: Path | str | None) -> None:
@@ -192,6 +206,7 @@ def _why(err: OSError) -> str:
 def _register_predict(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="top-5 classes of images", description="Classify images with weights.")
     p.add_argument("--weights", required=True, help=WEIGHTS_HELP)
+    p.add_argument("--use-ema", action="store_true", help=USE_EMA_HELP)
     p.add_argument("images", nargs="+", help="image files or folders (every image under a folder, sorted)")
     p.add_argument("--top-k", type=class_count,
                    help="classes shown per image (default 5, or all of a model with fewer classes)")
@@ -228,7 +243,7 @@ def _predict(args: argparse.Namespace) -> int:
     inputs = (args.weights, *args.images)  # never replaced by the predictions
     check_destinations(args.csv, args.json_out, args.force, inputs)  # before any work: never a file of the user's
     run = predict_images(args.weights, args.images, args.top_k, args.device, args.precision, args.batch_size,
-                         args.compile, session=_onnx_session(args))
+                         args.compile, session=_session(args))
     written = [write_csv(run, args.csv, args.force, inputs)] if args.csv else []
     written += [write_json(run, args.json_out, args.weights, args.force, inputs)] if args.json_out else []
     if args.json:

@@ -7,6 +7,9 @@ import json
 
 from vitlab.cli.types import class_count, force_help, image_size
 
+USE_EMA = ("a training checkpoint's exponential-moving-average weights (timm's train.py state_dict_ema), as timm's "
+           "use_ema; default: its trained weights")
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="show the format and architecture of a weights file or folder",
@@ -14,6 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("path", help="official .npz, timm folder/state dict, HF folder, vitlab .safetensors, a run or "
                    "checkpoint directory (its model.safetensors) or a published checkpoint's name")
     p.add_argument("--arch", help="architecture name for a bare timm state dict (e.g. vit_small_patch16_224)")
+    p.add_argument("--use-ema", action="store_true", help=USE_EMA)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run_info)
 
@@ -28,6 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--image-size", type=image_size, help="resample the position embedding to this input size")
     p.add_argument("--num-classes", type=class_count, help="replace the head (zero-initialised) with this many classes")
     p.add_argument("--arch", help="architecture name for a bare timm state dict")
+    p.add_argument("--use-ema", action="store_true", help=USE_EMA)
     p.add_argument("--numbering", choices=["pre-linen", "linen"], default="pre-linen",
                    help="module numbering of a written .npz (2020 releases: pre-linen; default: %(default)s)")
     p.add_argument("--card", action="store_true",
@@ -41,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_info(args: argparse.Namespace) -> int:
     from vitlab.weights.convert import describe
 
-    info = describe(args.path, arch=args.arch)
+    info = describe(args.path, arch=args.arch, use_ema=args.use_ema)
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -62,6 +67,6 @@ def run_convert(args: argparse.Namespace) -> int:
 
     options = {"numbering": args.numbering} if (args.to == "jax-npz" or str(args.dst).endswith(".npz")) else {}
     fmt = convert(args.src, args.dst, to=args.to, image_size=args.image_size, num_classes=args.num_classes,
-                  arch=args.arch, card=args.card, force=args.force, **options)
+                  arch=args.arch, use_ema=args.use_ema, card=args.card, force=args.force, **options)
     print(f"wrote {args.dst} ({fmt})")
     return 0

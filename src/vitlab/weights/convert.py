@@ -99,16 +99,18 @@ def convert(
     arch: str | None = None,
     card: bool | None = None,
     force: bool = False,
+    use_ema: bool = False,
     **options: Any,
 ) -> str:
     """Read `src` (any format, a run directory too), optionally resize/re-head, write `dst`; returns the format
     written. Folder exports get a model card naming `src`; `card=True` adds one beside a file export. `dst` is
-    held to the output rule before anything is read (`check_outputs`; `force`: replace a file of anyone's)."""
+    held to the output rule before anything is read (`check_outputs`; `force`: replace a file of anyone's).
+    `use_ema`: a training checkpoint's EMA weights (timm's use_ema)."""
     fmt = target_format(dst, to)
     file = locate(src)  # the weights file it means, named as the card's source
     check_outputs(dst, fmt, card, force, (src, file))  # before minutes of reading
     with progress(total=2, desc=f"convert {file.name}", unit="phase") as bar:  # read, then write
-        model = load(file, image_size=image_size, num_classes=num_classes, arch=arch)
+        model = load(file, image_size=image_size, num_classes=num_classes, arch=arch, use_ema=use_ema)
         bar.update(1)
         if fmt == "jax-npz" and isinstance(model.config, BiTConfig):
             fmt = "bit-npz"  # what was written: the official .npz of a BiT is big_transfer's layout
@@ -117,11 +119,12 @@ def convert(
     return fmt
 
 
-def describe(path: str | Path, arch: str | None = None) -> dict[str, Any]:
-    """What `vitlab info` prints: the format, the inferred architecture, sizes and class names."""
+def describe(path: str | Path, arch: str | None = None, use_ema: bool = False) -> dict[str, Any]:
+    """What `vitlab info` prints: the format, the inferred architecture, sizes and class names, and of a training
+    checkpoint its epoch, metric and which weights were read (`use_ema`: its EMA weights)."""
     file = locate(path)
     fmt = detect_format(file)
-    ck = read_weights(file, arch)
+    ck = read_weights(file, arch, use_ema)
     cfg = ck.config
     check_values(file, ck.state_dict, ck.meta.get("class_names"), cfg.num_classes)  # what loading would refuse
     info: dict[str, Any] = {"path": str(path)}
@@ -136,6 +139,8 @@ def describe(path: str | Path, arch: str | None = None) -> dict[str, Any]:
     }
     if ck.meta.get("eval_resize"):
         info["eval_resize"] = ck.meta["eval_resize"]
+    for key, value in (ck.meta.get("checkpoint") or {}).items():
+        info[f"checkpoint {key}"] = value
     if isinstance(cfg, ViTConfig):
         info["grid"] = list(cfg.grid_size())
     names = ck.meta.get("class_names")

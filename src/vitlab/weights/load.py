@@ -83,11 +83,11 @@ def _zip_format(path: Path) -> str:
     raise WeightsError(path, "zip archive holds neither .npy arrays nor a torch state dict", "pass an official .npz")
 
 
-def read_weights(path: str | Path, arch: str | None = None) -> WeightsRecord:
-    """The file's config and tensors in vitlab's names. A file the download cache recorded as a published
-    checkpoint must hold the architecture its catalogue name promises."""
+def read_weights(path: str | Path, arch: str | None = None, use_ema: bool = False) -> WeightsRecord:
+    """The file's config and tensors in vitlab's names (`use_ema`: a training checkpoint's EMA weights). A file the
+    download cache recorded as a published checkpoint must hold the architecture its catalogue name promises."""
     path = weights_path(path)
-    ck = _read_format(path, arch)
+    ck = _read_format(path, arch, use_ema)
     record = read_meta(path) if path.is_file() else None
     if record and isinstance(record.get("model"), str) and record["model"]:
         check_published(ck, path, record["model"], str(record.get("name") or record["model"]))
@@ -131,10 +131,13 @@ def check_published(ck: WeightsRecord, path: str | Path, model: str, name: str) 
                            f"the cached file was replaced; delete it and run `vitlab download {name}`")
 
 
-def _read_format(path: Path, arch: str | None) -> WeightsRecord:
+def _read_format(path: Path, arch: str | None, use_ema: bool = False) -> WeightsRecord:
     fmt = detect_format(path)
     if fmt == "timm":
-        return read_timm(path, arch=arch)
+        return read_timm(path, arch=arch, use_ema=use_ema)
+    if use_ema:
+        raise WeightsError(path, f"holds no EMA weights ({fmt} weights are one set)",
+                           "leave out use_ema / --use-ema (it picks a training checkpoint's EMA weights)")
     return {"vitlab": read_vitlab, "jax-npz": read_jax_npz, "bit-npz": read_bit_npz, "hf": read_hf}[fmt](path)
 
 
@@ -144,6 +147,7 @@ def load(
     num_classes: int | None = None,
     arch: str | None = None,
     pretrained: str | bool | None = None,
+    use_ema: bool = False,
 ) -> nn.Module:
     """A model in eval mode with the weights `name_or_path` means (a file, folder, run directory or published name,
     `weights.locate`). `image_size` resamples the position embedding, `num_classes` (if different from the
@@ -154,7 +158,7 @@ def load(
     check_source(name_or_path)
     check_load_sizes(image_size, num_classes)
     entry, path = locate_published(name_or_path, pretrained)
-    ck = read_weights(path, arch)
+    ck = read_weights(path, arch, use_ema)
     if entry is not None and entry.model and entry.repo is not None:  # files in vitlab's cache are checked on read
         check_published(ck, path, entry.model, entry.name)
     model = model_from_checkpoint(ck, path, image_size, num_classes, owned=True)

@@ -7,9 +7,11 @@ vitlab_format) build on this; it knows no format's names.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
+import pathlib
 import pickle
 import re
 import struct
@@ -17,7 +19,7 @@ import zipfile
 import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -30,8 +32,14 @@ from vitlab.progress import progress
 
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 ONNX_SUFFIX = ".onnx"  # a graph (vitlab export) served by ONNX Runtime, never weights to build a model from
-# Training checkpoints nest the weights under one of these (timm: "state_dict", DeiT/MAE: "model").
+# Training checkpoints nest the weights under one of these (timm, Lightning: "state_dict", DeiT/MAE: "model").
 WRAPPER_KEYS = ("state_dict", "model", "module", "model_state_dict")
+# ... and their exponential moving average under one of these (timm's train.py, DeiT), read when asked (use_ema).
+EMA_KEYS = ("state_dict_ema", "model_ema")
+# The plain Python types training checkpoints hold besides tensors (timm's train.py: its argparse.Namespace of
+# settings; Lightning: paths among the hyper-parameters), allowed to the weights-only unpickler: building them runs
+# no code of the file's. Anything else stays refused.
+CHECKPOINT_GLOBALS = (argparse.Namespace, pathlib.PosixPath, pathlib.PurePosixPath, pathlib.PureWindowsPath)
 # DDP and torch.compile prefix every key; neither changes the weights.
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 _MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit; a larger length means garbage, not a header
@@ -97,9 +105,23 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
         raise WeightsError(path, f"cannot read safetensors ({type(err).__name__})", "re-export the file") from None
 
 
-def read_tensor_file(path: str | Path) -> dict[str, torch.Tensor]:
-    """A flat name -> tensor dict from a .safetensors file or a weights-only pickle (.pth/.pt/.bin/.ckpt),
-    with training-checkpoint wrappers removed. Raises WeightsError naming the file for anything else."""
+def read_tensor_file(path: str | Path, use_ema: bool = False) -> dict[str, torch.Tensor]:
+    """A flat name -> tensor dict from a .safetensors file or a weights-only pickle (.pth/.pt/.bin/.ckpt, timm's
+    .pth.tar), with training-checkpoint wrappers removed (`read_checkpoint`). WeightsError naming the file for
+    anything else."""
+    return read_checkpoint(path, use_ema).tensors
+
+
+class CheckpointRead(NamedTuple):
+    tensors: dict[str, torch.Tensor]  # the model's state dict, wrappers and prefixes removed
+    entries: dict[str, Any]  # a training checkpoint's plain top-level entries ("args", "epoch", …); {} otherwise
+    has_ema: bool  # it also holds EMA weights (EMA_KEYS)
+
+
+def read_checkpoint(path: str | Path, use_ema: bool = False) -> CheckpointRead:
+    """A weights file as read: a training checkpoint (timm's train.py, Lightning, DeiT) yields its model's state
+    dict and its plain entries; a bare state dict or safetensors file the tensors alone. `use_ema`: the
+    exponential-moving-average weights (`EMA_KEYS`), as timm's use_ema; a WeightsError when the file holds none."""
     path = Path(path)
     if not path.is_file():
         raise WeightsError(path, "no such file", "check the path")
@@ -109,14 +131,36 @@ def read_tensor_file(path: str | Path) -> dict[str, torch.Tensor]:
         # torch.save writes a zip ("PK") or, before torch 1.6, a pickle (protocol byte 0x80); anything else goes
         # to the safetensors reader, which reports corrupt files precisely.
         if path.suffix == ".safetensors" or magic not in (b"PK", b"\x80\x02"):
-            return strip_prefixes(read_safetensors(path))
-    return unwrap_state_dict(path, _read_pickle(path))
+            if use_ema:
+                raise WeightsError(path, "holds no EMA weights (a safetensors file is one set of weights)",
+                                   "leave out use_ema / --use-ema")
+            return CheckpointRead(strip_prefixes(read_safetensors(path)), {}, False)
+    obj = _read_pickle(path)
+    entries = {k: v for k, v in obj.items() if not _holds_tensors(v)} if isinstance(obj, dict) else {}
+    has_ema = isinstance(obj, dict) and any(obj.get(k) is not None for k in EMA_KEYS)
+    return CheckpointRead(unwrap_state_dict(path, _ema_weights(path, obj) if use_ema else obj), entries, has_ema)
+
+
+def _holds_tensors(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) or (isinstance(value, dict) and any(
+        isinstance(v, torch.Tensor | dict) for v in value.values()))
+
+
+def _ema_weights(path: Path, obj: Any) -> Any:
+    """The EMA state dict of a training checkpoint, chosen as timm's use_ema chooses it."""
+    found = next((obj[k] for k in EMA_KEYS if isinstance(obj, dict) and obj.get(k) is not None), None)
+    if found is None:
+        raise WeightsError(path, f"holds no EMA weights (none of {list(EMA_KEYS)})",
+                           "leave out use_ema / --use-ema: the file's weights are its only ones")
+    return found
 
 
 def _read_pickle(path: Path) -> Any:
     try:
-        # weights_only: a pickle can run arbitrary code on load; tensors and plain containers cannot.
-        return torch.load(path, map_location="cpu", weights_only=True)
+        # weights_only: a pickle can run arbitrary code on load; tensors, plain containers and the few plain
+        # types training checkpoints hold (CHECKPOINT_GLOBALS) cannot.
+        with torch.serialization.safe_globals(list(CHECKPOINT_GLOBALS)):
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         found = re.search(r"WeightsUnpickler error:\s*(.+?)(?: was not an allowed|\n|$)", str(e))
         detail = found.group(1).strip() if found else str(e).splitlines()[0]
@@ -132,15 +176,18 @@ def _read_pickle(path: Path) -> Any:
 
 
 def unwrap_state_dict(path: str | Path, obj: Any) -> dict[str, torch.Tensor]:
-    """Find the state dict inside a training checkpoint ({"state_dict": …}, {"model": …}) and drop
-    "module." / "_orig_mod." prefixes. Every value must then be a tensor."""
+    """Find the state dict inside a training checkpoint ({"state_dict": …}, {"model": …}) and drop the prefixes
+    that wrap a model without changing its weights: "module." / "_orig_mod." (DDP, torch.compile), and in a
+    training checkpoint a module name every key shares ("model." of a LightningModule's `self.model`: a ViT's or
+    BiT's own keys never all share one). Every value must then be a tensor."""
+    wrapped = False
     for _ in range(3):  # wrappers nest at most a couple of levels ({"model": {"state_dict": …}})
         if not isinstance(obj, dict) or all(isinstance(v, torch.Tensor) for v in obj.values()):
             break
         inner = next((obj[k] for k in WRAPPER_KEYS if isinstance(obj.get(k), dict)), None)
         if inner is None:
             break
-        obj = inner
+        obj, wrapped = inner, True
     if not isinstance(obj, dict) or not obj:
         raise WeightsError(path, f"holds a {type(obj).__name__}, not a state dict", "save model.state_dict()")
     for key, value in obj.items():
@@ -150,7 +197,10 @@ def unwrap_state_dict(path: str | Path, obj: Any) -> dict[str, torch.Tensor]:
                 f"entry {key!r} is a {type(value).__name__}, not a tensor",
                 f"expected a state dict (name -> tensor) or one under one of the keys {list(WRAPPER_KEYS)}",
             )
-    return strip_prefixes(obj)
+    obj = strip_prefixes(obj)
+    while wrapped and len({k.split(".", 1)[0] for k in obj}) == 1 and all("." in k for k in obj):
+        obj = {k.split(".", 1)[1]: v for k, v in obj.items()}
+    return obj
 
 
 def strip_prefixes(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

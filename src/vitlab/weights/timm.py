@@ -10,6 +10,7 @@ official ones, so vitlab's numerics are the ones they were trained with.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from pathlib import Path
@@ -30,8 +31,9 @@ from vitlab.weights.card import CARD, model_card
 from vitlab.weights.record import WeightsRecord
 from vitlab.weights.tensors import (
     PICKLE_SUFFIXES,
+    CheckpointRead,
+    read_checkpoint,
     read_json,
-    read_tensor_file,
     read_weights_folder,
     write_folder_atomically,
 )
@@ -78,20 +80,63 @@ def reject_unsupported_tensors(tensors: dict[str, torch.Tensor], path: str | Pat
 
 
 # --- reading -------------------------------------------------------------------------------------------------
-def read_timm(path: str | Path, arch: str | None = None) -> WeightsRecord:
-    """A timm hub folder (config.json + model.safetensors or pytorch_model.bin) or a bare state dict
-    (.safetensors/.pth/.bin). `arch` (a timm model name) overrides the folder's architecture; without either
-    the architecture is inferred from the tensor shapes."""
+def read_timm(path: str | Path, arch: str | None = None, use_ema: bool = False) -> WeightsRecord:
+    """A timm hub folder (config.json + model.safetensors or pytorch_model.bin), a bare state dict
+    (.safetensors/.pth/.bin) or a training checkpoint (timm's train.py `model_best.pth.tar`, a Lightning `.ckpt`:
+    `training_hub` reads what it says of the model). `arch` (a timm model name) overrides the architecture the
+    folder or checkpoint names; without either the architecture is inferred from the tensor shapes. `use_ema`: a
+    training checkpoint's EMA weights (timm's use_ema)."""
     path = Path(path)
     hub: dict[str, Any] = {}
     if path.is_dir():
+        if use_ema:
+            raise WeightsError(path, "holds no EMA weights (a timm hub folder is one set of weights)",
+                               "leave out use_ema / --use-ema")
         hub = _hub_config(path / "config.json")
         file, tensors = read_weights_folder(path, ("model.safetensors", "pytorch_model.bin"))
-    else:
-        file, tensors = path, read_tensor_file(path)
-    name = arch or hub.get("architecture")
-    named_by = file if arch or not hub else path / "config.json"
-    return _timm_record(tensors, hub, name, path, file, named_by)
+        named_by = file if arch else path / "config.json"
+        return _timm_record(tensors, hub, arch or hub.get("architecture"), path, file, named_by)
+    read = read_checkpoint(path, use_ema)
+    hub = training_hub(read.entries)
+    record = _timm_record(read.tensors, hub, arch or hub.get("architecture"), path, path, path)
+    if read.entries or read.has_ema:
+        record.meta["checkpoint"] = _checkpoint_summary(read, use_ema)
+    return record
+
+
+def training_hub(entries: dict[str, Any]) -> dict[str, Any]:
+    """What a training checkpoint's settings say of its model, in the shape of timm's config.json: timm's train.py
+    stores its command line as `args` (an argparse.Namespace): the model name (when vitlab knows it: the tensors
+    decide otherwise), class count, `gp` pooling, `in_chans`, `model_kwargs`, and the mean/std it trained with.
+    {} for a checkpoint without them (Lightning's: the tensors alone tell the architecture)."""
+    args = entries.get("args")
+    args = vars(args) if isinstance(args, argparse.Namespace) else args
+    if not isinstance(args, dict):
+        return {}
+    name = args.get("model") if isinstance(args.get("model"), str) else None
+    if name is not None:
+        try:
+            timm_name_options(name)
+        except WeightsError:
+            name = None  # a model vitlab has no timm name for (a vitlab name): read from the tensors
+    model_args = dict(args["model_kwargs"]) if isinstance(args.get("model_kwargs"), dict) else {}
+    for key, arg in (("global_pool", "gp"), ("in_chans", "in_chans")):
+        if args.get(arg) not in (None, ""):
+            model_args[key] = args[arg]
+    hub: dict[str, Any] = {"architecture": name, "model_args": model_args,
+                           "pretrained_cfg": {k: list(args[k]) for k in ("mean", "std")
+                                              if isinstance(args.get(k), list | tuple)}}  # fmt: skip
+    if isinstance(args.get("num_classes"), int):
+        hub["num_classes"] = args["num_classes"]
+    return hub
+
+
+def _checkpoint_summary(read: CheckpointRead, use_ema: bool) -> dict[str, Any]:
+    """What `vitlab info` says of a training checkpoint: its epoch and metric, and which of its weights were read."""
+    summary = {k: read.entries[k] for k in ("epoch", "metric") if isinstance(read.entries.get(k), int | float)}
+    summary["weights"] = "EMA" if use_ema else "trained" + (" (EMA weights too: use_ema / --use-ema)"
+                                                             if read.has_ema else "")
+    return summary
 
 
 def read_timm_module(model: nn.Module) -> WeightsRecord:
