@@ -17,13 +17,16 @@ from torch import nn
 from vitlab.constants import OFFICIAL_MEAN, OFFICIAL_STD
 from vitlab.errors import WeightsError
 from vitlab.models.config import BiTConfig, ModelConfig, ViTConfig
+from vitlab.models.timm_compat import eval_resize_of
 from vitlab.weights.card import model_card
 from vitlab.weights.hf_bit import read_hf_bit, write_hf_bit
 from vitlab.weights.hf_folder import (
     PREPROCESSOR,
     checkpoint_meta,
+    eval_resize_from_processor,
     hf_architecture,
     hf_num_classes,
+    image_processor,
     label_maps,
     write_hf_folder,
 )
@@ -96,7 +99,7 @@ def from_hf_state_dict(tensors: dict[str, torch.Tensor], config: ViTConfig, base
 # --- reading -------------------------------------------------------------------------------------------------
 def read_hf(path: str | Path) -> WeightsRecord:
     """A `save_pretrained` folder of ViTForImageClassification or ViTModel (config.json with model_type "vit",
-    model.safetensors or pytorch_model.bin, optionally preprocessor_config.json for mean/std)."""
+    model.safetensors or pytorch_model.bin, optionally preprocessor_config.json for mean/std and the resize)."""
     folder = Path(path)
     folder = folder.parent if folder.is_file() else folder
     cfg_path = folder / "config.json"
@@ -118,6 +121,9 @@ def read_hf(path: str | Path) -> WeightsRecord:
     if not (folder / PREPROCESSOR).is_file():
         notes.append(f"no {PREPROCESSOR}: assumed mean = std = 0.5")
     meta = checkpoint_meta(hf, arch, config.num_classes, notes)
+    if (folder / PREPROCESSOR).is_file() and (resize := eval_resize_from_processor(read_json(folder / PREPROCESSOR),
+                                                                                    config.image_size)):
+        meta["eval_resize"] = resize  # the processor crops the centre: `vitlab.transforms` does as it does
     return WeightsRecord(config, from_hf_state_dict(tensors, config, base), source="hf", meta=meta)
 
 
@@ -228,9 +234,6 @@ def write_hf(model: nn.Module, folder: str | Path, source: str | Path | None = N
     # clone: q, k and v are views of one qkv tensor, and safetensors refuses tensors that share memory
     tensors = {k: v.detach().to("cpu").clone() for k, v in to_hf_state_dict(model.state_dict(), config, base).items()}
     cfg = hf_config(config, getattr(model, "class_names", None))
-    h, w = config.image_size
-    pre = {"image_processor_type": "ViTImageProcessor", "do_resize": True, "size": {"height": h, "width": w},
-           "resample": 2, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
-           "image_mean": list(config.mean), "image_std": list(config.std)}  # fmt: skip
+    pre = image_processor(config.image_size, config.mean, config.std, eval_resize_of(model), "ViTImageProcessor")
 
     write_hf_folder(folder, cfg, pre, model_card(model, "hf", folder, source), tensors)

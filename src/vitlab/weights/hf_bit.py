@@ -20,13 +20,16 @@ from torch import nn
 from vitlab.constants import CLIP_MEAN, CLIP_STD
 from vitlab.errors import WeightsError
 from vitlab.models.config import BiTConfig
+from vitlab.models.timm_compat import eval_resize_of
 from vitlab.weights.bit_npz import bit_name, warn_numerics
 from vitlab.weights.card import model_card
 from vitlab.weights.hf_folder import (
     PREPROCESSOR,
     checkpoint_meta,
+    eval_resize_from_processor,
     hf_architecture,
     hf_num_classes,
+    image_processor,
     label_maps,
     write_hf_folder,
 )
@@ -91,7 +94,10 @@ def read_hf_bit(path: str | Path) -> WeightsRecord:
     if float(hf.get("drop_path_rate") or 0):
         notes.append(f"ignored drop_path_rate={hf['drop_path_rate']}: a training-time setting")
     state = {key: tensors[name] for key, name in names.items()}
-    return WeightsRecord(config, state, source="hf", meta=checkpoint_meta(hf, arch, config.num_classes, notes))
+    meta = checkpoint_meta(hf, arch, config.num_classes, notes)
+    if pre_path.is_file() and (resize := eval_resize_from_processor(read_json(pre_path), config.image_size)):
+        meta["eval_resize"] = resize  # the processor crops the centre: `vitlab.transforms` does as it does
+    return WeightsRecord(config, state, source="hf", meta=meta)
 
 
 def config_from_hf_bit(hf: dict[str, Any], path: str | Path, arch: str) -> BiTConfig:
@@ -178,10 +184,6 @@ def write_hf_bit(model: nn.Module, folder: str | Path, source: str | Path | None
     base = "bit." if config.num_classes else ""
     tensors = {hf_key(k, base): v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     cfg = hf_bit_config(config, getattr(model, "class_names", None))
-    h, w = config.image_size
-    pre = {"image_processor_type": "BitImageProcessor", "do_resize": True, "size": {"height": h, "width": w},
-           "do_center_crop": False, "crop_size": {"height": h, "width": w}, "resample": 2, "do_rescale": True,
-           "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(config.mean),
-           "image_std": list(config.std), "do_convert_rgb": True}  # fmt: skip
+    pre = image_processor(config.image_size, config.mean, config.std, eval_resize_of(model), "BitImageProcessor")
 
     write_hf_folder(folder, cfg, pre, model_card(model, "hf", folder, source), tensors)
