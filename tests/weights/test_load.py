@@ -197,3 +197,22 @@ def test_a_model_without_its_final_norm_is_refused_at_save(tmp_path):
     assert message.startswith("vitlab.save: the model lacks parameters its config describes (norm.bias, "
                               "norm.weight), so vitlab.load could not rebuild it")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unmerged_peft_model_is_refused_at_save_naming_merge_and_unload(tmp_path):
+    """A LoRA-wrapped model (the peft model, its LoraModel, or the vitlab model with adapters injected) is refused
+    in one line that says merge_and_unload(), not pruning; merged, it saves and loads as the merged weights."""
+    peft = pytest.importorskip("peft")
+    model = vitlab.create_model("ViT-Ti/16", depth=1, num_classes=3, image_size=32)
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["qkv"], init_lora_weights=False))
+    for target in (wrapped, wrapped.base_model, model):
+        with pytest.raises(ValueError) as refused:
+            vitlab.save(target, tmp_path / "lora.safetensors")
+        message = str(refused.value)
+        assert "\n" not in message and "merge_and_unload()" in message and "prun" not in message
+        assert "blocks.0.attn.qkv" in message
+    assert list(tmp_path.iterdir()) == []
+    x = torch.randn(2, 3, 32, 32)
+    expected = wrapped.eval()(x)
+    vitlab.save(wrapped.merge_and_unload(), tmp_path / "merged.safetensors")
+    torch.testing.assert_close(vitlab.load(tmp_path / "merged.safetensors")(x), expected, rtol=1e-5, atol=1e-5)

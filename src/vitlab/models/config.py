@@ -301,3 +301,16 @@ def config_from_dict(d: dict[str, Any]) -> ModelConfig:
     if d.get("resnet") is not None:
         d["resnet"] = ResNetConfig(**d["resnet"])
     return cls(**d)
+
+
+def _refuse_assignment(self: Any, name: str, value: Any) -> None:
+    """A model's config describes its architecture and never changes; the refusal says how to get a changed copy,
+    and what to wrap for transformers' Trainer, which sets `model.config.use_cache` in its constructor."""
+    raise dataclasses.FrozenInstanceError(
+        f"cannot assign to field {name!r}: a vitlab {type(self).__name__} is frozen (it describes the model's "
+        "architecture; config.replace(...) gives a changed copy); for transformers' Trainer wrap the model in a module "
+        "whose forward(pixel_values, labels) returns {'loss', 'logits'} (docs/coming-from-transformers.md)")
+
+
+for _frozen in (ViTConfig, BiTConfig, ResNetConfig):
+    _frozen.__setattr__ = _refuse_assignment  # type: ignore[method-assign]  # the dataclass's own, with the fix said

@@ -43,14 +43,21 @@ def check_model(model: Any) -> None:
 
 
 def check_matches_config(model: Any, tensors: dict[str, Any], expected: dict[str, Any]) -> None:
-    """ValueError when the model's parameters no longer match what its config builds (a module replaced or
-    removed after it was made, e.g. prune_intermediate_layers(prune_norm=True)), or when it no longer pools (timm's
-    global_pool "", e.g. prune_intermediate_layers(prune_head=True)): `load` could not rebuild it."""
+    """ValueError when the model holds unmerged peft (LoRA) adapters, or its parameters no longer match what its
+    config builds (a module replaced or removed after it was made, e.g. prune_intermediate_layers(prune_norm=True)),
+    or when it no longer pools (timm's global_pool "", e.g. prune_intermediate_layers(prune_head=True)): `load`
+    could not rebuild it."""
     if getattr(model, "unpooled", False):
         raise ValueError("vitlab.save: the model no longer pools (timm's global_pool '', set by "
                          "prune_intermediate_layers(prune_head=True) or reset_classifier(n, '')), which no vitlab "
                          "config describes, so vitlab.load could not rebuild it; save it before pruning its head, or "
                          "prune with prune_head=False")  # fmt: skip
+    adapters = [name for name, module in getattr(model, "named_modules", list)()
+                if type(module).__module__.split(".")[0] == "peft" and not hasattr(module, "peft_config")]
+    if adapters:
+        shown = ", ".join(adapters[:2]) + (f" and {len(adapters) - 2} more" if len(adapters) > 2 else "")
+        raise ValueError(f"vitlab.save: the model holds peft adapters not merged into its weights ({shown}); merge "
+                         "them first: model = peft_model.merge_and_unload(), then vitlab.save(model, path)")
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))
     reshaped = sorted(k for k in set(expected) & set(tensors) if tuple(expected[k]) != tuple(tensors[k].shape))
