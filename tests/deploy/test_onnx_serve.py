@@ -169,3 +169,20 @@ def test_loading_an_onnx_file_as_weights_says_how_to_serve_it(exported):
     with pytest.raises(vitlab.weights.WeightsError, match=r"an ONNX file holds a graph to run, not weights .* "
                                                           r"`vitlab predict --weights FILE`"):
         vitlab.load(exported["onnx"])
+
+
+def test_a_graph_quantized_after_export_is_labelled_int8(exported, tmp_path, capsys):
+    """ONNX Runtime's quantize_dynamic run on vitlab's fp32 export keeps the metadata's "fp32"; eval reads the
+    precision from the graph's integer kernels instead, and says where it read it."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    quantized = tmp_path / "model.int8.onnx"
+    quantize_dynamic(str(exported["onnx"]), str(quantized))
+    meta = {p.key: p.value for p in onnx.load(str(quantized)).metadata_props}
+    assert meta["precision"] == "fp32"  # what the file says of itself
+    assert main(["eval", "--weights", str(quantized), "--data", "digits", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["precision"]["name"] == "int8"
+    assert "integer-kernel nodes in the graph, metadata says fp32" in record["precision"]["reason"]
+    assert main(["eval", "--weights", str(exported["onnx"]), "--data", "digits", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["precision"]["name"] == "fp32"

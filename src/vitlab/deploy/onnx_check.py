@@ -21,6 +21,29 @@ FP32_BOUND = 1e-5  # ONNX Runtime float32 against PyTorch float32: max |differen
 INT8_BOUND = 0.10
 
 
+# What an int8 graph computes with: ONNX Runtime's dynamic quantization (MatMulInteger after DynamicQuantizeLinear,
+# or its fused DynamicQuantizeMatMul / MatMulIntegerToFloat) and static QLinear / ConvInteger kernels.
+INT8_OPS = ("MatMulInteger", "DynamicQuantizeMatMul", "DynamicQuantizeLinear", "MatMulIntegerToFloat",
+            "QLinearMatMul", "QLinearConv", "ConvInteger")
+
+
+def graph_precision(path: str | Path, recorded: str) -> tuple[str, str]:
+    """(precision, where it was read) of the ONNX graph at `path`: "int8" when its nodes compute with integer
+    kernels (INT8_OPS), however it was quantized (vitlab export --precision int8, or ONNX Runtime's
+    quantize_dynamic run on an fp32 export, which keeps the metadata's "fp32"); else the metadata's `recorded`.
+    Without the onnx package the graph cannot be read, and the metadata is all there is."""
+    try:
+        import onnx
+    except ImportError:
+        return recorded, "metadata (the onnx package, which reads the graph, is missing)"
+    nodes = onnx.load(str(path), load_external_data=False).graph.node
+    integer = sum(n.op_type in INT8_OPS for n in nodes)
+    if integer:
+        return "int8", f"{integer} integer-kernel nodes in the graph" + (
+            f", metadata says {recorded}" if recorded != "int8" else "")
+    return recorded, "as exported"
+
+
 def require_onnx() -> tuple[ModuleType, ModuleType]:
     """(onnx, onnxruntime), or ValueError in one line with the install command."""
     try:

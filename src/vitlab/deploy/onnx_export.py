@@ -38,6 +38,7 @@ from torch import nn
 
 from vitlab.deploy.onnx_check import (
     FP32_BOUND,
+    INT8_OPS,
     Agreement,
     compare,
     quantize_graph,
@@ -54,7 +55,6 @@ from vitlab.weights.tensors import is_onnx_path
 ONNX_KIND = Kind("vitlab export", ONNX)  # what an earlier export left: replaced by the next one
 
 EXPORT_PRECISIONS = ("auto", "fp32", "int8", "bf16")
-INT8_OPS = ("MatMulInteger", "DynamicQuantizeMatMul", "DynamicQuantizeLinear")  # what the int8 graph computes with
 MAX_PROTO_BYTES = 2**31 - 1  # protobuf's limit on one file; larger models need external data, not written here
 log = logging.getLogger("vitlab.deploy")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vitlab.deploy.onnx_check import require_onnxruntime, session
+from vitlab.deploy.onnx_check import graph_precision, require_onnxruntime, session
 from vitlab.models import config_from_dict
 from vitlab.models.config import ModelConfig
 from vitlab.runtime.precision import Precision
@@ -71,13 +71,14 @@ def open_onnx_session(path: str | os.PathLike, *, device: str = "auto", precisio
         raise ValueError(f"{path} is not an ONNX file ONNX Runtime can load ({said}); export one with: vitlab "
                          f"export WEIGHTS {path}") from None
     meta = dict(sess.get_modelmeta().custom_metadata_map)
-    config, names, resize, exported = _read_metadata(path, meta)
+    config, names, resize, recorded = _read_metadata(path, meta)
+    exported, read_from = graph_precision(path, recorded)  # a graph quantized after export says int8, not its metadata
     _check_settings(path, exported, device, precision, compile)
     if not config.num_classes:
         raise ValueError(f"{path} outputs features (its model has no classifier head); vitlab predict and eval "
                          "need a file that outputs logits: export weights with a head")
     model = OnnxModel(path, sess, config, names, resize).eval()
-    reason = f"as exported, ONNX Runtime {require_onnxruntime().__version__} (CPU)"
+    reason = f"{read_from}, ONNX Runtime {require_onnxruntime().__version__} (CPU)"
     return InferenceSession(model, torch.device("cpu"), Precision(exported, reason),
                             tuple(names or (str(i) for i in range(config.num_classes))))
 
