@@ -18,7 +18,25 @@ def test_entries_cover_every_listed_model():
     spec.loader.exec_module(hub)
     names = [n for n in dir(hub) if callable(getattr(hub, n)) and not n.startswith("_")]
     assert {"vit_b16", "vit_ti16_gap", "r50_vit_b16", "r_vit_ti16", "bit_r50x1"} <= set(names)
-    assert len(names) == len(vitlab.list_models())
+    timm_names = [n for n in vitlab.list_models("*") if n not in vitlab.list_models()]
+    assert "vit_tiny_patch16_224" in timm_names and "vit_small_patch14_dinov2" in timm_names
+    assert set(timm_names) <= set(names)  # as timm's hubconf: every timm name is an entry under that name
+    assert len(names) == len(vitlab.list_models()) + len(timm_names)
+
+
+def test_timm_name_entry_builds_and_loads_that_architecture(tmp_path):
+    """torch.hub.load(repo, "vit_tiny_patch16_224") builds what vitlab.create_model builds for the name (timm's
+    keywords taken); weights= loads a file of that architecture and refuses another."""
+    model = torch.hub.load(str(REPO), "vit_tiny_patch16_224", source="local", num_classes=3, drop_path_rate=0.1)
+    assert model.config == vitlab.create_model("vit_tiny_patch16_224", num_classes=3, drop_path_rate=0.1).config
+    assert model.eval_resize == "timm:bicubic:0.9"
+    vitlab.save(model, tmp_path / "ti.safetensors")
+    loaded = torch.hub.load(str(REPO), "vit_tiny_patch16_224", source="local", weights=str(tmp_path / "ti.safetensors"))
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        assert torch.equal(model.eval()(x), loaded(x))
+    with pytest.raises(ValueError, match="not vit_small_patch16_224"):
+        torch.hub.load(str(REPO), "vit_small_patch16_224", source="local", weights=str(tmp_path / "ti.safetensors"))
 
 
 def test_hub_model_and_weights(tmp_path):
