@@ -187,7 +187,7 @@ def evaluate_weights(
     session = session or open_session(weights, device=device, precision=precision, compile=compile)
     model, dev, chosen, names = session.model, session.device, session.precision, list(session.class_names)
     has_names = getattr(model, "class_names", None) is not None
-    if names == [str(i) for i in range(len(names))]:  # weights without class names (a timm training checkpoint)
+    if getattr(model, "unnamed_classes", False):  # weights without class names (a timm training checkpoint)
         data_split: ImageSplit = load_split(data, split, None, strict)  # class i: the i-th sorted, as timm's folders
         if set(data_split.class_names) == set(names) and list(data_split.class_names) != names:
             data_split = load_split(data, split, names, strict)  # folders named by the indices: matched by name

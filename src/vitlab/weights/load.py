@@ -154,7 +154,9 @@ def load(
     file's) attaches a new zero-initialised head. `arch` names the architecture of a bare timm state dict when
     its shapes alone do not determine it; `pretrained` a published tag for a model name ("augreg-i21k", True: the
     default). A published checkpoint gets `model.hub_entry` (its catalogue record) and, for ImageNet-1k
-    classifiers, `model.class_names`; weights without names get the class indices as text."""
+    classifiers, `model.class_names`; weights without names get the class indices as text (and
+    `model.unnamed_classes`). `use_ema`: a training checkpoint's EMA weights (timm's `state_dict_ema`), as timm's
+    use_ema."""
     check_source(name_or_path)
     check_load_sizes(image_size, num_classes)
     entry, path = locate_published(name_or_path, pretrained)
@@ -170,6 +172,7 @@ def load(
             model.class_names = [name for _, name in imagenet_classes()]
     if not getattr(model, "class_names", None):  # so that model.class_names[i] always works
         model.class_names = [str(i) for i in range(model.config.num_classes)]
+        model.unnamed_classes = True  # the names are the indices: a dataset's own names are not checked against them
     return model
 
 

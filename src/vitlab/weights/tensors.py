@@ -8,6 +8,7 @@ vitlab_format) build on this; it knows no format's names.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -155,11 +156,21 @@ def _ema_weights(path: Path, obj: Any) -> Any:
     return found
 
 
+def _allowing(types: tuple[type, ...]) -> contextlib.AbstractContextManager:
+    """The weights-only unpickler allowed `types` for one load (torch >= 2.5); torch 2.4 has only the process-wide
+    allow-list, to which these plain types are added."""
+    scoped = getattr(torch.serialization, "safe_globals", None)
+    if scoped is not None:
+        return scoped(list(types))
+    torch.serialization.add_safe_globals(list(types))
+    return contextlib.nullcontext()
+
+
 def _read_pickle(path: Path) -> Any:
     try:
         # weights_only: a pickle can run arbitrary code on load; tensors, plain containers and the few plain
         # types training checkpoints hold (CHECKPOINT_GLOBALS) cannot.
-        with torch.serialization.safe_globals(list(CHECKPOINT_GLOBALS)):
+        with _allowing(CHECKPOINT_GLOBALS):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         found = re.search(r"WeightsUnpickler error:\s*(.+?)(?: was not an allowed|\n|$)", str(e))
