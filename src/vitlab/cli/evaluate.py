@@ -8,7 +8,6 @@ import os
 import sys
 from pathlib import Path
 
-from vitlab.cli.train import EVAL_RESIZE_HELP
 from vitlab.cli.types import (
     COMPILE_HELP,
     DATA_SOURCES,
@@ -20,6 +19,7 @@ from vitlab.cli.types import (
     precision_name,
     workers,
 )
+from vitlab.constants import EVAL_RESIZE_HELP
 
 WEIGHTS_HELP = ("weights file, checkpoint directory or run directory, or a .onnx file vitlab export wrote (run in "
                 "ONNX Runtime with the pre-processing its metadata records; needs pip install 'vitlab[onnx]'; see "

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from vitlab.cli.train import EVAL_RESIZE_HELP
 from vitlab.cli.types import (
     COMPILE_HELP,
     DATA_SOURCES,
@@ -18,6 +17,7 @@ from vitlab.cli.types import (
     new_file,
     precision_name,
 )
+from vitlab.constants import EVAL_RESIZE_HELP
 
 MAX_SHOTS = 1_000_000  # examples per class
 l2_value = float_range(0.0, 1e12, low_open=True)  # the ridge penalty: big_vision sweeps 2^-20 to 2^10

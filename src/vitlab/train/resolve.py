@@ -31,7 +31,6 @@ from vitlab.errors import closest, setting
 from vitlab.files.rundir import CONFIG, MANIFEST, checkpoint_settings, list_checkpoints, run_dir_of
 from vitlab.models.config import BiTConfig, ViTConfig
 from vitlab.models.registry import architecture_differences, describe_architecture, model_config
-from vitlab.ranges import MODEL_FLAGS
 from vitlab.runtime.precision import device_kind, training_precision
 from vitlab.train.config import (
     TrainConfig,
@@ -66,6 +65,7 @@ from vitlab.train.rules import (
     steps_on_resume,
     user_set,
 )
+from vitlab.train.settings import FLAG_ONLY
 from vitlab.weights.load import read_weights
 from vitlab.weights.locate import locate
 
@@ -78,7 +78,7 @@ from vitlab.weights.locate import locate
 # network is kept as the run's label.
 
 # model_args keys the command line sets, by their flags
-FLAGS = {field: "--" + dest.replace("_", "-") for dest, field in MODEL_FLAGS.items()}
+FLAGS = {s.model_field: s.option for s in FLAG_ONLY if s.model_field}
 # Fields the run sets itself (from --image-size, the data's classes, --dropout …), never through model_args.
 _RUN_FIELDS = ("image_size", "num_classes", "name")
 
