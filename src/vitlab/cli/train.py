@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from vitlab.cli import UserError
@@ -124,13 +123,14 @@ def build_config(args: argparse.Namespace) -> Any:
     """The run's settings resolved in one step (vitlab.train.resolve): recipe, initial weights, preset,
     --config file and the flags typed here, or the stored run with --resume."""
     from vitlab.train.resolve import resolve
+    from vitlab.train.start import decide_start
 
     flags = training_overrides(args)
     if args.resume and not args.out:
         raise UserError("--resume needs --out RUN_DIR: the run to continue")
     if not args.out and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UserError("pass --out with torchrun: every process must write to the same run directory")
-    resuming = bool(args.resume) and (Path(args.out) / "config.json").exists()
+    resuming = decide_start(flags).case == "continue"
     if args.verb == "finetune" and not resuming and "init" not in flags:
         raise UserError("--init WEIGHTS is required for finetune: the weights to start from")
     if args.verb == "finetune" and not (resuming or args.config) and "data" not in flags:

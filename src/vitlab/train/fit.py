@@ -56,6 +56,7 @@ from vitlab.train.config import (
 from vitlab.train.resolve import InitWeights, Resolved, read_config_file, resolve
 from vitlab.train.runlog import append_to_console_log, check_trackers, result_line, schedule_lines, settings_lines
 from vitlab.train.settings import MODEL_FIELDS, SETTINGS, named_by_flag
+from vitlab.train.start import decide_start
 from vitlab.train.trainer import RunResult, build_run_model, check_classes, objective_for, run, run_record
 from vitlab.weights.load import is_model_object, load, read_module
 
@@ -174,9 +175,9 @@ def _val_fraction(flags: Mapping[str, Any], config_file: str | None) -> float | 
     comes first: the keyword's, else on resume the stored run's, else the config file's (no recipe sets it)."""
     if "val_fraction" in flags:
         return flags["val_fraction"]
-    stored = Path(flags["out"]) / CONFIG if flags.get("out") else None
-    if flags.get("resume") and stored is not None and stored.is_file():
-        return read_record(stored).get("val_fraction")
+    start = decide_start(flags)
+    if start.case == "continue":
+        return read_record(start.record).get("val_fraction")
     return read_config_file(config_file).get("val_fraction") if config_file else None
 
 

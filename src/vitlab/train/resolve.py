@@ -27,7 +27,7 @@ from typing import Any
 from vitlab.constants import canonical_setting
 from vitlab.data import build_datasets
 from vitlab.data.objects import is_object_description
-from vitlab.errors import closest, setting
+from vitlab.errors import closest
 from vitlab.files.rundir import CONFIG, MANIFEST, checkpoint_settings, list_checkpoints, run_dir_of
 from vitlab.models.config import BiTConfig, ViTConfig
 from vitlab.models.registry import architecture_differences, describe_architecture, model_config
@@ -65,7 +65,8 @@ from vitlab.train.rules import (
     steps_on_resume,
     user_set,
 )
-from vitlab.train.settings import FLAG_ONLY
+from vitlab.train.settings import FIELDS, FLAG_ONLY
+from vitlab.train.start import decide_start
 from vitlab.weights.load import read_weights
 from vitlab.weights.locate import locate
 
@@ -187,16 +188,11 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
     flags = {k: canonical_setting(k, v) for k, v in (flags or {}).items() if v is not None}
     epochs = check_epochs(flags)  # --epochs N: the steps once the data and batch are known (train/rules.py)
     _check_known(flags, "training settings")
+    start = decide_start(flags)  # how the run starts (vitlab.train.start): cases 1 and 2 from the flags alone
+    if start.case == "continue":
+        return _resume(Path(flags["out"]), flags, recipe, epochs)
     if flags.get("resume"):
-        if flags.get("out") and (Path(flags["out"]) / CONFIG).exists():
-            return _resume(Path(flags["out"]), flags, recipe, epochs)
-        resume, out = setting("resume"), setting("out")
-        if not flags.get("out"):
-            raise ValueError(f"{resume} needs {out}: the run folder to continue")
-        if flags["resume"] != "auto" and not _holds_sweep(flags.get("out")):  # a typo in --out starts nothing
-            raise ValueError(f"{resume}: {flags.get('out')} holds no run to continue (no config.json); check the {out} "
-                             f"path, or pass {setting('resume', value='auto')} to start a run there when there is none")
-        flags["resume"] = _holds_sweep(flags.get("out"))
+        flags["resume"] = start.case == "sweep"  # resume auto with nothing there: a new run
     layers = _Layers()
     file_values = read_config_file(config_file) if config_file else {}
     name = recipe or file_values.get("recipe") or DEFAULT_RECIPE.get(verb, "demo")
@@ -207,7 +203,7 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
     layers.apply(recipe_values, f"recipe {name}")
     layers.apply({"recipe": name}, "flag" if recipe else f"recipe {name}")
     init = flags.get("init", file_values.get("init", layers.values.get("init")))
-    init_weights = _init_layer(layers, init, init_weights) if init else None
+    init_weights = _init_layer(layers, init, init_weights) if init else None  # case 3, read once; else 4
     checkpoint = init_weights.checkpoint if init_weights else None
     preset = flags.get("preset", file_values.get("preset"))
     if preset is not None:
@@ -276,7 +272,7 @@ def _lists_to_tuples(value: Any) -> Any:
 
 
 def _check_known(values: Mapping[str, Any], what: str, extra: frozenset[str] = frozenset()) -> None:
-    known = {f.name for f in dataclasses.fields(TrainConfig)} | extra
+    known = set(FIELDS) | extra
     unknown = sorted(set(values) - known)
     if unknown:
         guess = closest(unknown[0], sorted(known))
@@ -599,11 +595,6 @@ def recorded_settings(out: Path, record: dict[str, Any]) -> tuple[dict[str, Any]
 def json_excerpt(value: Any) -> str:
     """A recorded value in a message: its JSON, cut at 80 characters."""
     return json.dumps(value)[:80]
-
-
-def _holds_sweep(out: str | None) -> bool:
-    """Whether `out` holds an interrupted learning-rate sweep (its runs in lr_*/, resumed one by one)."""
-    return bool(out) and any(Path(out).glob("lr_*/config.json"))
 
 
 def _extension(key: str, change: list[Any], stored: TrainConfig) -> str:
