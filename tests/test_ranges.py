@@ -12,7 +12,8 @@ import pytest
 from vitlab.cli import build_parser
 from vitlab.ranges import Range, float_range, int_range
 from vitlab.train.config import TrainConfig, validate
-from vitlab.train.settings import FIELDS, SETTINGS as DECLARED
+from vitlab.train.settings import FIELDS
+from vitlab.train.settings import SETTINGS as DECLARED
 
 SETTINGS = {name: DECLARED[name].range for name in FIELDS if DECLARED[name].range is not None}
 

@@ -1,7 +1,8 @@
 """The training command line and the settings it resolves stay what they were: `vitlab train`/`finetune` offer
-the same flags (spelling, arity, choices, metavar, help, group, as --help shows them) and `--print-config json` prints the
-same config.json for a scratch run, a preset fine-tuning, a fine-tuning from saved weights and a replayed
-config file. The expected values are recorded in fixtures/training_settings.json."""
+the same flags (spelling, arity, choices, metavar, help, group, as --help shows them) and `--print-config json`
+prints the same config.json for a scratch run, a recipe, a preset fine-tuning, a fine-tuning from saved weights with
+its tools and a replayed config file. The expected values are recorded in fixtures/training_settings.json (run this
+file as a script to record them from the code on the path)."""
 
 from __future__ import annotations
 
