@@ -222,7 +222,7 @@ def _predict(args: argparse.Namespace) -> int:
     """Predictions on stdout (text or --json), or into --csv / --json-out files; then one summary line on stderr
     (images, skipped, img/s). Unreadable files under a folder are skipped with a warning each."""
     from vitlab.eval.prediction import predict_images
-    from vitlab.eval.prediction_files import check_destinations, write_csv, write_json
+    from vitlab.eval.prediction_files import check_destinations, write_csv, write_predictions_json
     from vitlab.progress import printable
 
     inputs = (args.weights, *args.images)  # never replaced by the predictions
@@ -230,7 +230,7 @@ def _predict(args: argparse.Namespace) -> int:
     run = predict_images(args.weights, args.images, args.top_k, args.device, args.precision, args.batch_size,
                          args.compile, session=_onnx_session(args))
     written = [write_csv(run, args.csv, args.force, inputs)] if args.csv else []
-    written += [write_json(run, args.json_out, args.weights, args.force, inputs)] if args.json_out else []
+    written += [write_predictions_json(run, args.json_out, args.weights, args.force, inputs)] if args.json_out else []
     if args.json:
         print(json.dumps(run.results, indent=1))
     elif not written:
