@@ -130,12 +130,13 @@ def build_config(args: argparse.Namespace) -> Any:
         raise UserError("--resume needs --out RUN_DIR: the run to continue")
     if not args.out and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UserError("pass --out with torchrun: every process must write to the same run directory")
-    resuming = decide_start(flags).case == "continue"
+    start = decide_start(flags)
+    resuming = start.case == "continue"
     if args.verb == "finetune" and not resuming and "init" not in flags:
         raise UserError("--init WEIGHTS is required for finetune: the weights to start from")
     if args.verb == "finetune" and not (resuming or args.config) and "data" not in flags:
         raise UserError("--data is required for finetune (an image folder, or digits / mnist)")
-    return resolve(args.recipe, flags, config_file=args.config, verb=args.verb)
+    return resolve(args.recipe, flags, config_file=args.config, verb=args.verb, start=start)
 
 
 def _train(args: argparse.Namespace) -> int:

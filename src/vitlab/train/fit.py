@@ -56,7 +56,7 @@ from vitlab.train.config import (
 from vitlab.train.resolve import InitWeights, Resolved, read_config_file, resolve
 from vitlab.train.runlog import append_to_console_log, check_trackers, result_line, schedule_lines, settings_lines
 from vitlab.train.settings import MODEL_FIELDS, SETTINGS, named_by_flag
-from vitlab.train.start import decide_start
+from vitlab.train.start import Start, decide_start
 from vitlab.train.trainer import RunResult, build_run_model, check_classes, objective_for, run, run_record
 from vitlab.weights.load import is_model_object, load, read_module
 
@@ -138,9 +138,11 @@ def fit(recipe: str | None = None, *, config_file: str | os.PathLike | None = No
     verb = "finetune" if flags.get("init") is not None else "train"
     config_file = os.fspath(config_file) if config_file is not None else None
     with _console(progress):
-        held_out = _val_fraction(flags, config_file)
+        start = decide_start(flags)
+        held_out = _val_fraction(flags, config_file, start)
         data, init_weights = _objects(flags, held_out)
-        resolved = resolve(recipe, flags, config_file=config_file, verb=verb, data=data, init_weights=init_weights)
+        resolved = resolve(recipe, flags, config_file=config_file, verb=verb, data=data, init_weights=init_weights,
+                           start=start)
         if data is not None:
             _check_object_run(resolved, held_out)
             resolved = dataclasses.replace(resolved, data=data)  # a resumed run's too
@@ -170,12 +172,11 @@ def _objects(flags: dict[str, Any], val_fraction: float | None) -> tuple[Dataset
     return data, init_weights
 
 
-def _val_fraction(flags: Mapping[str, Any], config_file: str | None) -> float | None:
+def _val_fraction(flags: Mapping[str, Any], config_file: str | None, start: Start) -> float | None:
     """The held-out share a dataset object is split with, found before the run is resolved because the split
     comes first: the keyword's, else on resume the stored run's, else the config file's (no recipe sets it)."""
     if "val_fraction" in flags:
         return flags["val_fraction"]
-    start = decide_start(flags)
     if start.case == "continue":
         return read_record(start.record).get("val_fraction")
     return read_config_file(config_file).get("val_fraction") if config_file else None

@@ -66,7 +66,7 @@ from vitlab.train.rules import (
     user_set,
 )
 from vitlab.train.settings import FIELDS, FLAG_ONLY
-from vitlab.train.start import decide_start
+from vitlab.train.start import Start, decide_start
 from vitlab.weights.load import read_weights
 from vitlab.weights.locate import locate
 
@@ -181,14 +181,16 @@ def resolve_config(recipe: str = "demo", **overrides: Any) -> TrainConfig:
 
 
 def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *, config_file: str | None = None,
-            verb: str = "train", data: Any = None, init_weights: InitWeights | None = None) -> Resolved:
+            verb: str = "train", data: Any = None, init_weights: InitWeights | None = None,
+            start: Start | None = None) -> Resolved:
     """Resolve a run's settings; `flags` are the TrainConfig fields given explicitly (None = not given).
     `data`: the Datasets, if already built (otherwise built here when a rule needs them); `init_weights`: the
-    initial weights already read (a model object: `flags["init"]` is then its description)."""
+    initial weights already read (a model object: `flags["init"]` is then its description); `start`: how the run
+    starts, when the caller has decided it already (vitlab.train.start.decide_start of these flags)."""
     flags = {k: canonical_setting(k, v) for k, v in (flags or {}).items() if v is not None}
     epochs = check_epochs(flags)  # --epochs N: the steps once the data and batch are known (train/rules.py)
     _check_known(flags, "training settings")
-    start = decide_start(flags)  # how the run starts (vitlab.train.start): cases 1 and 2 from the flags alone
+    start = start or decide_start(flags)  # how the run starts (vitlab.train.start): cases 1 and 2 from the flags
     if start.case == "continue":
         return _resume(Path(flags["out"]), flags, recipe, epochs)
     if flags.get("resume"):
