@@ -17,6 +17,14 @@ DEFAULT_REPORT = "REPRODUCTION.md"
 DEFAULT_RECORDS = "reproduction/records"
 
 
+def main(argv: list[str] | None = None) -> int:
+    """vitlab's command line with this package's `experiment` verb: `main(["experiment", "pilot", ...])` (global flags
+    such as -q before the verb, as with `vitlab`)."""
+    from vitlab.cli import main as vitlab_main
+
+    return vitlab_main(argv, commands={"experiment": register})
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from reproduction import NAMES, PILOT
 

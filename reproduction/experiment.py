@@ -14,7 +14,7 @@ import torch
 
 from reproduction.design import Design
 from reproduction.parallel import Pool, run_parallel
-from reproduction.records import read_results_file, write_json
+from reproduction.records import read_results_file, write_sealed_json
 from reproduction.report.lineage import retrained_runs
 from reproduction.runner import Context, Progress, Runner, Todo
 from reproduction.scale import FULL, QUICK, Scale
@@ -212,7 +212,7 @@ def _versions() -> dict[str, str]:
 
 def write_results(path: Path, results: dict[str, Any]) -> None:
     """Write results.json with its checksum (`experiments.records`): an edit by hand is detected, not reported."""
-    write_json(path, dict(results))
+    write_sealed_json(path, dict(results))
 
 
 def read_results(path: Path, name: str | None = None) -> dict[str, Any] | None:

@@ -308,6 +308,6 @@ def read_results_file(path: str | Path, name: str | None = None) -> dict[str, An
     return {k: v for k, v in results.items() if k != CHECKSUM}
 
 
-def write_json(path: Path, content: dict[str, Any]) -> str:
+def write_sealed_json(path: Path, content: dict[str, Any]) -> str:
     """Write a record or results.json, sealed (atomically: a reader sees the old file or the new); its text."""
     return write_json_file(path, seal(content))

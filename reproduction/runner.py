@@ -37,7 +37,7 @@ import torch
 
 from reproduction.estimate import CostModel, render_seconds
 from reproduction.evals import evaluate
-from reproduction.records import read_record, seal, write_json
+from reproduction.records import read_record, seal, write_sealed_json
 from reproduction.spec import DESIGN_PRECISION, RunSpec
 from reproduction.stopping import raise_if_stopped
 from vitlab import train as training
@@ -205,7 +205,7 @@ class Runner:
     def save(self, record: Record) -> None:
         """Write the run's result.json, and its copy in the records folder if there is one (both sealed with the
         checksum of their content: experiments.records)."""
-        self.keep_record(record, write_json(record.run_dir / RESULT, record.result))
+        self.keep_record(record, write_sealed_json(record.run_dir / RESULT, record.result))
 
     def keep_record(self, record: Record, text: str | None = None) -> None:
         """Write (or refresh) the run's copy in the records folder, if there is one (`text`: its JSON)."""

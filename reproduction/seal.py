@@ -41,7 +41,7 @@ def seal_file(path: Path) -> None:
         r.check_record(content, path, (path.parent if path.name == "result.json" else path).name[:12])
     else:
         r.check_results(content, path)
-    r.write_json(path, content)
+    r.write_sealed_json(path, content)
     print(f"sealed {path}")
 
 

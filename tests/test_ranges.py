@@ -1,5 +1,6 @@
-"""Every numeric training setting has one declared range: the flag parses with it and the training config checks
-by it, so a value a flag refuses is refused the same way from a --config file or a vitlab.fit keyword."""
+"""Every numeric training setting has one declared range (vitlab.train.settings): the flag parses with it and the
+training config checks by it, so a value a flag refuses is refused the same way from a --config file or a vitlab.fit
+keyword."""
 
 from __future__ import annotations
 
@@ -9,13 +10,18 @@ import re
 import pytest
 
 from vitlab.cli import build_parser
-from vitlab.ranges import SETTINGS, Range, float_range, int_range
+from vitlab.ranges import Range, float_range, int_range
 from vitlab.train.config import TrainConfig, validate
+from vitlab.train.settings import FIELDS
+from vitlab.train.settings import SETTINGS as DECLARED
+
+SETTINGS = {name: DECLARED[name].range for name in FIELDS if DECLARED[name].range is not None}
 
 
-def test_every_declared_setting_is_a_training_setting():
+def test_every_field_is_declared_and_only_fields_and_flag_only_settings_are():
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    assert set(SETTINGS) <= fields
+    assert set(FIELDS) == fields
+    assert set(DECLARED) - fields == {"epochs", "depth", "width", "heads", "mlp_dim"}
 
 
 @pytest.mark.parametrize("allowed, inside, outside", [
@@ -30,7 +36,7 @@ def test_a_range_holds_exactly_its_values(allowed: Range, inside, outside):
 
 
 def flag_of(name: str) -> str:
-    return "--" + {"weight_decay": "wd", "grad_clip": "clip", "ema": "ema-decay"}.get(name, name).replace("_", "-")
+    return DECLARED[name].option
 
 
 def just_outside(allowed: Range) -> str:
@@ -40,7 +46,7 @@ def just_outside(allowed: Range) -> str:
 
 
 SCALARS = [name for name in SETTINGS if name not in ("betas", "mean", "std", "crop_scale", "crop_ratio", "lr_drops",
-                                                     "lr_sweep", "lora_rank")]
+                                                     "lr_sweep")]
 
 
 @pytest.mark.parametrize("name", SCALARS)

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from reproduction import NAMES, PILOT
+from reproduction.cli import main
 from reproduction.estimate import CostModel, StepTime
 from reproduction.experiment import Experiment, read_results, run_experiment, write_results
 from reproduction.experiments import experiments
@@ -17,7 +18,6 @@ from reproduction.plans import pretrain
 from reproduction.runner import Context, Runner
 from reproduction.scale import FULL, QUICK
 from reproduction.spec import RunSpec
-from vitlab.cli import main
 
 TINY = {"model": "ViT-Ti/4", "model_args": {"depth": 1, "width": 32, "num_heads": 2, "mlp_dim": 64},
         "data": "digits", "image_size": 16, "batch_size": 16, "steps": 4, "eval_every": 0, "log_every": 1,

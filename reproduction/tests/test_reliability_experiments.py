@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from reproduction.cli import main
 from reproduction.estimate import CostModel, StepTime
 from reproduction.experiment import estimate, write_results
 from reproduction.experiments import experiments
@@ -31,7 +32,6 @@ from reproduction.report.report import MARK
 from reproduction.runner import Context, Runner
 from reproduction.scale import QUICK
 from reproduction.spec import RunSpec
-from vitlab.cli import main
 from vitlab.files.rundir import WEIGHTS
 
 REPO = Path(__file__).parents[2]
@@ -242,10 +242,10 @@ def test_estimate_with_a_fifo_record_is_one_line_in_bounded_time(tmp_path, capsy
 BOUNDED = """
 import resource, sys
 import torch  # noqa: F401  (the library the command loads, mapped before the cap)
-import vitlab.cli
+import reproduction.cli
 mapped = int(next(line for line in open("/proc/self/status") if line.startswith("VmSize")).split()[1]) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (mapped + (1 << 30), resource.RLIM_INFINITY))  # 1 GiB more, no further
-sys.exit(vitlab.cli.main(sys.argv[1:]))
+sys.exit(reproduction.cli.main(sys.argv[1:]))
 """
 
 

@@ -111,3 +111,19 @@ def check_eval_resize(eval_resize: str, fewshot: bool = True) -> str:
         raise ValueError(f"unknown eval resize {eval_resize!r}; use one of {', '.join(own)} or timm's "
                          "timm:INTERPOLATION:CROP_PCT[:squash] (e.g. timm:bicubic:0.9)")
     return eval_resize
+
+
+# Help phrases the training settings and other verbs' flags share (the command line reads them; no torch here).
+DATA_SOURCES = ("embedded digits or mnist (NAME:K: K training images per class), "
+                "fractal:C:N[:SEED] (FractalDB, C categories x N images), "
+                "strokes:C:N[:SEED] (pen-stroke glyphs, C classes x N images), fonts:C:N[:SEED] (characters "
+                "in matplotlib's fonts, C <= 76), an image folder "
+                "root/[train|val]/<class>/, WebDataset shards (a folder with _info.json or of .tar files, or a "
+                "pattern train-{000000..000099}.tar) or a Hugging Face dataset (save_to_disk folder or Parquet; "
+                "append '#image=COL,label=COL' to pick columns)")
+PRECISION_HELP = (f"auto (default: bf16 on CUDA, and on CPUs with AMX/AVX512-BF16 where it was measured to gain: in "
+                  f"inference at {bf16_gains_text('infer')}; in training at {bf16_gains_text('train')}; else float32; "
+                  "see docs/deployment.md, 'Precision'), fp32 or bf16")
+EVAL_RESIZE_HELP = ("evaluation pre-processing: official (whole image to the input size, aspect ignored; vit_jax), "
+                    "big_vision (short side to 8/7 of it: 256 for 224, 448 for 384; central crop), "
+                    "resize-short-crop (short side to the input size, central crop)")

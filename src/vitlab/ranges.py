@@ -3,8 +3,8 @@
 A `Range` is read three ways: the command line's argparse types parse a flag with it (`vitlab.cli.types`), the
 training configuration checks every setting with it however the setting arrived (flag, `--config` file,
 `vitlab.fit` keyword, recorded run: `vitlab.train.config.validate`), and both say the same words when a value is
-outside it. `SETTINGS` maps each numeric training setting (a `TrainConfig` field) to its range; the named ranges
-below it serve the other verbs' flags. A bottom module: no vitlab import, no torch.
+outside it. The training settings name theirs in their declarations (vitlab.train.settings); the named ranges
+here serve them and the other verbs' flags. A bottom module: no vitlab import, no torch.
 """
 
 from __future__ import annotations
@@ -137,9 +137,6 @@ REPRESENTATION_SIZE = int_range(0, MAX_WIDTH)
 # The architecture flags (--depth, --width, --heads, --mlp-dim) and model_args: a flag fails as the config would.
 MODEL_SIZES = {"depth": int_range(1, MAX_DEPTH), "width": int_range(1, MAX_WIDTH), "num_heads": int_range(1, MAX_HEADS),
                "mlp_dim": int_range(1, MAX_MLP_DIM)}
-# Each architecture flag (argparse's name for it, which is also its vitlab.fit keyword) and the model_args field it
-# sets.
-MODEL_FLAGS = {"depth": "depth", "width": "width", "heads": "num_heads", "mlp_dim": "mlp_dim"}
 LEARNING_RATE = float_range(0.0, 100.0)  # also weight decay and the linear decay's end value
 MIX_ALPHA = float_range(0.0, 100.0)  # Beta(α, α) of MixUp / CutMix: above ~10 λ is 0.5 every time
 PROBABILITY = float_range(0.0, 1.0)
@@ -152,51 +149,3 @@ EXPORT_BATCH = int_range(1, 1024)  # the batch an ONNX export traces; its check 
 # warns and writes opset-20 operators under a higher version). The measurement: BENCHMARKS.md "int8, ONNX and
 # compile".
 ONNX_OPSET = int_range(14, 20)
-
-# Each numeric training setting (a TrainConfig field) and its range; for a tuple setting, the range of each
-# element. A setting whose default is None also takes None (the recipe's, the model's or the weights' value).
-SETTINGS: dict[str, Range] = {
-    "val_fraction": FRACTION,
-    "num_classes": CLASS_COUNT,
-    "workers": int_range(0, MAX_WORKERS, note="0: load in the training process"),
-    "image_size": IMAGE_SIZE,
-    "dropout": BELOW_ONE,
-    "drop_path_rate": BELOW_ONE,
-    "representation_size": int_range(0, MAX_WIDTH, note="0: none"),
-    "mean": float_range(-10.0, 10.0),
-    "std": float_range(0.0, 10.0, low_open=True),
-    "lr": LEARNING_RATE,
-    "weight_decay": LEARNING_RATE,
-    "betas": BELOW_ONE,
-    "momentum": BELOW_ONE,
-    "warmup": NON_NEGATIVE_INT,
-    "linear_end": LEARNING_RATE,
-    "lr_drops": FRACTION,
-    "grad_clip": float_range(0.0, 1e6, note="0: off"),
-    "head_bias_init": float_range(-100.0, 100.0),
-    "label_smoothing": BELOW_ONE,
-    "batch_size": BATCH_SIZE,
-    "accum": BATCH_SIZE,
-    "steps": POSITIVE_INT,
-    "ema": FRACTION,
-    "layer_decay": float_range(0.0, 1.0, low_open=True),
-    "lora_rank": int_range(0, MAX_COUNT, note="0: off"),
-    "lora_alpha": float_range(0.0, 1e6, low_open=True),
-    "mixup": float_range(0.0, 100.0, note="a Beta(α, α) parameter; 0: off"),
-    "cutmix": float_range(0.0, 100.0, note="a Beta(α, α) parameter; 0: off"),
-    "randaug_ops": int_range(0, MAX_RANDAUG_OPS, note="0: off"),
-    "randaug_magnitude": float_range(0.0, 20.0, note="TF's RandAugment levels: 10 is the operations' maximum"),
-    "randaug_mstd": float_range(0.0, 20.0),
-    "random_erasing": PROBABILITY,
-    "lr_sweep": float_range(0.0, 100.0, low_open=True),
-    "dev_fraction": FRACTION,
-    "crop_scale": float_range(0.0, 1.0, low_open=True),
-    "crop_ratio": float_range(0.0, 100.0, low_open=True),
-    "seed": SEED,
-    "eval_every": int_range(0, MAX_COUNT, note="0: at the end"),
-    "eval_batch_size": BATCH_SIZE,
-    "fewshot_every": int_range(0, MAX_COUNT, note="0: off"),
-    "save_every": int_range(0, MAX_COUNT, note="0: with every evaluation"),
-    "keep_last": int_range(1, 1_000_000),
-    "log_every": POSITIVE_INT,
-}

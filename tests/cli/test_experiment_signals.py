@@ -24,7 +24,7 @@ TINY = ("{'model': 'ViT-Ti/4', 'model_args': {'depth': 1, 'width': 32, 'num_head
 EXPERIMENT_SCRIPT = f"""
 import sys
 import reproduction.experiments as package
-from vitlab.cli import main
+from reproduction.cli import main
 from reproduction.estimate import CostModel, StepTime
 from reproduction.experiment import Experiment
 from reproduction.spec import RunSpec

@@ -16,7 +16,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import vitlab
+from reproduction.cli import register
 from vitlab.cli import build_parser
+
+CAMPAIGN = {"experiment": register}  # the campaign's verb, which vitlab finds as a plug-in
 
 TIMEOUT_S = 120
 
@@ -75,7 +78,7 @@ LR_LIST = "expected learning rates like 0.003,0.01, each a number (finite, > 0 a
 def parse_error(argv: list[str], capsys) -> list[str]:
     """The stderr lines of parsing `vitlab ARGV`, which must stop with exit code 2 (nothing is run)."""
     with pytest.raises(SystemExit) as stop:
-        build_parser().parse_args(argv)
+        build_parser(CAMPAIGN).parse_args(argv)
     assert stop.value.code == 2
     return capsys.readouterr().err.strip().splitlines()
 
@@ -107,7 +110,7 @@ def test_list_flags_are_bounded_too(argv, says, capsys):
     ["experiment", "pilot", "--jobs", "2", "--seeds", "0", "1", "2"],
 ])
 def test_the_values_people_use_still_parse(argv):
-    build_parser().parse_args(argv)
+    build_parser(CAMPAIGN).parse_args(argv)
 
 
 def isolated(code: str, cwd: Path) -> subprocess.CompletedProcess:

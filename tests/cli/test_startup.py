@@ -32,9 +32,12 @@ def test_every_verb_is_registered():
     assert sorted(sub.choices) == sorted(VERBS)
 
 
-def test_building_the_parser_and_every_help_import_no_torch():
+def test_building_the_parser_and_every_help_import_no_torch(tmp_path):
+    """Every verb's help, `experiment`'s included (run outside a checkout: the plug-in's launcher has nothing to
+    launch and shows its own)."""
     code = f"""
-import contextlib, io, sys
+import contextlib, io, os, sys
+os.chdir({str(tmp_path)!r})
 from vitlab.cli import build_parser
 parser = build_parser()
 assert "torch" not in sys.modules, "build_parser"

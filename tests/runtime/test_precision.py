@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import vitlab
+from reproduction.cli import main as campaign  # vitlab's command line with the campaign's verb
 from tests.conftest import TINY_TRAIN, TINY_VIT_ARGS
 from vitlab.cli import main
 from vitlab.constants import BF16_GAINS
@@ -219,7 +220,7 @@ def test_cli_refuses_int8_for_training_and_another_precision_for_experiments(cap
     assert capsys.readouterr().err == ("vitlab train: error: argument --precision: int8 is for the inference verbs "
                                        "only (eval, predict, bench, export); use auto, fp32 or bf16 here (see "
                                        "vitlab train --help)\n")
-    assert main(["experiment", "pilot", "--precision", "bf16", "--estimate"]) == 2
+    assert campaign(["experiment", "pilot", "--precision", "bf16", "--estimate"]) == 2
     assert capsys.readouterr().err == ("vitlab experiment: error: --precision bf16: the experiment designs pin fp32 "
                                        "(their recorded runs were trained in it, and a run's result must not depend "
                                        "on the machine); use auto or fp32\n")
@@ -337,7 +338,7 @@ def test_an_experiment_run_computes_in_float32_even_where_auto_would_not(tmp_pat
 def test_every_experiment_run_is_still_done(tmp_path, capsys, monkeypatch):
     """`vitlab experiment all --estimate` with the committed records: nothing to train again."""
     monkeypatch.chdir(RECORDS.parents[1])
-    assert main(["experiment", "all", "--estimate", "--out", str(tmp_path / "x")]) == 0
+    assert campaign(["experiment", "all", "--estimate", "--out", str(tmp_path / "x")]) == 0
     captured = capsys.readouterr()
     lines = [line for line in (captured.out + captured.err).splitlines() if line.split(":")[0] in EXPERIMENTS]
     assert len(lines) == 6 and all("every run is already done" in line for line in lines), lines

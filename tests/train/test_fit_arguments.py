@@ -12,10 +12,12 @@ import pytest
 import vitlab
 from tests.conftest import TINY_TRAIN
 from tests.test_ranges import SCALARS, just_outside
-from vitlab.ranges import EPOCHS, MODEL_SIZES, SETTINGS
+from vitlab.ranges import EPOCHS, MODEL_SIZES
 from vitlab.train.config import TrainConfig
+from vitlab.train.settings import SETTINGS as DECLARED
 
-# The flags that are no TrainConfig field, by their keywords, and their ranges.
+SETTINGS = {name: s.range for name, s in DECLARED.items()}
+# The flags that are no TrainConfig field, by their keywords, and their ranges (the model's own, for the sizes).
 FLAG_ONLY = {"epochs": EPOCHS, "depth": MODEL_SIZES["depth"], "width": MODEL_SIZES["width"],
              "heads": MODEL_SIZES["num_heads"], "mlp_dim": MODEL_SIZES["mlp_dim"]}
 

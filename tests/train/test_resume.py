@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from reproduction.cli import main as campaign  # vitlab's command line with the campaign's verb
 from tests.conftest import TINY_TRAIN, TINY_TRAIN_FLAGS
 from vitlab.cli import main
 from vitlab.train import resolve_config, run
@@ -191,7 +192,7 @@ def test_experiment_report_without_results_keeps_the_report(tmp_path, capsys):
     report = tmp_path / "REPRODUCTION.md"
     shutil.copyfile(Path(__file__).parents[2] / "REPRODUCTION.md", report)
     before = hashlib.sha256(report.read_bytes()).hexdigest()
-    assert main(["experiment", "report", "--out", str(tmp_path / "no-results"), "--report", str(report)]) == 2
+    assert campaign(["experiment", "report", "--out", str(tmp_path / "no-results"), "--report", str(report)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no full results" in err and "left unchanged" in err
     assert hashlib.sha256(report.read_bytes()).hexdigest() == before

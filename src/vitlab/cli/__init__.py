@@ -10,13 +10,18 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from vitlab.errors import VitlabError, closest
 
 # Each module defines `register(subparsers)`; its parsers set `func` to a callable taking the parsed args.
 VERB_MODULES = ["models", "bench", "weights", "train", "evaluate", "recipes", "fewshot", "analyze", "download",
                 "shards", "experiment", "export"]
+# Verbs another package may provide (`commands=`, or an entry point of this group named for the verb); the module of
+# that name is the fallback: `experiment`, the reproduction campaign beside the library.
+PLUGIN_VERBS = ("experiment",)
+PLUGIN_GROUP = "vitlab.commands"
+Register = Callable[[argparse._SubParsersAction], None]
 # The verbs that compute with a model start with the allocator tuning (vitlab.runtime.allocator); bench applies it
 # itself, under its --no-malloc-tuning.
 COMPUTING_VERBS = ("train", "finetune", "eval", "predict", "fewshot", "analyze", "experiment")
@@ -54,7 +59,8 @@ def terminated_as_exception() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Mapping[str, Register] | None = None) -> argparse.ArgumentParser:
+    """vitlab's parser; `commands`: verb -> the `register` of a plug-in verb (PLUGIN_VERBS) a caller provides."""
     from vitlab.cli.types import OneLineParser  # argparse errors as one line, like the verbs' own
 
     parser = OneLineParser(prog="vitlab", description="Vision Transformers exact to the paper.")
@@ -66,8 +72,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", metavar="<verb>")
     sub.required = True
     for name in VERB_MODULES:
-        importlib.import_module(f"vitlab.cli.{name}").register(sub)
+        plugin = (commands or {}).get(name) or _plugin(name) if name in PLUGIN_VERBS else None
+        (plugin or importlib.import_module(f"vitlab.cli.{name}").register)(sub)
     return parser
+
+
+def _plugin(verb: str) -> Register | None:
+    """The `register` an installed package provides for `verb` (entry-point group PLUGIN_GROUP), if it loads."""
+    from importlib.metadata import entry_points
+
+    for point in entry_points(group=PLUGIN_GROUP, name=verb):
+        try:
+            return point.load()
+        except ImportError:  # declared by a package whose code is not importable here
+            continue
+    return None
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
@@ -107,8 +126,9 @@ def say_warnings(verb: str) -> None:
     warnings.filterwarnings("ignore", message=r"Image size \(\d+ pixels\) exceeds limit of")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(build_parser(), argv)
+def main(argv: list[str] | None = None, commands: Mapping[str, Register] | None = None) -> int:
+    """`vitlab ARGV`; `commands`: plug-in verbs the caller provides (build_parser)."""
+    args = parse_args(build_parser(commands), argv)
     from vitlab.progress import set_verbosity
 
     set_verbosity(args.verbosity)

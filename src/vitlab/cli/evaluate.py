@@ -8,7 +8,6 @@ import os
 import sys
 from pathlib import Path
 
-from vitlab.cli.train import EVAL_RESIZE_HELP
 from vitlab.cli.types import (
     COMPILE_HELP,
     DATA_SOURCES,
@@ -20,6 +19,7 @@ from vitlab.cli.types import (
     precision_name,
     workers,
 )
+from vitlab.constants import EVAL_RESIZE_HELP
 
 WEIGHTS_HELP = ("weights file, checkpoint directory or run directory, or a .onnx file vitlab export wrote (run in "
                 "ONNX Runtime with the pre-processing its metadata records; needs pip install 'vitlab[onnx]'; see "
@@ -237,7 +237,7 @@ def _predict(args: argparse.Namespace) -> int:
     """Predictions on stdout (text or --json), or into --csv / --json-out files; then one summary line on stderr
     (images, skipped, img/s). Unreadable files under a folder are skipped with a warning each."""
     from vitlab.eval.prediction import predict_images
-    from vitlab.eval.prediction_files import check_destinations, write_csv, write_json
+    from vitlab.eval.prediction_files import check_destinations, write_csv, write_predictions_json
     from vitlab.progress import printable
 
     inputs = (args.weights, *args.images)  # never replaced by the predictions
@@ -245,7 +245,7 @@ def _predict(args: argparse.Namespace) -> int:
     run = predict_images(args.weights, args.images, args.top_k, args.device, args.precision, args.batch_size,
                          args.compile, session=_session(args))
     written = [write_csv(run, args.csv, args.force, inputs)] if args.csv else []
-    written += [write_json(run, args.json_out, args.weights, args.force, inputs)] if args.json_out else []
+    written += [write_predictions_json(run, args.json_out, args.weights, args.force, inputs)] if args.json_out else []
     if args.json:
         print(json.dumps(run.results, indent=1))
     elif not written:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from vitlab.cli.train import EVAL_RESIZE_HELP
 from vitlab.cli.types import (
     COMPILE_HELP,
     DATA_SOURCES,
@@ -18,6 +17,7 @@ from vitlab.cli.types import (
     new_file,
     precision_name,
 )
+from vitlab.constants import EVAL_RESIZE_HELP
 
 MAX_SHOTS = 1_000_000  # examples per class
 l2_value = float_range(0.0, 1e12, low_open=True)  # the ridge penalty: big_vision sweeps 2^-20 to 2^10
@@ -85,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.eval.fewshot_data import FEWSHOT_KIND, fewshot_from_weights, write_json
+    from vitlab.eval.fewshot_data import FEWSHOT_KIND, fewshot_from_weights, write_fewshot_json
     from vitlab.files.outputs import check_output
 
     inputs = (args.weights, args.data)  # never replaced by the table
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
           f"{split['test_split']}")
     print(result.format())
     if args.json_out:
-        write_json(result, args.json_out, {"weights": str(args.weights), "data": args.data,
+        write_fewshot_json(result, args.json_out, {"weights": str(args.weights), "data": args.data,
                                            "random_init": args.random_init, "eval_resize": args.eval_resize},
                    force=args.force, inputs=inputs)
         print(f"wrote {args.json_out}")

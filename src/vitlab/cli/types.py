@@ -1,9 +1,8 @@
 """argparse `type=` helpers that check a flag's range while parsing, so a nonsense number (`--batch-size -1`,
 `--l2 nan`, `--device bogus`) is refused before anything is loaded, as one line naming the allowed range and
-exit code 2. The ranges are declared in vitlab.ranges (a training flag's is its setting's: `setting_type`);
+exit code 2. The ranges are declared in vitlab.ranges (a training flag's with its setting: vitlab.train.settings);
 `OneLineParser` makes every argparse error one line (no usage block).
 
-    p.add_argument("--steps", type=setting_type("steps"))
     p.add_argument("--batch-size", type=positive_int)
     p.add_argument("--workers", type=non_negative_int)
     p.add_argument("--image-size", type=int_range(1, 4096))
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from vitlab import ranges
-from vitlab.constants import bf16_gains_text
+from vitlab.constants import DATA_SOURCES, PRECISION_HELP  # noqa: F401 - the verbs' help reads them here
 from vitlab.ranges import Range
 
 
@@ -44,11 +43,6 @@ def flag_type(allowed: Range) -> Callable[[str], int | float]:
     return parse
 
 
-def setting_type(name: str) -> Callable[[str], int | float]:
-    """The argparse `type=` of the flag for training setting `name`: the range TrainConfig is checked by."""
-    return flag_type(ranges.SETTINGS[name])
-
-
 def int_range(low: int, high: int | None = None) -> Callable[[str], int]:
     """An integer in [low, high] (high None: no upper bound)."""
     return flag_type(ranges.int_range(low, high))
@@ -70,9 +64,6 @@ workers = flag_type(ranges.WORKERS)
 jobs = flag_type(ranges.JOBS)
 seed = flag_type(ranges.SEED)
 randaug_ops = flag_type(ranges.RANDAUG_OPS)
-# --depth/--width/--heads/--mlp-dim: the architecture's bounds, so a flag fails as the config would
-MODEL_SIZES = {dest.replace("_", "-"): flag_type(ranges.MODEL_SIZES[field])
-               for dest, field in ranges.MODEL_FLAGS.items()}
 representation_size = flag_type(ranges.REPRESENTATION_SIZE)
 finite_float = float_range()
 learning_rate = flag_type(ranges.LEARNING_RATE)
@@ -108,9 +99,6 @@ def precision_name(int8: bool) -> Callable[[str], str]:
     return parse
 
 
-PRECISION_HELP = (f"auto (default: bf16 on CUDA, and on CPUs with AMX/AVX512-BF16 where it was measured to gain: in "
-                  f"inference at {bf16_gains_text('infer')}; in training at {bf16_gains_text('train')}; else float32; "
-                  "see docs/deployment.md, 'Precision'), fp32 or bf16")
 COMPILE_HELP = ("torch.compile the model with its weights frozen into the graph (Inductor freezing); the first batch "
                 "of each shape compiles and the time is shown. Off by default: on a CPU the compilation costs more "
                 "than the faster inference saves except in evaluations of many minutes; figures in BENCHMARKS.md")
@@ -134,10 +122,10 @@ def new_file(text: str) -> str:
 
 
 __all__ = [
-    "MODEL_SIZES", "OneLineParser", "batch_size", "class_count", "device_name", "finite_float", "flag_type",
+    "OneLineParser", "batch_size", "class_count", "device_name", "finite_float", "flag_type",
     "float_range", "fraction", "image_size", "int_range", "jobs", "learning_rate", "mix_alpha", "new_file",
     "new_or_folder", "non_negative_float", "non_negative_int", "positive_float", "positive_int", "precision_name",
-    "probability", "randaug_ops", "representation_size", "seed", "setting_type", "workers",
+    "probability", "randaug_ops", "representation_size", "seed", "workers",
 ]
 
 
@@ -148,10 +136,3 @@ def force_help(what: str) -> str:
             "the command reads, a run's own files, weights by anything but weights, devices, FIFOs, links)")
 
 
-DATA_SOURCES = ("embedded digits or mnist (NAME:K: K training images per class), "
-                "fractal:C:N[:SEED] (FractalDB, C categories x N images), "
-                "strokes:C:N[:SEED] (pen-stroke glyphs, C classes x N images), fonts:C:N[:SEED] (characters "
-                "in matplotlib's fonts, C <= 76), an image folder "
-                "root/[train|val]/<class>/, WebDataset shards (a folder with _info.json or of .tar files, or a "
-                "pattern train-{000000..000099}.tar) or a Hugging Face dataset (save_to_disk folder or Parquet; "
-                "append '#image=COL,label=COL' to pick columns)")

@@ -117,7 +117,7 @@ def fewshot_from_weights(
     return result
 
 
-def write_json(result: FewshotResult, path: str | Path, extra: dict | None = None, force: bool = False,
+def write_fewshot_json(result: FewshotResult, path: str | Path, extra: dict | None = None, force: bool = False,
                inputs: tuple[str | Path, ...] = ()) -> None:
     """The table as JSON, marked as vitlab's (its first key) so that a later run may replace it; an existing file
     that is not an earlier table is replaced only with `force`, and `inputs` never (outputs.check_output)."""

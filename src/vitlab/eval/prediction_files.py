@@ -74,7 +74,7 @@ def _write_rows(path: str | Path, header: list[str], rows, kind: Kind, force: bo
     return Path(path)
 
 
-def write_json(predictions: Predictions, path: str | Path, weights: str | Path, force: bool = False,
+def write_predictions_json(predictions: Predictions, path: str | Path, weights: str | Path, force: bool = False,
                inputs: tuple[str | Path, ...] = ()) -> Path:
     record = {WRITTEN_BY: WRITER, "weights": str(weights), "images": len(predictions.results),
               "skipped": predictions.skipped, "predictions": predictions.results}

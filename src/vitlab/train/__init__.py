@@ -9,7 +9,7 @@ from vitlab.train.recipes import RECIPES
 # Names read on first use, each from its module: `vitlab --help` lists the recipes and never trains, so its start-up
 # does not pay for what the rest imports (torch, torch.distributed.checkpoint, torchvision's transforms).
 _LAZY = {
-    "TrainConfig": "config", "config_from_json": "config", "Resolved": "resolve", "resolve": "resolve",
+    "TrainConfig": "settings", "config_from_json": "config", "Resolved": "resolve", "resolve": "resolve",
     "resolve_config": "resolve", "RunResult": "trainer", "TrainingDiverged": "trainer", "run": "trainer",
     "build_run_model": "trainer", "objective_for": "trainer", "FitResult": "fit", "fit": "fit",
     "read_metrics": "runlog", "received_stops": "distributed", "build_optimizer": "optim",

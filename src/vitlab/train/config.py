@@ -1,5 +1,6 @@
-"""Training configuration: one flat dataclass, every value checked against its range (declared in vitlab.ranges,
-where the flags' parsers read it too; the recipes, plain dicts of values over it, are vitlab.train.recipes).
+"""Training configuration: `TrainConfig` (declared with every setting's range, choices, help and flag in
+vitlab.train.settings), every value checked against its declaration however it arrived; the recipes, plain dicts of
+values over it, are vitlab.train.recipes.
 
 How a run's values are decided from defaults, recipe, initial weights, preset, config file and flags is
 vitlab.train.resolve; the resolved config is what the run directory records (config.json) and what `--resume`
@@ -8,111 +9,19 @@ restores.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 import math
 import types
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from vitlab.constants import SETTING_CHOICES, TIMM_RESIZE_PREFIX, setting_words, timm_resize
 from vitlab.errors import setting
-from vitlab.ranges import EPOCHS, MODEL_FLAGS, MODEL_SIZES, SETTINGS, Range
 from vitlab.runtime.precision import check_precision
 from vitlab.train.finetune import tuning_problems
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    recipe: str = "demo"
-    # data
-    data: str = "digits"  # an embedded dataset (digits, mnist) or an image folder
-    val_fraction: float | None = None  # hold out this fraction of train as the validation split
-    strict: bool = False  # unreadable images are fatal instead of skipped
-    num_classes: int | None = None  # if set, must equal the dataset's class count
-    workers: int | None = None  # DataLoader worker processes; None: the process's CPUs less one (CPU: at most 8)
-    # model
-    model: str = "ViT-B/16"
-    model_args: dict[str, Any] = field(default_factory=dict)  # config overrides: depth, width, num_heads, …
-    init: str | None = None  # weights to fine-tune from: anything vitlab.load reads
-    image_size: int = 224
-    dropout: float | None = None  # None: keep the model's (init weights) value
-    representation_size: int | None = None  # `pre_logits` Dense + tanh width when built from scratch; 0: none
-    mean: tuple[float, float, float] | None = None  # None: what the weights expect (official: 0.5)
-    std: tuple[float, float, float] | None = None
-    # optimisation
-    optimizer: Literal["adam", "sgd"] = "adam"
-    lr: float = 1e-3
-    weight_decay: float = 0.0  # decoupled (AdamW-style: p -= lr * wd * p), on kernels only
-    betas: tuple[float, float] = (0.9, 0.999)
-    momentum: float = 0.9
-    warmup: int = 0  # linear warm-up steps
-    decay: Literal["linear", "cosine", "step"] = "linear"
-    linear_end: float = 0.0  # the LR linear decay ends at (vit_jax `linear_end`, 1e-5 in pre-training)
-    lr_drops: tuple[float, ...] = (0.3, 0.6, 0.9)  # "step" decay: LR ×0.1 after these fractions of the steps
-    grad_clip: float = 1.0  # global-norm clipping; 0: off
-    objective: Literal["classify", "mpp"] = "classify"  # mpp: masked patch prediction (self-supervised)
-    mpp_target: Literal["mean-color", "mean-color-4x4", "pixels"] = "mean-color"
-    loss: Literal["softmax", "sigmoid"] = "softmax"
-    head_bias_init: float = 0.0  # classifier bias of a model built from scratch (−10 for sigmoid pre-training)
-    label_smoothing: float = 0.0
-    batch_size: int = 4096  # global batch: over all processes and accumulation steps
-    accum: int = 1  # gradient accumulation steps per optimiser step
-    steps: int = 1000
-    ema: float | None = None  # Polyak/EMA decay of the weights used for evaluation, e.g. 0.9999
-    ema_warmup: bool = False  # timm ModelEmaV3's decay warm-up: min(ema, 1 - k^(-2/3)) at update k
-    # fine-tuning tools (vitlab.train.optim, vitlab.train.finetune, vitlab.train.finetune)
-    layer_decay: float | None = None  # layer-wise lr decay: block i trains at lr * d^(depth - i); None: off
-    freeze: str | None = None  # "backbone": only the head trains (a linear probe)
-    lora_rank: int = 0  # LoRA adapters of this rank via peft, the base weights frozen; 0: off
-    lora_alpha: float | None = None  # LoRA's alpha (scale alpha / rank); None: the rank (scale 1)
-    lora_targets: tuple[str, ...] = ("qkv",)  # the blocks' Linear layers LoRA adapts: qkv, proj, fc1, fc2
-    mixup: float = 0.0  # MixUp α: λ ~ Beta(α, α) per step (BiT-HyperRule: 0.1 above 20k images); 0: off
-    cutmix: float = 0.0  # CutMix α (DeiT: 1.0); with MixUp too, each step is one of the two with p = 1/2; 0: off
-    randaug_ops: int = 0  # RandAugment: operations per image (AugReg, DeiT: 2); 0: off
-    randaug_magnitude: float = 0.0  # RandAugment level on TF's 0-10 scale, to 20 (vitlab.data.augment)
-    randaug_mstd: float = 0.0  # per-image std of that level (DeiT: 0.5)
-    random_erasing: float = 0.0  # probability of erasing one box with noise (DeiT: 0.25); 0: off
-    drop_path_rate: float | None = None  # stochastic depth of the last block (linear in depth); None: the model's
-    # fine-tuning protocol (paper Appendix B.1.1, Table 4): vitlab.train.recipes and vitlab.train.sweep
-    preset: str | None = None  # a per-dataset fine-tuning preset (a Table 4 row), applied over the recipe
-    lr_sweep: tuple[float, ...] = ()  # fine-tune once per lr on train minus a dev split; the dev-best is chosen
-    dev_fraction: float | None = None  # share of each training class held out as the sweep's dev split
-    refit: bool = False  # after the sweep, fine-tune the chosen lr once more on all of train
-    # augmentation (official vit_jax input_pipeline: inception crop 5%-100% + flip)
-    crop_scale: tuple[float, float] = (0.05, 1.0)
-    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
-    flip: bool = True
-    train_crop: str = "inception"  # inception (TF's sampler), inception-subpixel, resize-random-crop (BiT)
-    train_resize: str = "pil"  # what resamples the crop: pil, or tensor (torch's uint8 kernel, within 1 level)
-    eval_resize: str = "official"  # official (whole image to S×S), big_vision (short side 8/7·S, central crop),
-    # resize-short-crop (short side S, central crop); timm:INTERPOLATION:CROP_PCT when the initial weights record it
-    # run
-    out: str = "runs/run"
-    resume: bool = False
-    seed: int = 0
-    device: str = "auto"  # auto, cpu, cuda, cuda:1
-    compile: bool = False
-    precision: str = "auto"  # auto, fp32 or bf16 (autocast, float32 master weights); resolved before the run
-    fsdp: bool = False  # shard parameters with FSDP2 instead of replicating them with DDP
-    eval_every: int = 0  # 0: only at the end
-    eval_batch_size: int = 256
-    fewshot_every: int = 0  # 5-shot linear accuracy of the representation every N steps and at the end; 0: off
-    save_every: int = 0  # 0: with every evaluation
-    keep_last: int = 2  # step checkpoints kept (best and final are extra)
-    log_every: int = 10
-    tensorboard: bool = False  # TensorBoard events in <out>/tensorboard (--tb); a resumed run keeps logging
-    wandb_project: str | None = None  # a Weights & Biases run in this project (--wandb); None: off
-
-    def replace(self, **changes: Any) -> TrainConfig:
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+from vitlab.train.settings import FIELDS, MODEL_FIELDS, SETTINGS, TrainConfig, spelled
 
 
 def validate(cfg: TrainConfig, recorded_in: str | Path | None = None) -> TrainConfig:
@@ -128,59 +37,40 @@ def validate(cfg: TrainConfig, recorded_in: str | Path | None = None) -> TrainCo
     return cfg
 
 
-# A setting's flag where its name differs from the field's (the others: the field with dashes).
-FLAG_NAMES = {"weight_decay": "wd", "grad_clip": "clip", "lora_rank": "lora", "tensorboard": "tb",
-              "wandb_project": "wandb"}
-MODEL_FIELD_FLAGS = {field: dest for dest, field in MODEL_FLAGS.items()}  # model_args field -> its flag's name
-
-
 def _flag(name: str) -> str:
     """A setting (or an architecture flag's name: heads) as the caller spells it: the command line's flag, or a
-    vitlab.fit keyword (vitlab.errors.setting)."""
-    return setting(name, FLAG_NAMES.get(name, name))
+    vitlab.fit keyword (vitlab.train.settings.Setting.spelled)."""
+    return spelled(name)
 
 
 def _recorded(name: str) -> str:
     """A setting as a run's config.json spells it (an architecture flag's value lives in its model_args)."""
-    return f"model_args {MODEL_FLAGS[name]}" if name in MODEL_FLAGS else name
+    model_field = SETTINGS[name].model_field if name in SETTINGS else None
+    return f"model_args {model_field}" if model_field else name
 
 
-# Tuple settings: their length and the rule between their elements (each element's range is in SETTINGS).
-_SHAPES: dict[str, tuple[int | None, str, Any]] = {
-    "betas": (2, "two numbers", None),
-    "mean": (3, "three numbers (R, G, B)", None),
-    "std": (3, "three numbers (R, G, B)", None),
-    "crop_scale": (2, "MIN MAX with MIN <= MAX", lambda v: v[0] <= v[1]),
-    "crop_ratio": (2, "MIN MAX with MIN <= MAX", lambda v: v[0] <= v[1]),
-    "lr_drops": (None, "increasing fractions", lambda v: all(a < b for a, b in zip(v, v[1:], strict=False))),
-    "lr_sweep": (None, "learning rates", None),
-}
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-# The flags that are no TrainConfig field, with their type and range: --epochs (the steps, from the data) and the
-# architecture flags (model_args).
-FLAG_ONLY: dict[str, tuple[type, Range]] = {"epochs": (float, EPOCHS),
-                                            **{dest: (int, MODEL_SIZES[f]) for dest, f in MODEL_FLAGS.items()}}
+_DEFAULTS = {name: SETTINGS[name].default for name in FIELDS}
 
 
 def setting_problem(key: str, value: Any, label: str) -> str | None:
-    """What is wrong with one setting's value on its own (its range in vitlab.ranges.SETTINGS, the one its flag parses
-    with; its shape; its choices), as one line about `label` (the flag, the vitlab.fit keyword or the recorded
-    setting); None when the value is allowed. `key` is a TrainConfig field or a FLAG_ONLY flag's name (epochs,
-    depth, heads). The value is of the setting's type already (vitlab.train.config.type_problem)."""
-    if key in FLAG_ONLY:
-        allowed = FLAG_ONLY[key][1]
+    """What is wrong with one setting's value on its own (its declared range, the one its flag parses with; its
+    shape; its choices: vitlab.train.settings), as one line about `label` (the flag, the vitlab.fit keyword or the
+    recorded setting); None when the value is allowed. `key` is a TrainConfig field or a flag-only setting's name
+    (epochs, depth, heads). The value is of the setting's type already (vitlab.train.config.type_problem)."""
+    declared = SETTINGS.get(key)
+    if declared is not None and key not in _DEFAULTS and declared.range is not None:  # a flag-only setting
+        allowed = declared.range
         return None if allowed.holds(value) else f"{label} must be {allowed.allowed()}, got {value!r}"
     if value is None and _DEFAULTS.get(key, ...) is None:
         return None
-    if key in _SHAPES:
-        length, what, rule = _SHAPES[key]
-        allowed = SETTINGS[key]
+    if declared is not None and declared.shape is not None:
+        allowed, length = declared.range, _length(declared.type)
         ok = (isinstance(value, tuple | list) and (length is None or len(value) == length)
-              and all(allowed.holds(v) for v in value) and (rule is None or rule(value)))
-        return None if ok else (f"{label} must be {what}, each {allowed.allowed()}, got "
+              and all(allowed.holds(v) for v in value) and (declared.rule is None or declared.rule(value)))
+        return None if ok else (f"{label} must be {declared.shape}, each {allowed.allowed()}, got "
                                 f"{setting_text(tuple(value) if isinstance(value, list) else value)}")
-    if key in SETTINGS:
-        allowed = SETTINGS[key]
+    if declared is not None and declared.range is not None:
+        allowed = declared.range
         return None if allowed.holds(value) else f"{label} must be {allowed.allowed()}, got {setting_text(value)}"
     if key == "eval_resize" and isinstance(value, str) and value.startswith(TIMM_RESIZE_PREFIX):
         try:  # timm's transform, as weights of a timm name record it (the flag offers vitlab's own resizes)
@@ -204,12 +94,9 @@ def _setting_problems(cfg: TrainConfig, name: Callable[[str], str]) -> list[str]
     """Each setting on its own (setting_problem), so that a value from a --config file, a vitlab.fit keyword or a
     recorded run is held to what the flag accepts."""
     problems = [setting_problem(key, getattr(cfg, key), name(key)) for key in _DEFAULTS]
-    problems += [setting_problem(MODEL_FIELD_FLAGS[key], value, name(MODEL_FIELD_FLAGS[key]))
-                 for key, value in cfg.model_args.items() if key in MODEL_FIELD_FLAGS]
+    problems += [setting_problem(MODEL_FIELDS[key], value, name(MODEL_FIELDS[key]))
+                 for key, value in cfg.model_args.items() if key in MODEL_FIELDS]
     return [p for p in problems if p]
-
-
-COMMA_SETTINGS = frozenset({"lora_targets"})  # settings whose flag takes one comma-separated word
 
 
 def flag_text(name: str, value: Any) -> str:
@@ -224,7 +111,7 @@ def value_text(name: str, value: Any) -> str:
     """A setting's value as its flag takes it: `qkv,fc2` for a comma list, on/off for a switch."""
     if isinstance(value, bool):
         return "on" if value else "off"
-    if name in COMMA_SETTINGS and isinstance(value, tuple | list):
+    if name in SETTINGS and SETTINGS[name].parse == "words" and isinstance(value, tuple | list):
         return ",".join(map(str, value))
     return setting_text(value)
 
@@ -259,6 +146,14 @@ def _rule_problems(cfg: TrainConfig, name: Callable[[str], str]) -> list[str]:
     return [message for ok, message in checks if not ok] + tuning_problems(cfg)
 
 
+def _length(hint: Any) -> int | None:
+    """A tuple type's length (None for tuple[X, ...]), under an optional `| None`."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)] if typing.get_origin(hint) in (
+        typing.Union, types.UnionType) else [hint]
+    inner = typing.get_args(args[0])
+    return None if len(inner) == 2 and inner[1] is Ellipsis else len(inner)
+
+
 def _valid_device(device: str) -> bool:
     return device in ("auto", "cpu", "cuda", "mps") or (device.startswith("cuda:") and device[5:].isdigit())
 
@@ -282,7 +177,7 @@ def read_record(path: str | Path) -> dict[str, Any]:
 
 def config_from_record(record: Mapping[str, Any]) -> TrainConfig:
     """The TrainConfig of a run's recorded settings (its other keys ignored); lists become tuples again."""
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    known = set(FIELDS)
     d = {k: tuple(v) if isinstance(v, list) else v for k, v in record.items() if k in known}  # `auto`: older runs
     # Runs recorded before these settings existed used the sub-pixel crop and short-side evaluation resize.
     return TrainConfig(**{"train_crop": "inception-subpixel", "eval_resize": "resize-short-crop", **d})
@@ -343,11 +238,6 @@ def _load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=NoAliasLoader)  # noqa: S506 (a SafeLoader subclass)
 
 
-@functools.cache
-def _field_types() -> dict[str, Any]:
-    return typing.get_type_hints(TrainConfig)
-
-
 def check_types(values: Mapping[str, Any], where: str) -> None:
     """ValueError naming the first setting whose value is not of its TrainConfig field's type (unknown keys are
     left to the caller). Ranges and choices are vitlab.train.config.validate's."""
@@ -355,7 +245,7 @@ def check_types(values: Mapping[str, Any], where: str) -> None:
         problem = type_problem(key, value)
         if problem is None:
             continue
-        hint = _field_types()[key]
+        hint = SETTINGS[key].type
         hint_text = ""
         if isinstance(value, str) and _is_number_text(value) and _describe(hint) in ("an integer", "a number"):
             # quoted, or YAML 1.1 reading an exponent without a decimal point (1e-3) as text
@@ -365,8 +255,8 @@ def check_types(values: Mapping[str, Any], where: str) -> None:
 
 def type_problem(key: str, value: Any) -> str | None:
     """"KEY must be <its TrainConfig field's type>, got VALUE (its kind)" when `value` is not of that type; None
-    when it is, or when `key` is neither a TrainConfig field nor a FLAG_ONLY flag."""
-    hint = FLAG_ONLY[key][0] if key in FLAG_ONLY else _field_types().get(key)
+    when it is, or when `key` is no declared setting."""
+    hint = SETTINGS[key].type if key in SETTINGS else None
     if hint is None or _matches(value, hint):
         return None
     text = repr(value)

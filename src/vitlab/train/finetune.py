@@ -30,6 +30,7 @@ from torch import nn
 
 from vitlab.constants import FREEZE_CHOICES
 from vitlab.errors import setting
+from vitlab.train.settings import spelled
 
 WARMUP_POWER = 2 / 3  # timm ModelEmaV3's warmup_power default (warmup_gamma 1)
 
@@ -199,8 +200,8 @@ _HEAD = ("head", "pre_logits")
 
 def tuning_problems(cfg: Any) -> list[str]:
     """The fine-tuning settings against each other (vitlab.train.config.validate reports them), named as the caller
-    spells them (vitlab.errors.setting)."""
-    freeze, lora, targets = setting("freeze"), setting("lora_rank", "lora"), setting("lora_targets")
+    spells them (vitlab.train.settings.spelled)."""
+    freeze, lora, targets = spelled("freeze"), spelled("lora_rank"), spelled("lora_targets")
     problems = []
     if cfg.freeze is not None and cfg.freeze not in FREEZE_CHOICES:
         problems.append(f"unknown {freeze} {cfg.freeze!r}; use {', '.join(FREEZE_CHOICES)}")
@@ -208,8 +209,8 @@ def tuning_problems(cfg: Any) -> list[str]:
         problems.append(f"{lora} already freezes the backbone (only the adapters and the head train): leave {freeze} "
                         "out")
     if (cfg.lora_alpha is not None or cfg.lora_targets != ("qkv",)) and not cfg.lora_rank:
-        problems.append(f"{setting('lora_alpha')} and {targets} shape LoRA adapters: add "
-                        f"{setting('lora_rank', 'lora', 'RANK')}")
+        problems.append(f"{spelled('lora_alpha')} and {targets} shape LoRA adapters: add "
+                        f"{spelled('lora_rank', 'RANK')}")
     unknown = [t for t in cfg.lora_targets if t not in LORA_TARGETS]
     if unknown or not cfg.lora_targets or len(set(cfg.lora_targets)) != len(cfg.lora_targets):
         problems.append(f"{targets} {','.join(cfg.lora_targets) or '(none)'}: name each once, from "

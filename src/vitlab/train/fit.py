@@ -46,13 +46,8 @@ from vitlab.files.digest import tensors_fingerprint
 from vitlab.files.rundir import CONFIG
 from vitlab.models.config import BiTConfig, ViTConfig
 from vitlab.models.registry import describe_architecture
-from vitlab.ranges import MODEL_FLAGS
 from vitlab.runtime.allocator import tune_for_compute
 from vitlab.train.config import (
-    FLAG_NAMES,
-    FLAG_ONLY,
-    MODEL_FIELD_FLAGS,
-    TrainConfig,
     model_args_problem,
     read_record,
     setting_problem,
@@ -60,6 +55,8 @@ from vitlab.train.config import (
 )
 from vitlab.train.resolve import InitWeights, Resolved, read_config_file, resolve
 from vitlab.train.runlog import append_to_console_log, check_trackers, result_line, schedule_lines, settings_lines
+from vitlab.train.settings import MODEL_FIELDS, SETTINGS, named_by_flag
+from vitlab.train.start import Start, decide_start
 from vitlab.train.trainer import RunResult, build_run_model, check_classes, objective_for, run, run_record
 from vitlab.weights.load import is_model_object, load, read_module
 
@@ -141,9 +138,11 @@ def fit(recipe: str | None = None, *, config_file: str | os.PathLike | None = No
     verb = "finetune" if flags.get("init") is not None else "train"
     config_file = os.fspath(config_file) if config_file is not None else None
     with _console(progress):
-        held_out = _val_fraction(flags, config_file)
+        start = decide_start(flags)
+        held_out = _val_fraction(flags, config_file, start)
         data, init_weights = _objects(flags, held_out)
-        resolved = resolve(recipe, flags, config_file=config_file, verb=verb, data=data, init_weights=init_weights)
+        resolved = resolve(recipe, flags, config_file=config_file, verb=verb, data=data, init_weights=init_weights,
+                           start=start)
         if data is not None:
             _check_object_run(resolved, held_out)
             resolved = dataclasses.replace(resolved, data=data)  # a resumed run's too
@@ -173,14 +172,13 @@ def _objects(flags: dict[str, Any], val_fraction: float | None) -> tuple[Dataset
     return data, init_weights
 
 
-def _val_fraction(flags: Mapping[str, Any], config_file: str | None) -> float | None:
+def _val_fraction(flags: Mapping[str, Any], config_file: str | None, start: Start) -> float | None:
     """The held-out share a dataset object is split with, found before the run is resolved because the split
     comes first: the keyword's, else on resume the stored run's, else the config file's (no recipe sets it)."""
     if "val_fraction" in flags:
         return flags["val_fraction"]
-    stored = Path(flags["out"]) / CONFIG if flags.get("out") else None
-    if flags.get("resume") and stored is not None and stored.is_file():
-        return read_record(stored).get("val_fraction")
+    if start.case == "continue":
+        return read_record(start.record).get("val_fraction")
     return read_config_file(config_file).get("val_fraction") if config_file else None
 
 
@@ -211,7 +209,7 @@ PATHS = {"data": "a path or dataset name", "init": "a path or weights name", "ou
 OBJECTS = {"data": "a map-style dataset of (image, label) (torchvision ImageFolder, datasets.Dataset, …) or a "
                    "(train, val) pair of them",
            "init": "a model (vitlab's, or a timm ViT)"}
-_KEYWORDS = frozenset(f.name for f in dataclasses.fields(TrainConfig)) | set(FLAG_ONLY)
+_KEYWORDS = frozenset(SETTINGS)
 # What a model's config has that a run sets through model_args (the run sets its size and classes itself).
 _MODEL_SETTINGS = frozenset(f.name for c in (ViTConfig, BiTConfig) for f in dataclasses.fields(c)) - _KEYWORDS - {
     "name"}
@@ -235,15 +233,15 @@ def fit_flags(settings: Mapping[str, Any]) -> dict[str, Any]:
         problem = setting_problem(key, value, key)
         if problem:
             raise ValueError(problem)
-        if key in MODEL_FLAGS:
-            model_args[MODEL_FLAGS[key]] = value
+        if SETTINGS[key].model_field:
+            model_args[SETTINGS[key].model_field] = value
         else:
             flags[key] = value
     if model_args:
         given = flags.get("model_args", {})
         for field, value in model_args.items():
             if field in given and given[field] != value:
-                raise ValueError(f"{MODEL_FIELD_FLAGS[field]}={value!r} and model_args {field} {given[field]!r} "
+                raise ValueError(f"{MODEL_FIELDS[field]}={value!r} and model_args {field} {given[field]!r} "
                                  "disagree; pass one")
         flags["model_args"] = {**given, **model_args}
     return flags
@@ -267,12 +265,11 @@ def _type_problem(key: str, value: Any) -> str | None:
 def _unknown_keyword(key: str) -> str:
     """One line for a keyword vitlab.fit does not take: the setting it spells (a flag's own name, a model setting,
     a slip of the keyboard)."""
-    renamed = {flag: field for field, flag in FLAG_NAMES.items()} | {"ema_decay": "ema"}  # --ema-decay, alias --ema
-    field = renamed.get(key)
-    if field is not None:
-        return f"vitlab.fit has no keyword {key!r}: the flag --{key.replace('_', '-')} is the keyword {field}"
+    named = named_by_flag(key)
+    if named is not None:
+        return f"vitlab.fit has no keyword {key!r}: the flag --{key.replace('_', '-')} is the keyword {named.keyword}"
     if key in _MODEL_SETTINGS:
-        flag = MODEL_FIELD_FLAGS.get(key)
+        flag = MODEL_FIELDS.get(key)
         return (f"vitlab.fit has no keyword {key!r}: it is a model setting; pass "
                 f"{f'{flag}=… (the --{flag} flag) or ' if flag else ''}model_args={{{key!r}: …}}")
     close = closest(key, sorted(_KEYWORDS | _MODEL_SETTINGS))

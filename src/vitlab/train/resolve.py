@@ -27,11 +27,10 @@ from typing import Any
 from vitlab.constants import canonical_setting
 from vitlab.data import build_datasets
 from vitlab.data.objects import is_object_description
-from vitlab.errors import closest, setting
+from vitlab.errors import closest
 from vitlab.files.rundir import CONFIG, MANIFEST, checkpoint_settings, list_checkpoints, run_dir_of
 from vitlab.models.config import BiTConfig, ViTConfig
 from vitlab.models.registry import architecture_differences, describe_architecture, model_config
-from vitlab.ranges import MODEL_FLAGS
 from vitlab.runtime.precision import device_kind, training_precision
 from vitlab.train.config import (
     TrainConfig,
@@ -66,6 +65,8 @@ from vitlab.train.rules import (
     steps_on_resume,
     user_set,
 )
+from vitlab.train.settings import FIELDS, FLAG_ONLY
+from vitlab.train.start import Start, decide_start
 from vitlab.weights.load import read_weights
 from vitlab.weights.locate import locate
 
@@ -78,7 +79,7 @@ from vitlab.weights.locate import locate
 # network is kept as the run's label.
 
 # model_args keys the command line sets, by their flags
-FLAGS = {field: "--" + dest.replace("_", "-") for dest, field in MODEL_FLAGS.items()}
+FLAGS = {s.model_field: s.option for s in FLAG_ONLY if s.model_field}
 # Fields the run sets itself (from --image-size, the data's classes, --dropout …), never through model_args.
 _RUN_FIELDS = ("image_size", "num_classes", "name")
 
@@ -180,23 +181,20 @@ def resolve_config(recipe: str = "demo", **overrides: Any) -> TrainConfig:
 
 
 def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *, config_file: str | None = None,
-            verb: str = "train", data: Any = None, init_weights: InitWeights | None = None) -> Resolved:
+            verb: str = "train", data: Any = None, init_weights: InitWeights | None = None,
+            start: Start | None = None) -> Resolved:
     """Resolve a run's settings; `flags` are the TrainConfig fields given explicitly (None = not given).
     `data`: the Datasets, if already built (otherwise built here when a rule needs them); `init_weights`: the
-    initial weights already read (a model object: `flags["init"]` is then its description)."""
+    initial weights already read (a model object: `flags["init"]` is then its description); `start`: how the run
+    starts, when the caller has decided it already (vitlab.train.start.decide_start of these flags)."""
     flags = {k: canonical_setting(k, v) for k, v in (flags or {}).items() if v is not None}
     epochs = check_epochs(flags)  # --epochs N: the steps once the data and batch are known (train/rules.py)
     _check_known(flags, "training settings")
+    start = start or decide_start(flags)  # how the run starts (vitlab.train.start): cases 1 and 2 from the flags
+    if start.case == "continue":
+        return _resume(Path(flags["out"]), flags, recipe, epochs)
     if flags.get("resume"):
-        if flags.get("out") and (Path(flags["out"]) / CONFIG).exists():
-            return _resume(Path(flags["out"]), flags, recipe, epochs)
-        resume, out = setting("resume"), setting("out")
-        if not flags.get("out"):
-            raise ValueError(f"{resume} needs {out}: the run folder to continue")
-        if flags["resume"] != "auto" and not _holds_sweep(flags.get("out")):  # a typo in --out starts nothing
-            raise ValueError(f"{resume}: {flags.get('out')} holds no run to continue (no config.json); check the {out} "
-                             f"path, or pass {setting('resume', value='auto')} to start a run there when there is none")
-        flags["resume"] = _holds_sweep(flags.get("out"))
+        flags["resume"] = start.case == "sweep"  # resume auto with nothing there: a new run
     layers = _Layers()
     file_values = read_config_file(config_file) if config_file else {}
     name = recipe or file_values.get("recipe") or DEFAULT_RECIPE.get(verb, "demo")
@@ -207,7 +205,7 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
     layers.apply(recipe_values, f"recipe {name}")
     layers.apply({"recipe": name}, "flag" if recipe else f"recipe {name}")
     init = flags.get("init", file_values.get("init", layers.values.get("init")))
-    init_weights = _init_layer(layers, init, init_weights) if init else None
+    init_weights = _init_layer(layers, init, init_weights) if init else None  # case 3, read once; else 4
     checkpoint = init_weights.checkpoint if init_weights else None
     preset = flags.get("preset", file_values.get("preset"))
     if preset is not None:
@@ -276,7 +274,7 @@ def _lists_to_tuples(value: Any) -> Any:
 
 
 def _check_known(values: Mapping[str, Any], what: str, extra: frozenset[str] = frozenset()) -> None:
-    known = {f.name for f in dataclasses.fields(TrainConfig)} | extra
+    known = set(FIELDS) | extra
     unknown = sorted(set(values) - known)
     if unknown:
         guess = closest(unknown[0], sorted(known))
@@ -599,11 +597,6 @@ def recorded_settings(out: Path, record: dict[str, Any]) -> tuple[dict[str, Any]
 def json_excerpt(value: Any) -> str:
     """A recorded value in a message: its JSON, cut at 80 characters."""
     return json.dumps(value)[:80]
-
-
-def _holds_sweep(out: str | None) -> bool:
-    """Whether `out` holds an interrupted learning-rate sweep (its runs in lr_*/, resumed one by one)."""
-    return bool(out) and any(Path(out).glob("lr_*/config.json"))
 
 
 def _extension(key: str, change: list[Any], stored: TrainConfig) -> str:
