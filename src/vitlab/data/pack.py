@@ -34,9 +34,10 @@ from vitlab.data.packlock import PackLock
 from vitlab.data.shardindex import fingerprint
 from vitlab.data.shards import INFO_NAME
 from vitlab.data.sources import DECODE_ERRORS, PIXELS_ENV, ImageSplit, decode_rgb, open_image, stratified_holdout
-from vitlab.data.untrusted import parse_json, read_regular
+from vitlab.data.untrusted import parse_json
 from vitlab.errors import DataError
 from vitlab.files.outputs import atomic_write
+from vitlab.files.reading import read_regular
 from vitlab.progress import progress
 
 PACK_SEED = 0  # the packing order's seed: shards are written in one fixed random order

@@ -44,6 +44,7 @@ from vitlab.files.marks import mark as mark
 from vitlab.files.marks import mark_text as mark_text
 from vitlab.files.marks import mark_zip as mark_zip
 from vitlab.files.marks import written_by as written_by
+from vitlab.files.reading import read_text_regular
 from vitlab.files.rundir import is_run_dir, run_owning
 
 _TAG = "vitlab-tmp"
@@ -301,7 +302,7 @@ def _written_by(path: Path, legacy_keys: frozenset[str]) -> str | None:
     try:
         if not path.is_file() or path.stat().st_size > 1 << 20:  # a record is a few hundred bytes
             return None
-        data = json.loads(path.read_text())
+        data = json.loads(read_text_regular(path))
     except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(data, dict):

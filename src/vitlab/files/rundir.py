@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 
 from vitlab.files.digest import sha256_file
+from vitlab.files.reading import read_text_regular
 
 CHECKPOINTS = "checkpoints"
 WEIGHTS = "model.safetensors"  # the final weights of a run, and the weights of each checkpoint
@@ -101,7 +102,7 @@ def verify_checkpoint(path: Path) -> str | None:
     """None if the checkpoint is complete and intact (every file of its manifest, size and SHA-256), else what
     is wrong with it."""
     try:
-        manifest = json.loads((path / MANIFEST).read_text())
+        manifest = json.loads(read_text_regular(path / MANIFEST))
     except (OSError, ValueError, RecursionError):
         return f"{MANIFEST} missing or unreadable"
     files = manifest.get("files") if isinstance(manifest, dict) else None
@@ -152,7 +153,7 @@ def stray_entries(run_dir: Path) -> list[str]:
 def checkpoint_settings(path: Path) -> dict | None:
     """The run's settings a checkpoint's manifest recorded (None for checkpoints written before they were)."""
     try:
-        manifest = json.loads((Path(path) / MANIFEST).read_text())
+        manifest = json.loads(read_text_regular(Path(path) / MANIFEST))
     except (OSError, ValueError, RecursionError):
         return None
     settings = manifest.get("settings") if isinstance(manifest, dict) else None
@@ -200,7 +201,7 @@ def sweep_choice(path: Path) -> tuple[Path | None, str]:
     runs = sorted(p.name for p in path.glob("lr_*") if is_run_dir(p))
     listed = ", ".join(str(path / name) for name in runs) or "none yet"
     try:
-        record = json.loads((path / SWEEP_RECORD).read_text())
+        record = json.loads(read_text_regular(path / SWEEP_RECORD))
         chosen = float(record["chosen_lr"])
     except FileNotFoundError:
         return None, f"a learning-rate sweep that has not finished (no {SWEEP_RECORD}); pass one of its runs: {listed}"

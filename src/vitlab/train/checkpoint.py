@@ -40,6 +40,7 @@ from vitlab.data.errors import describe_paths
 from vitlab.errors import DataError, WeightsError
 from vitlab.files.digest import sha256_file
 from vitlab.files.outputs import storage_error
+from vitlab.files.reading import read_text_regular
 from vitlab.files.rundir import (
     CHECKPOINTS,
     CONFIG,
@@ -248,7 +249,7 @@ def find_resume_point(run_dir: Path, objective: Any, class_names: list[str], sou
 def _stored_record(run_dir: Path) -> dict[str, Any]:
     """The run's config.json as recorded before this resume rewrites it (resolve has already read it)."""
     try:
-        record = json.loads((run_dir / CONFIG).read_text())
+        record = json.loads(read_text_regular(run_dir / CONFIG))
     except (OSError, ValueError, RecursionError):
         return {}
     return record if isinstance(record, dict) else {}
