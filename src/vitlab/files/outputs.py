@@ -44,8 +44,8 @@ from vitlab.files.marks import mark as mark
 from vitlab.files.marks import mark_text as mark_text
 from vitlab.files.marks import mark_zip as mark_zip
 from vitlab.files.marks import written_by as written_by
-from vitlab.files.reading import read_text_regular
-from vitlab.files.rundir import is_run_dir, run_owning
+from vitlab.files.reading import read_text_regular, resolved
+from vitlab.files.rundir import is_run_dir, is_sweep_dir, run_owning
 
 _TAG = "vitlab-tmp"
 # Failures of the storage rather than of vitlab: what the user can fix, and how.
@@ -276,17 +276,20 @@ _LEGACY = "a vitlab version from before written_by"
 
 
 def check_replaceable(folder: str | Path, record: str, verb: str, others: tuple[str, ...] = (),
-                      legacy_keys: frozenset[str] = frozenset(), inputs: Iterable[str | os.PathLike] = ()) -> None:
+                      legacy_keys: frozenset[str] = frozenset(), inputs: Iterable[str | os.PathLike] = (),
+                      owner: bool = False) -> None:
     """ValueError (one line) unless the files `verb` writes into `folder` (its JSON `record` and `others`) are
     absent or its own: the record says `"written_by": verb` (or, from before the key existed, holds every one of
     `legacy_keys`), or each file present carries the verb's own mark (a run stopped before its record). A file
     that a user put there is never replaced; a device, FIFO, socket, link or folder there is refused, and so are
-    the verb's `inputs` and a run's own files (`check_output`'s first rules), --force or not."""
+    the verb's `inputs` and a run's own files (`check_output`'s first rules), --force or not; `owner`: the folder
+    is the verb's own (a sweep's records in its folder), whose files are its to write."""
     folder = Path(folder)  # a link to a folder is fine here: files are written into it, it is not replaced
     inputs = tuple(inputs)
     for name in (record, *others):
         refuse_input(folder / name, inputs)
-        refuse_run_file(folder / name)
+        if not owner:
+            refuse_run_file(folder / name)
     present = [name for name in (record, *others) if os.path.lexists(folder / name)]
     for name in present:
         refuse_special(folder / name)
@@ -351,9 +354,12 @@ def check_output(path: str | Path, force: bool = False, fix: str = FORCE_FIX, *,
     """The rule for every file a user names as an output (checked before the work and again before the rename).
     Refused whatever `force` says:
     - one of the verb's `inputs`: the same file (by inode: links, hard links and other spellings included) or a
-      file inside an input folder (a dataset, a weights folder; a run's folder is held by the next rule);
-    - one of a run's own files (weights, best weights, checkpoints, config.json, records: `rundir.run_owning`):
-      only the run's training writes them;
+      path inside an input folder, existing or not (a dataset, an image folder of one, a weights folder; a run's
+      or sweep's folder is held by the next rule);
+    - one of a run's own files (weights, best weights, checkpoints, config.json, records, a sweep's sweep.json and
+      sweep.png: `rundir.run_owning`): only the run's training writes them;
+    Every comparison takes the path as the OS resolves it (`reading.resolved`: `link/..` is beside the link's
+    target).
     - what is not a regular file (a character or block device, FIFO, socket, symbolic link, folder);
     - weights (a safetensors or zip archive, whoever wrote it) when the output is not weights (`kind`).
     Otherwise an absent path is written, and an existing file is replaced when it is an earlier output of the same
@@ -377,19 +383,19 @@ def check_output(path: str | Path, force: bool = False, fix: str = FORCE_FIX, *,
 
 
 def refuse_input(path: str | Path, inputs: Iterable[str | os.PathLike]) -> None:
-    """OutputRefused when `path` is one of `inputs` (the same file by inode) or an existing file inside an input
-    folder (a dataset's image, a weights folder's config). Two exceptions, files the folder holds beside what is
-    read: in a run's folder, guarded by `refuse_run_file`, and vitlab's own earlier non-weights outputs (a metrics
-    record, a figure). Inputs that do not exist as paths (published names, embedded datasets) hold nothing."""
-    if not os.path.lexists(path):
-        return
+    """OutputRefused when `path` is one of `inputs` (the same file by inode) or lies inside an input folder (a
+    dataset or one of its image folders, a weights folder), existing or not: what is written there would be read
+    as data, or replace what the folder holds. A run's or a sweep's folder is the exception: its own files are
+    guarded by `refuse_run_file`, and a verb's record beside them (eval.json) is where it belongs. Paths are
+    compared as the OS resolves them (`reading.resolved`). Inputs that do not exist as paths (published names,
+    embedded datasets) hold nothing."""
+    target = resolved(path)
     for given in inputs:
         if not os.path.exists(given):
             continue
         if os.path.isdir(given):
-            inside = Path(os.path.realpath(path)).is_relative_to(os.path.realpath(given))
-            there = kind_of(path) if inside else None
-            if inside and not is_run_dir(Path(given)) and not (there and there.writer and there.format != WEIGHTS):
+            folder = Path(os.path.realpath(given))
+            if target.is_relative_to(folder) and not (is_run_dir(folder) or is_sweep_dir(folder)):
                 raise OutputRefused(path, f"lies inside {os.fsdecode(given)}, which this command reads",
                                     "write the output somewhere else")
         elif os.path.exists(path) and os.path.samefile(path, given):
@@ -419,7 +425,7 @@ def check_output_folder(folder: str | Path, names: tuple[str, ...], card: str, f
     folder = Path(folder)
     refuse_run_file(folder / card)
     for given in inputs:
-        if os.path.exists(given) and Path(os.path.realpath(given)).is_relative_to(os.path.realpath(folder)):
+        if os.path.exists(given) and Path(os.path.realpath(given)).is_relative_to(resolved(folder)):
             raise OutputRefused(folder, f"holds {os.fsdecode(given)}, which this command reads",
                                 "write the export to a new folder (--force does not replace an input)")
     refuse_special(folder, "folder")

@@ -6,6 +6,9 @@ So a path is refused before it is opened (`check_regular`, one line naming it an
 opens the file itself it is opened without blocking and checked again on the descriptor (`open_regular`), so a
 FIFO swapped in between the two cannot make the open wait. Libraries that take a path (safetensors, torch.load,
 ONNX Runtime) get it after `check_regular`.
+
+`resolved` is what a path names, as the OS resolves it: the output rule, the input check and the run-file check
+compare paths through it, so no spelling (a link followed by `..`) reaches a file another spelling protects.
 """
 
 from __future__ import annotations
@@ -74,3 +77,15 @@ def read_regular(path: str | Path) -> bytes:
 def read_text_regular(path: str | Path) -> str:
     """The UTF-8 text of the regular file at `path` (`open_regular`'s rule); UnicodeDecodeError passes through."""
     return read_regular(path).decode("utf-8")
+
+
+def resolved(path: str | os.PathLike) -> Path:
+    """The file `path` names, as the OS resolves it when it opens, creates or renames it: every folder on the way
+    with its symbolic links followed before a `..` after it applies (`L/../x` is beside L's target, not beside L),
+    the last name kept as written (a link there is what the name holds, not its target). The one comparison of
+    paths vitlab makes: two spellings name the same place exactly when their `resolved` paths are equal, where
+    text (`os.path.abspath`, which drops `L/..` before any link is followed) would disagree with the OS."""
+    path = Path(os.fsdecode(path))
+    if path.name in ("", ".", ".."):  # the last name is itself a step of the way
+        return Path(os.path.realpath(path))
+    return Path(os.path.realpath(path.parent)) / path.name

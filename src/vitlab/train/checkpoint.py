@@ -40,7 +40,7 @@ from vitlab.data.errors import describe_paths
 from vitlab.errors import DataError, WeightsError
 from vitlab.files.digest import sha256_file
 from vitlab.files.outputs import storage_error
-from vitlab.files.reading import read_text_regular
+from vitlab.files.reading import read_text_regular, resolved
 from vitlab.files.rundir import (
     CHECKPOINTS,
     CONFIG,
@@ -50,7 +50,9 @@ from vitlab.files.rundir import (
     METRICS,
     STATE,
     WEIGHTS,
+    enclosing_run,
     holds_run,
+    is_sweep_dir,
     latest_valid_checkpoint,
     list_checkpoints,
     step_dir,
@@ -412,6 +414,9 @@ def check_out(out: Path, resume: bool) -> None:
     """ValueError (one line) unless `out` may receive this run."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder; choose a new folder for the run")
+    around = enclosing_run(out)  # a sweep's own runs sit right inside it
+    if around is not None and not (is_sweep_dir(around) and resolved(out).parent == around):
+        raise ValueError(f"--out {out} lies inside the run or sweep {around}; choose a folder outside it")
     if not out.is_dir():
         return
     if holds_run(out):
