@@ -96,7 +96,9 @@ def os_error_line(err: OSError) -> str:
 
 
 def _ours(name: Path, dest: Path) -> bool:
-    """Whether an OSError's file is the destination, a folder above it or a temporary beside it."""
+    """Whether an OSError's file is the destination, a folder above it or a temporary beside it (compared as the
+    OS resolves them: the temporary's name is absolute, the destination's may be relative)."""
+    name, dest = resolved(name), resolved(dest)
     if name == dest or name in dest.parents:
         return True
     return name.is_relative_to(dest.parent) and _TAG in str(name.relative_to(dest.parent))
@@ -412,7 +414,8 @@ def refuse_run_file(path: str | Path) -> None:
     except OSError:  # a path the system cannot look up (a name too long): the write itself reports it
         return
     if run is not None:
-        raise OutputRefused(path, f"is one of the files of the run in {run}, which only its training writes",
+        owner = "sweep" if is_sweep_dir(run) else "run"
+        raise OutputRefused(path, f"is one of the files of the {owner} in {run}, which only its training writes",
                             "write the output outside the run's files (--force does not replace them)")
 
 
