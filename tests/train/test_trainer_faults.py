@@ -137,7 +137,8 @@ def test_a_stop_inside_a_long_evaluation_saves_and_resumes_exactly(tmp_path, mon
 
 def test_sigterm_to_a_cli_run_in_evaluation_exits_soon_with_a_checkpoint(tmp_path):
     """Through the command line, as a job scheduler sends it: exit code 143 (a preempted run is not a finished one),
-    the resume command, a checkpoint at the step whose evaluation was running (the in-process test above shows the evaluation itself is cut short)."""
+    the resume command, a checkpoint at the step whose evaluation was running (the in-process test above shows the
+    evaluation itself is cut short)."""
     out = tmp_path / "run"
     args = [sys.executable, "-m", "vitlab", "train", "--out", str(out), "--model", "ViT-Ti/4", "--depth", "1",
             "--width", "32", "--heads", "2", "--mlp-dim", "64", "--image-size", "8", "--batch-size", "32",

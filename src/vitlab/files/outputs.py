@@ -28,7 +28,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from vitlab.errors import OutputRefused
+from vitlab.errors import OutputRefused, setting
 
 # The marks and kinds, re-exported: writers import the rule and the marks from one place.
 from vitlab.files.marks import CSV as CSV
@@ -320,7 +320,18 @@ def _written_by(path: Path, legacy_keys: frozenset[str]) -> str | None:
 # --- Which outputs vitlab may replace ----------------------------------------------------------------------------
 _KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
           (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"))
-FORCE_FIX = "pass --force to replace it, or choose a new name"
+
+
+def force_word() -> str:
+    """How the caller asks to replace a file: `--force` on the command line, `force=True` from vitlab's Python
+    functions (`errors.setting`), so each refusal speaks its caller's words."""
+    name = setting("force")
+    return name if name.startswith("--") else f"{name}=True"
+
+
+def force_fix() -> str:
+    """The advice of a refusal that forcing would lift."""
+    return f"pass {force_word()} to replace it, or choose a new name"
 
 
 def refuse_special(path: str | Path, what: str = "file") -> None:
@@ -351,7 +362,7 @@ def write_json(path: str | Path, record: object, *, indent: int = 1, end: str = 
     return text
 
 
-def check_output(path: str | Path, force: bool = False, fix: str = FORCE_FIX, *, kind: Kind | None = None,
+def check_output(path: str | Path, force: bool = False, fix: str | None = None, *, kind: Kind | None = None,
                  inputs: Iterable[str | os.PathLike] = ()) -> None:
     """The rule for every file a user names as an output (checked before the work and again before the rename).
     Refused whatever `force` says:
@@ -379,9 +390,9 @@ def check_output(path: str | Path, force: bool = False, fix: str = FORCE_FIX, *,
     if force:
         return
     if there is None or there.writer is None:
-        raise OutputRefused(path, "exists and vitlab did not write it", fix)
+        raise OutputRefused(path, "exists and vitlab did not write it", fix or force_fix())
     if kind is not None and there != kind and not (kind.format == WEIGHTS == there.format):
-        raise OutputRefused(path, f"is {there}, not {kind}", fix)
+        raise OutputRefused(path, f"is {there}, not {kind}", fix or force_fix())
 
 
 def refuse_input(path: str | Path, inputs: Iterable[str | os.PathLike]) -> None:
@@ -402,7 +413,7 @@ def refuse_input(path: str | Path, inputs: Iterable[str | os.PathLike]) -> None:
                                     "write the output somewhere else")
         elif os.path.exists(path) and os.path.samefile(path, given):
             raise OutputRefused(path, f"is {os.fsdecode(given)}, which this command reads", "give another output "
-                                "path (--force does not replace an input)")
+                                f"path ({force_word()} does not replace an input)")
 
 
 def refuse_run_file(path: str | Path) -> None:
@@ -416,11 +427,11 @@ def refuse_run_file(path: str | Path) -> None:
     if run is not None:
         owner = "sweep" if is_sweep_dir(run) else "run"
         raise OutputRefused(path, f"is one of the files of the {owner} in {run}, which only its training writes",
-                            "write the output outside the run's files (--force does not replace them)")
+                            f"write the output outside the {owner}'s files ({force_word()} does not replace them)")
 
 
 def check_output_folder(folder: str | Path, names: tuple[str, ...], card: str, force: bool = False,
-                        fix: str = FORCE_FIX, inputs: Iterable[str | os.PathLike] = ()) -> None:
+                        fix: str | None = None, inputs: Iterable[str | os.PathLike] = ()) -> None:
     """The rule for a folder export (timm, HF): absent or empty, or an earlier export: nothing in it but `names`
     (never a special file) and its model card `card` marked as vitlab's (`force`: the card may be anyone's). A
     folder holding anything else is refused even with `force`: replacing it would delete the user's data; so is
@@ -430,7 +441,7 @@ def check_output_folder(folder: str | Path, names: tuple[str, ...], card: str, f
     for given in inputs:
         if os.path.exists(given) and Path(os.path.realpath(given)).is_relative_to(resolved(folder)):
             raise OutputRefused(folder, f"holds {os.fsdecode(given)}, which this command reads",
-                                "write the export to a new folder (--force does not replace an input)")
+                                f"write the export to a new folder ({force_word()} does not replace an input)")
     refuse_special(folder, "folder")
     if not folder.exists():
         return
@@ -442,4 +453,4 @@ def check_output_folder(folder: str | Path, names: tuple[str, ...], card: str, f
     for entry in entries:
         refuse_special(entry)
     if entries and not force and written_by(folder / card) is None:
-        raise OutputRefused(folder, f"holds files vitlab did not write ({card} has no vitlab mark)", fix)
+        raise OutputRefused(folder, f"holds files vitlab did not write ({card} has no vitlab mark)", fix or force_fix())
