@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def seal_file(path: Path) -> None:
     content = r.read_json(path, r.MAX_RESULTS_BYTES)
+    if content is None:
+        raise r.RecordError(f"{path}: no such file; name a record or results file to seal")
     if not isinstance(content, dict):
         raise r.RecordError(f"{path}: no JSON object to seal")
     if content.get(r.CHECKSUM) is not None:

@@ -29,7 +29,7 @@ from reproduction.report import sections as text_of
 from reproduction.runner import RESULT, RUNS
 from reproduction.scale import FULL
 from vitlab.errors import OutputRefused
-from vitlab.files import atomic_write, mark_text, refuse_special
+from vitlab.files import atomic_write, mark_text, refuse_run_file, refuse_special
 from vitlab.train import RECIPES
 
 FIGURES = "reproduction"
@@ -107,7 +107,9 @@ def previous_report(path: Path, force: bool = False) -> str:
     output rule (vitlab.files.outputs): never a special file or link (refused, `force` or not); a regular file only if
     it
     is one vitlab wrote, recognisably (its first line is MARK; a report from before the mark starts with INTRO's
-    title), unless `force`; else OutputRefused, one line. The text read is bounded."""
+    title), unless `force`; else OutputRefused, one line. A run's own file is refused, `force` or not (only its
+    training writes it). The text read is bounded."""
+    refuse_run_file(path)
     refuse_special(path)
     data = read_bytes(path, MAX_REPORT_BYTES)
     if data is None:

@@ -381,7 +381,7 @@ def test_a_fifo_given_as_an_image_is_one_line(tmp_path, with_fifo, verb):
 
 
 def test_library_transforms_refuse_a_fifo_at_once(with_fifo):
-    from vitlab.data.untrusted import open_regular
+    from vitlab.files.reading import open_regular
 
     _, fifo, _ = with_fifo
     with pytest.raises(OSError, match="is a FIFO"):

@@ -14,7 +14,7 @@ import torch
 
 from vitlab.data import EMBEDDED, DataError, is_embedded, load_split
 from vitlab.data.sources import DECODE_ERRORS, open_image, to_rgb
-from vitlab.data.untrusted import open_regular
+from vitlab.files.reading import open_regular
 from vitlab.models.config import ViTConfig
 
 

@@ -157,15 +157,20 @@ def _train(args: argparse.Namespace) -> int:
         print("\n".join(planned_lines(resolved)))
         return 0
     from vitlab.errors import PeerLost
+    from vitlab.train.distributed import Preempted, stop_exit_code
 
     try:
-        train_resolved(resolved, args.verb, say=print)
+        result = train_resolved(resolved, args.verb, say=print)
+    except Preempted as err:  # a sweep's run stopped by a signal, with its checkpoint
+        print(f"vitlab {args.verb}: {err}", file=sys.stderr)
+        return stop_exit_code()
     except TrainingDiverged as err:
         raise UserError(str(err)) from None
     except PeerLost as err:  # not the user's input (exit 2): the job failed around this process
         print(f"vitlab {args.verb}: error: {err}", file=sys.stderr)
         return 1
-    return 0
+    # preempted (its result line says how to continue): not 0, which a scheduler would take for a finished run
+    return stop_exit_code() if getattr(result, "status", None) == "preempted" else 0
 
 
 def _lr_list(text: str) -> tuple[float, ...]:

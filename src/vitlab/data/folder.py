@@ -15,8 +15,8 @@ from PIL import Image
 
 from vitlab.data.errors import describe_paths, log
 from vitlab.data.sources import DECODE_ERRORS, PIXELS_ENV, ImageSplit, open_image, pixel_budget
-from vitlab.data.untrusted import open_regular
 from vitlab.errors import DataError, setting
+from vitlab.files.reading import open_regular
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
 _EXT_TEXT = ", ".join(IMAGE_EXTENSIONS)

@@ -18,8 +18,9 @@ import numpy as np
 from vitlab.data.errors import describe_paths, log
 from vitlab.data.hf_files import NEEDS_DATASETS, HFSet, import_datasets, int_column, is_hf_source, open_hf
 from vitlab.data.sources import ImageSplit, relabel_by_name, run_lengths
-from vitlab.data.untrusted import check_label_range, contained, read_regular
+from vitlab.data.untrusted import check_label_range, contained
 from vitlab.errors import DataError, setting
+from vitlab.files.reading import read_regular
 
 PATH_CHECKS = 100_000  # path-only rows checked when a split opens (every row is checked again when read)
 

@@ -23,10 +23,11 @@ from collections import Counter
 from pathlib import Path
 
 from vitlab.data.errors import describe_paths, log
-from vitlab.data.untrusted import MAX_LABEL_BYTES, check_label_range, not_regular, parse_json
+from vitlab.data.untrusted import MAX_LABEL_BYTES, check_label_range, parse_json
 from vitlab.errors import DataError
 from vitlab.files.cache import cache_dir
 from vitlab.files.outputs import atomic_write
+from vitlab.files.reading import not_regular, read_regular
 
 INDEX_NAME = "_vitlab_index.json"
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp")
@@ -142,7 +143,7 @@ def _read_cache(path: Path) -> dict[str, dict]:
     try:
         if not path.is_file():
             return {}
-        shards = parse_json(path.read_text(), str(path)).get("shards", {})
+        shards = parse_json(read_regular(path).decode(), str(path)).get("shards", {})
     except (OSError, ValueError, AttributeError):  # DataError (too deep) and JSONDecodeError are ValueErrors
         return {}
     return shards if isinstance(shards, dict) else {}

@@ -28,6 +28,7 @@ from vitlab.data.shardindex import INDEX_NAME
 from vitlab.data.sources import ImageSplit, relabel_by_name, run_lengths
 from vitlab.data.untrusted import MAX_PATTERN_FILES, check_label_range, contained, parse_json, parse_yaml
 from vitlab.errors import DataError, setting
+from vitlab.files.reading import NotRegularFile, read_text_regular
 
 INFO_NAME = "_info.json"
 INFO_NAMES = (INFO_NAME, "_info.yaml", "_info.yml")  # timm's wds datasets ship either; vitlab writes JSON
@@ -148,13 +149,13 @@ def _split_of(name: str) -> str:
 
 def info_file(root: Path) -> Path | None:
     """The shard set's info file in `root` (_info.json, else timm's _info.yaml), or None."""
-    return next((root / n for n in INFO_NAMES if (root / n).is_file()), None)
+    return next((root / n for n in INFO_NAMES if (root / n).exists()), None)  # a FIFO there is refused, not skipped
 
 
 def _read_info(path: Path) -> dict:
     """An info file parsed within bounds (nesting, YAML aliases) and checked to be a mapping with `splits`."""
     try:
-        text = path.read_text()
+        text = read_text_regular(path)
         info = parse_json(text, str(path)) if path.suffix == ".json" else parse_yaml(text, str(path))
         if not isinstance(info, dict) or not isinstance(info["splits"], dict):
             raise TypeError("not a mapping with a 'splits' mapping")
@@ -248,7 +249,9 @@ def open_shard_set(data: str) -> ShardSet:
 
 def _vitlab_info(folder: Path) -> dict | None:
     try:
-        info = parse_json((folder / INFO_NAME).read_text(), str(folder / INFO_NAME))
+        info = parse_json(read_text_regular(folder / INFO_NAME), str(folder / INFO_NAME))
+    except NotRegularFile as err:
+        raise DataError(f"{err}; a shard folder's {INFO_NAME} is a file vitlab reads") from None
     except (OSError, UnicodeDecodeError, ValueError):  # JSONDecodeError and too deep (DataError) are ValueErrors
         return None
     return info if isinstance(info, dict) and isinstance(info.get("index"), dict) else None

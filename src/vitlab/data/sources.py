@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from vitlab.data.untrusted import open_regular
 from vitlab.errors import DataError, EnvironmentSettingError
+from vitlab.files.reading import open_regular
 from vitlab.ranges import MAX_IMAGE_PIXELS, POSITIVE_INT
 
 # Errors Pillow raises for files it cannot decode: truncated (OSError), not an image (UnidentifiedImageError,

@@ -11,10 +11,8 @@ line naming the file and the limit.
 from __future__ import annotations
 
 import json
-import os
-import stat
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import yaml
 
@@ -71,40 +69,6 @@ def check_label_range(low: int, high: int, where: str) -> None:
     if high >= MAX_CLASSES:
         raise DataError(f"{where}: label {high} is beyond vitlab's limit of {MAX_CLASSES:,} classes; "
                         "a class index that large is a corrupt or crafted label (fix the label)")
-
-
-def not_regular(path: str | Path) -> str | None:
-    """Why `path` cannot be read as a data file (a FIFO, a device, a socket, a folder), or None for a regular
-    file. Follows symbolic links; raises FileNotFoundError for a missing file."""
-    mode = os.stat(path).st_mode
-    if stat.S_ISREG(mode):
-        return None
-    return f"{path} is {special_kind(mode)}, not a regular file"
-
-
-def special_kind(mode: int) -> str:
-    """What a file that is not regular is, in words, from its `st_mode`."""
-    return ("a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-            else "a socket" if stat.S_ISSOCK(mode) else "a folder" if stat.S_ISDIR(mode) else "a special file")
-
-
-def open_regular(path: str | Path) -> IO[bytes]:
-    """The file opened for reading, or OSError (what unreadable images raise) if it is not a regular file.
-    Opened without blocking, then checked again on the descriptor: a FIFO swapped in after the first check
-    cannot make the open wait for a writer."""
-    why = not_regular(path)
-    if why:
-        raise OSError(why)
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(f"{path} is not a regular file")
-    return os.fdopen(fd, "rb")
-
-
-def read_regular(path: str | Path) -> bytes:
-    with open_regular(path) as f:
-        return f.read()
 
 
 def contained(path: str | Path, root: Path) -> Path | None:

@@ -22,8 +22,8 @@ from PIL import UnidentifiedImageError
 from vitlab.data import EvalTransform, normalize
 from vitlab.data.folder import IMAGE_EXTENSIONS
 from vitlab.data.sources import DECODE_ERRORS, decode_rgb
-from vitlab.data.untrusted import special_kind
 from vitlab.errors import DataError
+from vitlab.files.reading import special_kind
 from vitlab.models.timm_compat import eval_resize_of
 from vitlab.progress import printable
 from vitlab.progress import progress as progress_bar

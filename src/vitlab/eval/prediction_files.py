@@ -38,8 +38,20 @@ def check_destinations(csv_path: str | Path | None, json_path: str | Path | None
             check_output(path, force, kind=kind, inputs=inputs)
 
 
+def encodable(text: str) -> str:
+    """`text` as UTF-8 can hold it: the bytes of a file name that is not UTF-8 (which Python reads as surrogate
+    escapes) written as `\\xff`, so one such name is shown, not fatal to the whole file."""
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate that no file name decodes to
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
+
+
 def spreadsheet_safe(cell: str) -> str:
-    """`cell` with a leading apostrophe when a spreadsheet would evaluate it as a formula."""
+    """`cell` as UTF-8 can hold it (`encodable`), with a leading apostrophe when a spreadsheet would evaluate it
+    as a formula."""
+    cell = encodable(cell)
     return "'" + cell if cell.startswith(FORMULA_STARTS) else cell
 
 

@@ -47,7 +47,7 @@ def mark_zip(path: str | Path, writer: str = "vitlab") -> None:
 
 
 # What a file holds, read from its first bytes: the kinds of output a verb writes.
-WEIGHTS = "weights"  # safetensors, or a zip archive (torch.save, .npz): weights or arrays, never replaced by others
+WEIGHTS = "weights"  # safetensors, a zip archive (torch.save, .npz) or a legacy torch.save pickle: only weights replace
 PNG, JSON, ONNX, CSV, TEXT, OTHER = "png", "json", "onnx", "csv", "text", "other"
 
 
@@ -102,7 +102,7 @@ def _kind_in(f, head: bytes) -> Kind:
         writer = _mark_in(f, head)
     except (OSError, ValueError, AttributeError, zipfile.BadZipFile, RecursionError, EOFError):
         writer = None
-    if head.startswith(b"PK") or _is_safetensors(head):
+    if head.startswith((b"PK", _LEGACY_TORCH)) or _is_safetensors(head):
         return Kind(writer, WEIGHTS)
     if head.startswith(b"\x89PNG\r\n\x1a\n"):
         return Kind(writer, PNG)
@@ -117,6 +117,11 @@ def _kind_in(f, head: bytes) -> Kind:
     except UnicodeDecodeError:
         return Kind(writer, OTHER)
     return Kind(writer, TEXT)
+
+
+# torch.save's format before its zip archives (and `_use_new_zipfile_serialization=False`): a pickle that opens
+# with torch's magic number, 0x1950a86a20f9469cfc6c
+_LEGACY_TORCH = b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19"
 
 
 def _is_safetensors(head: bytes) -> bool:

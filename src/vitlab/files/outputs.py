@@ -28,7 +28,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from vitlab.errors import OutputRefused
+from vitlab.errors import OutputRefused, setting
 
 # The marks and kinds, re-exported: writers import the rule and the marks from one place.
 from vitlab.files.marks import CSV as CSV
@@ -44,7 +44,8 @@ from vitlab.files.marks import mark as mark
 from vitlab.files.marks import mark_text as mark_text
 from vitlab.files.marks import mark_zip as mark_zip
 from vitlab.files.marks import written_by as written_by
-from vitlab.files.rundir import is_run_dir, run_owning
+from vitlab.files.reading import read_text_regular, resolved
+from vitlab.files.rundir import is_run_dir, is_sweep_dir, run_owning
 
 _TAG = "vitlab-tmp"
 # Failures of the storage rather than of vitlab: what the user can fix, and how.
@@ -95,7 +96,9 @@ def os_error_line(err: OSError) -> str:
 
 
 def _ours(name: Path, dest: Path) -> bool:
-    """Whether an OSError's file is the destination, a folder above it or a temporary beside it."""
+    """Whether an OSError's file is the destination, a folder above it or a temporary beside it (compared as the
+    OS resolves them: the temporary's name is absolute, the destination's may be relative)."""
+    name, dest = resolved(name), resolved(dest)
     if name == dest or name in dest.parents:
         return True
     return name.is_relative_to(dest.parent) and _TAG in str(name.relative_to(dest.parent))
@@ -275,17 +278,20 @@ _LEGACY = "a vitlab version from before written_by"
 
 
 def check_replaceable(folder: str | Path, record: str, verb: str, others: tuple[str, ...] = (),
-                      legacy_keys: frozenset[str] = frozenset(), inputs: Iterable[str | os.PathLike] = ()) -> None:
+                      legacy_keys: frozenset[str] = frozenset(), inputs: Iterable[str | os.PathLike] = (),
+                      owner: bool = False) -> None:
     """ValueError (one line) unless the files `verb` writes into `folder` (its JSON `record` and `others`) are
     absent or its own: the record says `"written_by": verb` (or, from before the key existed, holds every one of
     `legacy_keys`), or each file present carries the verb's own mark (a run stopped before its record). A file
     that a user put there is never replaced; a device, FIFO, socket, link or folder there is refused, and so are
-    the verb's `inputs` and a run's own files (`check_output`'s first rules), --force or not."""
+    the verb's `inputs` and a run's own files (`check_output`'s first rules), --force or not; `owner`: the folder
+    is the verb's own (a sweep's records in its folder), whose files are its to write."""
     folder = Path(folder)  # a link to a folder is fine here: files are written into it, it is not replaced
     inputs = tuple(inputs)
     for name in (record, *others):
         refuse_input(folder / name, inputs)
-        refuse_run_file(folder / name)
+        if not owner:
+            refuse_run_file(folder / name)
     present = [name for name in (record, *others) if os.path.lexists(folder / name)]
     for name in present:
         refuse_special(folder / name)
@@ -301,7 +307,7 @@ def _written_by(path: Path, legacy_keys: frozenset[str]) -> str | None:
     try:
         if not path.is_file() or path.stat().st_size > 1 << 20:  # a record is a few hundred bytes
             return None
-        data = json.loads(path.read_text())
+        data = json.loads(read_text_regular(path))
     except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(data, dict):
@@ -314,7 +320,18 @@ def _written_by(path: Path, legacy_keys: frozenset[str]) -> str | None:
 # --- Which outputs vitlab may replace ----------------------------------------------------------------------------
 _KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
           (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"))
-FORCE_FIX = "pass --force to replace it, or choose a new name"
+
+
+def force_word() -> str:
+    """How the caller asks to replace a file: `--force` on the command line, `force=True` from vitlab's Python
+    functions (`errors.setting`), so each refusal speaks its caller's words."""
+    name = setting("force")
+    return name if name.startswith("--") else f"{name}=True"
+
+
+def force_fix() -> str:
+    """The advice of a refusal that forcing would lift."""
+    return f"pass {force_word()} to replace it, or choose a new name"
 
 
 def refuse_special(path: str | Path, what: str = "file") -> None:
@@ -345,14 +362,17 @@ def write_json(path: str | Path, record: object, *, indent: int = 1, end: str = 
     return text
 
 
-def check_output(path: str | Path, force: bool = False, fix: str = FORCE_FIX, *, kind: Kind | None = None,
+def check_output(path: str | Path, force: bool = False, fix: str | None = None, *, kind: Kind | None = None,
                  inputs: Iterable[str | os.PathLike] = ()) -> None:
     """The rule for every file a user names as an output (checked before the work and again before the rename).
     Refused whatever `force` says:
     - one of the verb's `inputs`: the same file (by inode: links, hard links and other spellings included) or a
-      file inside an input folder (a dataset, a weights folder; a run's folder is held by the next rule);
-    - one of a run's own files (weights, best weights, checkpoints, config.json, records: `rundir.run_owning`):
-      only the run's training writes them;
+      path inside an input folder, existing or not (a dataset, an image folder of one, a weights folder; a run's
+      or sweep's folder is held by the next rule);
+    - one of a run's own files (weights, best weights, checkpoints, config.json, records, a sweep's sweep.json and
+      sweep.png: `rundir.run_owning`): only the run's training writes them;
+    Every comparison takes the path as the OS resolves it (`reading.resolved`: `link/..` is beside the link's
+    target).
     - what is not a regular file (a character or block device, FIFO, socket, symbolic link, folder);
     - weights (a safetensors or zip archive, whoever wrote it) when the output is not weights (`kind`).
     Otherwise an absent path is written, and an existing file is replaced when it is an earlier output of the same
@@ -370,30 +390,30 @@ def check_output(path: str | Path, force: bool = False, fix: str = FORCE_FIX, *,
     if force:
         return
     if there is None or there.writer is None:
-        raise OutputRefused(path, "exists and vitlab did not write it", fix)
+        raise OutputRefused(path, "exists and vitlab did not write it", fix or force_fix())
     if kind is not None and there != kind and not (kind.format == WEIGHTS == there.format):
-        raise OutputRefused(path, f"is {there}, not {kind}", fix)
+        raise OutputRefused(path, f"is {there}, not {kind}", fix or force_fix())
 
 
 def refuse_input(path: str | Path, inputs: Iterable[str | os.PathLike]) -> None:
-    """OutputRefused when `path` is one of `inputs` (the same file by inode) or an existing file inside an input
-    folder (a dataset's image, a weights folder's config). Two exceptions, files the folder holds beside what is
-    read: in a run's folder, guarded by `refuse_run_file`, and vitlab's own earlier non-weights outputs (a metrics
-    record, a figure). Inputs that do not exist as paths (published names, embedded datasets) hold nothing."""
-    if not os.path.lexists(path):
-        return
+    """OutputRefused when `path` is one of `inputs` (the same file by inode) or lies inside an input folder (a
+    dataset or one of its image folders, a weights folder), existing or not: what is written there would be read
+    as data, or replace what the folder holds. A run's or a sweep's folder is the exception: its own files are
+    guarded by `refuse_run_file`, and a verb's record beside them (eval.json) is where it belongs. Paths are
+    compared as the OS resolves them (`reading.resolved`). Inputs that do not exist as paths (published names,
+    embedded datasets) hold nothing."""
+    target = resolved(path)
     for given in inputs:
         if not os.path.exists(given):
             continue
         if os.path.isdir(given):
-            inside = Path(os.path.realpath(path)).is_relative_to(os.path.realpath(given))
-            there = kind_of(path) if inside else None
-            if inside and not is_run_dir(Path(given)) and not (there and there.writer and there.format != WEIGHTS):
+            folder = Path(os.path.realpath(given))
+            if target.is_relative_to(folder) and not (is_run_dir(folder) or is_sweep_dir(folder)):
                 raise OutputRefused(path, f"lies inside {os.fsdecode(given)}, which this command reads",
                                     "write the output somewhere else")
         elif os.path.exists(path) and os.path.samefile(path, given):
             raise OutputRefused(path, f"is {os.fsdecode(given)}, which this command reads", "give another output "
-                                "path (--force does not replace an input)")
+                                f"path ({force_word()} does not replace an input)")
 
 
 def refuse_run_file(path: str | Path) -> None:
@@ -405,12 +425,13 @@ def refuse_run_file(path: str | Path) -> None:
     except OSError:  # a path the system cannot look up (a name too long): the write itself reports it
         return
     if run is not None:
-        raise OutputRefused(path, f"is one of the files of the run in {run}, which only its training writes",
-                            "write the output outside the run's files (--force does not replace them)")
+        owner = "sweep" if is_sweep_dir(run) else "run"
+        raise OutputRefused(path, f"is one of the files of the {owner} in {run}, which only its training writes",
+                            f"write the output outside the {owner}'s files ({force_word()} does not replace them)")
 
 
 def check_output_folder(folder: str | Path, names: tuple[str, ...], card: str, force: bool = False,
-                        fix: str = FORCE_FIX, inputs: Iterable[str | os.PathLike] = ()) -> None:
+                        fix: str | None = None, inputs: Iterable[str | os.PathLike] = ()) -> None:
     """The rule for a folder export (timm, HF): absent or empty, or an earlier export: nothing in it but `names`
     (never a special file) and its model card `card` marked as vitlab's (`force`: the card may be anyone's). A
     folder holding anything else is refused even with `force`: replacing it would delete the user's data; so is
@@ -418,9 +439,9 @@ def check_output_folder(folder: str | Path, names: tuple[str, ...], card: str, f
     folder = Path(folder)
     refuse_run_file(folder / card)
     for given in inputs:
-        if os.path.exists(given) and Path(os.path.realpath(given)).is_relative_to(os.path.realpath(folder)):
+        if os.path.exists(given) and Path(os.path.realpath(given)).is_relative_to(resolved(folder)):
             raise OutputRefused(folder, f"holds {os.fsdecode(given)}, which this command reads",
-                                "write the export to a new folder (--force does not replace an input)")
+                                f"write the export to a new folder ({force_word()} does not replace an input)")
     refuse_special(folder, "folder")
     if not folder.exists():
         return
@@ -432,4 +453,4 @@ def check_output_folder(folder: str | Path, names: tuple[str, ...], card: str, f
     for entry in entries:
         refuse_special(entry)
     if entries and not force and written_by(folder / card) is None:
-        raise OutputRefused(folder, f"holds files vitlab did not write ({card} has no vitlab mark)", fix)
+        raise OutputRefused(folder, f"holds files vitlab did not write ({card} has no vitlab mark)", fix or force_fix())

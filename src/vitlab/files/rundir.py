@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from pathlib import Path
 
 from vitlab.files.digest import sha256_file
+from vitlab.files.reading import read_text_regular, resolved
 
 CHECKPOINTS = "checkpoints"
 WEIGHTS = "model.safetensors"  # the final weights of a run, and the weights of each checkpoint
@@ -60,18 +60,31 @@ def is_run_dir(path: Path) -> bool:
 
 
 def run_owning(path: str | Path) -> Path | None:
-    """The run (or lone checkpoint) folder whose own file `path` is or would be: one of a run's `RUN_FILES`, anything
-    under its `RUN_FOLDERS`, or any file of a checkpoint folder; None otherwise. Folders are compared with links
-    resolved, so another spelling of the same folder is the same run."""
-    path = Path(os.path.abspath(path))
-    folder = Path(os.path.realpath(path.parent))
+    """The run (or lone checkpoint, or sweep) folder whose own file `path` is or would be: one of a run's
+    `RUN_FILES`, anything under its `RUN_FOLDERS`, any file of a checkpoint folder, or a sweep's records
+    (`SWEEP_FILES`); None otherwise. The path is taken as the OS resolves it (`reading.resolved`), so no other
+    spelling (a link, `L/..`) names a file outside the run that is in it."""
+    path = resolved(path)
+    folder = path.parent
     if path.name in RUN_FILES and is_run_dir(folder):
+        return folder
+    if path.name in SWEEP_FILES and is_sweep_dir(folder):
         return folder
     if is_checkpoint_dir(folder):
         return folder
     for inner, outer in zip((folder, *folder.parents), folder.parents, strict=False):
         if inner.name in RUN_FOLDERS and is_run_dir(outer):
             return outer
+    return None
+
+
+def enclosing_run(path: str | Path) -> Path | None:
+    """The run or sweep folder that `path` lies inside (at any depth, not `path` itself), as the OS resolves it;
+    None when there is none. A new run or sweep is never made inside another: its files would be taken for the
+    other's, and removing one would remove both."""
+    for folder in resolved(path).parents:
+        if is_run_dir(folder) or is_sweep_dir(folder):
+            return folder
     return None
 
 
@@ -101,7 +114,7 @@ def verify_checkpoint(path: Path) -> str | None:
     """None if the checkpoint is complete and intact (every file of its manifest, size and SHA-256), else what
     is wrong with it."""
     try:
-        manifest = json.loads((path / MANIFEST).read_text())
+        manifest = json.loads(read_text_regular(path / MANIFEST))
     except (OSError, ValueError, RecursionError):
         return f"{MANIFEST} missing or unreadable"
     files = manifest.get("files") if isinstance(manifest, dict) else None
@@ -152,7 +165,7 @@ def stray_entries(run_dir: Path) -> list[str]:
 def checkpoint_settings(path: Path) -> dict | None:
     """The run's settings a checkpoint's manifest recorded (None for checkpoints written before they were)."""
     try:
-        manifest = json.loads((Path(path) / MANIFEST).read_text())
+        manifest = json.loads(read_text_regular(Path(path) / MANIFEST))
     except (OSError, ValueError, RecursionError):
         return None
     settings = manifest.get("settings") if isinstance(manifest, dict) else None
@@ -178,6 +191,7 @@ def latest_valid_checkpoint(run_dir: Path) -> Path | None:
 # choice) written when the sweep ends. Weights readers resolve the folder to the run it chose.
 SWEEP_RECORD = "sweep.json"
 SWEEP_PLOT = "sweep.png"
+SWEEP_FILES = (SWEEP_RECORD, SWEEP_PLOT)  # a sweep's own files at its top level: only the sweep writes them
 REFIT_RUN = "final"
 
 
@@ -200,7 +214,7 @@ def sweep_choice(path: Path) -> tuple[Path | None, str]:
     runs = sorted(p.name for p in path.glob("lr_*") if is_run_dir(p))
     listed = ", ".join(str(path / name) for name in runs) or "none yet"
     try:
-        record = json.loads((path / SWEEP_RECORD).read_text())
+        record = json.loads(read_text_regular(path / SWEEP_RECORD))
         chosen = float(record["chosen_lr"])
     except FileNotFoundError:
         return None, f"a learning-rate sweep that has not finished (no {SWEEP_RECORD}); pass one of its runs: {listed}"

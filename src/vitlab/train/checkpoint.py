@@ -40,6 +40,7 @@ from vitlab.data.errors import describe_paths
 from vitlab.errors import DataError, WeightsError
 from vitlab.files.digest import sha256_file
 from vitlab.files.outputs import storage_error
+from vitlab.files.reading import read_text_regular, resolved
 from vitlab.files.rundir import (
     CHECKPOINTS,
     CONFIG,
@@ -49,7 +50,9 @@ from vitlab.files.rundir import (
     METRICS,
     STATE,
     WEIGHTS,
+    enclosing_run,
     holds_run,
+    is_sweep_dir,
     latest_valid_checkpoint,
     list_checkpoints,
     step_dir,
@@ -248,7 +251,7 @@ def find_resume_point(run_dir: Path, objective: Any, class_names: list[str], sou
 def _stored_record(run_dir: Path) -> dict[str, Any]:
     """The run's config.json as recorded before this resume rewrites it (resolve has already read it)."""
     try:
-        record = json.loads((run_dir / CONFIG).read_text())
+        record = json.loads(read_text_regular(run_dir / CONFIG))
     except (OSError, ValueError, RecursionError):
         return {}
     return record if isinstance(record, dict) else {}
@@ -411,6 +414,9 @@ def check_out(out: Path, resume: bool) -> None:
     """ValueError (one line) unless `out` may receive this run."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder; choose a new folder for the run")
+    around = enclosing_run(out)  # a sweep's own runs sit right inside it
+    if around is not None and not (is_sweep_dir(around) and resolved(out).parent == around):
+        raise ValueError(f"--out {out} lies inside the run or sweep {around}; choose a folder outside it")
     if not out.is_dir():
         return
     if holds_run(out):

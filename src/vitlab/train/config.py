@@ -19,6 +19,7 @@ from typing import Any
 
 from vitlab.constants import SETTING_CHOICES, TIMM_RESIZE_PREFIX, setting_words, timm_resize
 from vitlab.errors import setting
+from vitlab.files.reading import NotRegularFile, open_regular, read_text_regular
 from vitlab.runtime.precision import check_precision
 from vitlab.train.finetune import tuning_problems
 from vitlab.train.settings import FIELDS, MODEL_FIELDS, SETTINGS, TrainConfig, spelled
@@ -166,7 +167,7 @@ def config_from_json(path: str | Path) -> TrainConfig:
 def read_record(path: str | Path) -> dict[str, Any]:
     """A run's config.json as a mapping; ValueError naming the file when it holds none."""
     try:
-        d = json.loads(Path(path).read_text())
+        d = json.loads(read_text_regular(path))
     except RecursionError:
         raise ValueError(f"{path}: nested too deeply to be a run's settings; the file is damaged") from None
     if not isinstance(d, dict):
@@ -198,16 +199,21 @@ MAX_BYTES = 1 << 20  # a run's config.json is about 4 KB; a megabyte of settings
 def parse_settings(path: str) -> Any:
     """The parsed content of a --config file (JSON, or YAML for .yaml / .yml); ValueError naming the file."""
     p = Path(path)
+    where = setting("config_file", "config", str(path))
     try:
-        size = p.stat().st_size
-        if size > MAX_BYTES:
-            raise ValueError(f"--config {path}: {size:,} bytes, more than a settings file holds (limit "
-                             f"{MAX_BYTES:,}); pass a run's config.json or a short JSON / YAML file")
-        text = p.read_text(encoding="utf-8")
+        with open_regular(p) as f:  # a FIFO is refused, never waited on; the size is what is read, not st_size
+            raw = f.read(MAX_BYTES + 1)
+    except NotRegularFile as err:
+        raise ValueError(f"{where}: is {err.kind}, not a regular file; pass a settings file") from None
     except OSError as err:
-        raise ValueError(f"--config {path}: cannot read it ({err.strerror or err})") from None
+        raise ValueError(f"{where}: cannot read it ({err.strerror or err})") from None
+    if len(raw) > MAX_BYTES:
+        raise ValueError(f"{where}: more than {MAX_BYTES:,} bytes, more than a settings file holds; pass a run's "
+                         "config.json or a short JSON / YAML file")
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise ValueError(f"--config {path}: not a text file (not UTF-8)") from None
+        raise ValueError(f"{where}: not a text file (not UTF-8)") from None
     kind = "YAML" if p.suffix in (".yaml", ".yml") else "JSON"
     try:
         return _load_yaml(text) if kind == "YAML" else json.loads(text)

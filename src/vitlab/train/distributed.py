@@ -311,6 +311,20 @@ def received_stops() -> tuple[str, ...]:
     return tuple(_RECEIVED)
 
 
+def stop_exit_code() -> int:
+    """The exit code of a command whose run a stop signal ended with a checkpoint: 128 + the signal's number (143
+    for SIGTERM, 130 for Ctrl-C), what a shell reports for a process that signal ended. A scheduler then reads a
+    preempted run as stopped, never as finished (0), and requeues it; the command prints how to continue. A process
+    of a job that stopped because a peer did (no signal of its own) gives 143."""
+    last = _RECEIVED[-1] if _RECEIVED else "SIGTERM"
+    return 128 + signal.Signals[last].value
+
+
+class Preempted(RuntimeError):
+    """A stop signal ended one run of a learning-rate sweep with a checkpoint, so the sweep stops there; the message
+    is one line saying how to continue."""
+
+
 class StopDuringEvaluation(Exception):
     """A stop was requested while evaluating: the evaluation is abandoned, the finished step is saved."""
 

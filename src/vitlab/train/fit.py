@@ -43,6 +43,7 @@ from vitlab.data import Datasets, build_datasets
 from vitlab.data.objects import OBJECT_PREFIX, is_dataset_object
 from vitlab.errors import closest
 from vitlab.files.digest import tensors_fingerprint
+from vitlab.files.reading import read_text_regular
 from vitlab.files.rundir import CONFIG
 from vitlab.models.config import BiTConfig, ViTConfig
 from vitlab.models.registry import describe_architecture
@@ -106,7 +107,7 @@ def _model_config(resolved: Resolved) -> dict[str, Any]:
     cfg = resolved.config
     stored = Path(cfg.out) / CONFIG
     if cfg.resume and stored.is_file():
-        return json.loads(stored.read_text())["model_config"]
+        return json.loads(read_text_regular(stored))["model_config"]
     with torch.device("meta"):
         model = build_run_model(cfg, resolved.data.class_names, objective_for(cfg).has_head, resolved.init)
     return model.config.to_dict()

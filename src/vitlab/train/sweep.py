@@ -25,8 +25,9 @@ from vitlab.data.datasets import has_val_split
 from vitlab.errors import DataError
 from vitlab.eval.classify import evaluate_weights
 from vitlab.files.outputs import WRITTEN_BY, atomic_write, check_replaceable, mark, write_json
-from vitlab.files.rundir import CONFIG, REFIT_RUN, SWEEP_PLOT, SWEEP_RECORD, sweep_run_name
+from vitlab.files.rundir import CONFIG, REFIT_RUN, SWEEP_PLOT, SWEEP_RECORD, enclosing_run, is_run_dir, sweep_run_name
 from vitlab.train.config import TrainConfig
+from vitlab.train.distributed import Preempted
 from vitlab.train.resolve import Resolved, resume_sweep_run
 from vitlab.train.trainer import run
 
@@ -69,6 +70,10 @@ def check_sweep(cfg: TrainConfig) -> None:
         )
     if cfg.val_fraction:
         raise ValueError("--val-fraction with --lr-sweep: the sweep holds out --dev-fraction itself; drop it")
+    out = Path(cfg.out)
+    if is_run_dir(out) or (around := enclosing_run(out)) is not None:
+        raise ValueError(f"--out {out} {'holds a run' if is_run_dir(out) else f'lies inside the run or sweep {around}'}"
+                         "; a sweep writes its runs into a folder of its own: choose a new --out")
     if not is_embedded(cfg.data):
         if not has_val_split(cfg.data):  # a folder's val/ or val shards
             raise DataError(
@@ -112,7 +117,9 @@ def _fine_tune(resolved: Resolved) -> tuple[float, float]:
     cfg = resolved.config
     result = run(resolved)
     if result.status != "completed":
-        raise RuntimeError(f"{cfg.out} stopped at step {result.step} ({result.status}); rerun with --resume")
+        sweep = Path(cfg.out).parent
+        raise Preempted(f"the sweep was preempted in {cfg.out} at step {result.step}; continue it with the same "
+                        f"command and --resume (--out {sweep})")
     test = evaluate_weights(result.weights, cfg.data, split="val", batch_size=cfg.eval_batch_size, workers=0,
                             device=cfg.device, strict=cfg.strict, precision=cfg.precision)
     return float(result.metrics["top1"]), float(test.metrics["top1"])
@@ -140,7 +147,7 @@ def run_sweep(settings: TrainConfig | Resolved) -> SweepResult:
     start = time.perf_counter()
     out = Path(cfg.out)
     # before hours of fine-tuning: the sweep's record and figure go into --out, never over a file of the user's
-    check_replaceable(out, SWEEP_RECORD, SWEEP, (SWEEP_PLOT,), legacy_keys=SWEEP_RECORD_KEYS)
+    check_replaceable(out, SWEEP_RECORD, SWEEP, (SWEEP_PLOT,), legacy_keys=SWEEP_RECORD_KEYS, owner=True)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     # every run first: a resumed sweep refuses a contradicting setting before any run trains

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from vitlab.errors import WeightsError
+from vitlab.files.reading import open_regular
 from vitlab.hub import imagenet_classes, published_info
 from vitlab.hub.cache import read_meta
 from vitlab.models.config import BiTConfig, ModelConfig, ViTConfig
@@ -29,7 +30,7 @@ from vitlab.weights.hf import read_hf
 from vitlab.weights.jax_npz import read_jax_npz
 from vitlab.weights.locate import locate_published, weights_path
 from vitlab.weights.record import WeightsRecord
-from vitlab.weights.tensors import PICKLE_SUFFIXES, is_onnx_path, read_json
+from vitlab.weights.tensors import PICKLE_SUFFIXES, check_weights_file, is_onnx_path, read_json
 from vitlab.weights.timm import read_timm, read_timm_module
 from vitlab.weights.validate import check_state_dict, check_values
 from vitlab.weights.vitlab_format import is_vitlab_file, read_vitlab
@@ -44,7 +45,8 @@ def detect_format(path: str | Path) -> str:
         raise WeightsError(path, "no such file or folder", "check the path")
     if path.is_dir():
         return _folder_format(path)
-    with open(path, "rb") as f:
+    check_weights_file(path)
+    with open_regular(path) as f:
         magic = f.read(8)
     if magic[:2] == b"PK":
         return _zip_format(path)

@@ -29,6 +29,7 @@ from safetensors.torch import load_file
 
 from vitlab.errors import WeightsError
 from vitlab.files.outputs import atomic_folder, atomic_write, mark_zip
+from vitlab.files.reading import NotRegularFile, check_regular, open_regular, read_text_regular
 from vitlab.progress import progress
 
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
@@ -53,11 +54,22 @@ def is_onnx_path(weights: object) -> bool:
     """Whether `weights` names an ONNX file (by its `.onnx` suffix): served by ONNX Runtime, not `vitlab.load`."""
     return isinstance(weights, str | os.PathLike) and Path(weights).suffix.lower() == ONNX_SUFFIX
 
+def check_weights_file(path: str | os.PathLike) -> None:
+    """WeightsError (one line) when `path` is a FIFO, device, socket or folder: opening one would block or read no
+    weights (`files.reading`'s rule). An absent path passes: its reader says so."""
+    try:
+        check_regular(path)
+    except NotRegularFile as err:
+        raise WeightsError(path, f"is {err.kind}, not a regular file",
+                           "vitlab reads weights from regular files only") from None
+
+
 def safetensors_header(path: str | Path) -> dict[str, Any]:
     """The parsed JSON header; WeightsError if the file is not safetensors or is shorter than its header says."""
     path = Path(path)
+    check_weights_file(path)
     size = path.stat().st_size
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         head = f.read(8)
         if len(head) < 8:
             raise WeightsError(path, "file is too short to be safetensors", "re-download or re-export it")
@@ -124,10 +136,11 @@ def read_checkpoint(path: str | Path, use_ema: bool = False) -> CheckpointRead:
     dict and its plain entries; a bare state dict or safetensors file the tensors alone. `use_ema`: the
     exponential-moving-average weights (`EMA_KEYS`), as timm's use_ema; a WeightsError when the file holds none."""
     path = Path(path)
+    check_weights_file(path)
     if not path.is_file():
         raise WeightsError(path, "no such file", "check the path")
     if path.suffix not in PICKLE_SUFFIXES:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             magic = f.read(2)
         # torch.save writes a zip ("PK") or, before torch 1.6, a pickle (protocol byte 0x80); anything else goes
         # to the safetensors reader, which reports corrupt files precisely.
@@ -253,8 +266,11 @@ def confined(folder: Path, name: Any, named_in: Path) -> Path:
 
 
 def read_json(path: Path) -> dict[str, Any]:
+    """The JSON object of a weights folder's config file (config.json, pretrained_cfg.json); WeightsError (one line)
+    for anything else, a FIFO included."""
+    check_weights_file(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_text_regular(path))
     except FileNotFoundError:
         raise WeightsError(path, "no such file", "the folder needs the config.json its library wrote") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -291,7 +307,8 @@ def units_per_stage(names: Iterable[str], pattern: str, first: int = 1) -> dict[
 def read_npz_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Every array of an .npz archive by name; a file that is not one (a lone .npy, a corrupt or truncated zip,
     members that are not arrays) is a one-line WeightsError. Shared by the ViT and the BiT readers."""
-    with open(path, "rb") as f:  # a missing file stays FileNotFoundError
+    check_weights_file(path)
+    with open_regular(path) as f:  # a missing file stays FileNotFoundError
         magic = f.read(6)
     if magic.startswith(b"\x93NUMPY"):
         raise WeightsError(path, "a single .npy array, not an .npz archive of named tensors",

@@ -1,0 +1,166 @@
+"""Paths are compared as the OS resolves them, and nothing vitlab reads can block.
+
+- `L/../x` with L a link into a run names the run's file, as the OS opens it: refused, --force or not, the run's
+  files unchanged (by SHA-256).
+- A sweep's sweep.json and sweep.png are its own files; no output lands inside a dataset being read.
+- A FIFO given as weights, as --config or as a shard folder's _info.json is refused in one line, never waited on.
+- A file name that is not UTF-8 is escaped in --csv, not fatal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import vitlab
+from tests.conftest import TINY_TRAIN_FLAGS
+from vitlab.cli import main
+from vitlab.errors import OutputRefused
+
+
+def tree_sha(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".vitlab.lock"}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("paths") / "run"
+    assert main(["-q", "train", "--out", str(out), *TINY_TRAIN_FLAGS, "--steps", "2", "--save-every", "2",
+                 "--eval-every", "0"]) == 0
+    return out
+
+
+@pytest.fixture()
+def linked(run, tmp_path) -> tuple[Path, Path]:
+    """(a link to the run's checkpoints folder, other weights to write)."""
+    link = tmp_path / "L"
+    link.symlink_to(run / "checkpoints")
+    other = tmp_path / "other.safetensors"
+    shutil.copy(run / "model.safetensors", other)
+    return link, other
+
+
+def data_folder(root: Path) -> Path:
+    for split in ("train", "val"):
+        for name in ("a", "b"):
+            (root / split / name).mkdir(parents=True)
+            for i in range(2):
+                Image.fromarray(np.random.default_rng(i).integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(
+                    root / split / name / f"{i}.png")
+    return root
+
+
+def test_convert_through_a_link_and_dotdot_never_replaces_a_runs_weights(run, linked, capsys):
+    link, other = linked
+    before = tree_sha(run)
+    for force in ([], ["--force"]):
+        assert main(["-q", "convert", str(other), f"{link}/../model.safetensors", *force]) == 2
+        assert "which only its training writes" in capsys.readouterr().err
+    assert tree_sha(run) == before
+
+
+def test_vitlab_save_through_a_link_and_dotdot_is_refused_naming_the_keyword(run, linked):
+    link, other = linked
+    before = tree_sha(run)
+    model = vitlab.load(other)
+    for target in ("model.safetensors", "checkpoints/step_00000002/model.safetensors"):
+        rel = Path(target).relative_to("checkpoints") if target.startswith("checkpoints") else Path("..") / target
+        with pytest.raises(OutputRefused, match=r"force=True does not replace them"):
+            vitlab.save(model, link / rel, force=True)
+    assert tree_sha(run) == before
+
+
+@pytest.mark.parametrize("verb", ["predict", "eval", "fewshot"])
+def test_forced_outputs_through_a_link_never_replace_run_files(run, linked, tmp_path, capsys, verb):
+    link, other = linked
+    data = data_folder(tmp_path / "data")
+    args = {"predict": ["predict", "--weights", str(other), str(data / "val" / "a" / "0.png"), "--json-out",
+                        f"{link}/../config.json"],
+            "eval": ["eval", "--weights", str(other), "--data", "digits", "--confusion", f"{link}/../curves.png"],
+            "fewshot": ["fewshot", "--weights", str(other), "--data", "digits", "--json",
+                        f"{link}/../metrics.jsonl"]}[verb]
+    before = tree_sha(run)
+    assert main(["-q", *args, "--force"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "which only its training writes" in err[0], err
+    assert tree_sha(run) == before
+
+
+def test_a_sweeps_record_is_its_own_file(run, tmp_path, capsys):
+    sweep = tmp_path / "S"
+    shutil.copytree(run, sweep / "lr_0.1")
+    (sweep / "sweep.json").write_text('{"written_by": "vitlab train --lr-sweep", "chosen_lr": 0.1, "rows": []}')
+    image = data_folder(tmp_path / "data") / "val" / "a" / "0.png"
+    before = tree_sha(sweep)
+    for name in ("sweep.json", "sweep.png"):
+        assert main(["-q", "predict", "--weights", str(sweep), str(image), "--json-out", str(sweep / name),
+                     "--force"]) == 2
+        assert "files of the sweep in" in capsys.readouterr().err
+    assert tree_sha(sweep) == before
+
+
+def test_a_sweep_or_run_is_never_made_inside_another(run):
+    from vitlab.train import resolve_config
+    from vitlab.train.sweep import run_sweep
+
+    before = tree_sha(run)
+    cfg = resolve_config("finetune", data="digits", out=str(run), lr_sweep=(0.01, 0.03), dev_fraction=0.1)
+    with pytest.raises(ValueError, match="holds a run; a sweep writes its runs into a folder of its own"):
+        run_sweep(cfg)
+    assert main(["-q", "train", "--out", str(run / "inner"), *TINY_TRAIN_FLAGS, "--steps", "1"]) == 2
+    assert tree_sha(run) == before and not (run / "inner").exists()
+
+
+def test_outputs_never_land_inside_the_dataset_being_read(run, tmp_path, capsys):
+    data = data_folder(tmp_path / "data")
+    before = tree_sha(data)
+    assert main(["-q", "eval", "--weights", str(run), "--data", str(data), "--confusion",
+                 str(data / "val" / "a" / "x.png")]) == 2
+    assert "lies inside" in capsys.readouterr().err
+    assert main(["-q", "shards", str(data), str(data)]) == 2
+    assert "lies inside" in capsys.readouterr().err
+    assert tree_sha(data) == before and sorted(p.name for p in data.iterdir()) == ["train", "val"]
+
+
+def test_a_name_that_is_not_utf8_is_escaped_in_the_csv(run, tmp_path):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    name = os.fsdecode(b"x\xff.png")
+    Image.new("RGB", (8, 8)).save(folder / name, format="PNG")
+    assert main(["-q", "predict", "--weights", str(run), str(folder), "--csv", str(tmp_path / "p.csv")]) == 0
+    assert "x\\xff.png" in (tmp_path / "p.csv").read_text(encoding="utf-8")
+
+
+FIFO_CASES = {
+    "info": lambda fifo, d: ["-m", "vitlab", "info", str(fifo)],
+    "predict": lambda fifo, d: ["-m", "vitlab", "predict", "--weights", str(fifo), str(d)],
+    "convert": lambda fifo, d: ["-m", "vitlab", "convert", str(fifo), str(d / "o.safetensors")],
+    "load": lambda fifo, d: ["-c", f"import vitlab; vitlab.load({str(fifo)!r})"],
+    "config": lambda fifo, d: ["-m", "vitlab", "train", "--config", str(fifo), "--out", str(d / "r")],
+    "config_file": lambda fifo, d: ["-c", f"import vitlab; vitlab.fit(config_file={str(fifo)!r}, out={str(d)!r})"],
+    "shard_info": lambda fifo, d: ["-m", "vitlab", "train", "--data", str(fifo.parent), "--out", str(d / "r")],
+}
+
+
+@pytest.mark.parametrize("case", sorted(FIFO_CASES))
+def test_a_fifo_is_refused_in_one_line_never_waited_on(tmp_path, case):
+    folder = tmp_path / "f"
+    folder.mkdir()
+    fifo = folder / ("_info.json" if case == "shard_info" else "w.json" if "config" in case else "w.safetensors")
+    os.mkfifo(fifo)
+    (folder / "train-0.tar").touch()
+    proc = subprocess.run([sys.executable, *FIFO_CASES[case](fifo, tmp_path)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode != 0
+    assert "a FIFO, not a regular file" in proc.stderr, proc.stderr[-1500:]
+    if "-m" in FIFO_CASES[case](fifo, tmp_path)[:1]:
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
