@@ -6,12 +6,12 @@ their directory are refused before a member is decoded."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import struct
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +22,7 @@ import vitlab
 import vitlab.data.transforms as transforms
 from tests.conftest import TINY_VIT_ARGS
 from tests.data.test_image_budget import RGB8, STATUS, zeros_png
-from vitlab.data.sources import decode_rgb
+from vitlab.data.sources import ImageTooLarge, decode_rgb
 from vitlab.data.transforms import EVAL_RESIZES, FEWSHOT_RESIZE, EvalTransform
 
 TIMEOUT_S = 300  # a hang check, never a speed assertion
@@ -118,3 +118,97 @@ def test_every_resize_takes_tiny_and_extreme_images(resize, shape):
     out = EvalTransform((224, 224), resize)(image)
     assert out.shape == (224, 224, 3) and out.dtype == np.uint8
     assert np.abs(out.astype(int) - 77).max() <= 1
+
+
+# ---- containers: ICO and ICNS members --------------------------------------------------------------------------
+
+
+def ico_file(path: Path, members: list[bytes]) -> Path:
+    """An ICO: its 6-byte header, one 16-byte directory entry per member (256 x 256 in the directory's bytes),
+    then the members."""
+    offset = 6 + 16 * len(members)
+    entries = b""
+    for member in members:
+        entries += struct.pack("<BBBBHHII", 0, 0, 0, 0, 1, 32, len(member), offset)
+        offset += len(member)
+    path.write_bytes(struct.pack("<HHH", 0, 1, len(members)) + entries + b"".join(members))
+    return path
+
+
+def icns_file(path: Path, members: list[tuple[bytes, bytes]]) -> Path:
+    """An ICNS: 'icns', its length, then (type code, length, data) blocks."""
+    blocks = b"".join(code + struct.pack(">I", 8 + len(data)) + data for code, data in members)
+    path.write_bytes(b"icns" + struct.pack(">I", 8 + len(blocks)) + blocks)
+    return path
+
+
+def dib(width: int, height: int) -> bytes:
+    """A BMP info header (no file header, as an icon member) declaring width x height, 32 bits, no pixel data."""
+    return struct.pack("<IiiHHIIiiII", 40, width, height, 1, 32, 0, 0, 0, 0, 0, 0)
+
+
+def big_png(tmp_path: Path, side: int = 12_000) -> bytes:
+    """A complete side x side black RGB PNG: 144 M pixels (under Pillow's own limit, over vitlab's) in ~0.5 MB."""
+    return zeros_png(tmp_path / "member.png", side, side, RGB8).read_bytes()
+
+
+def small_png_bytes(side: int = 16) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(np.full((side, side, 3), 90, np.uint8)).save(out, "PNG")
+    return out.getvalue()
+
+
+def test_an_icon_whose_member_declares_more_pixels_is_refused_before_it_is_decoded(tmp_path):
+    """ICO with a PNG icon, ICO with a BMP icon, ICNS with a PNG member, each declaring 12,000 x 12,000 behind a
+    directory of 256 x 256 (or the ICNS type code's 1024): ImageTooLarge naming the member, from a path and from
+    bytes alike."""
+    files = {
+        "png.ico": ico_file(tmp_path / "png.ico", [small_png_bytes(), big_png(tmp_path)]),
+        "bmp.ico": ico_file(tmp_path / "bmp.ico", [dib(12_000, 24_000)]),
+        "png.icns": icns_file(tmp_path / "png.icns", [(b"ic10", big_png(tmp_path))]),
+    }
+    names = {"png.ico": "icon 1", "bmp.ico": "icon 0", "png.icns": "member 'ic10'"}
+    for name, path in files.items():
+        for source in (path, io.BytesIO(path.read_bytes())):
+            with pytest.raises(ImageTooLarge, match=f"^its {names[name]} declares 12,000 x "):
+                decode_rgb(source)
+
+
+def test_icons_within_the_budget_decode_as_before(tmp_path):
+    """Pillow's own ICO and ICNS files, and a hand-made ICO of a 16 x 16 PNG: decoded to the pixels Pillow gives."""
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    image.save(tmp_path / "a.ico", sizes=[(16, 16), (48, 48)])
+    image.convert("RGBA").save(tmp_path / "a.icns")
+    ico_file(tmp_path / "b.ico", [small_png_bytes()])
+    for name in ("a.ico", "a.icns", "b.ico"):
+        with Image.open(tmp_path / name) as pillow:
+            expected = np.asarray(pillow.convert("RGB"))
+        assert np.array_equal(np.asarray(decode_rgb(tmp_path / name)), expected)
+
+
+ICON_PEAK = STATUS + """
+import json, sys
+from vitlab.data.sources import decode_rgb, DECODE_ERRORS
+floor = status('VmHWM')
+refused = []
+for path in sys.argv[1:]:
+    try:
+        decode_rgb(path)
+    except DECODE_ERRORS as err:
+        refused.append(type(err).__name__)
+print(json.dumps({'refused': refused, 'grown': status('VmHWM') - floor}))
+"""
+
+
+def test_an_icon_bomb_costs_no_memory(tmp_path):
+    """The refusals above in a subprocess: the peak grows by less than 32 MiB (an ICO of a 12,000 x 12,000 PNG
+    made Pillow decode 576 MB as it opened the file)."""
+    paths = [ico_file(tmp_path / "png.ico", [big_png(tmp_path)]),
+             icns_file(tmp_path / "png.icns", [(b"ic10", big_png(tmp_path))])]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": SRC, "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run([sys.executable, "-c", ICON_PEAK, *map(str, paths)], capture_output=True, text=True,
+                          timeout=TIMEOUT_S, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["refused"] == ["ImageTooLarge", "ImageTooLarge"]
+    assert out["grown"] < 32 * 2**20, out
