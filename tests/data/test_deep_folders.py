@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -33,9 +34,21 @@ def deep_image(folder: Path, value: int) -> Path:
     return bottom / "x.png"
 
 
+def remove_tree(top: Path) -> None:
+    """Delete a tree bottom-up without recursion (shutil.rmtree recurses once per level: a RecursionError at 1,500
+    levels)."""
+    for root, dirs, files in reversed(list(walk(top))):
+        for name in files:
+            os.unlink(os.path.join(root, name))
+        for name in dirs:
+            os.rmdir(os.path.join(root, name))
+    top.rmdir()
+
+
 @pytest.fixture(scope="module")
-def deep(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("deep")
+def deep() -> Path:
+    """The tree lives outside pytest's temporary folders, whose clean-up (shutil.rmtree) cannot delete it."""
+    root = Path(tempfile.mkdtemp(prefix="vitlab-deep-"))
     assert DEPTH > sys.getrecursionlimit()
     for split in ("train", "val"):
         for value, name in ((40, "a"), (200, "b")):
@@ -44,7 +57,10 @@ def deep(tmp_path_factory) -> Path:
     model = vitlab.create_model("ViT-Ti/4", num_classes=2, image_size=8, **TINY_VIT_ARGS)
     model.class_names = ["a", "b"]
     vitlab.save(model, root / "w.safetensors")
-    return root
+    try:
+        yield root
+    finally:
+        remove_tree(root)
 
 
 def test_predict_walks_a_folder_nested_1500_deep(deep, tmp_path):
