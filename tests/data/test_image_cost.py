@@ -23,7 +23,7 @@ import vitlab.data.transforms as transforms
 from tests.conftest import TINY_VIT_ARGS
 from tests.data.test_image_budget import RGB8, STATUS, zeros_png
 from vitlab.data.sources import ImageTooLarge, decode_rgb
-from vitlab.data.transforms import EVAL_RESIZES, FEWSHOT_RESIZE, EvalTransform
+from vitlab.data.transforms import EVAL_RESIZES, FEWSHOT_RESIZE, EvalTransform, model_transform
 
 TIMEOUT_S = 300  # a hang check, never a speed assertion
 SRC = str(Path(vitlab.__file__).parents[1])
@@ -212,3 +212,11 @@ def test_an_icon_bomb_costs_no_memory(tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["refused"] == ["ImageTooLarge", "ImageTooLarge"]
     assert out["grown"] < 32 * 2**20, out
+
+
+@pytest.mark.parametrize("image", [Image.new("RGB", (0, 0)), Image.new("L", (7, 0)), np.zeros((0, 4, 3), np.uint8)])
+def test_vitlab_transforms_refuses_an_image_without_pixels_in_one_line(image):
+    """A 0 x 0 (or 7 x 0) image given to the public transform: a ValueError saying so (a ZeroDivisionError before)."""
+    transform = model_transform(224, (0.5,) * 3, (0.5,) * 3, "big_vision")
+    with pytest.raises(ValueError, match=r"^\d+ x \d+ pixels: an image without pixels cannot be resized$"):
+        transform(image)

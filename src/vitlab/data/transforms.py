@@ -56,7 +56,7 @@ from vitlab.constants import (  # noqa: F401  (EVAL_RESIZES, FEWSHOT_RESIZE: re-
     resize_before_crop,
     timm_resize,
 )
-from vitlab.data.sources import ImageSplit, to_rgb
+from vitlab.data.sources import ImageSplit, check_pixels, to_rgb
 
 Size = tuple[int, int]  # (height, width)
 Box = tuple[float, float, float, float]  # (left, top, right, bottom) in source pixels, as PIL takes it
@@ -355,15 +355,18 @@ class ModelTransform:
 def as_pil_image(image: object, min_size: int | None = None) -> Image.Image:
     """A PIL image as vitlab's data sources hand it to a transform: files decoded as `ImageSplit.load` decodes
     them (every pixel, then RGB; JPEG draft decoding down to `min_size` only when one is given: training),
-    arrays as the embedded sets (uint8; grayscale stays 'L'), PIL images other than RGB/L converted to RGB."""
+    arrays as the embedded sets (uint8; grayscale stays 'L'), PIL images other than RGB/L converted to RGB. Images
+    in memory are held to what files are (`sources.check_pixels`: the pixel budget, no side of 0)."""
     if isinstance(image, (str, Path)):
         return ImageSplit("image", np.zeros(1, dtype=np.int64), [], paths=[str(image)]).load(0, min_size)
     if isinstance(image, Image.Image):
+        check_pixels(image.width, image.height)
         return image if image.mode in ("RGB", "L") else to_rgb(image)
     if isinstance(image, np.ndarray):
         if image.dtype != np.uint8 or not (image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 3)):
             raise ValueError(f"expected a uint8 (H, W, 3) or (H, W) array, got {image.dtype} {image.shape}; "
                              "convert with (x * 255).round().astype(np.uint8) for floats in [0, 1]")  # fmt: skip
+        check_pixels(image.shape[1], image.shape[0])
         return Image.fromarray(image)
     raise ValueError(f"expected a PIL image, a uint8 array or an image path, got {type(image).__name__}; "
                      "a torch tensor is already pre-processed: pass the image it came from")  # fmt: skip
