@@ -191,3 +191,18 @@ def test_an_iterable_dataset_is_refused_in_one_line(tmp_path):
     with pytest.raises((TypeError, DataError)) as err:
         vitlab.fit(data=Stream(), out=str(tmp_path / "r"), model="ViT-Ti/4", image_size=8, steps=1)
     assert "IterableDataset" in str(err.value) and "map-style" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_image_folder_object_is_read_by_vitlabs_reader(tmp_path):
+    """A torchvision ImageFolder holding a 12,000 x 12,000 PNG: its files are read as a folder's, so the bomb is an
+    ImageTooLarge for that item (skipped and counted) where torchvision's loader would decode 432 MB."""
+    from torchvision.datasets import ImageFolder
+
+    for name in ("a", "b"):
+        pngs(tmp_path / "tv" / name, 2)
+    zeros_png(tmp_path / "tv" / "b" / "big.png", 12_000, 12_000, RGB8)
+    ds = build_datasets(ImageFolder(str(tmp_path / "tv")), val_fraction=0.5)
+    errors = [*unreadable(ds.train).values(), *unreadable(ds.val).values()]
+    assert errors == ["ImageTooLarge: 12,000 x 12,000 = 144,000,000 pixels, over the budget of 67,108,864 pixels an "
+                      "image may have; raise it with VITLAB_MAX_IMAGE_PIXELS=N if this image is wanted"]
+    assert ds.train.describe(0).startswith(str(tmp_path / "tv"))  # an item is named by its file

@@ -12,7 +12,8 @@ Images pass the checks image files pass (`sources.check_pixels`): more pixels th
 and the item is skipped and counted as an unreadable file is. A `datasets.Dataset`'s image rows are read as the
 stored encoded bytes and decoded by vitlab's reader (`sources.decode_rgb`: the budget applies before decoding, icon
 members included), not by `datasets`; a row that names a file is read only inside the dataset's folder when it has
-one (`hf_split.row_bytes`, as for a dataset folder), as given for a dataset held in memory.
+one (`hf_split.row_bytes`, as for a dataset folder), as given for a dataset held in memory. A torchvision
+`ImageFolder` (any `DatasetFolder` with torchvision's loader) is read as its files, by vitlab's reader.
 
 Class names come from the dataset (`.classes`, an HF `ClassLabel`), else they are the label indices. Labels are read
 once, without touching the images where the dataset keeps them apart (`.targets`, an HF column), else through
@@ -163,7 +164,7 @@ def object_datasets(data: Any, name: str = "data") -> tuple[ImageSplit, ImageSpl
     return train, val, OBJECT_PREFIX + " + ".join(parts)
 
 
-def describe(dataset: Any, split: ObjectSplit) -> str:
+def describe(dataset: Any, split: ImageSplit) -> str:
     """A dataset object in a run's record: type, items, classes, and the fingerprint (module doc)."""
     digest = hashlib.sha256()
     n = len(split)
@@ -179,7 +180,7 @@ def describe(dataset: Any, split: ObjectSplit) -> str:
             f"{digest.hexdigest()[:16]})")
 
 
-def _split(dataset: Any, name: str, class_names: list[str] | None, where: str) -> ObjectSplit:
+def _split(dataset: Any, name: str, class_names: list[str] | None, where: str) -> ImageSplit:
     if not _is_map_style(dataset):
         raise DataError(f"{where} is a {_type_name(dataset)}; pass {ACCEPTED}")
     _check_own_transform(dataset, where)
@@ -202,13 +203,27 @@ def _split(dataset: Any, name: str, class_names: list[str] | None, where: str) -
     if labels.max() >= len(names):
         raise DataError(f"{where}: label {int(labels.max())} but {len(names)} class names; the dataset's classes and "
                         "labels disagree")
-    split = ObjectSplit(name, labels, list(names), dataset=dataset, rows=np.arange(len(labels)),
-                        image_column=image_column, encoded=encoded, root=root)
+    paths = None if encoded else _file_paths(dataset)
+    split = ImageSplit(name, labels, list(names), paths=paths) if paths is not None else ObjectSplit(
+        name, labels, list(names), dataset=dataset, rows=np.arange(len(labels)), image_column=image_column,
+        encoded=encoded, root=root)
     try:
         split.load(0)  # a dataset whose items vitlab cannot read is refused now, not skipped image by image
     except DECODE_ERRORS as err:
         raise DataError(f"{err}" if encoded is False else f"{split.describe(0)}: {type(err).__name__}: {err}") from None
     return split
+
+
+def _file_paths(dataset: Any) -> list[str] | None:
+    """The files of a torchvision DatasetFolder (an ImageFolder) that loads them with torchvision's own loader,
+    which decodes with Pillow alone: vitlab reads them as a folder's files instead. None for other datasets."""
+    samples, loader = getattr(dataset, "samples", None), getattr(dataset, "loader", None)
+    if getattr(loader, "__module__", "") != "torchvision.datasets.folder" or not isinstance(samples, list):
+        return None
+    if len(samples) != len(dataset) or not all(isinstance(s, tuple) and len(s) == 2 and isinstance(s[0], str)
+                                               for s in samples):
+        return None
+    return [s[0] for s in samples]
 
 
 def _length(dataset: Any, where: str) -> int:
