@@ -65,6 +65,9 @@ def bf16_gains_text(use: str) -> str:
 TIMM_RESIZE_PREFIX = "timm:"
 TIMM_INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "lanczos", "box", "hamming")
 TIMM_CROP_MODES = ("center", "squash")
+# timm's crop_pct: the central crop's share of the side the image is resized to (published weights: 0.875 to 1).
+# Below 0.5 the resize reaches more than twice the model's side: a tampered setting, not a preprocessing.
+TIMM_CROP_PCT = (0.5, 1.0)
 
 
 def resize_before_crop(size: int) -> int:
@@ -86,9 +89,11 @@ def timm_resize(eval_resize: str) -> tuple[str, float, str] | None:
         crop_pct = float(pct)
     except ValueError:
         crop_pct = math.nan
-    if interpolation not in TIMM_INTERPOLATIONS or mode not in TIMM_CROP_MODES or not 0 < crop_pct <= 1:
+    if interpolation not in TIMM_INTERPOLATIONS or mode not in TIMM_CROP_MODES or not (
+            TIMM_CROP_PCT[0] <= crop_pct <= TIMM_CROP_PCT[1]):
         raise ValueError(f"eval resize {eval_resize!r} is not timm:INTERPOLATION:CROP_PCT[:squash] with an "
-                         f"interpolation of {', '.join(TIMM_INTERPOLATIONS)} and 0 < CROP_PCT <= 1 "
+                         f"interpolation of {', '.join(TIMM_INTERPOLATIONS)} and {TIMM_CROP_PCT[0]:g} <= CROP_PCT <= "
+                         f"{TIMM_CROP_PCT[1]:g} "
                          "(e.g. timm:bicubic:0.9)")
     return interpolation, crop_pct, mode
 

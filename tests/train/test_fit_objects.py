@@ -160,3 +160,17 @@ def test_a_dataset_object_is_split_by_the_config_files_val_fraction(tmp_path):
                val_fraction=0.4, **TINY)
     record = json.loads((again / "config.json").read_text())
     assert (record["val_fraction"], record["train_images"], record["val_images"]) == (0.4, 6, 4)
+
+
+def test_an_int8_quantized_model_as_init_is_one_line(tmp_path):
+    """A model quantized for inference (packed int8 layers, a dtype among its state) cannot be trained from: one
+    line saying so and what to pass, not an AttributeError from reading its state."""
+    from vitlab.runtime.quantize import quantize_int8
+
+    model = quantize_int8(_vitlab_model(0).eval())
+    with pytest.raises(ValueError) as err:
+        vitlab.fit(init=model, data="digits", out=str(tmp_path / "r"), **TINY)
+    assert str(err.value).startswith("the VisionTransformer object: int8-quantized (") and "\n" not in str(err.value)
+    assert str(err.value).endswith("pass the float model it was quantized from, and quantize after training "
+                                   "(--precision int8)")
+    assert not (tmp_path / "r").exists()

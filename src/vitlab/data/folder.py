@@ -7,6 +7,8 @@ before training; files that fail later while decoding (truncated JPEGs) are hand
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,6 +22,33 @@ from vitlab.files.reading import open_regular
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
 _EXT_TEXT = ", ".join(IMAGE_EXTENSIONS)
+
+
+def walk(top: str | Path) -> Iterator[tuple[str, list[str], list[str]]]:
+    """`os.walk(top)` (top-down, links to folders listed but not entered, the caller may prune `dirs`) without
+    recursion: a folder nested thousands deep is walked, not a RecursionError."""
+    pending = [os.fspath(top)]
+    while pending:
+        root = pending.pop()
+        try:
+            entries = list(os.scandir(root))
+        except OSError:  # unreadable or vanished: skipped, as os.walk skips it
+            continue
+        dirs, files = [], []
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            (dirs if is_dir else files).append(entry.name)
+        yield root, dirs, files
+        pending += [os.path.join(root, name) for name in reversed(dirs)
+                    if not os.path.islink(os.path.join(root, name))]
+
+
+def files_under(folder: Path) -> list[Path]:
+    """Every file below `folder` (`walk`), sorted."""
+    return sorted(Path(root, name) for root, _, files in walk(folder) for name in files)
 
 
 def class_folders(split_dir: Path) -> list[str]:
@@ -71,7 +100,7 @@ def scan_split(split_dir: Path, class_names: list[str], name: str, strict: bool)
     labels: list[int] = []
     for label, cls in enumerate(class_names):
         folder = split_dir / cls
-        files = sorted(str(p) for p in folder.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS)
+        files = sorted(str(p) for p in files_under(folder) if p.suffix.lower() in IMAGE_EXTENSIONS)
         if not files:
             raise DataError(f"class folder {folder} has no images ({_EXT_TEXT}); add images or remove the folder")
         paths += files

@@ -71,6 +71,22 @@ def pick_columns(features: Any, chosen: dict[str, str], where: str, source: str)
     return image, label
 
 
+def row_bytes(value: Any, root: str | None, where: str) -> bytes:
+    """The encoded image of an image row: its bytes, or the file its path names. A path is read only inside the
+    dataset's folder `root` (relative paths taken from it; None: a dataset held in memory, whose paths are read as
+    given), never from a FIFO. OSError (a decode error to the loader, which skips and counts the row) otherwise."""
+    data, path = (value.get("bytes"), value.get("path")) if isinstance(value, dict) else (
+        (None, value) if isinstance(value, str) else (value, None))
+    if data is None and path:  # an Image feature may refer to a file instead of holding its bytes
+        inside = Path(path) if root is None else contained(path, Path(root)) if root else None
+        if inside is None:
+            raise OSError(f"{where} refers to {path}, outside the dataset folder {root}; not read")
+        return read_regular(inside)  # a FIFO would block the read forever
+    if not isinstance(data, bytes | bytearray):
+        raise OSError(f"{where} has no image")
+    return bytes(data)
+
+
 # ---- the split ----------------------------------------------------------------------------------------------
 
 
@@ -108,17 +124,7 @@ class HFSplit(ImageSplit):
         chunks, starts = self._record_batches()
         row = self._row(i)
         k = int(np.searchsorted(starts, row, "right")) - 1
-        value = chunks[k][row - int(starts[k])].as_py()
-        data, path = (value.get("bytes"), value.get("path")) if isinstance(value, dict) else (
-            (None, value) if isinstance(value, str) else (value, None))
-        if data is None and path:  # an Image feature may refer to a file instead of holding its bytes
-            inside = contained(path, Path(self.root)) if self.root else None
-            if inside is None:
-                raise OSError(f"{self.describe(i)} refers to {path}, outside the dataset folder {self.root}; not read")
-            return read_regular(inside)  # a FIFO would block the read forever
-        if data is None:
-            raise OSError(f"{self.describe(i)} has no image")
-        return data
+        return row_bytes(chunks[k][row - int(starts[k])].as_py(), self.root, self.describe(i))
 
     def encoded(self, i: int) -> io.BytesIO:
         return io.BytesIO(self.read_bytes(i))

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from vitlab.data.containers import largest_member
 from vitlab.errors import DataError, EnvironmentSettingError
 from vitlab.files.reading import open_regular
 from vitlab.ranges import MAX_IMAGE_PIXELS, POSITIVE_INT
@@ -58,15 +59,40 @@ class ImageTooLarge(Image.DecompressionBombError):
 
 def open_image(source: Any) -> Image.Image:
     """`Image.open(source)`: the header read, nothing decoded; ImageTooLarge (one line: the size, the budget and
-    how to raise it) when it declares more pixels than `pixel_budget()`, the image then closed."""
+    how to raise it) when it declares more pixels than `pixel_budget()`, or when a member of a container (an ICO or
+    ICNS icon) declares more (`data.containers`); ValueError for an image without pixels (a side of 0). The image
+    is closed when refused."""
     budget = pixel_budget()  # a bad setting fails here, as itself, before Pillow's errors are caught as a bad file
+    member = _largest_member(source)
+    if member is not None:
+        check_pixels(member[1], member[2], budget, f"its {member[0]} declares ")
     img = Image.open(source)
-    width, height = img.size
-    if width * height > budget:
+    try:
+        check_pixels(*img.size, budget)
+    except BaseException:
         img.close()
-        raise ImageTooLarge(f"{width:,} x {height:,} = {width * height:,} pixels, over the budget of {budget:,} "
-                            f"pixels an image may have; raise it with {PIXELS_ENV}=N if this image is wanted")
+        raise
     return img
+
+
+def _largest_member(source: Any) -> tuple[str, int, int] | None:
+    """`data.containers.largest_member` of a path or a seekable file."""
+    if isinstance(source, (str, os.PathLike)):
+        with open_regular(source) as f:
+            return largest_member(f)
+    return largest_member(source)
+
+
+def check_pixels(width: int, height: int, budget: int | None = None, what: str = "") -> None:
+    """An image of width x height may be decoded (or, already decoded, transformed): ImageTooLarge over the pixel
+    budget, ValueError for a side of 0 (no pixel to resize from). `what` starts the message ("its icon 0
+    declares ")."""
+    budget = pixel_budget() if budget is None else budget
+    if width * height > budget:
+        raise ImageTooLarge(f"{what}{width:,} x {height:,} = {width * height:,} pixels, over the budget of {budget:,} "
+                            f"pixels an image may have; raise it with {PIXELS_ENV}=N if this image is wanted")
+    if not width or not height:
+        raise ValueError(f"{what}{width} x {height} pixels: an image without pixels cannot be resized")
 
 
 def decode_rgb(source: Any, min_size: int | None = None) -> Image.Image:

@@ -56,12 +56,15 @@ from vitlab.constants import (  # noqa: F401  (EVAL_RESIZES, FEWSHOT_RESIZE: re-
     resize_before_crop,
     timm_resize,
 )
-from vitlab.data.sources import ImageSplit, to_rgb
+from vitlab.data.sources import ImageSplit, check_pixels, to_rgb
 
 Size = tuple[int, int]  # (height, width)
 Box = tuple[float, float, float, float]  # (left, top, right, bottom) in source pixels, as PIL takes it
 
 TF_MAX_ATTEMPTS = 100  # sample_distorted_bounding_box's default max_attempts
+# The largest intermediate image a resize-then-crop materialises (64 MiB as PIL's 4-byte RGB): far above any
+# photograph's (a 4:1 panorama's short side to 448 is 0.8 M pixels), far below an extreme aspect ratio's.
+MAX_RESIZED_PIXELS = 1 << 24
 
 
 def as_size(image_size: int | tuple[int, int] | list[int]) -> Size:
@@ -168,11 +171,19 @@ def _tensor_to_array(t: torch.Tensor, flip: bool) -> np.ndarray:
 
 def _crop_of_resized(img: Image.Image, resized: Size, top: int, left: int, size: Size,
                      resample: Image.Resampling = Image.Resampling.BILINEAR) -> Image.Image:
-    """img resized to `resized` (h, w), then the `size` crop at integer offset (top, left). Resampling only
-    the matching source box would save work but moves the filter by float rounding: pixels of an upsampled
-    digit one grey level off (BENCHMARKS.md "Bounds and choices in the code")."""
-    img = img.resize((resized[1], resized[0]), resample)
-    return img.crop((left, top, left + size[1], top + size[0]))
+    """img resized to `resized` (h, w), then the `size` crop at integer offset (top, left). The whole image is
+    resized when the result has at most MAX_RESIZED_PIXELS pixels: resampling only the matching source box moves
+    the filter by float rounding (pixels of an upsampled digit one grey level off, BENCHMARKS.md "Bounds and
+    choices in the code"). Beyond that (a 10000 x 1 image's short side to 256 is 2.6 GB) only the crop's box is
+    resampled, at the same scale: what a resize costs is bounded by its output, not by the image's aspect ratio."""
+    if resized[0] * resized[1] <= MAX_RESIZED_PIXELS:
+        img = img.resize((resized[1], resized[0]), resample)
+        return img.crop((left, top, left + size[1], top + size[0]))
+    sy, sx = img.height / resized[0], img.width / resized[1]  # source pixels per resized pixel
+    x0, x1 = left * sx, min(img.width, (left + size[1]) * sx)
+    y0, y1 = top * sy, min(img.height, (top + size[0]) * sy)
+    img = img.resize((size[1], img.height), resample, box=(x0, 0, x1, img.height))  # the rows, as PIL's first pass
+    return img.resize((size[1], size[0]), resample, box=(0, y0, size[1], y1))
 
 
 def _check_range(name: str, value: object, high: float) -> None:
@@ -344,15 +355,18 @@ class ModelTransform:
 def as_pil_image(image: object, min_size: int | None = None) -> Image.Image:
     """A PIL image as vitlab's data sources hand it to a transform: files decoded as `ImageSplit.load` decodes
     them (every pixel, then RGB; JPEG draft decoding down to `min_size` only when one is given: training),
-    arrays as the embedded sets (uint8; grayscale stays 'L'), PIL images other than RGB/L converted to RGB."""
+    arrays as the embedded sets (uint8; grayscale stays 'L'), PIL images other than RGB/L converted to RGB. Images
+    in memory are held to what files are (`sources.check_pixels`: the pixel budget, no side of 0)."""
     if isinstance(image, (str, Path)):
         return ImageSplit("image", np.zeros(1, dtype=np.int64), [], paths=[str(image)]).load(0, min_size)
     if isinstance(image, Image.Image):
+        check_pixels(image.width, image.height)
         return image if image.mode in ("RGB", "L") else to_rgb(image)
     if isinstance(image, np.ndarray):
         if image.dtype != np.uint8 or not (image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 3)):
             raise ValueError(f"expected a uint8 (H, W, 3) or (H, W) array, got {image.dtype} {image.shape}; "
                              "convert with (x * 255).round().astype(np.uint8) for floats in [0, 1]")  # fmt: skip
+        check_pixels(image.shape[1], image.shape[0])
         return Image.fromarray(image)
     raise ValueError(f"expected a PIL image, a uint8 array or an image path, got {type(image).__name__}; "
                      "a torch tensor is already pre-processed: pass the image it came from")  # fmt: skip

@@ -6,6 +6,11 @@ to [0, 1]), `eval_resize` (the evaluation resize, a `vitlab.transforms` name), `
 had them, `class_names`. The pre-processing is rebuilt from them with the transform PyTorch weights are evaluated
 with (`data.transforms.EvalTransform`), so the same image gives the same pixels whichever form of the model runs.
 
+The graph is held to the metadata before anything runs (`check_graph`): one float32 input of rank 4 whose channel and
+image sides, where the graph fixes them, are the config's, and one output of rank 2 whose width, where fixed, is the
+class count (checked again on every run where it is not). A graph traced for a fixed batch of one image is fed one
+image at a time; another fixed batch is refused.
+
 A file is opened as an `InferenceSession` whose model runs the graph on ONNX Runtime's CPU provider: the evaluation
 and prediction code that serves PyTorch weights serves it unchanged.
 """
@@ -17,9 +22,11 @@ import logging
 import os
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
+from vitlab.constants import check_eval_resize
 from vitlab.deploy.onnx_check import graph_precision, require_onnxruntime, session
 from vitlab.models import config_from_dict
 from vitlab.models.config import ModelConfig
@@ -39,7 +46,7 @@ class OnnxModel(nn.Module):
     reads from a model: `config`, `class_names` (None when the file has none) and `eval_resize`."""
 
     def __init__(self, path: Path, ort_session, config: ModelConfig, class_names: list[str] | None,
-                 eval_resize: str):
+                 eval_resize: str, one_at_a_time: bool = False):
         super().__init__()
         self.path = path
         self.session = ort_session
@@ -47,11 +54,17 @@ class OnnxModel(nn.Module):
         self.config = config
         self.class_names = class_names
         self.eval_resize = eval_resize
+        self.one_at_a_time = one_at_a_time  # a graph traced for a fixed batch of 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pixels = x.detach().to("cpu", torch.float32).contiguous().numpy()
-        logits = self.session.run(None, {self.input_name: pixels})[0]  # (N, classes)
-        return torch.from_numpy(logits).to(x.device)
+        parts = [pixels[i : i + 1] for i in range(len(pixels))] if self.one_at_a_time else [pixels]
+        logits = np.concatenate([self.session.run(None, {self.input_name: part})[0] for part in parts])
+        if logits.ndim != 2 or logits.shape != (len(pixels), self.config.num_classes):
+            raise ValueError(f"{self.path}: its graph returned logits of shape {tuple(logits.shape)} for "
+                             f"{len(pixels)} images of a {self.config.num_classes}-class model (its metadata); "
+                             "re-export the weights (vitlab export)")
+        return torch.from_numpy(logits.astype(np.float32, copy=False)).to(x.device)
 
 
 def open_onnx_session(path: str | os.PathLike, *, device: str = "auto", precision: str = "auto",
@@ -77,7 +90,8 @@ def open_onnx_session(path: str | os.PathLike, *, device: str = "auto", precisio
     if not config.num_classes:
         raise ValueError(f"{path} outputs features (its model has no classifier head); vitlab predict and eval "
                          "need a file that outputs logits: export weights with a head")
-    model = OnnxModel(path, sess, config, names, resize).eval()
+    one_at_a_time = check_graph(path, sess, config)
+    model = OnnxModel(path, sess, config, names, resize, one_at_a_time).eval()
     reason = f"{read_from}, ONNX Runtime {require_onnxruntime().__version__} (CPU)"
     return InferenceSession(model, torch.device("cpu"), Precision(exported, reason),
                             tuple(names or (str(i) for i in range(config.num_classes))))
@@ -106,10 +120,47 @@ def _read_metadata(path: Path, meta: dict[str, str]) -> tuple[ModelConfig, list[
         raise ValueError(f"{path}: its metadata names {len(names)} classes for a model of {config.num_classes}; "
                          "re-export the weights (vitlab export)")
     resize = meta.get("eval_resize")
+    try:
+        check_eval_resize(resize if resize is not None else DEFAULT_EVAL_RESIZE)
+    except ValueError as err:  # a tampered value would set what one image costs to resize
+        raise ValueError(f"{path}: its metadata's {err}; re-export the weights (vitlab export)") from None
     if resize is None:
         log.warning("%s records no eval_resize (exported by an earlier vitlab): resizing as %s; re-export it to "
                     "record the weights' own (vitlab eval also takes --eval-resize)", path, DEFAULT_EVAL_RESIZE)
     return config, names, resize or DEFAULT_EVAL_RESIZE, meta.get("precision", "fp32")
+
+
+def check_graph(path: Path, ort_session, config: ModelConfig) -> bool:
+    """The graph's input and output against the metadata's config (module docstring): one line naming the file and
+    the mismatch. Returns whether the graph takes a fixed batch of one image (then fed one at a time)."""
+    inputs, outputs = ort_session.get_inputs(), ort_session.get_outputs()
+    if len(inputs) != 1 or not outputs:
+        raise ValueError(f"{path}: its graph has {len(inputs)} inputs and {len(outputs)} outputs; vitlab feeds one "
+                         "input (pixels) and reads one output (logits): serve a file vitlab export wrote")
+    pixels, logits = inputs[0], outputs[0]
+    h, w = config.image_size
+    wanted = {1: config.in_chans, 2: h, 3: w}
+    if pixels.type != "tensor(float)":
+        raise ValueError(f"{path}: its input {pixels.name!r} is {pixels.type}; vitlab feeds float32 pixels, as vitlab "
+                         "export writes them: re-export the weights (vitlab export)")
+    shape = list(pixels.shape)
+    fixed = {axis: shape[axis] for axis in wanted if len(shape) == 4 and isinstance(shape[axis], int)}
+    if len(shape) != 4 or any(fixed[axis] != wanted[axis] for axis in fixed):
+        raise ValueError(f"{path}: its input {pixels.name!r} has shape {_shape(shape)}, its metadata says "
+                         f"(N, {config.in_chans}, {h}, {w}); re-export the weights (vitlab export)")
+    batch = shape[0] if isinstance(shape[0], int) else None
+    if batch is not None and batch != 1:
+        raise ValueError(f"{path}: its graph takes batches of exactly {batch} images; vitlab serves graphs with a "
+                         "dynamic batch (vitlab export writes them) or a batch of 1")
+    out = list(logits.shape or [])
+    if len(out) != 2 or (isinstance(out[1], int) and out[1] != config.num_classes):
+        raise ValueError(f"{path}: its output {logits.name!r} has shape {_shape(out)}, its metadata says "
+                         f"(N, {config.num_classes}) logits; re-export the weights (vitlab export)")
+    return batch == 1
+
+
+def _shape(shape: list) -> str:
+    return "(" + ", ".join(str(d) if isinstance(d, int) else str(d or "?") for d in shape) + ")"
 
 
 def _check_settings(path: Path, exported: str, device: str, precision: str, compile: bool) -> None:

@@ -20,7 +20,7 @@ import torch
 from PIL import UnidentifiedImageError
 
 from vitlab.data import EvalTransform, normalize
-from vitlab.data.folder import IMAGE_EXTENSIONS
+from vitlab.data.folder import IMAGE_EXTENSIONS, walk
 from vitlab.data.sources import DECODE_ERRORS, decode_rgb
 from vitlab.errors import DataError
 from vitlab.files.reading import special_kind
@@ -56,7 +56,7 @@ def expand_images(paths: list[str | Path]) -> tuple[list[str], list[dict[str, st
 
 def _walk(folder: Path) -> tuple[list[str], list[dict[str, str]]]:
     found, skipped = [], []
-    for root, dirs, files in os.walk(folder):
+    for root, dirs, files in walk(folder):
         dirs.sort()
         for name in list(dirs):
             if os.path.islink(os.path.join(root, name)):

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from vitlab.data import Datasets, build_datasets
-from vitlab.data.objects import OBJECT_PREFIX, is_dataset_object
+from vitlab.data.objects import OBJECT_PREFIX, is_dataset_object, iterable_only
 from vitlab.errors import closest
 from vitlab.files.digest import tensors_fingerprint
 from vitlab.files.reading import read_text_regular
@@ -253,6 +253,8 @@ def _type_problem(key: str, value: Any) -> str | None:
         if isinstance(value, str) or (key == "data" and is_dataset_object(value)) or (
                 key == "init" and is_model_object(value)):
             return None
+        if key == "data" and (why := iterable_only(value)):
+            return why
         also = f", or {OBJECTS[key]}" if key in OBJECTS else ""
         return f"{key} must be {PATHS[key]} (str or os.PathLike){also}, got {type(value).__name__}"
     if key == "resume":  # as --resume [auto]; auto: continue the run, or start it when there is none

@@ -115,7 +115,13 @@ def read_module(model: nn.Module) -> WeightsRecord:
             meta["eval_resize"] = model.eval_resize
         if getattr(model, "dynamic_img_size", False):
             meta["dynamic_img_size"] = True
-        return WeightsRecord(config, {k: v.detach() for k, v in model.state_dict().items()}, "vitlab", meta)
+        state = model.state_dict()
+        packed = [k for k, v in state.items() if not isinstance(v, torch.Tensor) or v.is_quantized]
+        if packed:  # torch's dynamic int8 layers keep packed weights (and their dtype) in the state dict
+            raise WeightsError(f"the {type(model).__name__} object", f"int8-quantized ({packed[0]} holds packed "
+                               "int8 weights, not float tensors)", "pass the float model it was quantized from, and "
+                               "quantize after training (--precision int8)")
+        return WeightsRecord(config, {k: v.detach() for k, v in state.items()}, "vitlab", meta)
     return read_timm_module(model)
 
 
