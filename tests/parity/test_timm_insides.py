@@ -137,7 +137,8 @@ def test_grad_cam_equals_timms(name, kwargs, layer):
         module = model.blocks[-2] if layer == "blocks.-2" else model.norm
         with grad_cam.GradCAM(model, [module], reshape_transform=tokens_to_map(model)) as cam:
             maps.append(torch.from_numpy(cam(x, targets=[ClassifierOutputTarget(3)] * len(x))))
-    assert maps[1].abs().sum() > 0  # a map, not nothing compared with nothing
+    if layer != "norm":  # after the final norm a token classifier's logit reads the class token alone: timm's map,
+        assert maps[1].abs().sum() > 0  # and vitlab's, is zero there; before it, a map, not nothing compared
     assert_relative(maps[0], maps[1], 1e-4, f"grad-cam on {layer}")
 
 
