@@ -316,8 +316,8 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
         another, so the last block computes queries, residual and MLP, and the final norm, for the class token
         alone. A hook or trace on the last block or the final norm would see (N, 1, D) here where `forward` gives
         every token, as timm does (BENCHMARKS.md, "The class-token-only last block")."""
-        if self.config.classifier != "token" or self.unpooled:
-            return self.forward(x)
+        if self.config.classifier != "token" or self.unpooled:  # every token is read
+            return self.forward_head(self.forward_features(x))
         z, _ = self.embed(x)
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
