@@ -125,8 +125,8 @@ ARGUMENTS = {
                       "mlp_ratio must be a positive number (e.g. 4.0), got '4'"),
     "mean='abc'": (lambda d: vitlab.create_model("ViT-Ti/16", mean="abc"), ValueError,
                    "mean must be 3 numbers (R, G, B), got 'abc'"),
-    "std=None": (lambda d: vitlab.create_model("ViT-Ti/16", std=None), ValueError,
-                 "std must be 3 numbers (R, G, B), got None"),
+    "std=abc": (lambda d: vitlab.create_model("ViT-Ti/16", std="abc"), ValueError,
+               "std must be 3 numbers (R, G, B), got 'abc'"),
     "load(5)": (lambda d: vitlab.load(5), TypeError, "vitlab.load takes a path (str or pathlib.Path) or a published "
                 "name"),
     "load(None)": (lambda d: vitlab.load(None), TypeError, "vitlab.load takes a path"),
@@ -307,3 +307,11 @@ def test_save_refuses_a_name_load_reads_as_a_pickle(tmp_path, suffix):
     vitlab.save(model, tmp_path / "m.safetensors")  # what load reads back exactly
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in vitlab.load(tmp_path / "m.safetensors")
                .state_dict().items())
+
+
+def test_create_model_drops_none_valued_keywords_as_timm():
+    """timm's rule: a keyword set to None is left out (train.py passes bn_eps=None, drop_block_rate=None, …)."""
+    model = vitlab.create_model("ViT-Ti/16", image_size=32, std=None, num_classes=None, bn_eps=None,
+                                drop_block_rate=None, bn_momentum=None, scriptable=False, checkpoint_path="")
+    plain = vitlab.create_model("ViT-Ti/16", image_size=32)
+    assert model.config == plain.config

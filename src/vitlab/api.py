@@ -13,7 +13,8 @@ loads `hf-hub:timm/ARCH.TAG` (vitlab.weights.load). The table of names and tags 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -21,7 +22,9 @@ from torch import nn
 
 from vitlab.data.transforms import model_transform
 from vitlab.errors import keyword_errors
-from vitlab.hub.catalogue import timm_models, timm_name
+from vitlab.hub.catalogue import HF_PREFIX, timm_models, timm_name
+from vitlab.hub.entry import Entry
+from vitlab.hub.fetch import fetch as fetch_entry
 from vitlab.models.config import BiTConfig, ModelConfig, ViTConfig
 from vitlab.models.registry import build_model, model_config, unknown_model
 from vitlab.models.timm_compat import FeatureExtractor
@@ -39,43 +42,78 @@ TIMM_KEYWORDS = {"img_size": "image_size", "drop_rate": "dropout", "attn_drop_ra
 REGULARISATION = ("dropout", "attn_dropout", "drop_path_rate")
 POOLS = {"token": "token", "avg": "gap"}
 FEATURE_CLS = "getter"  # timm's name for a feature extractor built on forward_intermediates
+# vitlab config fields where None is a value of its own ("none"), kept where timm drops None-valued keywords
+NONE_IS_A_VALUE = ("representation_size", "layer_scale", "resnet")
+# timm's pretrained_cfg keys that say where weights come from
+WEIGHT_SOURCES = ("state_dict", "file", "hf_hub_id", "hf_hub_filename", "url", "source", "custom_load")
 
 
 @keyword_errors
 def create_model(
-    name: str, /, pretrained: bool | str = False, features_only: bool = False,
+    name: str, /, pretrained: bool | str = False, pretrained_cfg: str | dict[str, Any] | None = None,
+    pretrained_cfg_overlay: dict[str, Any] | None = None, checkpoint_path: str | os.PathLike | None = None,
+    cache_dir: str | os.PathLike | None = None, scriptable: bool | None = None, exportable: bool | None = None,
+    no_jit: bool | None = None, features_only: bool = False,
     out_indices: int | list[int] | tuple[int, ...] | None = None, feature_cls: str | None = None, **kwargs: Any,
 ) -> nn.Module:
     """A model by vitlab or timm name. `pretrained=True` loads the published weights (timm names: the tag in the
     name, else timm's default tag; vitlab names: the catalogue's default tags; a string: that vitlab tag).
     `features_only=True` returns timm's feature extractor: a list of (N, C, H, W) maps at `out_indices`
     (ViT: the last 3 blocks by default; BiT: the root and every stage), described by `.feature_info`; it reads
-    `forward_intermediates`, which is timm's `feature_cls="getter"` (the only one accepted)."""
+    `forward_intermediates`, which is timm's `feature_cls="getter"` (the only one accepted).
+
+    timm's other keywords mean what they mean in timm.create_model: keywords set to None are dropped (vitlab's
+    `representation_size`, `layer_scale` and `resnet`, where None is a value, excepted); `pretrained_cfg` is a tag
+    (timm names) or a dict of timm's pretrained_cfg keys, `pretrained_cfg_overlay` replaces keys of it: with
+    pretrained=True its weight source (`state_dict`, `file`, `hf_hub_id`, `url`, in timm's order of priority) is
+    read into the named architecture, and its `num_classes` (the source's classes; -1: unknown) gives the default
+    class count and, where the model's differs, a new head; `input_size`, `mean` and `std` set the model's, the
+    other keys its `pretrained_cfg`. `checkpoint_path` is read into the model once built (timm's
+    `load_checkpoint`), `cache_dir` is where downloads go. `scriptable`, `exportable` and `no_jit` are accepted:
+    vitlab's layers have one form (TorchScript itself stays refused, `torch.jit.trace`, `torch.export` and ONNX
+    work)."""
     if not isinstance(name, str):
         raise TypeError(f"create_model takes a model name (a str such as 'ViT-B/16'; vitlab.list_models() lists "
                         f"them), got {type(name).__name__}")
     if not isinstance(pretrained, bool | str):
         raise TypeError(f"pretrained must be True, False or a tag name (str), got {pretrained!r}")
+    for key, flag in (("scriptable", scriptable), ("exportable", exportable), ("no_jit", no_jit)):
+        if flag is not None and not isinstance(flag, bool):
+            raise TypeError(f"{key} must be True, False or None, got {flag!r}")
     if feature_cls is not None and not features_only:
         raise ValueError("feature_cls applies only with features_only=True")
     if feature_cls not in (None, FEATURE_CLS):
         raise ValueError(f"feature_cls={feature_cls!r}: vitlab's feature extractor reads forward_intermediates, "
                          f"timm's {FEATURE_CLS!r}; pass feature_cls={FEATURE_CLS!r} or leave it out")
+    kwargs = {k: v for k, v in kwargs.items() if v is not None or k in NONE_IS_A_VALUE}
+    name, overlay = _resolve_pretrained_cfg(name, pretrained_cfg, pretrained_cfg_overlay)
+    source = _weights_source(overlay) if pretrained else None
+    _overlay_defaults(overlay, kwargs)
     dynamic = kwargs.pop("dynamic_img_size", False)
     if not isinstance(dynamic, bool):
         raise TypeError(f"dynamic_img_size must be True or False, got {dynamic!r}")
     overrides = vitlab_overrides(kwargs)
     unpooled = kwargs.get("global_pool") == ""
-    if pretrained:
-        if unpooled:
-            raise ValueError("global_pool='' with pretrained weights: load them, then model.reset_classifier(n, '')")
-        model = _load_pretrained(name, pretrained, overrides)
-    else:
-        model = build_model(model_config_for(name, overrides))
-        if _is_timm(name) or name.split(".", 1)[0] in LAYER_SCALE_NAMES:  # evaluated as timm evaluates its weights
-            model.eval_resize = timm_preprocessing(name)[0]
-        if unpooled:  # timm's global_pool "": forward returns every token (the new head, if any, on each)
-            model.reset_classifier(model.num_classes, "")
+    with _downloads_in(cache_dir):
+        if pretrained and source is None:
+            if unpooled:
+                raise ValueError("global_pool='' with pretrained weights: load them, then "
+                                 "model.reset_classifier(n, '')")
+            model = _load_pretrained(name, pretrained, overrides)
+        else:
+            model = build_model(model_config_for(name, overrides))
+            if _is_timm(name) or name.split(".", 1)[0] in LAYER_SCALE_NAMES:  # evaluated as timm evaluates its weights
+                model.eval_resize = timm_preprocessing(name)[0]
+            if source is not None:
+                new_head = overlay.get("num_classes", model.num_classes) != model.num_classes
+                read_into(model, source, arch=_timm_arch(name), new_head=new_head)
+            if unpooled:  # timm's global_pool "": forward returns every token (the new head, if any, on each)
+                model.reset_classifier(model.num_classes, "")
+        if checkpoint_path:
+            read_into(model, checkpoint_path, arch=_timm_arch(name))
+    data_cfg = {k: v for k, v in overlay.items() if k not in (*WEIGHT_SOURCES, "num_classes")}
+    if data_cfg:
+        model.pretrained_cfg = data_cfg
     if dynamic:
         if not hasattr(model, "dynamic_img_size"):
             raise ValueError(f"dynamic_img_size applies to Vision Transformers; {name} (a ResNet) takes any input "
@@ -88,6 +126,98 @@ def create_model(
     if out_indices is None:
         out_indices = (0, 1, 2, 3, 4) if isinstance(model.config, BiTConfig) else 3
     return FeatureExtractor(model, out_indices)
+
+
+def _resolve_pretrained_cfg(name: str, cfg: Any, overlay: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    """timm's `pretrained_cfg` (a tag, a dict, or timm's PretrainedCfg) and `pretrained_cfg_overlay` as (the name
+    with the tag, the keys that replace the model's own pretrained_cfg)."""
+    if overlay is not None and not isinstance(overlay, dict):
+        raise TypeError(f"pretrained_cfg_overlay must be a dict of timm's pretrained_cfg keys, got {overlay!r}")
+    if cfg is not None and hasattr(cfg, "to_dict"):  # timm's PretrainedCfg
+        cfg = cfg.to_dict()
+    if isinstance(cfg, str) and cfg:
+        if not _is_timm(name):
+            raise ValueError(f"pretrained_cfg={cfg!r} names a timm tag; {name} is a vitlab name: pass the vitlab "
+                             f"tag as pretrained={cfg!r}")
+        if "." in name:
+            raise ValueError(f"{name} already has a tag; pass pretrained_cfg={cfg!r} with the bare name or neither")
+        return f"{name}.{cfg}", dict(overlay or {})
+    if cfg is not None and not isinstance(cfg, dict | str):
+        raise TypeError(f"pretrained_cfg must be a tag (str) or a dict of timm's pretrained_cfg keys, got {cfg!r}")
+    return name, {**(cfg or {}), **(overlay or {})}
+
+
+def _weights_source(overlay: dict[str, Any]) -> dict[str, Any] | str | None:
+    """Where pretrained weights come from when the overlay names a source, in timm's order: a state dict, a local
+    file, a Hugging Face repository (`hf-hub:ID`), a URL (downloaded into vitlab's cache); None: the name's
+    published weights."""
+    if isinstance(overlay.get("state_dict"), dict):
+        return overlay["state_dict"]
+    if overlay.get("file"):
+        return str(overlay["file"])
+    if overlay.get("hf_hub_id"):
+        return HF_PREFIX + overlay["hf_hub_id"]
+    if overlay.get("url"):
+        url = str(overlay["url"])
+        return str(fetch_entry(Entry(name=url, tag="url", model="", format="timm", url=url), progress=False))
+    return None
+
+
+def _overlay_defaults(overlay: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    """timm's defaults from a pretrained_cfg: the class count (unless negative), the input size and channels,
+    and (vitlab's config fields) mean and std, where the caller passed none."""
+    if isinstance(overlay.get("num_classes"), int) and overlay["num_classes"] >= 0:
+        kwargs.setdefault("num_classes", overlay["num_classes"])
+    if "input_size" in overlay:
+        chans, *size = overlay["input_size"]
+        if "image_size" not in kwargs:
+            kwargs.setdefault("img_size", tuple(size))
+        kwargs.setdefault("in_chans", chans)
+    for key in ("mean", "std"):
+        if key in overlay:
+            kwargs.setdefault(key, tuple(overlay[key]))
+
+
+def _timm_arch(name: str) -> str | None:
+    """timm's architecture name for a timm name (what a bare timm state dict is read as), else None."""
+    timm = timm_name(name)
+    return timm.arch if timm is not None else None
+
+
+@contextmanager
+def _downloads_in(cache_dir: str | os.PathLike | None) -> Iterator[None]:
+    """timm's `cache_dir`: vitlab's downloads and Hugging Face's (both read their folder when they download) go
+    to `cache_dir` while the model is made."""
+    if not cache_dir:
+        yield
+        return
+    saved = {var: os.environ.get(var) for var in ("VITLAB_CACHE", "HF_HUB_CACHE")}
+    os.environ.update(dict.fromkeys(saved, os.fspath(cache_dir)))
+    try:
+        yield
+    finally:
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+
+
+def read_into(model: nn.Module, source: dict[str, Any] | str | os.PathLike, arch: str | None = None,
+              new_head: bool = False) -> None:
+    """Weights into a model already built, strictly, as timm's `load_checkpoint` and its pretrained file: a state
+    dict (vitlab's or timm's tensor names), or anything `vitlab.load` reads, at the model's input size.
+    `new_head`: the source's classifier is left out and the model's new zero-initialised one kept."""
+    if isinstance(source, dict):
+        state = dict(source)
+        if new_head:  # the model's own head instead of the source's
+            state = {k: v for k, v in state.items() if not k.startswith("head.")}
+            state.update({f"head.{k}": v for k, v in model.get_classifier().state_dict().items()})
+    else:  # read at the model's size, with a new zero-initialised head where asked
+        num_classes = model.num_classes if new_head else None
+        image_size = getattr(model.config, "image_size", None)
+        state = load_weights(source, image_size=image_size, num_classes=num_classes, arch=arch).state_dict()
+    model.load_state_dict(state)
 
 
 def vitlab_overrides(kwargs: dict[str, Any]) -> dict[str, Any]:

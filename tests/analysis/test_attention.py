@@ -204,7 +204,7 @@ def test_explicit_attention_matches_fused_path(kw):
             n, t, d = z.shape
             v = att.qkv(block.norm1(z)).reshape(n, t, 3, att.num_heads, att.head_dim)[:, :, 2].transpose(1, 2)
             by_hand = att.proj((w @ v).transpose(1, 2).reshape(n, t, d))  # attention @ V, heads merged
-            fused_out, _ = att(block.norm1(z), need_weights=False)
+            fused_out = att(block.norm1(z))
             assert (by_hand - fused_out).abs().max() <= 1e-5
 
 

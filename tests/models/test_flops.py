@@ -69,11 +69,19 @@ def test_agrees_with_flop_counter(key: str) -> None:
     cfg = TINY_CONFIGS[key]
     model = build_model(cfg)
     x = torch.randn(1, 3, *cfg.image_size)
-    fast = isinstance(cfg, ViTConfig)
-    expected = count_macs(cfg, class_token_last_block=fast)
+    expected = count_macs(cfg)
     with torch.no_grad():
         assert _counted_macs(model, x) == expected.total
     assert _counted_macs(model, x, backward=True) == expected.training
+
+
+@pytest.mark.parametrize("key", [k for k, c in TINY_CONFIGS.items() if isinstance(c, ViTConfig)])
+def test_class_token_last_block_counts_forward_unobserved(key: str) -> None:
+    cfg = TINY_CONFIGS[key]
+    model = build_model(cfg)
+    x = torch.randn(1, 3, *cfg.image_size)
+    with torch.no_grad():
+        assert _counted_macs(model, x, fn="forward_unobserved") == count_macs(cfg, class_token_last_block=True).total
 
 
 def test_full_count_is_forward_features_plus_head() -> None:
@@ -91,12 +99,14 @@ def test_other_image_size() -> None:
     model.dynamic_img_size = True
     x = torch.randn(1, 3, 48, 64)
     with torch.no_grad():
-        assert _counted_macs(model, x) == count_macs(cfg, (48, 64), class_token_last_block=True).total
+        assert _counted_macs(model, x) == count_macs(cfg, (48, 64)).total
+        fast = count_macs(cfg, (48, 64), class_token_last_block=True).total
+        assert _counted_macs(model, x, fn="forward_unobserved") == fast
 
 
 def test_real_vit_s16_forward() -> None:
-    """One full-size cross-check: ViT-S/16 at 224 as executed by vitlab's forward."""
+    """One full-size cross-check: ViT-S/16 at 224 as executed by vitlab's inference session."""
     model = vitlab.create_model("ViT-S/16").eval()
     with torch.no_grad():
-        counted = _counted_macs(model, torch.randn(1, 3, 224, 224))
+        counted = _counted_macs(model, torch.randn(1, 3, 224, 224), fn="forward_unobserved")
     assert counted == count_macs("ViT-S/16", class_token_last_block=True).total

@@ -161,3 +161,26 @@ def test_a_pruned_head_returns_timms_unpooled_tokens(name, prune_norm):
         assert model(x).shape == ref(x).shape == (*expected.shape[:2], 3)
         model.reset_classifier(3, "avg")  # pooling again
         assert model.global_pool == "avg" and model(x).shape == (2, 3)
+
+
+# The pretrained_cfg keys timm's test_model_default_cfgs and its input-size helper read, with timm's values. The
+# module names (first_conv, classifier) are vitlab's own and must name its modules.
+DEFAULT_CFG_KEYS = ("pool_size", "input_size", "num_classes", "fixed_input_size", "min_input_size")
+
+
+BIG_BITS = [n for n in vitlab.list_models("resnetv2_*") if n != "resnetv2_50x1_bit"]  # 0.2-0.9 B parameters
+
+
+@pytest.mark.parametrize("name", [*NAMES, "resnetv2_50x1_bit", *(pytest.param(n, marks=pytest.mark.slow)
+                                                                  for n in BIG_BITS)])
+def test_default_cfg_keys_timms_test_reads_are_timms(name):
+    kwargs = {} if name.startswith("resnetv2_") else {"depth": 1}
+    ours, theirs = vitlab.create_model(name, **kwargs), timm.create_model(name, **kwargs)
+    cfg, ref = ours.pretrained_cfg, theirs.pretrained_cfg
+    for key in DEFAULT_CFG_KEYS:
+        assert (key in cfg) == (key in ref), key
+        value = tuple(cfg[key]) if isinstance(cfg.get(key), list) else cfg.get(key)
+        expected = tuple(ref[key]) if isinstance(ref.get(key), list) else ref.get(key)
+        assert value == expected, key
+    modules = dict(ours.named_modules())
+    assert cfg["first_conv"] in modules and cfg["classifier"] in modules

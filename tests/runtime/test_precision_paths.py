@@ -35,6 +35,8 @@ def paths(model: nn.Module, x: torch.Tensor) -> dict[str, object]:
     }
     if hasattr(type(model), "forward_inspect"):
         calls["forward_inspect"] = lambda: model.forward_inspect(x)
+    if hasattr(type(model), "forward_unobserved"):
+        calls["forward_unobserved"] = lambda: model.forward_unobserved(x)
     public = {n for n in dir(type(model)) if n == "forward" or n.startswith("forward_")}
     assert set(calls) == public, f"a public forward path is untested: {sorted(public - set(calls))}"
     return calls

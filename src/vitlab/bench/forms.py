@@ -43,10 +43,10 @@ def describe(precision: Precision, compare: str | None) -> str:
 
 
 def inference_model(impl: str, model: nn.Module, precision: Precision) -> nn.Module:
-    """The model `impl` runs inference with: a converted copy (the inference session's) where the precision
-    converts, int8 for both and bf16 for vitlab; the original stays float32 for the training mode that may
-    follow."""
-    if precision.name == "int8" or (precision.name == "bf16" and impl == "vitlab"):
+    """The model `impl` runs inference with: the inference session's copy for vitlab (as `eval` and `predict` run
+    it) and for timm where the precision converts (int8); the original stays float32 for the training mode that
+    may follow."""
+    if precision.name == "int8" or impl == "vitlab":
         device = next(model.parameters()).device
         return open_session(copy.deepcopy(model), device=device, precision=precision).model
     return model

@@ -189,8 +189,10 @@ def _measurement(
 ) -> Measurement:
     cfg = model_config(settings.model, num_classes=settings.num_classes, image_size=settings.image_size)
     full = count_macs(cfg)
-    # vitlab's forward computes only the class token in the last block; timm computes every token.
-    executed = count_macs(cfg, class_token_last_block=impl == "vitlab" and isinstance(cfg, ViTConfig))
+    # vitlab's inference session computes only the class token in the last block; its training forward, and timm,
+    # compute every token.
+    fast = impl == "vitlab" and mode == "infer" and isinstance(cfg, ViTConfig)
+    executed = count_macs(cfg, class_token_last_block=fast)
     pick = (lambda c: c.total) if mode == "infer" else (lambda c: c.training)
     return Measurement(impl, name, mode, ips, pick(full), pick(executed), peak, steps)
 

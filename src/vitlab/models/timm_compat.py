@@ -121,13 +121,18 @@ class TimmCompatMixin:
     _fixed_input_size = False
 
     @property
+    def _pool_size(self) -> tuple[int, int] | None:
+        """timm's cfg `pool_size`: the final feature map's (h, w) at the native input size; None for tokens."""
+        return None
+
+    @property
     def pretrained_cfg(self) -> dict[str, Any]:
         """timm's data config of this model, derived from its config and its evaluation resize."""
         cfg = self.config
         resize = eval_resize_of(self)
         out = {
             "architecture": cfg.name, "input_size": (cfg.in_chans, *cfg.image_size),
-            "fixed_input_size": self._fixed_input_size,
+            "fixed_input_size": self._fixed_input_size, "pool_size": self._pool_size,
             **timm_eval_crop(cfg.image_size, resize), "mean": tuple(cfg.mean), "std": tuple(cfg.std),
             "num_classes": cfg.num_classes, "first_conv": self._first_conv, "classifier": "head",
             "vitlab_eval_resize": resize, "vitlab_eval_resize_in_timm": TIMM_EXACTNESS.get(resize, "exact"),
@@ -279,6 +284,11 @@ class ViTTimmMixin(TimmCompatMixin):
 
 class BiTTimmMixin(TimmCompatMixin):
     _first_conv = "stem.conv"
+
+    @property
+    def _pool_size(self) -> tuple[int, int]:  # type: ignore[override]
+        h, w = self.config.image_size
+        return -(-h // 32), -(-w // 32)  # stride 32, each stage's padding rounding up
     # timm's global_pool "" (prune_intermediate_layers(prune_head=True), reset_classifier(n, "")): forward_head
     # returns the (N, C, H, W) map, a head acting at each position; no config describes it, so vitlab.save refuses it
     unpooled = False

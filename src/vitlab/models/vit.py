@@ -45,10 +45,12 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_chans, width, kernel_size=patch_size, stride=patch_size)
         self.patch_size = (patch_size, patch_size)  # timm's attribute
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        x = self.proj(x)  # (N, D, gh, gw)
-        grid = (x.shape[-2], x.shape[-1])
-        return x.flatten(2).transpose(1, 2), grid  # (N, gh*gw, D)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).flatten(2).transpose(1, 2)  # (N, D, gh, gw) -> (N, gh*gw, D)
+
+    def grid(self, x: torch.Tensor) -> tuple[int, int]:
+        """The patch grid (gh, gw) that `forward` makes of `x`: the convolution floors each side."""
+        return x.shape[-2] // self.patch_size[0], x.shape[-1] // self.patch_size[1]
 
 
 class RelativeLogits(nn.Module):
@@ -78,9 +80,11 @@ class Attention(nn.Module):
         self.rel = RelativeLogits(num_tokens, cfg.num_heads, cfg.head_dim) if cfg.pos_embed == "relative" else None
 
     def forward(
-        self, x: torch.Tensor, num_queries: int | None = None, need_weights: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Queries are the first `num_queries` tokens (all by default); keys and values are all tokens."""
+        self, x: torch.Tensor, num_queries: int | None = None, weights_out: list[torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """(N, T, D) -> (N, Tq, D). Queries are the first `num_queries` tokens (all by default); keys and values
+        are all tokens. Given a `weights_out` list, the softmax weights are computed explicitly and appended to it
+        as (N, H, Tq, T) (the analysis reads them); otherwise the fused kernel runs."""
         n, t, d = x.shape
         # Unbinding the stacked axis in place (not after a permute) makes the backward one stack straight into
         # qkv's (N, T, 3, H, hd) layout, where a permute first would cost an extra copy of the qkv gradient.
@@ -92,17 +96,17 @@ class Attention(nn.Module):
         scale = 1.0 / math.sqrt(self.head_dim)
         bias = self.rel(q * scale, t, 0) if self.rel is not None else None
         dropout = self.attn_dropout if self.training else 0.0
-        weights = None
-        if need_weights:
+        if weights_out is not None:
             logits = (q * scale) @ k.transpose(-2, -1)  # (N, H, Tq, T)
             if bias is not None:
                 logits = logits + bias
             weights = logits.softmax(dim=-1)
+            weights_out.append(weights)
             out = F.dropout(weights, dropout, self.training) @ v
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout)
         out = out.transpose(1, 2).reshape(n, q.shape[2], d)  # (N, Tq, D)
-        return self.proj(out), weights
+        return self.proj(out)
 
 
 class Mlp(nn.Module):
@@ -145,13 +149,15 @@ class Block(nn.Module):
         self.ls2 = LayerScale(cfg.width, cfg.layer_scale) if scaled else nn.Identity()
 
     def forward(
-        self, x: torch.Tensor, num_queries: int | None = None, need_weights: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        y, weights = self.attn(self.norm1(x), num_queries, need_weights)
+        self, x: torch.Tensor, num_queries: int | None = None, weights_out: list[torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """(N, T, D) -> (N, Tq, D): the outputs of the first `num_queries` tokens (all by default); `weights_out`
+        collects the attention weights (Attention.forward)."""
+        y = self.attn(self.norm1(x), num_queries, weights_out)
         if num_queries is not None:
             x = x[:, :num_queries]
         x = x + self.drop_path(self.ls1(self.drop(y)))
-        return x + self.drop_path(self.ls2(self.mlp(self.norm2(x)))), weights
+        return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
 
 
 class VisionTransformer(ViTTimmMixin, nn.Module):
@@ -246,7 +252,7 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
         x = pad_to_stride(x, self.config.total_stride, self.config.dynamic_img_pad)
         if self.stem is not None:
             x = self.stem(x)
-        return self.patch_embed(x)
+        return self.patch_embed(x), self.patch_embed.grid(x)
 
     def add_prefix_and_position(
         self, tokens: torch.Tensor, grid: tuple[int, int]
@@ -276,8 +282,8 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
     def run_block(self, block: nn.Module, z: torch.Tensor, num_queries: int | None = None) -> torch.Tensor:
         """One block's output tokens, recomputed in the backward when gradient checkpointing is on."""
         if self.grad_checkpointing and torch.is_grad_enabled():
-            return checkpoint(lambda t: block(t, num_queries)[0], z, use_reentrant=False)
-        return block(z, num_queries)[0]
+            return checkpoint(block, z, num_queries, use_reentrant=False)
+        return block(z, num_queries)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens after the final LayerNorm: (N, T, D)."""
@@ -302,13 +308,20 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
         return pooled if pre_logits else self.head(pooled)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_unobserved(self, x: torch.Tensor) -> torch.Tensor:
+        """`forward`'s logits, computed as fast as they can be where nothing observes the insides (the inference
+        session): the token classifier reads only token 0, and after the last attention no token mixes with
+        another, so the last block computes queries, residual and MLP, and the final norm, for the class token
+        alone. A hook or trace on the last block or the final norm would see (N, 1, D) here where `forward` gives
+        every token, as timm does (BENCHMARKS.md, "The class-token-only last block")."""
+        if self.config.classifier != "token" or self.unpooled:  # every token is read
+            return self.forward_head(self.forward_features(x))
         z, _ = self.embed(x)
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
-            # The token classifier reads only token 0, and after the last attention no token mixes with
-            # another: the last block computes queries, residual and MLP for the class token alone.
-            only_cls = i == last and self.config.classifier == "token" and not self.unpooled
-            z = self.run_block(block, z, num_queries=1 if only_cls else None)
+            z = self.run_block(block, z, num_queries=1 if i == last else None)
         return self.forward_head(self.norm(z))
 
     def forward_inspect(self, x: torch.Tensor, attention: bool = True) -> dict[str, object]:
@@ -318,12 +331,11 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
         `forward_intermediates`, for feature maps, is in timm_compat.py.)"""
         z, grid = self.embed(x)
         embeddings = z
-        tokens, weights = [], []
+        tokens: list[torch.Tensor] = []
+        weights: list[torch.Tensor] | None = [] if attention else None
         for block in self.blocks:
-            z, w = block(z, need_weights=attention)
+            z = block(z, weights_out=weights)
             tokens.append(z)
-            if attention:
-                weights.append(w)
         out: dict[str, object] = {"embeddings": embeddings, "tokens": tokens, "grid": grid}
         out["features"] = self.norm(z)
         if attention:

@@ -80,9 +80,20 @@ def open_session(
     elif chosen.name == "int8":
         raise ValueError("int8 computes in int8 Linear layers, which replace the float32 weights: it needs "
                          "cast_weights; use auto, fp32 or bf16 here")
+    model = skip_unread_tokens(model)
     if compile:
         model = compile_for_inference(model)
     return InferenceSession(model, dev, chosen, tuple(names))
+
+
+def skip_unread_tokens(model: nn.Module) -> nn.Module:
+    """`model` whose `forward` computes only what the logits read, where the model can (a ViT's
+    `forward_unobserved`: the last block on the class token alone; in its prepared precision, if prepared); returned
+    for chaining. Only a session's model runs so: a hook or trace on its last block or final norm would see the
+    class token alone, where the model as built (and timm's) gives every token."""
+    if hasattr(type(model), "forward_unobserved"):
+        model.forward = model.forward_unobserved  # the instance's: the precision's wrapper where one was installed
+    return model
 
 
 def compile_for_inference(model: nn.Module, say: Callable[[str], None] | None = None,

@@ -121,7 +121,7 @@ class MaskedPatchPredictor(nn.Module):
         corrupted_tokens, corrupted, _ = corrupt_patches(patches, self.mask_token, self.cfg, generator)
         z, _ = enc.add_prefix_and_position(corrupted_tokens, grid)
         for block in enc.blocks:
-            z, _ = block(z)
+            z = block(z)
         z = enc.norm(z)[:, enc.config.num_prefix_tokens:]  # (N, P, D): patch tokens only
         pred = self.head(z[corrupted])  # (M, out) for the M corrupted patches
         target = self.targets(images)[corrupted]
