@@ -1,6 +1,6 @@
 """Compiled inference freezes the weights into the graph (Inductor's freezing: the weights traced as constants,
-not graph inputs) and says how long each compilation took; training's compile keeps the plain form. The default suite traces with dynamo's eager backend (seconds); the
-`-m slow` tests compile with Inductor, as users get it."""
+not graph inputs) and says how long each compilation took; training's compile keeps the plain form. The default
+suite traces with dynamo's eager backend (seconds); the `-m slow` tests compile with Inductor, as users get it."""
 
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ from vitlab.cli.types import (
     precision_name,
     setting_type,
 )
+from vitlab.constants import SETTING_CHOICES
 from vitlab.ranges import EPOCHS, MODEL_FLAGS, SETTINGS
 
 EVAL_RESIZE_HELP = ("evaluation pre-processing: official (whole image to the input size, aspect ignored; vit_jax), "
@@ -176,6 +177,11 @@ def _training_flags(p: argparse.ArgumentParser, default_recipe: str) -> None:
     r.add_argument("--precision", type=precision_name(int8=False),
                    help=PRECISION_HELP + "; bf16 trains under autocast with float32 weights and optimizer state. "
                         "Recorded in config.json; --resume keeps the run's")
+    r.add_argument("--attention", choices=SETTING_CHOICES["attention"],
+                   help="how training computes a ViT's attention: flash (torch's fused kernel), matmul (explicit "
+                        "matmuls, softmax in the compute precision: a faster backward where measured so) or auto "
+                        "(default: matmul in bf16 on CPUs and shapes where it was measured faster, else flash; see "
+                        "BENCHMARKS.md, 'Training attention'). Inference always uses flash. Recorded in config.json")
     r.add_argument("--fsdp", action="store_true", default=None, help="shard parameters (FSDP2) instead of DDP")
     r.add_argument("--eval-every", type=setting_type("eval_every"), help="evaluate every N steps (0: at the end)")
     r.add_argument("--eval-batch-size", type=setting_type("eval_batch_size"),

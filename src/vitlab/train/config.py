@@ -98,6 +98,7 @@ class TrainConfig:
     device: str = "auto"  # auto, cpu, cuda, cuda:1
     compile: bool = False
     precision: str = "auto"  # auto, fp32 or bf16 (autocast, float32 master weights); resolved before the run
+    attention: str = "auto"  # auto, flash or matmul (vitlab.models.attention); resolved with the precision
     fsdp: bool = False  # shard parameters with FSDP2 instead of replicating them with DDP
     eval_every: int = 0  # 0: only at the end
     eval_batch_size: int = 256
