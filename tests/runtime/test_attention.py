@@ -127,3 +127,20 @@ def test_an_unknown_form_is_one_line(capsys):
         main(["train", "--out", "x", "--attention", "fast"])
     assert exit_info.value.code != 0
     assert "invalid choice: 'fast'" in capsys.readouterr().err
+
+
+def test_bench_trains_vitlab_in_the_form_train_would_take(monkeypatch):
+    """`vitlab bench --mode train` times vitlab's model in the attention form `vitlab train` decides (auto) or is
+    told, and says which."""
+    from vitlab.bench import BenchSettings, measure, run_benchmark
+
+    seen: list[set[str]] = []
+    real = measure.make_step
+    monkeypatch.setattr(measure, "make_step", lambda m, *a, **k: (seen.append(forms_of(m)), real(m, *a, **k))[1])
+    base = dict(model="ViT-Ti/16", batch_size=2, image_size=32, repeats=1, warmup=1, min_time=0.0, gemm_size=64,
+                threads=1, modes=("train",), precision="fp32")
+    auto = run_benchmark(BenchSettings(**base))
+    asked = run_benchmark(BenchSettings(**base, attention="matmul"))
+    assert seen == [{"flash"}, {"matmul"}]
+    assert auto.environment["attention"]["reason"] == "auto: the matmul form gains in bf16 only, this run computes fp32"
+    assert "vitlab's training attention: matmul (requested)" in asked.table()
