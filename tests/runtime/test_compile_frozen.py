@@ -26,7 +26,9 @@ def test_the_session_compiles_with_frozen_weights_and_static_shapes(compiles):
 @pytest.fixture
 def graph_inputs(monkeypatch) -> list[int]:
     """The number of inputs (placeholders) of every graph dynamo hands to the compiler, traced with a backend that
-    only counts them; a weight that is not a constant of the graph is one of these inputs."""
+    only counts them; a weight that is not a constant of the graph is one of these inputs. Dynamo's caches are
+    cleared first: earlier tests' compilations of the same code would count against its recompile limit."""
+    torch._dynamo.reset()
     counts: list[int] = []
     real = torch.compile
 
