@@ -59,9 +59,10 @@ BF16_GAINS: dict[str, tuple[dict[str, int], ...]] = {
 SHAPE_WORDS = {"width": "width {}", "head_dim": "head dim {}", "tokens": "{} tokens per image"}  # as messages say them
 # Where training's attention as explicit bf16 matmuls (vitlab.models.attention, "matmul") was measured faster than
 # torch's flash kernel: a region names the CPU flag it needs and the least tokens per image, head dim and batch
-# (BENCHMARKS.md "Training attention"). bf16 only; elsewhere training attention is "flash".
+# (BENCHMARKS.md "Training attention": the bounds are the smallest shapes measured on an AVX512-BF16 EPYC; AMX
+# Xeons, which have the flag too, measured ViT-S/16). bf16 only; elsewhere training attention is "flash".
 MATMUL_ATTENTION_GAINS: tuple[dict[str, int | str], ...] = (
-    {"cpu_flag": "amx_bf16", "tokens": 197, "head_dim": 64, "batch": 32},
+    {"cpu_flag": "avx512_bf16", "tokens": 17, "head_dim": 32, "batch": 8},
 )
 
 

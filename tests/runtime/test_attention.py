@@ -30,25 +30,27 @@ def decide(cpuinfo: str, tokens=197, head_dim=64, batch=32, precision="bf16", de
 @pytest.mark.parametrize("cpuinfo, tokens, head_dim, batch, expected", [
     (XEON_AMX, 197, 64, 32, "matmul"),  # ViT-S/16 and ViT-Ti/16 at 224 px, batch 32
     (XEON_AMX, 577, 64, 64, "matmul"),  # 384 px
-    (XEON_AMX, 197, 64, 16, "flash"),  # batch below the measured one
-    (XEON_AMX, 101, 64, 32, "flash"),  # 160 px: fewer tokens
-    (XEON_AMX, 197, 32, 32, "flash"),  # narrow heads
-    (XEON_AMX, 17, 32, 128, "flash"),  # the demo
-    (EPYC_GENOA, 197, 64, 32, "flash"),  # AVX512-BF16 without AMX: measured no faster
-    (COOPER_LAKE, 577, 64, 64, "flash"),
-    (EPYC_MILAN, 197, 64, 32, "flash"),
+    (EPYC_GENOA, 197, 64, 8, "matmul"),  # AVX512-BF16 without AMX
+    (EPYC_GENOA, 17, 32, 128, "matmul"),  # the demo's shape
+    (COOPER_LAKE, 50, 64, 32, "matmul"),
+    (EPYC_GENOA, 197, 64, 4, "flash"),  # a batch below the smallest measured
+    (EPYC_GENOA, 16, 64, 32, "flash"),  # fewer tokens than measured
+    (EPYC_GENOA, 197, 16, 32, "flash"),  # narrower heads than measured
+    (EPYC_MILAN, 197, 64, 32, "flash"),  # no native bf16 (bf16 training is emulated there)
+    ("flags\t\t: amx_bf16 amx_tile\n", 197, 64, 32, "flash"),  # a flag alone that no region names
 ])
 def test_auto_over_cpus_and_shapes(cpuinfo, tokens, head_dim, batch, expected):
     assert decide(cpuinfo, tokens, head_dim, batch).name == expected
 
 
 def test_auto_reasons_say_why():
-    assert decide(XEON_AMX).reason == ("auto: CPU has amx_bf16 and 197 tokens per image >= 197 and head dim 64 >= 64 "
-                                       "and batch 32 >= 32 (the matmul form's backward gains in bf16 training)")
-    assert decide(XEON_AMX, batch=8).reason == (
-        "auto: CPU has amx_bf16 but 197 tokens per image, head dim 64, batch 8 is short of the matmul form's gain "
-        "(>= 197 tokens per image and head dim >= 64 and batch >= 32)")
-    assert decide(EPYC_GENOA).reason == "auto: the matmul form gains only on a CPU with amx_bf16"
+    assert decide(EPYC_GENOA).reason == (
+        "auto: CPU has avx512_bf16 and 197 tokens per image >= 17 and head dim 64 >= 32 and batch 32 >= 8 (the "
+        "matmul form's backward gains in bf16 training)")
+    assert decide(XEON_AMX, batch=4).reason == (
+        "auto: CPU has avx512_bf16 but 197 tokens per image, head dim 64, batch 4 is short of the matmul form's gain "
+        "(>= 17 tokens per image and head dim >= 32 and batch >= 8)")
+    assert decide(EPYC_MILAN).reason == "auto: the matmul form gains only on a CPU with avx512_bf16"
     assert decide(XEON_AMX, precision="fp32") == \
         type(decide(XEON_AMX))("flash", "auto: the matmul form gains in bf16 only, this run computes fp32")
     assert decide(XEON_AMX, device="cuda").reason == "auto: the fused kernel on cuda"
@@ -70,7 +72,7 @@ def test_the_table_bounds_what_the_rule_reads():
 def test_a_config_is_decided_by_its_tokens_and_head_dim(monkeypatch):
     monkeypatch.setattr("vitlab.runtime.attention.cpu_flags", lambda text=None: cpu_flags(XEON_AMX))
     assert config_attention("auto", model_config("ViT-S/16"), "cpu", "bf16", 32).name == "matmul"
-    assert config_attention("auto", model_config("ViT-S/16", image_size=64), "cpu", "bf16", 32).name == "flash"
+    assert config_attention("auto", model_config("ViT-S/16"), "cpu", "bf16", 4).name == "flash"
     assert config_attention("auto", model_config("BiT-R50x1"), "cpu", "bf16", 32).name == "flash"
 
 
@@ -85,10 +87,10 @@ def forms_of(model: torch.nn.Module) -> set[str]:
 
 
 def test_the_run_records_its_form_with_the_reason_and_computes_in_it(tmp_path, monkeypatch, caplog):
-    """auto on an AMX CPU for shapes in a region (the table lowered to the tiny run's shape): matmul, with the rule's
-    reason in config.json and the banner, every attention module set; on another CPU flash."""
+    """auto on a CPU with native bf16 for shapes in a region (the table lowered to the tiny run's shape): matmul,
+    with the rule's reason in config.json and the banner, every attention module set; on a CPU without, flash."""
     monkeypatch.setattr("vitlab.runtime.attention.MATMUL_ATTENTION_GAINS",
-                        ({"cpu_flag": "amx_bf16", "tokens": 4, "head_dim": 16, "batch": 16},))
+                        ({"cpu_flag": "avx512_bf16", "tokens": 4, "head_dim": 16, "batch": 16},))
     monkeypatch.setattr("vitlab.runtime.attention.cpu_flags", lambda text=None: cpu_flags(XEON_AMX))
     seen: list[set[str]] = []
     real = Trainer._assemble
@@ -97,10 +99,11 @@ def test_the_run_records_its_form_with_the_reason_and_computes_in_it(tmp_path, m
     with caplog.at_level("INFO", logger="vitlab"):
         assert run(tiny(out, precision="bf16")).status == "completed"
     record = json.loads((out / "config.json").read_text())
-    assert record["attention"] == "matmul" and record["sources"]["attention"].startswith("auto: CPU has amx_bf16 and")
+    assert record["attention"] == "matmul"
+    assert record["sources"]["attention"].startswith("auto: CPU has avx512_bf16 and")
     assert f"attention matmul ({record['sources']['attention']})" in caplog.text
     assert seen == [{"matmul"}]
-    monkeypatch.setattr("vitlab.runtime.attention.cpu_flags", lambda text=None: cpu_flags(EPYC_GENOA))
+    monkeypatch.setattr("vitlab.runtime.attention.cpu_flags", lambda text=None: cpu_flags(EPYC_MILAN))
     assert run(tiny(tmp_path / "other", precision="bf16")).status == "completed"
     assert json.loads((tmp_path / "other" / "config.json").read_text())["attention"] == "flash"
     assert seen[-1] == {"flash"}
