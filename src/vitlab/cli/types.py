@@ -113,7 +113,8 @@ PRECISION_HELP = (f"auto (default: bf16 on CUDA, and on CPUs with AMX/AVX512-BF1
                   "see docs/deployment.md, 'Precision'), fp32 or bf16")
 COMPILE_HELP = ("torch.compile the model with its weights frozen into the graph (Inductor freezing); the first batch "
                 "of each shape compiles and the time is shown. Off by default: on a CPU the compilation costs more "
-                "than the faster inference saves except in evaluations of many minutes; figures in BENCHMARKS.md")
+                "than the faster inference saves until about a thousand images of a ViT-B/16; figures in "
+                "BENCHMARKS.md")
 
 
 def new_or_folder(text: str) -> str:
