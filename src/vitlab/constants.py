@@ -57,13 +57,12 @@ BF16_GAINS: dict[str, tuple[dict[str, int], ...]] = {
               {"width": 64, "tokens": 197}),
 }
 SHAPE_WORDS = {"width": "width {}", "head_dim": "head dim {}", "tokens": "{} tokens per image"}  # as messages say them
-# Where training's attention as explicit bf16 matmuls (vitlab.models.attention, "matmul") was measured faster than
-# torch's flash kernel: a region names the CPU flag it needs and the least tokens per image, head dim and batch
-# (BENCHMARKS.md "Training attention": the bounds are the smallest shapes measured on an AVX512-BF16 EPYC; AMX
-# Xeons, which have the flag too, measured ViT-S/16). bf16 only; elsewhere training attention is "flash".
-MATMUL_ATTENTION_GAINS: tuple[dict[str, int | str], ...] = (
-    {"cpu_flag": "avx512_bf16", "tokens": 17, "head_dim": 32, "batch": 8},
-)
+# Where `--attention auto` trains with explicit bf16 matmuls (vitlab.models.attention, "matmul") instead of torch's
+# flash kernel: a region names the CPU flag it needs and the least tokens per image, head dim and batch; bf16 only.
+# Empty: the matmul form is faster on every shape measured with avx512_bf16 from 17 tokens, head dim 32 and batch 8
+# (BENCHMARKS.md "Training attention"), but a region enters only once the form is shown to train as well as flash
+# at 224 px, which the shortened ViT-S/16 comparison did not show.
+MATMUL_ATTENTION_GAINS: tuple[dict[str, int | str], ...] = ()
 
 
 def bf16_gains_text(use: str) -> str:

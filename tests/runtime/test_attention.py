@@ -20,6 +20,14 @@ from vitlab.train import resolve_config, run
 from vitlab.train.trainer import Trainer
 
 EPYC_GENOA = "model name\t: AMD EPYC 9654 96-Core Processor\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n"
+# The region measured faster on an AVX512-BF16 EPYC (BENCHMARKS.md "Training attention"): the rule is tested on it
+# whatever the shipped table holds.
+MEASURED = ({"cpu_flag": "avx512_bf16", "tokens": 17, "head_dim": 32, "batch": 8},)
+
+
+@pytest.fixture(autouse=True)
+def measured_table(monkeypatch):
+    monkeypatch.setattr("vitlab.runtime.attention.MATMUL_ATTENTION_GAINS", MEASURED)
 
 
 def decide(cpuinfo: str, tokens=197, head_dim=64, batch=32, precision="bf16", device="cpu", requested="auto"):
@@ -67,6 +75,13 @@ def test_a_form_asked_for_is_taken_anywhere():
 def test_the_table_bounds_what_the_rule_reads():
     assert SETTING_CHOICES["attention"] == ("auto", "flash", "matmul")
     assert all(set(region) == {"cpu_flag", "tokens", "head_dim", "batch"} for region in MATMUL_ATTENTION_GAINS)
+
+
+def test_an_empty_table_leaves_auto_at_flash(monkeypatch):
+    monkeypatch.setattr("vitlab.runtime.attention.MATMUL_ATTENTION_GAINS", ())
+    assert decide(XEON_AMX).to_dict() == {
+        "name": "flash", "reason": "auto: the matmul form is used only when asked for (--attention matmul)"}
+    assert decide(XEON_AMX, requested="matmul").name == "matmul"
 
 
 def test_a_config_is_decided_by_its_tokens_and_head_dim(monkeypatch):

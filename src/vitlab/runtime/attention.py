@@ -2,10 +2,10 @@
 once per run by a measured rule, as the precision is.
 
 The rule for `auto`: "matmul" (explicit bf16 matmuls, whose backward runs at the CPU's matmul speed) where a region
-of `MATMUL_ATTENTION_GAINS` holds: training in bf16 on a CPU with the region's flag, with at least its tokens per
-image, head dim and batch; "flash" (torch's fused kernel) everywhere else: on a GPU, in float32, on a CPU without
-the flag, and on shapes smaller than any measured. The measurements behind it: BENCHMARKS.md "Training
-attention", `benchmarks/attention_forms.py`.
+of `MATMUL_ATTENTION_GAINS` holds (none at present: see there): training in bf16 on a CPU with the region's flag,
+with at least its tokens per image, head dim and batch; "flash" (torch's fused kernel) everywhere else: on a GPU,
+in float32, on a CPU without the flag, and on shapes smaller than any measured. The measurements behind it:
+BENCHMARKS.md "Training attention", `benchmarks/attention_forms.py`.
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ def training_attention(requested: str, device: torch.device | str, *, precision:
         return AttentionChoice("flash", f"auto: the fused kernel on {kind.type}")
     if precision != "bf16":
         return AttentionChoice("flash", f"auto: the matmul form gains in bf16 only, this run computes {precision}")
+    if not MATMUL_ATTENTION_GAINS:
+        return AttentionChoice("flash", "auto: the matmul form is used only when asked for (--attention matmul)")
     flags = cpu_flags() if flags is None else flags
     shape = {"tokens": tokens, "head_dim": head_dim, "batch": batch}
     for region in MATMUL_ATTENTION_GAINS:
