@@ -24,10 +24,13 @@ TRAIN_CROPS = ("inception", "inception-subpixel", "resize-random-crop")
 TRAIN_RESIZES = ("pil", "tensor")  # what resamples a training crop: PIL, or torch's uint8 kernel
 FREEZE_CHOICES = ("backbone",)  # backbone: everything but the classifier (head, and pre_logits when there is one)
 # Training settings whose value is one of a few words: TrainConfig is checked against them, the flags offer them.
+# How a ViT's attention computes (vitlab.models.attention): torch's fused kernel, or explicit matmuls.
+ATTENTION_FORMS = ("flash", "matmul")
 SETTING_CHOICES: dict[str, tuple[str, ...]] = {
     "optimizer": ("adam", "sgd"), "decay": ("linear", "cosine", "step"), "loss": ("softmax", "sigmoid"),
     "objective": ("classify", "mpp"), "mpp_target": ("mean-color", "mean-color-4x4", "pixels"),
     "train_crop": TRAIN_CROPS, "train_resize": TRAIN_RESIZES, "eval_resize": EVAL_RESIZES,
+    "attention": ("auto", *ATTENTION_FORMS),
 }
 # Other spellings a setting accepts for one of its words, replaced by that word as the settings are read (so a run
 # records one spelling): vitlab's adam already decouples weight decay, which is what other libraries call AdamW.
@@ -54,6 +57,12 @@ BF16_GAINS: dict[str, tuple[dict[str, int], ...]] = {
               {"width": 64, "tokens": 197}),
 }
 SHAPE_WORDS = {"width": "width {}", "head_dim": "head dim {}", "tokens": "{} tokens per image"}  # as messages say them
+# Where `--attention auto` trains with explicit bf16 matmuls (vitlab.models.attention, "matmul") instead of torch's
+# flash kernel: a region names the CPU flag it needs and the least tokens per image, head dim and batch; bf16 only.
+# Empty: the matmul form is faster on every shape measured with avx512_bf16 from 17 tokens, head dim 32 and batch 8
+# (BENCHMARKS.md "Training attention"), but a region enters only once the form is shown to train as well as flash
+# at 224 px, which the shortened ViT-S/16 comparison did not show.
+MATMUL_ATTENTION_GAINS: tuple[dict[str, int | str], ...] = ()
 
 
 def bf16_gains_text(use: str) -> str:

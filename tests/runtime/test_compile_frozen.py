@@ -1,8 +1,10 @@
-"""Compiled inference freezes the weights into the graph (Inductor's freezing) and says how long each compilation
-took; training's compile keeps the plain form. The default suite traces with dynamo's eager backend (seconds); the
-`-m slow` tests compile with Inductor, as users get it."""
+"""Compiled inference freezes the weights into the graph (Inductor's freezing: the weights traced as constants,
+not graph inputs) and says how long each compilation took; training's compile keeps the plain form. The default
+suite traces with dynamo's eager backend (seconds); the `-m slow` tests compile with Inductor, as users get it."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -13,11 +15,58 @@ from vitlab.bench import BenchSettings, run_benchmark
 from vitlab.runtime.session import compile_for_inference, open_session
 
 CPU = torch.device("cpu")
+ONE_ARGUMENT = r"^ +\w+, = args$"  # how Inductor's generated `call` unpacks a single input
 
 
 def test_the_session_compiles_with_frozen_weights_and_static_shapes(compiles):
     open_session(random_vit(16), device=CPU, precision="fp32", compile=True)
     assert compiles == [{"dynamic": False, "options": {"freezing": True}}]
+
+
+@pytest.fixture
+def graph_inputs(monkeypatch) -> list[int]:
+    """The number of inputs (placeholders) of every graph dynamo hands to the compiler, traced with a backend that
+    only counts them; a weight that is not a constant of the graph is one of these inputs. Dynamo's caches are
+    cleared first: earlier tests' compilations of the same code would count against its recompile limit."""
+    torch._dynamo.reset()
+    counts: list[int] = []
+    real = torch.compile
+
+    def count(gm, example_inputs):
+        counts.append(sum(node.op == "placeholder" for node in gm.graph.nodes))
+        return gm.forward
+
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: real(model, backend=count, dynamic=False))
+    return counts
+
+
+@pytest.mark.parametrize("method", ["forward", "forward_features", "forward_inspect"])
+@pytest.mark.parametrize("grad", ["inference_mode", "no_grad", "grad enabled"])
+def test_compiled_paths_trace_the_weights_as_constants(graph_inputs, method, grad):
+    """Every path the inference verbs compile is traced with its weights as constants of the graph (its only
+    input is the images), whatever autograd mode the caller is in; the caller's global freezing setting is the same
+    after each call."""
+    model = random_vit(16)
+    compiled = compile_for_inference(model, say=lambda line: None, method=method)
+    path = compiled if method == "forward" else getattr(compiled, method)
+    mode = {"inference_mode": torch.inference_mode(), "no_grad": torch.no_grad()}.get(grad)
+    assert torch._inductor.config.freezing is False
+    with mode or torch.enable_grad():
+        for n in (2, 3):
+            path(torch.randn(n, 3, 16, 16))
+            assert torch._inductor.config.freezing is False
+    assert len(list(model.parameters())) > 1 and graph_inputs == [1, 1]
+
+
+def test_the_callers_own_freezing_setting_is_kept(graph_inputs):
+    """A caller that turned freezing on keeps it on after a compiled call (the setting is restored, not reset)."""
+    import torch._inductor.config as inductor_config
+
+    compiled = compile_for_inference(random_vit(16), say=lambda line: None)
+    with inductor_config.patch(freezing=True):
+        compiled(torch.randn(2, 3, 16, 16))
+        assert inductor_config.freezing is True
+    assert inductor_config.freezing is False
 
 
 def test_each_input_shape_compiles_once_and_is_said(compiles):
@@ -41,23 +90,22 @@ def test_bench_compiles_inference_frozen_and_training_plain(compiles):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("precision, tolerance", [("fp32", 1e-5), ("bf16", 2e-2)])
-def test_frozen_inductor_logits_match_eager(precision, tolerance, monkeypatch):
-    """Inductor with frozen weights (its freezing pass runs): logits within 1e-5 of eager in float32 (bf16: within
+def test_frozen_inductor_code_takes_only_the_images_and_matches_eager(precision, tolerance):
+    """Inductor's generated code for the session's compiled model takes the images as its one argument (the
+    weights are constants, folded and prepacked), and its logits are within 1e-5 of eager in float32 (bf16: within
     bf16's rounding of the same prepared model), at two batch sizes."""
-    import torch._inductor.compile_fx as compile_fx
+    from torch._inductor.utils import run_and_get_code
 
-    frozen: list[int] = []
-    real = compile_fx.fw_compiler_freezing
-    monkeypatch.setattr(compile_fx, "fw_compiler_freezing", lambda *a, **k: frozen.append(1) or real(*a, **k))
     eager = open_session(random_vit(16), device=CPU, precision=precision).model
     compiled = open_session(random_vit(16), device=CPU, precision=precision, compile=True).model
     g = torch.Generator().manual_seed(1)
     with torch.inference_mode():
         for n in (4, 3):
             x = torch.randn(n, 3, 16, 16, generator=g)
-            reference, got = eager(x), compiled(x)
+            got, code = run_and_get_code(compiled, x)
+            assert len(code) == 1 and re.findall(ONE_ARGUMENT, code[0], flags=re.MULTILINE), code[0][:2000]
+            reference = eager(x)
             assert ((got - reference).abs().max() / reference.abs().max()).item() < tolerance
-    assert len(frozen) == 2  # one frozen graph per input shape
 
 
 def test_fewshot_compile_freezes_the_features_path_and_gives_eager_accuracy(compiles, tmp_path, capsys):
@@ -80,16 +128,15 @@ def test_fewshot_compile_freezes_the_features_path_and_gives_eager_accuracy(comp
 
 
 @pytest.mark.slow
-def test_frozen_inductor_features_match_eager(monkeypatch):
+def test_frozen_inductor_features_match_eager():
     """The few-shot features' path compiled in place with Inductor and frozen weights: within 1e-5 of eager."""
-    import torch._inductor.compile_fx as compile_fx
+    from torch._inductor.utils import run_and_get_code
 
-    frozen: list[int] = []
-    real = compile_fx.fw_compiler_freezing
-    monkeypatch.setattr(compile_fx, "fw_compiler_freezing", lambda *a, **k: frozen.append(1) or real(*a, **k))
     eager, compiled = random_vit(16), compile_for_inference(random_vit(16), say=lambda line: None,
                                                           method="forward_features")
     x = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
-        reference, got = eager.forward_features(x), compiled.forward_features(x)
-    assert ((got - reference).abs().max() / reference.abs().max()).item() < 1e-5 and frozen == [1]
+        reference = eager.forward_features(x)
+        got, code = run_and_get_code(compiled.forward_features, x)
+    assert ((got - reference).abs().max() / reference.abs().max()).item() < 1e-5
+    assert len(code) == 1 and re.findall(ONE_ARGUMENT, code[0], flags=re.MULTILINE), code[0][:2000]

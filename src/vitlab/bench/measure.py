@@ -19,10 +19,12 @@ from vitlab.bench.latency import measure_latency
 from vitlab.bench.machine import environment
 from vitlab.bench.peaks import precision_peak
 from vitlab.bench.result import MODES, BenchResult, BenchSettings, Measurement
+from vitlab.models.attention import set_attention_form
 from vitlab.models.config import BiTConfig, ViTConfig
 from vitlab.models.flops import count_macs
 from vitlab.models.registry import build_model, model_config
 from vitlab.runtime.allocator import allocator_name, tune_for_compute
+from vitlab.runtime.attention import config_attention
 from vitlab.runtime.precision import autocast_for
 from vitlab.runtime.session import compile_for_inference
 from vitlab.weights.timm_bit import to_timm_bit_state_dict
@@ -124,6 +126,11 @@ def run_benchmark(settings: BenchSettings, progress: Callable[[str], None] | Non
         chosen = forms.resolve(settings)
         peak, peaks = _peaks(settings, device, chosen.name)
         env = {**environment(settings), "malloc": malloc, "precision": chosen.name}
+        if "train" in settings.modes:  # vitlab's model trains in the attention form vitlab train would take
+            attention = config_attention(settings.attention, models[0][2].config, device, chosen.name,
+                                         settings.batch_size)
+            set_attention_form(models[0][2], attention.name)
+            env["attention"] = attention.to_dict()
         result = BenchResult(settings, env, peak, precision={"requested": settings.precision, **chosen.to_dict(),
                                                              "forms": forms.describe(chosen, settings.compare)},
                              gemm_peaks=peaks)

@@ -46,6 +46,7 @@ class BenchSettings:
     tune_malloc: bool = True  # serve large tensors from glibc's heap (vitlab.runtime.allocator)
     latency: bool = True  # with inference: batch-1 latency of fp32, bf16, int8 (vitlab.bench.latency)
     onnx: str | None = None  # an exported ONNX file whose batch-1 latency is measured beside them
+    attention: str = "auto"  # vitlab's training attention: auto (as vitlab train decides it), flash or matmul
 
 
 @dataclass
@@ -160,6 +161,7 @@ class BenchResult:
             + (f" ({peaks} GFLOP/s measured)" if len(self.gemm_peaks) > 1 else ""),
             *([f"precision: {self.precision['name']} ({self.precision['reason']}); {self.precision['forms']}"]
               if self.precision else []),
+            *([f"vitlab's training attention: {a['name']} ({a['reason']})"] if (a := env.get("attention")) else []),
             "",
             "| impl | model | mode | img/s median | img/s min-max | GMACs/img | GFLOP/s | % peak | % peak executed |",
             "|---|---|---|---|---|---|---|---|---|",

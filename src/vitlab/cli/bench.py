@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from vitlab.cli.types import batch_size, device_name, float_range, force_help, image_size, int_range, new_file, workers
+from vitlab.constants import SETTING_CHOICES
 
 WRITER = "vitlab bench"  # the mark of its --json record: the next benchmark may replace it
 
@@ -42,6 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "--precision; timm: bf16 autocast); %% peak is of the same precision's GEMM, measured in the "
                         "same run. int8: inference only (the default --mode both becomes infer). Default auto: as "
                         "every verb resolves it (bf16 on CUDA and on CPUs with native bf16 for wide models)")
+    p.add_argument("--attention", choices=SETTING_CHOICES["attention"], default="auto",
+                   help="how vitlab's model computes attention in training (as vitlab train --attention; default "
+                        "auto: as vitlab train decides it)")
     p.add_argument("--mode", choices=["infer", "train", "both"], default="both",
                    help="what to time: inference, training steps or both (default both)")
     p.add_argument("--no-latency", action="store_true",
@@ -83,7 +87,7 @@ def run_bench(args: argparse.Namespace) -> int:
         model=args.model, batch_size=args.batch_size, image_size=args.image_size, threads=args.threads,
         repeats=args.repeats, warmup=args.warmup, min_time=args.min_time, modes=modes, compare=args.compare,
         compile=args.compile, device=args.device, tune_malloc=not args.no_malloc_tuning, precision=args.precision,
-        latency=not args.no_latency, onnx=args.onnx,
+        latency=not args.no_latency, onnx=args.onnx, attention=args.attention,
     )
     from vitlab.progress import progress, quiet
 

@@ -101,7 +101,8 @@ def precision_name(int8: bool) -> Callable[[str], str]:
 
 COMPILE_HELP = ("torch.compile the model with its weights frozen into the graph (Inductor freezing); the first batch "
                 "of each shape compiles and the time is shown. Off by default: on a CPU the compilation costs more "
-                "than the faster inference saves except in evaluations of many minutes; figures in BENCHMARKS.md")
+                "than the faster inference saves until about a thousand images of a ViT-B/16; figures in "
+                "BENCHMARKS.md")
 
 
 def new_or_folder(text: str) -> str:

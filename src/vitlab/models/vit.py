@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from vitlab.models.attention import attend
 from vitlab.models.config import ViTConfig
 from vitlab.models.droppath import DropPath, drop_path_rates
 from vitlab.models.inputs import check_image_size, check_pixels, check_tokens, is_symbolic, pad_to_stride
@@ -78,6 +79,7 @@ class Attention(nn.Module):
         self.proj = nn.Linear(cfg.width, cfg.width)
         self.attn_dropout = cfg.attn_dropout
         self.rel = RelativeLogits(num_tokens, cfg.num_heads, cfg.head_dim) if cfg.pos_embed == "relative" else None
+        self.attention_form = "flash"  # models.attention.set_attention_form
 
     def forward(
         self, x: torch.Tensor, num_queries: int | None = None, weights_out: list[torch.Tensor] | None = None
@@ -104,7 +106,7 @@ class Attention(nn.Module):
             weights_out.append(weights)
             out = F.dropout(weights, dropout, self.training) @ v
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout)
+            out = attend(q, k, v, bias, dropout, self.attention_form)
         out = out.transpose(1, 2).reshape(n, q.shape[2], d)  # (N, Tq, D)
         return self.proj(out)
 

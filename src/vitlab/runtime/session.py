@@ -9,6 +9,7 @@ compiled, with the autocast of that precision. `vitlab.load(precision=)`, `vitla
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -101,10 +102,12 @@ def compile_for_inference(model: nn.Module, say: Callable[[str], None] | None = 
     """`torch.compile` of a model whose weights do not change: Inductor's freezing folds the weights into the graph
     as constants (prepacked for oneDNN's matmuls on a CPU, pointwise epilogues fused), the form that measures fastest
     for inference (BENCHMARKS.md "Frozen compiled inference"); plain `torch.compile` keeps the weights as inputs,
-    as training needs. Freezing applies to calls without autograd (inference_mode, no_grad), as every inference
-    verb runs; the shapes are static, so the first call of each input shape compiles, and `say` (default: a line on
-    stderr unless `vitlab -q`) is told how long it took. The weights must not change afterwards: the graph holds
-    them as constants, some as prepacked copies, so a change would reach it only in part.
+    as training needs. Dynamo decides whether the weights become constants while it traces, from the global
+    `torch._inductor.config.freezing` with autograd off, so every call of the compiled path runs under
+    `frozen_call` (freezing on, grad off, the caller's setting restored after). The shapes are static, so the
+    first call of each input shape compiles, and `say` (default: a line on stderr unless `vitlab -q`) is told how
+    long it took. The weights must not change afterwards: the graph holds them as constants, some as prepacked
+    copies, so a change would reach it only in part.
 
     `method`: "forward" returns the compiled wrapper (it still exposes the model's attributes); another public
     forward path (`forward_features`, what few-shot features call) is compiled in place on the model, which is
@@ -112,19 +115,35 @@ def compile_for_inference(model: nn.Module, say: Callable[[str], None] | None = 
     timer = _CompileTimer(say or _say_on_stderr)
     if method == "forward":
         compiled = torch.compile(model, dynamic=False, options={"freezing": True})
-        compiled.register_forward_pre_hook(lambda module, args: timer.start())
-        compiled.register_forward_hook(lambda module, args, output: timer.done(args))
+        compiled.forward = _timed(frozen_call(compiled.forward), timer)
         return compiled
     path = torch.compile(getattr(model, method), dynamic=False, options={"freezing": True})
+    setattr(model, method, _timed(frozen_call(path), timer))
+    return model
 
-    def timed(*args, **kwargs):
+
+def frozen_call(fn: Callable) -> Callable:
+    """`fn` called with Inductor's freezing in force and autograd off, the two conditions under which a compiled
+    module's weights are traced as constants; the global setting is the caller's again when the call returns."""
+    import torch._inductor.config as inductor_config
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        with inductor_config.patch(freezing=True), torch.no_grad():
+            return fn(*args, **kwargs)
+
+    return call
+
+
+def _timed(fn: Callable, timer: _CompileTimer) -> Callable:
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
         timer.start()
-        out = path(*args, **kwargs)
+        out = fn(*args, **kwargs)
         timer.done(args)
         return out
 
-    setattr(model, method, timed)
-    return model
+    return call
 
 
 class _CompileTimer:

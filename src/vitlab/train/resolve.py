@@ -137,7 +137,7 @@ def check_against_init(values: Mapping[str, Any], sources: Mapping[str, str], ch
 # computes. Everything else must equal the stored run.
 SAFE_ON_RESUME = frozenset({"steps", "workers", "log_every", "eval_every", "save_every", "keep_last",
                             "eval_batch_size", "fewshot_every", "device", "compile", "strict", "resume", "out",
-                            "tensorboard", "wandb_project"})
+                            "tensorboard", "wandb_project", "attention"})
 # Pre-processing a vitlab run records, which fine-tuning from its weights keeps (the data is usually alike).
 PREPROCESSING = ("train_crop", "crop_scale", "crop_ratio", "flip", "eval_resize")
 # Keys of a run's config.json besides the TrainConfig fields (accepted, and ignored, by --config).
@@ -483,6 +483,9 @@ def _resume(out: Path, flags: Mapping[str, Any], recipe: str | None, epochs: flo
     if "precision" not in record:  # recorded before --precision existed: bf16 autocast on CUDA, float32 on CPU
         stored = stored.replace(precision="bf16" if device_kind(stored.device).type == "cuda" else "fp32")
         sources["precision"] = f"run {out}: recorded before --precision (bf16 on CUDA, float32 on CPU)"
+    if "attention" not in record:  # recorded before --attention existed: torch's fused kernel
+        stored = stored.replace(attention="flash")
+        sources["attention"] = f"run {out}: recorded before --attention (flash)"
     if epochs is not None:
         flags = {**flags, "steps": steps_on_resume(record, epochs, path)}
     if recipe is not None and recipe != stored.recipe:
@@ -497,8 +500,8 @@ def _resume(out: Path, flags: Mapping[str, Any], recipe: str | None, epochs: flo
         if key == "model_args":
             continue
         now, before = _lists_to_tuples(value), getattr(stored, key)
-        if now == before or key in ("resume", "out") or (key == "precision" and now == "auto"):
-            continue  # --precision auto: the choice the run made when it started
+        if now == before or key in ("resume", "out") or (key in ("precision", "attention") and now == "auto"):
+            continue  # --precision / --attention auto: the choice the run made when it started
         if key == "init" and _same_file(now, before, Path(out)):
             continue  # the run's own --init by another spelling (relative to another folder, absolute)
         if key in ("data", "init") and (is_object_description(now) or is_object_description(str(before))):

@@ -376,6 +376,8 @@ def banner_lines(resolved: Resolved, model: Any, data: Any, device: Any, world: 
         f"devices {device.type} × {world} process{'es' if world > 1 else ''}, {threads} compute thread"
         f"{'s' if threads != 1 else ''} and {workers} loader worker{'s' if workers != 1 else ''} per process",
         f"compute {cfg.precision} ({resolved.sources.get('precision', 'given')})",
+        *([f"attention {cfg.attention} ({resolved.sources.get('attention', 'given')})"]
+          if hasattr(config, "head_dim") else []),
         *([_wrap(line)] if (line := loss_line(cfg, data.num_classes)) else []),
         *(_wrap(line) for line in training or ()),
     ]

@@ -307,6 +307,12 @@ class TrainConfig:
         "auto", parse="precision", group="run",
         help=PRECISION_HELP + "; bf16 trains under autocast with float32 weights and optimizer state. Recorded in "
                               "config.json; --resume keeps the run's")
+    attention: str = setting(  # resolved with the precision
+        "auto", choices=setting_words("attention"), group="run",
+        help="how training computes a ViT's attention: flash (torch's fused kernel), matmul (explicit matmuls, "
+             "softmax in the compute precision: a faster backward where measured so) or auto (default: matmul in "
+             "bf16 on CPUs and shapes where it was measured faster, else flash; see BENCHMARKS.md, 'Training "
+             "attention'). Inference always uses flash. Recorded in config.json")
     fsdp: bool = setting(False, group="run", help="shard parameters (FSDP2) instead of DDP")
     eval_every: int = setting(0, range=int_range(0, MAX_COUNT, note="0: at the end"), group="run",
                               help="evaluate every N steps (0: at the end)")

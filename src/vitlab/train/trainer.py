@@ -38,9 +38,11 @@ from vitlab.eval.fewshot_data import fewshot_weights
 from vitlab.eval.metrics import ClassificationMeter, informative_metrics
 from vitlab.files.outputs import atomic_write
 from vitlab.files.rundir import BEST, CONFIG, CURVES, METRICS, WEIGHTS
+from vitlab.models.attention import set_attention_form
 from vitlab.models.config import ViTConfig
 from vitlab.models.registry import build_model as build_from_config
 from vitlab.models.registry import describe_architecture, model_config
+from vitlab.runtime.attention import config_attention
 from vitlab.runtime.device import all_reduce
 from vitlab.runtime.precision import autocast_for, training_precision
 from vitlab.selfsup import MaskedPatchPredictor, MPPConfig
@@ -423,8 +425,9 @@ class Trainer:
         if resume is not None:
             self.tuning.restore(self.model, resume.state, resume.path)
         self.model_config = self.model.config  # of the saved ViT (the encoder, for self-supervision)
-        resolved = self._decide_precision(resolved)
+        resolved = self._decide_attention(self._decide_precision(resolved))
         cfg = self.cfg
+        set_attention_form(self.model, cfg.attention)
         # self.model stays the model (sharded in place under FSDP); train_module is what the step calls (DDP)
         self.train_module = wrap_model(self.model, d, cfg.compile, cfg.fsdp)
         self.optimizer = build_optimizer(self.model, cfg)
@@ -472,6 +475,19 @@ class Trainer:
         chosen = training_precision(self.saved_model().config, self.d.device)
         self.cfg = self.cfg.replace(precision=chosen.name)
         return Resolved(self.cfg, {**resolved.sources, "precision": chosen.reason}, resolved.notes,
+                        resolved.resumed_changes, resolved.data, resolved.init)
+
+    def _decide_attention(self, resolved: Resolved) -> Resolved:
+        """--attention auto decided once the precision is known, by runtime.attention's measured rule for the model,
+        the device and the batch each process computes (one micro-batch); config.json records the choice with the
+        rule's reason as its source."""
+        if self.cfg.attention != "auto":
+            return resolved
+        batch = self.cfg.batch_size // (max(self.cfg.accum, 1) * self.d.world)
+        chosen = config_attention(self.cfg.attention, self.saved_model().config, self.d.device, self.cfg.precision,
+                                  batch)
+        self.cfg = self.cfg.replace(attention=chosen.name)
+        return Resolved(self.cfg, {**resolved.sources, "attention": chosen.reason}, resolved.notes,
                         resolved.resumed_changes, resolved.data, resolved.init)
 
     def saved_model(self) -> Any:
