@@ -218,11 +218,12 @@ def teardown(d: Dist, finished: bool = True) -> None:
 
 def wrap_model(model: nn.Module, d: Dist, compile: bool, fsdp: bool) -> nn.Module:
     """Compile in place (state-dict keys unchanged), then shard (FSDP2: each block, then the root) or
-    replicate (DDP). Returns the module to call for training."""
+    replicate (DDP). Returns the module to call for training. One process trains the model as it is, --fsdp or
+    not: there is nothing to shard across (a sharded run resumed on one process)."""
     model.to(d.device)
     if compile:
         model.compile()
-    if fsdp:
+    if fsdp and d.world > 1:
         from torch.distributed.fsdp import fully_shard
 
         for block in getattr(model, "blocks", []):

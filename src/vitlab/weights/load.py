@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from vitlab.errors import WeightsError
+from vitlab.files.rundir import is_sharded_checkpoint
 from vitlab.hub import imagenet_classes, published_info
 from vitlab.hub.cache import read_meta
 from vitlab.models.config import BiTConfig, ModelConfig, ViTConfig
@@ -29,6 +30,7 @@ from vitlab.weights.hf import read_hf
 from vitlab.weights.jax_npz import read_jax_npz
 from vitlab.weights.locate import locate_published, weights_path
 from vitlab.weights.record import WeightsRecord
+from vitlab.weights.sharded import read_sharded_checkpoint
 from vitlab.weights.tensors import PICKLE_SUFFIXES, is_onnx_path, read_json
 from vitlab.weights.timm import read_timm, read_timm_module
 from vitlab.weights.validate import check_state_dict, check_values
@@ -43,7 +45,7 @@ def detect_format(path: str | Path) -> str:
     if not path.exists():
         raise WeightsError(path, "no such file or folder", "check the path")
     if path.is_dir():
-        return _folder_format(path)
+        return "vitlab" if is_sharded_checkpoint(path) else _folder_format(path)
     with open(path, "rb") as f:
         magic = f.read(8)
     if magic[:2] == b"PK":
@@ -132,6 +134,8 @@ def check_published(ck: WeightsRecord, path: str | Path, model: str, name: str) 
 
 
 def _read_format(path: Path, arch: str | None) -> WeightsRecord:
+    if is_sharded_checkpoint(path):
+        return read_sharded_checkpoint(path)
     fmt = detect_format(path)
     if fmt == "timm":
         return read_timm(path, arch=arch)
