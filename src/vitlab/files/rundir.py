@@ -9,9 +9,17 @@ reader (`vitlab.load`, `info`, `eval`, `--init`, resuming, the experiments) asks
             state.pt            optimizer, scheduler, EMA, RNG states, step
             manifest.json       size and SHA-256 of the two files, the run's settings, written last
 
+    A sharded checkpoint (an FSDP run of several processes) holds, instead of model.safetensors and the
+    optimizer in state.pt, the files of torch.distributed.checkpoint, each process writing its own shards:
+        checkpoints/step_00001500/
+            shards/.metadata, shards/__0_0.distcp, shards/__1_0.distcp, …
+            state.pt            the rest (scheduler, RNG states, step) and the model's config and class names
+            manifest.json       size and SHA-256 of state.pt and of every file in shards/, written last
+
 Only `step_<digits>` folders are checkpoints: anything else in checkpoints/ (a stray `step_abc`, a copy) is left
-alone, never read or pruned, with a warning when resuming. A manifest must list exactly its checkpoint's two files
-by plain name: one naming a file outside its folder, or listing none, makes the checkpoint damaged, not intact.
+alone, never read or pruned, with a warning when resuming. A manifest must list exactly its checkpoint's files by
+plain name (`shards/<name>` for a shard): one naming a file outside its folder, or listing none, makes the
+checkpoint damaged, not intact.
 """
 
 from __future__ import annotations
@@ -37,6 +45,9 @@ LOCK = ".vitlab.lock"  # held while a process writes the run
 TENSORBOARD = "tensorboard"  # event files, with --tb
 WANDB = "wandb"  # the Weights & Biases run and its id, with --wandb
 CHECKPOINT_FILES = (WEIGHTS, STATE)  # what a manifest lists, no more and no fewer
+SHARDS = "shards"  # a sharded checkpoint's folder of torch.distributed.checkpoint files
+SHARDS_INDEX = f"{SHARDS}/.metadata"  # written last by torch.distributed.checkpoint: which shard holds what
+_SHARD_NAME = re.compile(rf"{SHARDS}/(\.metadata|__\d+_\d+\.distcp)")
 RUN_FILES = (CONFIG, METRICS, WEIGHTS, BEST, CURVES, CONSOLE_LOG, LOCK)  # a run's own files at its top level
 RUN_FOLDERS = (CHECKPOINTS, TENSORBOARD, WANDB)  # a run's own folders: everything in them is the run's
 _STEP_NAME = re.compile(r"step_(\d+)")
@@ -121,10 +132,13 @@ def verify_checkpoint(path: Path) -> str | None:
     if not isinstance(files, dict) or not all(isinstance(e, dict) and isinstance(e.get("size"), int)
                                               and isinstance(e.get("sha256"), str) for e in files.values()):
         return f"{MANIFEST} is not a vitlab checkpoint manifest (damaged)"
-    strange = sorted(str(name) for name in files if name not in CHECKPOINT_FILES)
+    strange = sorted(str(name) for name in files if name not in CHECKPOINT_FILES and not _SHARD_NAME.fullmatch(name))
     if strange:  # `../../x` would be checked (and later read) outside the checkpoint
         return f"{MANIFEST} names {strange[0]!r}, not a file of a checkpoint (edited or damaged)"
-    missing = [name for name in CHECKPOINT_FILES if name not in files]
+    expected = (STATE, SHARDS_INDEX) if any(_SHARD_NAME.fullmatch(name) for name in files) else CHECKPOINT_FILES
+    if WEIGHTS in files and SHARDS_INDEX in files:
+        return f"{MANIFEST} lists both {WEIGHTS} and shards (edited or damaged)"
+    missing = [name for name in expected if name not in files]
     if missing:  # a manifest listing nothing vouches for nothing
         return f"{MANIFEST} does not list {' or '.join(missing)} (edited or damaged)"
     for name, expect in files.items():
@@ -136,6 +150,18 @@ def verify_checkpoint(path: Path) -> str | None:
         if sha256_file(f) != expect["sha256"]:
             return f"{name} does not match its checksum (corrupt)"
     return None
+
+
+def is_sharded_checkpoint(path: Path) -> bool:
+    """A step checkpoint whose weights are shards of torch.distributed.checkpoint, not one model.safetensors."""
+    return is_checkpoint_dir(path) and (Path(path) / SHARDS_INDEX).is_file()
+
+
+def shard_files(path: Path) -> list[str]:
+    """The names (`shards/<name>`) of the shard files in a checkpoint folder being written or read."""
+    folder = Path(path) / SHARDS
+    names = [f"{SHARDS}/{p.name}" for p in folder.iterdir()] if folder.is_dir() else []
+    return sorted(name for name in names if _SHARD_NAME.fullmatch(name))
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:

@@ -23,10 +23,12 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -48,16 +50,19 @@ from vitlab.files.rundir import (
     LOCK,
     MANIFEST,
     METRICS,
+    SHARDS,
     STATE,
     WEIGHTS,
     enclosing_run,
     holds_run,
+    is_sharded_checkpoint,
     is_sweep_dir,
     latest_valid_checkpoint,
     list_checkpoints,
+    shard_files,
     step_dir,
 )
-from vitlab.models.config import ModelConfig
+from vitlab.models.config import ModelConfig, config_from_dict
 from vitlab.models.registry import build_model as build_from_config
 from vitlab.train.config import TrainConfig
 from vitlab.train.distributed import Dist, all_gather_objects, barrier
@@ -112,26 +117,37 @@ def write_checkpoint(
     """Write step's checkpoint atomically; returns its directory. `settings`: the run's (TrainConfig.to_dict()),
     recorded in the manifest so that a resume can tell an edited config.json from the run that was trained."""
     final = step_dir(run_dir, step)
-    tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
+    tmp = temporary_step_dir(final, os.getpid())
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir(parents=True)
         save_weights(tmp / WEIGHTS, weights, config, class_names, meta)
         _save_state(state, tmp / STATE)
-        manifest: dict[str, Any] = {"step": step, "files": {}, **({"settings": settings} if settings else {})}
-        for name in _FILES:
-            _fsync(tmp / name)
-            manifest["files"][name] = {"size": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        _fsync(tmp / MANIFEST)
-        if final.exists():  # the same step saved again (e.g. preempted right after a periodic save)
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        seal_checkpoint(tmp, final, step, list(_FILES), settings)
     except BaseException:  # a full disk: the earlier checkpoints stay, the half-written one goes
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _fsync(final.parent)  # the rename itself must reach the disk
     return final
+
+
+def temporary_step_dir(final: Path, owner: int) -> Path:
+    """Where a step's checkpoint is assembled before its rename: hidden, named after the writing process."""
+    return final.with_name(f".{final.name}.tmp{owner}")
+
+
+def seal_checkpoint(tmp: Path, final: Path, step: int, files: list[str], settings: dict[str, Any] | None) -> None:
+    """Flush `files` of the assembled folder `tmp`, write the manifest (their sizes and SHA-256) last, and rename
+    the folder to `final`: a reader sees the whole checkpoint or none of it."""
+    manifest: dict[str, Any] = {"step": step, "files": {}, **({"settings": settings} if settings else {})}
+    for name in files:
+        _fsync(tmp / name)
+        manifest["files"][name] = {"size": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    _fsync(tmp / MANIFEST)
+    if final.exists():  # the same step saved again (e.g. preempted right after a periodic save)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync(final.parent)  # the rename itself must reach the disk
 
 
 def _save_state(state: dict[str, Any], path: Path) -> None:
@@ -155,8 +171,10 @@ def read_training_checkpoint(path: Path) -> tuple[Any, dict[str, Any]]:
     that passed its manifest but is not what vitlab writes (another program's pickle, `{}`, foreign weights) is a
     ValueError naming the checkpoint, never a traceback; pickles are never executed (weights_only)."""
     advice = f"move {path} aside to resume from the previous checkpoint"
+    weights = None
     try:
-        weights = read_vitlab(path / WEIGHTS)
+        if not is_sharded_checkpoint(path):
+            weights = read_vitlab(path / WEIGHTS)
     except (WeightsError, ValueError, OSError) as err:
         raise ValueError(f"checkpoint {path}: {WEIGHTS} is not vitlab weights ({_first_line(err)}); {advice}") from None
     try:
@@ -172,6 +190,12 @@ def read_training_checkpoint(path: Path) -> tuple[Any, dict[str, Any]]:
     problem = _state_problem(state)
     if problem:
         raise ValueError(f"checkpoint {path}: {STATE} {problem}, not a vitlab training state; {advice}")
+    if weights is None:  # sharded: the architecture from the state, the tensors from the shards (Checkpointer)
+        try:
+            weights = SimpleNamespace(config=config_from_dict(state["model_config"]), state_dict=None)
+        except (KeyError, ValueError, TypeError) as err:
+            raise ValueError(f"checkpoint {path}: {STATE} describes no vitlab model ({_first_line(err)}); "
+                             f"{advice}") from None
     return weights, state
 
 
@@ -241,7 +265,10 @@ def find_resume_point(run_dir: Path, objective: Any, class_names: list[str], sou
             f"({describe_paths(list(state['class_names']), 5)}); resume on the same data"
         )
     _check_architecture(record, weights.config, f"checkpoint {ckpt}", advice)
-    model = _load(objective, weights, state.get("objective", {}), f"checkpoint {ckpt}", advice)
+    if weights.state_dict is None:  # sharded: Checkpointer.restore reads the shards into the wrapped model
+        model = objective.wrap(build_from_config(weights.config))
+    else:
+        model = _load(objective, weights, state.get("objective", {}), f"checkpoint {ckpt}", advice)
     model.class_names = list(class_names)
     if is_main:
         log.info("resuming from %s (step %d)", ckpt, state["step"])
@@ -532,7 +559,10 @@ class Checkpointer:
                              "it aside to resume from the previous checkpoint") from None
 
     def _restore(self, state: dict[str, Any]) -> None:
-        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=_FULL)
+        if state.get("sharded"):
+            self._restore_shards(state)
+        else:
+            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=_FULL)
         self.scheduler.load_state_dict(state["scheduler"])
         planned_for = replan_schedule(self.scheduler, self.cfg.steps)  # --resume --steps N: extend, never lr 0
         if planned_for is not None and self.d.is_main:
@@ -548,8 +578,40 @@ class Checkpointer:
         else:  # resumed on more processes than saved: the extra ones start a fresh stream
             torch.manual_seed(self.cfg.seed + 1 + 1_000_003 * self.d.rank)
 
+    def _restore_shards(self, state: dict[str, Any]) -> None:
+        """The model, optimizer and EMA from the checkpoint's shards, into this run's layout: torch.distributed
+        .checkpoint reads each process's part of every tensor whatever the number of processes that wrote them."""
+        parts = self._shard_parts(state["sharded"])
+        with warnings.catch_warnings():  # one process without a process group: torch warns that it assumes so
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(parts, checkpoint_id=str(Path(self.last) / SHARDS))
+        set_model_state_dict(self.model, self.objective.merge_state(parts["weights"], parts["extras"]))
+        set_optimizer_state_dict(self.model, self.optimizer, parts["optimizer"])
+        if "ema" in parts:
+            with self.ema.applied(self.model):
+                set_model_state_dict(self.model, parts["ema"])
+                self.ema.capture(self.model)
+
+    def _shard_parts(self, saved: list[str]) -> dict[str, Any]:
+        """What the shards hold, as this process holds it (its own shards under FSDP, whole tensors otherwise):
+        the live parameters and optimizer state, which loading fills in place, and a copy for the EMA."""
+        weights, extras = self.objective.split_state(get_model_state_dict(self.model))
+        parts: dict[str, Any] = {"weights": weights, "extras": extras,
+                                 "optimizer": get_optimizer_state_dict(self.model, self.optimizer)}
+        if "ema" in saved and self.ema is not None:
+            with self.ema.applied(self.model):
+                parts["ema"] = {k: v.clone() for k, v in get_model_state_dict(self.model).items()}
+        return parts
+
+    @property
+    def sharded(self) -> bool:
+        """Whether checkpoints are written as shards: an FSDP run of several processes (each writes its own)."""
+        return bool(self.cfg.fsdp) and self.d.world > 1
+
     def save(self, step: int, training: dict[str, Any]) -> Path:
         """The checkpoint of `step`; `training`: the trainer's own state to resume (best, logged-loss window)."""
+        if self.sharded:
+            return self._save_shards(step, training)
         full = get_model_state_dict(self.model, options=_FULL)
         weights, extras = self.objective.split_state(self._merged_weights(full))
         optimizer = get_optimizer_state_dict(self.model, self.optimizer, options=_FULL)
@@ -577,6 +639,39 @@ class Checkpointer:
         barrier()
         self.last = path
         return path
+
+    def _save_shards(self, step: int, training: dict[str, Any]) -> Path:
+        """Every process writes its shards of the model, optimizer and EMA into one temporary step folder (named by
+        rank 0); rank 0 then adds the rest of the state, the manifest of all the files, and renames the folder."""
+        final = step_dir(self.run_dir, step)
+        tmp = Path(str(all_gather_objects(str(temporary_step_dir(final, os.getpid())))[0]))
+        if self.d.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            (tmp / SHARDS).mkdir(parents=True)
+        barrier()
+        try:
+            parts = self._shard_parts(["ema"])  # the EMA's weights too, when the run keeps one
+            dcp.save(parts, checkpoint_id=str(tmp / SHARDS))
+            rngs = all_gather_objects(rng_state())
+            if self.d.is_main:
+                meta = {**weights_meta(self.cfg), **({"class_names": self.class_names} if self.class_names else {})}
+                state = {
+                    "step": step, "samples_seen": step * self.cfg.batch_size,
+                    "optimizer": {},  # in the shards, as are the weights and the EMA
+                    "sharded": sorted(parts), "model_config": self.model.config.to_dict(), "weights_meta": meta,
+                    "scheduler": self.scheduler.state_dict(), "rng": rngs, "class_names": self.data_class_names,
+                    "world_size": self.d.world, **training,
+                }
+                _save_state(state, tmp / STATE)
+                seal_checkpoint(tmp, final, step, [STATE, *shard_files(tmp)], self.cfg.to_dict())
+                prune_checkpoints(self.run_dir, self.cfg.keep_last)
+        except BaseException:
+            if self.d.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        barrier()
+        self.last = final
+        return final
 
     def save_weights(self, path: Path, step: int | None = None) -> None:
         """The weights as currently loaded in the model (EMA inside `ema.applied`), gathered from shards; `step`

@@ -77,10 +77,12 @@ def peer_failure(err: BaseException) -> str | None:
     text = str(err)
     if not (isinstance(err, getattr(dist, "DistError", ())) or "gloo" in text or "c10d" in text):
         return None  # another part's error (a loader's own timeout, say)
-    if "Timed out" in text or "timed out" in text or "Timeout" in text:
-        return f"another process did not answer within {collective_timeout():g} s ({TIMEOUT_ENV})"
+    # Before the timeout words: gloo reports a refused connection as "timed out connecting: ... Connection refused",
+    # which is a peer that is gone, at once, not one that stopped answering.
     if any(s in text for s in ("closed by peer", "Connection reset", "Broken pipe", "Connection refused")):
         return "another process of the job is gone (killed or crashed)"
+    if "Timed out" in text or "timed out" in text or "Timeout" in text:
+        return f"another process did not answer within {collective_timeout():g} s ({TIMEOUT_ENV})"
     return None
 
 
@@ -113,10 +115,88 @@ def setup(device_name: str = "auto") -> Dist:
     owns = False
     if world > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None,
-                                timeout=timedelta(seconds=collective_timeout()))
+        timeout = timedelta(seconds=collective_timeout())
+        store = job_store(rank, world, timeout)
+        try:
+            dist.init_process_group(backend, device_id=device if device.type == "cuda" else None, timeout=timeout,
+                                    **({"store": store, "rank": rank, "world_size": world} if store else {}))
+        except RuntimeError as err:
+            reason = peer_failure(err) or _first_line(err)
+            raise PeerLost(f"process {rank}: could not connect to the other processes of the job ({reason}); start "
+                           "every process again (with --resume to continue from the last checkpoint)") from None
         owns = True
     return Dist(rank, world, local_rank, local_world, device, owns)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# torchrun's agent keeps one TCPStore for the job's whole life (TORCHELASTIC_USE_AGENT_STORE): a worker group that
+# torchrun restarts (--max-restarts, a node that joins) finds in it the keys the previous group's processes wrote
+# when they connected, under the same names (the process group's `default_pg/...`, gloo's addresses, NCCL's unique
+# id). A restarted process that reads a dead peer's address before the peer's replacement overwrites it gets
+# "Connection refused", or hangs on a port that was reused. So each start of the group connects under a prefix of
+# its own, a number process 0 draws from the store; the other processes ask for it under a key that holds a fresh
+# random word, which no earlier start can have answered. torchrun's restart count cannot serve: after a node joins,
+# the agents restart their workers without counting it, and on several nodes their counts differ.
+
+STORE_ROOT = "vitlab"
+POLL_S = 0.05
+
+
+def job_store(rank: int, world: int, timeout: timedelta) -> dist.Store | None:
+    """The store this start of the job connects through: torchrun's agent store under a prefix no earlier start
+    used, or None (the process group's own rendezvous) when no store outlives the processes."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    address = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    try:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=timeout)
+    except RuntimeError as err:
+        raise PeerLost(f"process {rank}: torchrun's store at {address} does not answer ({_first_line(err)}); is the "
+                       "torchrun agent of this node running?") from None
+    start = _draw_start(store, rank, world, timeout.total_seconds(), address)
+    return dist.PrefixStore(f"{STORE_ROOT}/{start}/", store)
+
+
+def _draw_start(store: dist.Store, rank: int, world: int, seconds: float, address: str) -> int:
+    """The number of this start of the job, the same in every process: process 0 draws it and answers each
+    process's question (a fresh random key) until all of them confirmed under the new number."""
+    if rank != 0:
+        word = os.urandom(12).hex()
+        store.set(f"{STORE_ROOT}/ask/{rank}", word)
+        try:
+            store.wait([f"{STORE_ROOT}/answer/{word}"], timedelta(seconds=seconds))
+        except RuntimeError:
+            raise PeerLost(f"process {rank}: process 0 of the job did not answer within {seconds:g} s (torchrun's "
+                           f"store at {address}; {TIMEOUT_ENV} sets the wait): it did not start or is gone") from None
+        start = int(store.get(f"{STORE_ROOT}/answer/{word}"))
+        store.set(f"{STORE_ROOT}/{start}/joined/{rank}", "1")
+        return start
+    start = store.add(f"{STORE_ROOT}/starts", 1)
+    waiting, answered = set(range(1, world)), set()
+    deadline = time.monotonic() + seconds
+    while waiting:
+        for peer in sorted(waiting):
+            if store.check([f"{STORE_ROOT}/{start}/joined/{peer}"]):
+                waiting.discard(peer)
+            elif store.check([f"{STORE_ROOT}/ask/{peer}"]):
+                word = store.get(f"{STORE_ROOT}/ask/{peer}").decode()
+                if word not in answered:  # an earlier start's question too: nobody waits for that answer
+                    store.set(f"{STORE_ROOT}/answer/{word}", str(start))
+                    answered.add(word)
+        if waiting and time.monotonic() > deadline:
+            names = ", ".join(map(str, sorted(waiting)))
+            raise PeerLost(f"process 0: process(es) {names} of the job did not connect within {seconds:g} s "
+                           f"(torchrun's store at {address}; {TIMEOUT_ENV} sets the wait): they did not start or "
+                           "are gone")
+        if waiting:
+            time.sleep(POLL_S)
+    return start
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return (text.splitlines()[0] if text else type(err).__name__)[:200]
 
 
 def teardown(d: Dist, finished: bool = True) -> None:
@@ -138,11 +218,12 @@ def teardown(d: Dist, finished: bool = True) -> None:
 
 def wrap_model(model: nn.Module, d: Dist, compile: bool, fsdp: bool) -> nn.Module:
     """Compile in place (state-dict keys unchanged), then shard (FSDP2: each block, then the root) or
-    replicate (DDP). Returns the module to call for training."""
+    replicate (DDP). Returns the module to call for training. One process trains the model as it is, --fsdp or
+    not: there is nothing to shard across (a sharded run resumed on one process)."""
     model.to(d.device)
     if compile:
         model.compile()
-    if fsdp:
+    if fsdp and d.world > 1:
         from torch.distributed.fsdp import fully_shard
 
         for block in getattr(model, "blocks", []):

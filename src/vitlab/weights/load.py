@@ -18,6 +18,7 @@ from torch import nn
 
 from vitlab.errors import WeightsError
 from vitlab.files.reading import open_regular
+from vitlab.files.rundir import is_sharded_checkpoint
 from vitlab.hub import imagenet_classes, published_info
 from vitlab.hub.cache import read_meta
 from vitlab.models.config import BiTConfig, ModelConfig, ViTConfig
@@ -30,6 +31,7 @@ from vitlab.weights.hf import read_hf
 from vitlab.weights.jax_npz import read_jax_npz
 from vitlab.weights.locate import locate_published, weights_path
 from vitlab.weights.record import WeightsRecord
+from vitlab.weights.sharded import read_sharded_checkpoint
 from vitlab.weights.tensors import PICKLE_SUFFIXES, check_weights_file, is_onnx_path, read_json
 from vitlab.weights.timm import read_timm, read_timm_module
 from vitlab.weights.validate import check_state_dict, check_values
@@ -44,7 +46,7 @@ def detect_format(path: str | Path) -> str:
     if not path.exists():
         raise WeightsError(path, "no such file or folder", "check the path")
     if path.is_dir():
-        return _folder_format(path)
+        return "vitlab" if is_sharded_checkpoint(path) else _folder_format(path)
     check_weights_file(path)
     with open_regular(path) as f:
         magic = f.read(8)
@@ -140,6 +142,8 @@ def check_published(ck: WeightsRecord, path: str | Path, model: str, name: str) 
 
 
 def _read_format(path: Path, arch: str | None, use_ema: bool = False) -> WeightsRecord:
+    if is_sharded_checkpoint(path) and not use_ema:
+        return read_sharded_checkpoint(path)
     fmt = detect_format(path)
     if fmt == "timm":
         return read_timm(path, arch=arch, use_ema=use_ema)

@@ -5,7 +5,8 @@
   fetched once (vitlab.hub);
 - a run directory: its final model.safetensors, else the one of its newest intact checkpoint;
 - a learning-rate sweep's folder (`finetune --lr-sweep`): the run it chose (its refit, if it made one), as a run;
-- a checkpoint directory: its model.safetensors, once its manifest checks (as resuming from it would);
+- a checkpoint directory: its model.safetensors, once its manifest checks (as resuming from it would), or the
+  folder itself for a sharded one (its shards, read by weights.sharded);
 - anything else (a file, a timm or HF folder): itself.
 """
 
@@ -19,6 +20,7 @@ from vitlab.files.rundir import (
     WEIGHTS,
     is_checkpoint_dir,
     is_run_dir,
+    is_sharded_checkpoint,
     is_sweep_dir,
     latest_valid_checkpoint,
     sweep_choice,
@@ -49,7 +51,7 @@ def weights_path(path: str | Path) -> Path:
         problem = verify_checkpoint(path)
         if problem is not None:
             raise WeightsError(path, f"damaged checkpoint ({problem})", "pass the run directory or another checkpoint")
-        return path / WEIGHTS
+        return path if is_sharded_checkpoint(path) else path / WEIGHTS
     if is_sweep_dir(path):
         chosen, why = sweep_choice(path)
         if chosen is None:
@@ -66,4 +68,4 @@ def weights_path(path: str | Path) -> Path:
     if ckpt is None:
         raise WeightsError(path, "run directory has no final model.safetensors and no intact checkpoint",
                            "wait for its first checkpoint, or resume the run")  # fmt: skip
-    return ckpt / WEIGHTS
+    return ckpt if is_sharded_checkpoint(ckpt) else ckpt / WEIGHTS
