@@ -370,7 +370,7 @@ def save(model: nn.Module, path: str | os.PathLike, *, force: bool = False) -> N
     if is_int8(model):  # its Linear layers are packed int8 kernels, which no weights file describes
         raise ValueError("vitlab.save: an int8 (quantized) model cannot be saved as weights; save the float32 model "
                          "before quantizing it (load(path, precision='int8') quantizes it again), or export it as "
-                         "int8 ONNX with export_onnx(model, path, precision='int8') (vitlab export --precision int8)")
+                         "int8 ONNX with export_onnx(model, path, precision='int8')")
     if not isinstance(force, bool):
         raise TypeError(f"force must be True or False, got {force!r}")
     resize = getattr(model, "eval_resize", None)

@@ -28,7 +28,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from vitlab.errors import OutputRefused
+from vitlab.errors import OutputRefused, setting
 
 # The marks and kinds, re-exported: writers import the rule and the marks from one place.
 from vitlab.files.marks import CSV as CSV
@@ -293,7 +293,8 @@ def check_replaceable(folder: str | Path, record: str, verb: str, others: tuple[
         return
     theirs = [name for name in present if not (written_by(folder / name) or "").startswith(verb)]
     if theirs:
-        raise ValueError(f"{folder / theirs[0]} was not written by {verb}; choose another --out (vitlab never "
+        raise ValueError(f"{folder / theirs[0]} was not written by {verb}; choose another {setting('out')} "
+                         "(vitlab never "
                          "replaces a file it did not write)")
 
 
@@ -314,7 +315,11 @@ def _written_by(path: Path, legacy_keys: frozenset[str]) -> str | None:
 # --- Which outputs vitlab may replace ----------------------------------------------------------------------------
 _KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
           (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"))
-FORCE_FIX = "pass --force to replace it, or choose a new name"
+
+
+def force_fix() -> str:
+    """The fix of a refused output that `force` would replace, in the caller's words (`--force`, `force=True`)."""
+    return f"pass {setting('force', value=True)} to replace it, or choose a new name"
 
 
 def refuse_special(path: str | Path, what: str = "file") -> None:
@@ -345,7 +350,7 @@ def write_json(path: str | Path, record: object, *, indent: int = 1, end: str = 
     return text
 
 
-def check_output(path: str | Path, force: bool = False, fix: str = FORCE_FIX, *, kind: Kind | None = None,
+def check_output(path: str | Path, force: bool = False, fix: str | None = None, *, kind: Kind | None = None,
                  inputs: Iterable[str | os.PathLike] = ()) -> None:
     """The rule for every file a user names as an output (checked before the work and again before the rename).
     Refused whatever `force` says:
@@ -358,6 +363,7 @@ def check_output(path: str | Path, force: bool = False, fix: str = FORCE_FIX, *,
     Otherwise an absent path is written, and an existing file is replaced when it is an earlier output of the same
     `kind` (vitlab's mark `written_by: vitlab…` and the format; for weights, any vitlab weights), or when `force`.
     Any other file is refused (OutputRefused, one line ending in `fix`). `kind` None: any file vitlab marked."""
+    fix = fix or force_fix()
     refuse_input(path, inputs)
     refuse_run_file(path)
     refuse_special(path)
@@ -393,7 +399,7 @@ def refuse_input(path: str | Path, inputs: Iterable[str | os.PathLike]) -> None:
                                     "write the output somewhere else")
         elif os.path.exists(path) and os.path.samefile(path, given):
             raise OutputRefused(path, f"is {os.fsdecode(given)}, which this command reads", "give another output "
-                                "path (--force does not replace an input)")
+                                f"path ({setting('force')} does not replace an input)")
 
 
 def refuse_run_file(path: str | Path) -> None:
@@ -406,21 +412,21 @@ def refuse_run_file(path: str | Path) -> None:
         return
     if run is not None:
         raise OutputRefused(path, f"is one of the files of the run in {run}, which only its training writes",
-                            "write the output outside the run's files (--force does not replace them)")
+                            f"write the output outside the run's files ({setting('force')} does not replace them)")
 
 
 def check_output_folder(folder: str | Path, names: tuple[str, ...], card: str, force: bool = False,
-                        fix: str = FORCE_FIX, inputs: Iterable[str | os.PathLike] = ()) -> None:
+                        fix: str | None = None, inputs: Iterable[str | os.PathLike] = ()) -> None:
     """The rule for a folder export (timm, HF): absent or empty, or an earlier export: nothing in it but `names`
     (never a special file) and its model card `card` marked as vitlab's (`force`: the card may be anyone's). A
     folder holding anything else is refused even with `force`: replacing it would delete the user's data; so is
     one that holds (or is) one of `inputs`, or lies among a run's files."""
-    folder = Path(folder)
+    folder, fix = Path(folder), fix or force_fix()
     refuse_run_file(folder / card)
     for given in inputs:
         if os.path.exists(given) and Path(os.path.realpath(given)).is_relative_to(os.path.realpath(folder)):
             raise OutputRefused(folder, f"holds {os.fsdecode(given)}, which this command reads",
-                                "write the export to a new folder (--force does not replace an input)")
+                                f"write the export to a new folder ({setting('force')} does not replace an input)")
     refuse_special(folder, "folder")
     if not folder.exists():
         return

@@ -280,7 +280,7 @@ def _unknown_keyword(key: str) -> str:
         return f"vitlab.fit has no keyword {key!r}; did you mean the model setting model_args={{{close!r}: …}}?"
     if close:
         return f"vitlab.fit has no keyword {key!r}; did you mean {close}?"
-    return (f"vitlab.fit has no keyword {key!r}: its keywords are vitlab train's flags (vitlab train --help), a "
+    return (f"vitlab.fit has no keyword {key!r}: its keywords are vitlab train's settings (help(vitlab.fit)), a "
             "model's own settings go in model_args")
 
 

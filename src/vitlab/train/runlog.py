@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vitlab.errors import setting
 from vitlab.files.outputs import atomic_write
 from vitlab.files.rundir import CONFIG, CONSOLE_LOG, METRICS, TENSORBOARD, WANDB
 from vitlab.models.flops import count_macs
@@ -49,12 +50,12 @@ def check_trackers(tensorboard: bool = False, wandb_project: str | None = None) 
         try:
             from torch.utils.tensorboard import SummaryWriter  # noqa: F401
         except ImportError:
-            raise ValueError("--tb needs the tensorboard package: pip install 'vitlab[tb]'") from None
+            raise ValueError(f"{setting('tb')} needs the tensorboard package: pip install 'vitlab[tb]'") from None
     if wandb_project:
         try:
             import wandb  # noqa: F401
         except ImportError:
-            raise ValueError("--wandb needs the wandb package: pip install 'vitlab[wandb]'") from None
+            raise ValueError(f"{setting('wandb')} needs the wandb package: pip install 'vitlab[wandb]'") from None
 
 
 def enable_wandb(project: str | None = None) -> None:

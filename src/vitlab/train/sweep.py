@@ -22,7 +22,7 @@ from typing import Any
 
 from vitlab.data import is_embedded
 from vitlab.data.datasets import has_val_split
-from vitlab.errors import DataError
+from vitlab.errors import DataError, setting
 from vitlab.eval.classify import evaluate_weights
 from vitlab.files.outputs import WRITTEN_BY, atomic_write, check_replaceable, mark, write_json
 from vitlab.files.rundir import CONFIG, REFIT_RUN, SWEEP_PLOT, SWEEP_RECORD, sweep_run_name
@@ -60,15 +60,17 @@ class SweepResult:
 def check_sweep(cfg: TrainConfig) -> None:
     """Settings a sweep cannot run with, before any run starts."""
     if len(cfg.lr_sweep) < 1 or any(lr <= 0 for lr in cfg.lr_sweep):
-        raise ValueError(f"--lr-sweep needs positive learning rates, got {cfg.lr_sweep}")
+        raise ValueError(f"{setting('lr_sweep')} needs positive learning rates, got {cfg.lr_sweep}")
     if len(set(cfg.lr_sweep)) != len(cfg.lr_sweep):
-        raise ValueError(f"--lr-sweep lists a learning rate twice: {cfg.lr_sweep}")
+        raise ValueError(f"{setting('lr_sweep')} lists a learning rate twice: {cfg.lr_sweep}")
     if cfg.dev_fraction is None or not 0.0 < cfg.dev_fraction < 1.0:
         raise ValueError(
-            f"--lr-sweep needs --dev-fraction in (0, 1) (the paper: 0.02 for CIFAR), got {cfg.dev_fraction}"
+            f"{setting('lr_sweep')} needs {setting('dev_fraction')} in (0, 1) (the paper: 0.02 for CIFAR), "
+            f"got {cfg.dev_fraction}"
         )
     if cfg.val_fraction:
-        raise ValueError("--val-fraction with --lr-sweep: the sweep holds out --dev-fraction itself; drop it")
+        raise ValueError(f"{setting('val_fraction')} with {setting('lr_sweep')}: the sweep holds out "
+                         f"{setting('dev_fraction')} itself; drop it")
     if not is_embedded(cfg.data):
         if not has_val_split(cfg.data):  # a folder's val/ or val shards
             raise DataError(
@@ -112,7 +114,8 @@ def _fine_tune(resolved: Resolved) -> tuple[float, float]:
     cfg = resolved.config
     result = run(resolved)
     if result.status != "completed":
-        raise RuntimeError(f"{cfg.out} stopped at step {result.step} ({result.status}); rerun with --resume")
+        raise RuntimeError(f"{cfg.out} stopped at step {result.step} ({result.status}); rerun with "
+                           f"{setting('resume', value=True)}")
     test = evaluate_weights(result.weights, cfg.data, split="val", batch_size=cfg.eval_batch_size, workers=0,
                             device=cfg.device, strict=cfg.strict, precision=cfg.precision)
     return float(result.metrics["top1"]), float(test.metrics["top1"])

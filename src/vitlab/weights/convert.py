@@ -8,7 +8,7 @@ from typing import Any
 from torch import nn
 
 from vitlab.errors import WeightsError
-from vitlab.files.outputs import FORCE_FIX, TEXT, Kind, check_output, check_output_folder
+from vitlab.files.outputs import TEXT, Kind, check_output, check_output_folder
 from vitlab.models.config import BiTConfig, ViTConfig
 from vitlab.progress import progress
 from vitlab.weights.bit_npz import write_bit_npz
@@ -57,7 +57,7 @@ def write(
     is_bit = isinstance(model.config, BiTConfig)
     if fmt == "vitlab":
         resize = getattr(model, "eval_resize", None)  # how the run evaluated: kept through conversions
-        save(model, dst, meta={"eval_resize": resize} if resize else None, force=force, fix=FORCE_FIX, inputs=inputs)
+        save(model, dst, meta={"eval_resize": resize} if resize else None, force=force, inputs=inputs)
     elif fmt == "bit-npz" or (fmt == "jax-npz" and is_bit):  # the official .npz of a BiT: big_transfer's layout
         write_bit_npz(model, dst, gn_4d=options.get("gn_4d", False))
     elif fmt == "jax-npz":

@@ -31,7 +31,7 @@ def is_vitlab_file(path: str | Path) -> bool:
 
 
 def save(model: torch.nn.Module, path: str | Path, meta: dict[str, Any] | None = None, force: bool = False,
-         fix: str = "pass force=True to replace it, or choose a new name", *, user_named: bool = True,
+         fix: str | None = None, *, user_named: bool = True,
          inputs: tuple[str | os.PathLike, ...] = ()) -> None:
     """Weights + config (+ meta such as class names) in one safetensors file, written atomically. A name that `load`
     would read as another format (`m.pt`: a PyTorch pickle; `m.onnx`: a graph) is refused, so that load(save(m)) holds.
