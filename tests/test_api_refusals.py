@@ -129,3 +129,13 @@ def test_the_same_refusal_names_flags_on_the_command_line(tiny, capsys):
     assert "pass --resume to continue it or choose another --out DIR" in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"pass resume=True to continue it or choose another out=DIR"):
         vitlab.fit(data="digits", steps=1, out=str(tiny["run"]))
+
+
+def test_load_names_an_image_passed_as_weights(tiny):
+    from PIL import Image
+
+    for suffix in ("png", "jpg", "gif", "webp"):
+        path = tiny["root"] / f"picture.{suffix}"
+        Image.new("RGB", (8, 8)).save(path)
+        with pytest.raises(ValueError, match=r"an image, not weights; load weights, then vitlab.transforms\(model\)"):
+            vitlab.load(path)

@@ -218,7 +218,8 @@ FEW_POINTS = 50  # logged steps up to which curves.png marks each point
 
 
 def plot_curves(metrics_path: Path, out: Path) -> Path | None:
-    """curves.png: loss (train and val), accuracy (val top-1 and top-5) and learning rate against step."""
+    """curves.png: loss (train and val), accuracy (val top-1, and top-5 above 5 classes) and learning rate against
+    step."""
     records = read_metrics(metrics_path) if metrics_path.exists() else []
     train = [r for r in records if r["split"] == "train"]
     val = [r for r in records if r["split"] == "val"]
@@ -234,7 +235,9 @@ def plot_curves(metrics_path: Path, out: Path) -> Path | None:
     ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train", lw=1, marker=dots, ms=3)
     ax_loss.plot([r["step"] for r in val], [r["loss"] for r in val], "o-", label="val")
     ax_loss.set_yscale("log")
-    for key in ("top1", "top5"):
+    for key in ("top1", "top5"):  # top-5 only where the run logged it: more than 5 classes (informative_metrics)
+        if any(key not in r for r in val):
+            continue
         ax_acc.plot([r["step"] for r in val], [r[key] for r in val], "o-", label=f"val {key}")
     fewshot = [r for r in records if r["split"] == "fewshot"]
     if fewshot:  # the paper's progress signal during pre-training
