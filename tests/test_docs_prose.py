@@ -64,7 +64,8 @@ def test_the_paragraph_reader_splits_paragraphs_and_items_and_skips_code():
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_no_paragraph_runs_over_60_words(page):
-    long = [(len(b.split()), b[:70]) for b in paragraphs(page.read_text(encoding="utf-8")) if len(b.split()) > MAX_WORDS]
+    text = page.read_text(encoding="utf-8")
+    long = [(len(b.split()), b[:70]) for b in paragraphs(text) if len(b.split()) > MAX_WORDS]
     assert not long, f"{page.name}: paragraphs over {MAX_WORDS} words (split them, or make a table): {long}"
 
 
@@ -79,7 +80,8 @@ def test_the_readme_table_cells_stay_short():
 def _code_wraps() -> bool:
     """Whether the site's stylesheet wraps code blocks (then no line is clipped, whatever its length)."""
     config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
-    sheets = re.findall(r"^\s+- (\S+\.css)", config.split("extra_css:", 1)[1], flags=re.M) if "extra_css:" in config else []
+    listed = config.split("extra_css:", 1)[1] if "extra_css:" in config else ""
+    sheets = re.findall(r"^\s+- (\S+\.css)", listed, flags=re.M)
     for sheet in sheets:
         css = (ROOT / "docs" / sheet).read_text(encoding="utf-8")
         rule = re.search(r"\.md-typeset pre > code\s*\{([^}]*)\}", css)

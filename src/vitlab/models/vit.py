@@ -302,6 +302,11 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
         return pooled if pre_logits else self.head(pooled)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (N, num_classes) of images x, float (N, in_chans, H, W) normalised as `config.mean`/`config.std`
+        say (`vitlab.transforms(model)` makes them); with num_classes=0, the representation (N, num_features). Any H, W
+        divisible by the patch size works: the position embedding is resampled to the grid. Equal to
+        `forward_head(forward_features(x))`; with the token classifier the last block computes the class token
+        alone, which no other output depends on."""
         z, _ = self.embed(x)
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):

@@ -145,8 +145,8 @@ def follow_data(layers: Any, recipe: str, data: Any) -> Any:
 #
 # - `--epochs N` sets the steps from the training set and the global batch: ceil(N × images / batch), the
 #   training images counted after `--val-fraction` holds its share out. Every step is a whole batch (the loader
-#   draws batches from a reshuffled stream, so a step never sees fewer images and no image is skipped): 1 epoch
-#   of 80 images at batch 32 is 3 steps, 1.2 epochs, and the source line says so. The recipe's warm-up keeps its share of the
+#   draws batches from a reshuffled stream: no step sees fewer images, no image is skipped): 1 epoch of 80 images
+#   at batch 32 is 3 steps, 1.2 epochs, and the source line says so. The recipe's warm-up keeps its share of the
 #   schedule (vitlab.train.resolve's warm-up rule), so DeiT's 5 warm-up epochs of 300 stay 1/60 of the run.
 #   `--epochs` and `--steps` both set the length: given together they are refused.
 # - A recipe's step count stands for epochs of the dataset it was written for (DeiT: 300 epochs of ImageNet-1k's
