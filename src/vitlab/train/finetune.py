@@ -52,7 +52,7 @@ def ema_warning(decay: float, warmup: bool, steps: int) -> str | None:
     horizon = 1.0 / (1.0 - decay) if decay < 1 else math.inf
     if warmup or steps >= horizon:
         return None
-    return (f"{setting('ema_decay', value=decay)} averages over about {horizon:,.0f} steps "
+    return (f"{setting('ema', 'ema_decay', decay)} averages over about {horizon:,.0f} steps "
             f"(1/(1 − decay)), more than this run's "
             f"{steps:,}: the saved EMA weights are {100 * decay ** steps:.0f}% the initial ones ({decay:g}^{steps}); "
             f"add {setting('ema_warmup', value=True)}, lower the decay below {1 - 1 / steps:.3g}, or train longer")
