@@ -2,6 +2,8 @@
 (`vitlab.cli.reference`), and the API reference's second tier from the subpackages' `__all__`, so the
 documentation cannot drift from the command or the code."""
 
+import re
+
 from mkdocs.plugins import event_priority
 
 MARKER = "<!-- cli-reference -->"
@@ -20,6 +22,11 @@ def on_config(config, **kwargs):
 def on_page_markdown(markdown, page, config, files, **kwargs):
     if SECOND_TIER_MARKER in markdown:
         markdown = markdown.replace(SECOND_TIER_MARKER, second_tier_markdown())
+    if TRAIN_SETTINGS_MARKER in markdown or FIELDS_MARKER in markdown:
+        from vitlab.cli.reference import fields_markdown, train_settings_markdown
+
+        markdown = markdown.replace(TRAIN_SETTINGS_MARKER, train_settings_markdown())
+        markdown = re.sub(FIELDS_MARKER + r" ([\w.]+) -->", lambda m: fields_markdown(_class(m.group(1))), markdown)
     if MARKER not in markdown:
         return markdown
     from vitlab.cli.reference import cli_reference_markdown
@@ -40,6 +47,16 @@ def on_files(files, config, **kwargs):
 
 
 SECOND_TIER_MARKER = "<!-- second-tier -->"
+# TrainConfig and the model configs field by field, read from the classes at build time (vitlab.cli.reference).
+TRAIN_SETTINGS_MARKER = "<!-- train-settings -->"
+FIELDS_MARKER = "<!-- fields:"
+
+
+def _class(path: str) -> type:
+    import importlib
+
+    module, name = path.rsplit(".", 1)
+    return getattr(importlib.import_module(module), name)
 SECOND_TIER = ("vitlab.runtime", "vitlab.deploy", "vitlab.train", "vitlab.eval", "vitlab.analysis", "vitlab.weights",
                "vitlab.data", "vitlab.models", "vitlab.files")
 BOTTOM_MODULES = ("vitlab.errors", "vitlab.constants", "vitlab.ranges", "vitlab.progress")

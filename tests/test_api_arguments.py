@@ -45,5 +45,5 @@ def test_saving_an_int8_model_says_what_to_do_instead(tmp_path):
     assert str(err.value) == (
         "vitlab.save: an int8 (quantized) model cannot be saved as weights; save the float32 model before quantizing "
         "it (load(path, precision='int8') quantizes it again), or export it as int8 ONNX with "
-        "export_onnx(model, path, precision='int8') (vitlab export --precision int8)")
+        "export_onnx(model, path, precision='int8')")
     assert list(tmp_path.iterdir()) == []

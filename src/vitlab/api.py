@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -34,6 +34,10 @@ from vitlab.weights.load import preprocessing
 from vitlab.weights.timm_arch import LAYER_SCALE_NAMES, timm_config, timm_normalisation, timm_preprocessing
 from vitlab.weights.timm_bit import TIMM_WS_EPS
 from vitlab.weights.vitlab_format import save as save_weights
+
+if TYPE_CHECKING:  # the return types, named in the signatures (their modules import onnx / the trainer on use)
+    from vitlab.deploy.onnx_export import ExportReport
+    from vitlab.train.fit import FitResult
 
 # timm keyword -> vitlab config field (global_pool and class_token choose `classifier`, mlp_ratio `mlp_dim`)
 TIMM_KEYWORDS = {"img_size": "image_size", "drop_rate": "dropout", "attn_drop_rate": "attn_dropout",
@@ -507,7 +511,7 @@ def save(model: nn.Module, path: str | os.PathLike, *, force: bool = False) -> N
     if is_int8(model):  # its Linear layers are packed int8 kernels, which no weights file describes
         raise ValueError("vitlab.save: an int8 (quantized) model cannot be saved as weights; save the float32 model "
                          "before quantizing it (load(path, precision='int8') quantizes it again), or export it as "
-                         "int8 ONNX with export_onnx(model, path, precision='int8') (vitlab export --precision int8)")
+                         "int8 ONNX with export_onnx(model, path, precision='int8')")
     if not isinstance(force, bool):
         raise TypeError(f"force must be True or False, got {force!r}")
     resize = getattr(model, "eval_resize", None)
@@ -516,7 +520,7 @@ def save(model: nn.Module, path: str | os.PathLike, *, force: bool = False) -> N
 
 @keyword_errors
 def export_onnx(model_or_weights: nn.Module | str | os.PathLike, path: str | os.PathLike, *, precision: str = "fp32",
-                batch_size: int = 2, opset: int | None = None, force: bool = False) -> Any:
+                batch_size: int = 2, opset: int | None = None, force: bool = False) -> ExportReport:
     """Write a model as ONNX with a dynamic batch dimension, after checking ONNX Runtime's output against
     PyTorch's (`vitlab.deploy`; needs `pip install 'vitlab[onnx]'`).
 
@@ -531,7 +535,8 @@ def export_onnx(model_or_weights: nn.Module | str | os.PathLike, path: str | os.
         force: replace an existing file that vitlab did not write.
 
     Returns:
-        The export report (`.line()` says what was checked and how close).
+        An `ExportReport`: `path`, `precision`, `bytes`, `check` (ONNX Runtime's largest relative difference from
+        PyTorch float32, its bound and the batch sizes run) and `note`; `.line()` says it in one line.
 
     Raises:
         ValueError: a failed check (nothing is written), or a wrong argument, named before anything is loaded.
@@ -548,18 +553,29 @@ def export_onnx(model_or_weights: nn.Module | str | os.PathLike, path: str | os.
 
 
 @keyword_errors
-def fit(recipe: str | None = None, **settings: Any) -> Any:
-    """Train, or fine-tune with `init=WEIGHTS`, as `vitlab train` / `vitlab finetune` do, showing the same progress;
-    returns the result with the trained model (vitlab.train.fit).
+def fit(recipe: str | None = None, **settings: Any) -> FitResult:
+    """Train, or fine-tune with `init=`, as `vitlab train` / `vitlab finetune` do, showing the same progress.
 
     Args:
         recipe: a recipe name (`vitlab recipes`; None: the demo recipe, or `finetune` with `init`).
-        **settings: the command line's flags as keywords, a flag's dashes as underscores (`data`, `init`, `out`,
-            `epochs` or `steps`, `lr`, `batch_size`, `depth`, `width`, `heads`, `mlp_dim`, `lr_sweep`, …; --wd,
-            --clip, --lora, --tb and --wandb by their settings' names: `weight_decay`, `grad_clip`, `lora_rank`,
-            `tensorboard`, `wandb_project`; a model's other settings in `model_args`), each checked as its flag
-            is: TypeError naming the keyword for an unknown keyword or a value of the wrong type, ValueError
-            (the flag's one line) for a value outside its range; then resolved as the command line's are.
+        **settings: the training settings as keywords, each a field of `vitlab.train.TrainConfig` (the table
+            under "Training settings" below; the command line's flag names with underscores). Besides paths:
+            `data` may be a dataset object: a map-style dataset of (image, label), such as a torchvision
+            `ImageFolder` or a `datasets.Dataset`; a `(train, val)` pair of them; or a `datasets.DatasetDict`
+            (its `train` and `validation` splits). `init` may be a model: a vitlab model or a timm ViT.
+            The architecture keywords `depth`, `width`, `heads`, `mlp_dim` change the recipe's model; its other
+            settings go in `model_args`. `config_file` reads settings from a JSON/YAML file; `progress=False`
+            silences the progress lines.
+
+    Returns:
+        A `FitResult`: `out_dir`, `status` ("completed" or "preempted"), `step`, `metrics` (the last validation:
+        loss, top1, top5 above 5 classes), `best_top1`, `weights` (the final weights file), `model` (those weights
+        loaded; None when preempted) and, with `lr_sweep`, `sweep`.
+
+    Raises:
+        TypeError: an unknown keyword, or a value of the wrong type, named by its keyword.
+        ValueError: a value out of range, or settings or data the run would refuse, in one line that names the
+            keywords to change (`resume=True`, `out=`).
 
     Example:
         ```python

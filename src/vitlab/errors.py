@@ -88,12 +88,20 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 def setting(name: str, flag: str | None = None, value: Any = None) -> str:
     """Setting `name` (with `value`, if given) as the caller spells it: `--name VALUE` with dashes (`--flag`, where
     the flag is named otherwise: weight_decay's --wd), or `name=VALUE` (the value's repr; an upper-case word is a
-    placeholder, RANK, written as it is) for a Python caller."""
+    placeholder, RANK, written as it is) for a Python caller. `value=True` is a switch: `--name`, or `name=True`."""
     if _KEYWORDS.get():
         placeholder = isinstance(value, str) and value.isupper()
         return name if value is None else f"{name}={value if placeholder else repr(value)}"
     option = "--" + (flag or name).replace("_", "-")
-    return option if value is None else f"{option} {f'{value:g}' if isinstance(value, float) else value}"
+    if value is None or value is True:
+        return option
+    return f"{option} {f'{value:g}' if isinstance(value, float) else value}"
+
+
+def by_surface(command_line: str, python: str) -> str:
+    """Advice that differs by more than a setting's spelling (a command to run, a function to call): the command
+    line's words, or, inside one of vitlab's Python functions, Python's."""
+    return python if _KEYWORDS.get() else command_line
 
 
 def keyword_errors(func: _F) -> _F:

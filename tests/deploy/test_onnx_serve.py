@@ -167,7 +167,7 @@ def test_the_documented_onnxruntime_snippet_computes_what_predict_does(exported,
 
 def test_loading_an_onnx_file_as_weights_says_how_to_serve_it(exported):
     with pytest.raises(vitlab.weights.WeightsError, match=r"an ONNX file holds a graph to run, not weights .* "
-                                                          r"`vitlab predict --weights FILE`"):
+                                                          r"onnxruntime.InferenceSession"):
         vitlab.load(exported["onnx"])
 
 

@@ -64,7 +64,7 @@ def test_list_models_covers_table_and_baselines():
 
 
 def test_unknown_model_name_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown model 'ViT-X/16'.*vitlab models"):
+    with pytest.raises(ValueError, match=r"unknown model 'ViT-X/16'.*vitlab.list_models\(\)"):
         vitlab.create_model("ViT-X/16")
 
 

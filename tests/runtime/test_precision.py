@@ -193,7 +193,7 @@ def test_precision_is_recorded_and_kept_on_resume(tmp_path, caplog):
     assert tiny(out, resume=True, precision="auto", steps=6, batch_size=16).precision == "bf16"  # the run's choice
     assert tiny(out, resume=True, steps=6, batch_size=16).precision == "bf16"
     with pytest.raises(ValueError, match=r"^--precision fp32 contradicts the run in .*run \(stored: bf16\); resume "
-                                         r"without it, or start a new run with another --out$"):
+                                         r"without it, or start a new run with another --out DIR$"):
         tiny(out, resume=True, precision="fp32", steps=6, batch_size=16)
 
 

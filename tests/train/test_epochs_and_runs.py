@@ -57,7 +57,8 @@ def folder(tmp_path_factory):
 def test_epochs_set_the_steps_from_the_training_set_and_keep_the_warmup_share(folder):
     deit = resolve("deit", {"data": str(folder), "epochs": 300, "out": "unused"})
     assert deit.config.steps == math.ceil(300 * 240 / 1024) == 71  # 240 photos at DeiT's batch of 1,024
-    assert deit.sources["steps"] == "flag --epochs 300: 240 training images / batch 1,024"
+    assert deit.sources["steps"] == ("flag --epochs 300: 240 training images / batch 1,024, rounded "
+                                       "up to whole batches: 303 epochs")
     assert deit.config.warmup == round(6255 * 71 / 375_341) == 1  # DeiT's 5 of 300 epochs: the same share
     tuned = resolve("finetune", {"data": str(folder), "epochs": 10, "out": "unused"}, verb="finetune")
     assert tuned.config.batch_size == 128  # the fine-tuning data rule's batch: no larger than the training set

@@ -56,7 +56,9 @@ def test_a_keyword_of_the_wrong_type_is_a_type_error_naming_it(tmp_path, name):
 @pytest.mark.parametrize("settings, expected", [
     (dict(steps="3"), "steps must be an integer, got '3' (a string)"),
     (dict(data=123), "data must be a path or dataset name (str or os.PathLike), or a map-style dataset of (image, "
-                      "label) (torchvision ImageFolder, datasets.Dataset, …) or a (train, val) pair of them, got int"),
+                      "label) (torchvision ImageFolder, datasets.Dataset, …) or a (train, val) pair of them, or a "
+                      "datasets.DatasetDict (its train "
+                      "and validation splits), got int"),
     (dict(heads="2"), "heads must be an integer, got '2' (a string)"),
     (dict(resume=1), "resume must be True, False or 'auto', got 1"),
     (dict(model_args=[("depth", 2)]), "model_args must be a mapping of model settings"),
@@ -73,7 +75,7 @@ def test_the_wrong_type_is_said_in_one_line(settings, expected):
     ("patchsize", "did you mean the model setting model_args={'patch_size': …}?"),
     ("wd", "the flag --wd is the keyword weight_decay"),
     ("ema_decay", "the flag --ema-decay is the keyword ema"),
-    ("colour", "its keywords are vitlab train's flags (vitlab train --help), a model's own settings go in "
+    ("colour", "its keywords are vitlab train's settings (help(vitlab.fit)), a model's own settings go in "
                "model_args"),
 ])
 def test_an_unknown_keyword_suggests_the_name_it_meant(keyword, expected):

@@ -174,3 +174,29 @@ def test_an_int8_quantized_model_as_init_is_one_line(tmp_path):
     assert str(err.value).endswith("pass the float model it was quantized from, and quantize after training "
                                    "(--precision int8)")
     assert not (tmp_path / "r").exists()
+
+
+def test_a_datasetdict_trains_on_its_train_and_validation_splits_never_its_test(tmp_path):
+    import datasets
+
+    splits = datasets.DatasetDict({"train": _hf_dataset(10), "validation": _hf_dataset(4), "test": _hf_dataset(6)})
+    built = build_datasets(splits, None, False)
+    assert (len(built.train), len(built.val)) == (10, 4)
+    vitlab.fit("finetune", init=_vitlab_model(0), data=splits, out=tmp_path / "run", **TINY)
+    record = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert "10 items" in record["data"] and "4 items" in record["data"] and "6 items" not in record["data"]
+
+
+def test_a_datasetdict_without_validation_holds_out_part_of_train_or_says_how():
+    import datasets
+
+    splits = datasets.DatasetDict({"train": _hf_dataset(10), "test": _hf_dataset(6)})
+    with pytest.raises(DataError, match="hold out part of it with val_fraction=0.1"):
+        build_datasets(splits, None, False)
+    built = build_datasets(splits, 0.2, False)
+    assert len(built.train) + len(built.val) == 10 and len(built.val) > 0
+
+
+def test_a_dict_of_splits_without_train_is_refused_with_the_exact_call():
+    with pytest.raises(DataError, match=r"no 'train' split; pass data=\(data\['fit'\], data\['check'\]\)"):
+        build_datasets({"fit": _hf_dataset(4), "check": _hf_dataset(4)}, None, False)

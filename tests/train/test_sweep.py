@@ -147,7 +147,7 @@ def test_an_interrupted_sweep_resumes_each_run_held_to_its_settings(tmp_path, ca
     assert main([*argv, "--steps", "4", "--batch-size", "16", "--resume"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"vitlab finetune: error: --batch-size 16 contradicts the run in {out / 'lr_0.01'} (stored: 8); "
-                   "resume without it, or start a new run with another --out"]
+                   "resume without it, or start a new run with another --out DIR"]
     assert (out / "lr_0.01" / "metrics.jsonl").read_text() == logged  # nothing trained
 
     assert main([*argv, "--steps", "4", "--resume"]) == 0

@@ -5,6 +5,7 @@ documentation site's CLI page cannot drift from what `vitlab <verb> --help` acce
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from vitlab.cli import build_parser
 
@@ -78,3 +79,91 @@ def cli_reference_markdown() -> str:
     for name, sub in _subcommands(root).items():
         lines += _section(sub, f"vitlab {name}", 2)
     return "\n".join(lines)
+
+
+def field_comments(cls: type) -> dict[str, str]:
+    """Each dataclass field's comment in the class's source: the `# …` on its line and any comment-only lines that
+    continue it (what the field means, written once beside the field)."""
+    import inspect
+    import io
+    import textwrap
+    import tokenize
+
+    comments: dict[str, list[str]] = {}
+    names = {f.name for f in dataclasses.fields(cls)}
+    current = None
+    for token in tokenize.generate_tokens(io.StringIO(textwrap.dedent(inspect.getsource(cls))).readline):
+        if token.type == tokenize.NAME and token.start[1] == 4 and token.string in names:
+            current = token.string
+        elif token.type == tokenize.COMMENT and current is not None:
+            text = token.string.lstrip("#").strip()
+            own_line = token.line.lstrip().startswith("#")
+            if own_line and not comments.get(current, [""])[-1].endswith((":", ",")):
+                current = None  # a comment line that continues no sentence heads a group (`# data`)
+                continue
+            comments.setdefault(current, []).append(text)
+        elif token.type == tokenize.NAME and token.start[1] == 4:
+            current = None
+    return {name: " ".join(lines) for name, lines in comments.items()}
+
+
+def _type_name(annotation: object) -> str:
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", repr(annotation))
+    return str(text).replace("typing.", "")
+
+
+def _field_default(f: dataclasses.Field) -> str:
+    if f.default is not dataclasses.MISSING:
+        return f"`{f.default!r}`"
+    if f.default_factory is not dataclasses.MISSING:
+        return f"`{f.default_factory()!r}`"
+    return "(required)"
+
+
+def fields_markdown(cls: type, flags: dict[str, str] | None = None) -> str:
+    """A dataclass as a table, one row per field: name, type, default and meaning (the field's comment, else the
+    help of its command-line flag); `flags`: field -> the flag that sets it, shown beside the name. Read from the
+    class when the documentation is built, so a field added, renamed or removed changes the table with it."""
+    comments = field_comments(cls)
+    helps = flags_help() if flags is not None else {}
+    rows = ["| field | type | default | meaning |", "|---|---|---|---|"]
+    for f in dataclasses.fields(cls):
+        name = f"`{f.name}`" + (f" (`{flags[f.name]}`)" if flags and f.name in flags else "")
+        dest = next((d for d, o in _train_flags().items() if o == (flags or {}).get(f.name)), f.name)
+        meaning = helps.get(dest) or comments.get(f.name, "")
+        rows.append(f"| {name} | `{_cell(_type_name(f.type))}` | {_cell(_field_default(f))} | {_cell(meaning)} |")
+    return "\n".join(rows)
+
+
+def flags_help() -> dict[str, str]:
+    """The help text of every `vitlab train` / `vitlab finetune` option, by the setting it sets (its dest)."""
+    verbs = _subcommands(build_parser())
+    helps: dict[str, str] = {}
+    for verb in ("train", "finetune"):
+        for action in verbs[verb]._actions:
+            if action.help and action.help != argparse.SUPPRESS and action.option_strings:
+                helps.setdefault(action.dest, (action.help % {"default": action.default}).strip())
+    return helps
+
+
+def train_settings_markdown() -> str:
+    """TrainConfig field by field, each with the flag that sets it on the command line (`vitlab.fit` takes the
+    same names as keywords)."""
+    from vitlab.train.config import FLAG_NAMES, TrainConfig
+
+    flags = _train_flags()
+    by_field = {field: flags.get(FLAG_NAMES.get(field, field)) or flags.get(field) for field in
+                (f.name for f in dataclasses.fields(TrainConfig))}
+    by_field |= {field: flags[dest] for field, dest in FLAG_NAMES.items() if dest in flags}
+    return fields_markdown(TrainConfig, {k: v for k, v in by_field.items() if v})
+
+
+def _train_flags() -> dict[str, str]:
+    """dest -> the long option of every `vitlab train` and `vitlab finetune` option."""
+    verbs = _subcommands(build_parser())
+    flags: dict[str, str] = {}
+    for verb in ("train", "finetune"):
+        for action in verbs[verb]._actions:
+            if action.option_strings and action.dest not in flags and action.help != argparse.SUPPRESS:
+                flags[action.dest] = action.option_strings[-1]
+    return flags

@@ -133,7 +133,9 @@ def build_config(args: argparse.Namespace) -> Any:
     start = decide_start(flags)
     resuming = start.case == "continue"
     if args.verb == "finetune" and not resuming and "init" not in flags:
-        raise UserError("--init WEIGHTS is required for finetune: the weights to start from")
+        hint = (f"; to start from {flags['model']}'s published weights: --init {flags['model']} (`vitlab models "
+                f"--pretrained --model {flags['model']}` lists them)") if "model" in flags else ""
+        raise UserError(f"--init WEIGHTS is required for finetune: the weights to start from{hint}")
     if args.verb == "finetune" and not (resuming or args.config) and "data" not in flags:
         raise UserError("--data is required for finetune (an image folder, or digits / mnist)")
     return resolve(args.recipe, flags, config_file=args.config, verb=args.verb, start=start)

@@ -1,5 +1,6 @@
 """Datasets given as Python objects (`vitlab.fit(data=...)`): a map-style dataset of (image, label) pairs, or a
-(train, validation) pair of them, as the run's `Datasets`.
+(train, validation) pair of them, or a dict of splits (a `datasets.DatasetDict`: its train and validation splits),
+as the run's `Datasets`.
 
 Accepted: a torchvision `ImageFolder` (or any `VisionDataset`), a Hugging Face `datasets.Dataset` with an image and
 a class-index column, and any object with `__len__` and `__getitem__` returning (PIL image, tensor or array, int
@@ -29,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,11 +50,31 @@ ACCEPTED = ("a map-style dataset of (image, label): a torchvision ImageFolder, a
             "with __len__ and __getitem__")
 
 
+VAL_SPLITS = ("validation", "val", "valid")  # a split dict's validation split, by the names datasets use
+
+
 def is_dataset_object(data: Any) -> bool:
-    """Whether `data` is a dataset object (or a (train, val) pair of them) rather than a path or a name."""
+    """Whether `data` is a dataset object (or a (train, val) pair of them, or a dict of splits such as a
+    `datasets.DatasetDict`) rather than a path or a name."""
     if isinstance(data, tuple) and len(data) == 2:
         return all(_is_map_style(d) for d in data)
+    if isinstance(data, Mapping):
+        return bool(data) and all(_is_map_style(d) for d in data.values())
     return _is_map_style(data)
+
+
+def split_pair(data: Any, name: str = "data") -> Any:
+    """A dict of splits (a `datasets.DatasetDict`) as what the run trains on: its `train` split and its validation
+    split (VAL_SPLITS) as a (train, val) pair, or `train` alone when it has none (then `val_fraction` holds out part
+    of it): the test split is never read, it is for the final report. Anything else as it is."""
+    if not isinstance(data, Mapping):
+        return data
+    if "train" not in data:
+        keys = list(data)
+        raise DataError(f"{name} is a dict of splits ({', '.join(map(str, keys))}) with no 'train' split; pass "
+                        f"{name}=({name}[{keys[0]!r}], {name}[{keys[-1]!r}]) as (train, validation)")
+    val = next((data[k] for k in VAL_SPLITS if k in data), None)
+    return data["train"] if val is None else (data["train"], val)
 
 
 def _is_map_style(data: Any) -> bool:
@@ -157,6 +179,7 @@ def _check_pixels(width: int, height: int, where: str) -> None:
 def object_datasets(data: Any, name: str = "data") -> tuple[ImageSplit, ImageSplit | None, str]:
     """(train, validation or None, description) of a dataset object or a (train, val) pair; `name`: the keyword
     it was given as, for messages. DataError (one line) for what vitlab cannot train on."""
+    data = split_pair(data, name)
     train_ds, val_ds = data if isinstance(data, tuple) else (data, None)
     train = _split(train_ds, "train", None, f"{name} (train)" if val_ds is not None else name)
     val = _split(val_ds, "val", train.class_names, f"{name} (val)") if val_ds is not None else None

@@ -35,7 +35,7 @@ from vitlab.data.shardindex import fingerprint
 from vitlab.data.shards import INFO_NAME
 from vitlab.data.sources import DECODE_ERRORS, PIXELS_ENV, ImageSplit, decode_rgb, open_image, stratified_holdout
 from vitlab.data.untrusted import parse_json
-from vitlab.errors import DataError
+from vitlab.errors import DataError, setting
 from vitlab.files.outputs import atomic_write, refuse_input
 from vitlab.files.reading import read_regular
 from vitlab.progress import progress
@@ -347,7 +347,7 @@ def pack_shards(src: str | Path, out: str | Path, shard_size: int = 10**9,
     src, out = Path(src), Path(out)
     refuse_input(out, (src,))  # shards inside the folder they pack would be read as its images next time
     if val_fraction is not None and not 0.0 < val_fraction < 1.0:
-        raise DataError(f"--val-fraction must be in (0, 1), got {val_fraction}")
+        raise DataError(f"{setting('val_fraction')} must be in (0, 1), got {val_fraction}")
     names, splits, bad = _source_splits(src, val_fraction)
     try:
         return _pack(src, out, names, splits, bad, shard_size, val_fraction)

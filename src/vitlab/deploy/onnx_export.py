@@ -46,6 +46,7 @@ from vitlab.deploy.onnx_check import (
     sample_inputs,
     session,
 )
+from vitlab.errors import setting
 from vitlab.files.outputs import ONNX, Kind, atomic_write, check_output, mark_text
 from vitlab.models.timm_compat import eval_resize_of
 from vitlab.ranges import EXPORT_BATCH, ONNX_OPSET, check_choice
@@ -181,7 +182,7 @@ def _float32_cpu(model: nn.Module) -> nn.Module:
         raise TypeError(f"model must be a vitlab model (from vitlab.load or create_model: a module with a .config), "
                         f"got {type(model).__name__}")
     if is_int8(model) or any(p.dtype != torch.float32 for p in model.parameters()):
-        raise ValueError("export the float32 model and pass precision='int8' (or --precision int8) instead of a "
+        raise ValueError(f"export the float32 model and pass {setting('precision', value='int8')} instead of a "
                          "model already converted to another precision")
     if any(p.device.type != "cpu" for p in model.parameters()):
         model = model.to("cpu")

@@ -299,7 +299,8 @@ def check_replaceable(folder: str | Path, record: str, verb: str, others: tuple[
         return
     theirs = [name for name in present if not (written_by(folder / name) or "").startswith(verb)]
     if theirs:
-        raise ValueError(f"{folder / theirs[0]} was not written by {verb}; choose another --out (vitlab never "
+        raise ValueError(f"{folder / theirs[0]} was not written by {verb}; choose another {setting('out')} "
+                         "(vitlab never "
                          "replaces a file it did not write)")
 
 
@@ -322,16 +323,9 @@ _KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")
           (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"))
 
 
-def force_word() -> str:
-    """How the caller asks to replace a file: `--force` on the command line, `force=True` from vitlab's Python
-    functions (`errors.setting`), so each refusal speaks its caller's words."""
-    name = setting("force")
-    return name if name.startswith("--") else f"{name}=True"
-
-
 def force_fix() -> str:
-    """The advice of a refusal that forcing would lift."""
-    return f"pass {force_word()} to replace it, or choose a new name"
+    """The fix of a refused output that `force` would replace, in the caller's words (`--force`, `force=True`)."""
+    return f"pass {setting('force', value=True)} to replace it, or choose a new name"
 
 
 def refuse_special(path: str | Path, what: str = "file") -> None:
@@ -378,6 +372,7 @@ def check_output(path: str | Path, force: bool = False, fix: str | None = None, 
     Otherwise an absent path is written, and an existing file is replaced when it is an earlier output of the same
     `kind` (vitlab's mark `written_by: vitlab…` and the format; for weights, any vitlab weights), or when `force`.
     Any other file is refused (OutputRefused, one line ending in `fix`). `kind` None: any file vitlab marked."""
+    fix = fix or force_fix()
     refuse_input(path, inputs)
     refuse_run_file(path)
     refuse_special(path)
@@ -413,7 +408,7 @@ def refuse_input(path: str | Path, inputs: Iterable[str | os.PathLike]) -> None:
                                     "write the output somewhere else")
         elif os.path.exists(path) and os.path.samefile(path, given):
             raise OutputRefused(path, f"is {os.fsdecode(given)}, which this command reads", "give another output "
-                                f"path ({force_word()} does not replace an input)")
+                                f"path ({setting('force', value=True)} does not replace an input)")
 
 
 def refuse_run_file(path: str | Path) -> None:
@@ -427,7 +422,8 @@ def refuse_run_file(path: str | Path) -> None:
     if run is not None:
         owner = "sweep" if is_sweep_dir(run) else "run"
         raise OutputRefused(path, f"is one of the files of the {owner} in {run}, which only its training writes",
-                            f"write the output outside the {owner}'s files ({force_word()} does not replace them)")
+                            f"write the output outside the {owner}'s files ({setting('force', value=True)} does not "
+                            "replace them)")
 
 
 def check_output_folder(folder: str | Path, names: tuple[str, ...], card: str, force: bool = False,
@@ -436,12 +432,13 @@ def check_output_folder(folder: str | Path, names: tuple[str, ...], card: str, f
     (never a special file) and its model card `card` marked as vitlab's (`force`: the card may be anyone's). A
     folder holding anything else is refused even with `force`: replacing it would delete the user's data; so is
     one that holds (or is) one of `inputs`, or lies among a run's files."""
-    folder = Path(folder)
+    folder, fix = Path(folder), fix or force_fix()
     refuse_run_file(folder / card)
     for given in inputs:
         if os.path.exists(given) and Path(os.path.realpath(given)).is_relative_to(resolved(folder)):
             raise OutputRefused(folder, f"holds {os.fsdecode(given)}, which this command reads",
-                                f"write the export to a new folder ({force_word()} does not replace an input)")
+                                f"write the export to a new folder ({setting('force', value=True)} does not "
+                                "replace an input)")
     refuse_special(folder, "folder")
     if not folder.exists():
         return

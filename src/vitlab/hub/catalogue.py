@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from vitlab.errors import by_surface
 from vitlab.hub.augreg import augreg_entry
 from vitlab.hub.entry import Entry, document, index_entry
 
@@ -173,9 +174,10 @@ def _unknown(name: str, pretrained: str | bool | None) -> str:
     model = name if pretrained is not None else name.split(":", 1)[-1]
     have = sorted({e.tag for e in entries() if e.model == model})
     what = f"{pretrained}:{name}" if pretrained not in (None, True) else name
+    lists = by_surface("`vitlab models --pretrained`", "vitlab.list_models(pretrained=True)")
     if have:
-        return f"no published checkpoint {what!r}; {model} has: {', '.join(have)} (`vitlab models --pretrained`)"
-    return f"no published checkpoint {what!r}; `vitlab models --pretrained` lists the names"
+        return f"no published checkpoint {what!r}; {model} has: {', '.join(have)} ({lists})"
+    return f"no published checkpoint {what!r}; {lists} lists the names"
 
 
 def dataset_matches(value: str | None, wanted: str) -> bool:

@@ -149,6 +149,8 @@ class BiT(BiTTimmMixin, nn.Module):
         return pooled if pre_logits else self.head(pooled)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (N, num_classes) of images x, float (N, in_chans, H, W) normalised as `config.mean`/`config.std`
+        say; any H, W (a CNN); with num_classes=0, the pooled representation. `forward_head(forward_features(x))`."""
         return self.forward_head(self.forward_features(x))
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:

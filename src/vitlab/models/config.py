@@ -103,18 +103,18 @@ class ViTConfig:
     patch_size: int = 16  # on the input, or on the stem's feature map for hybrids
     width: int = 768  # D
     depth: int = 12  # L
-    mlp_dim: int = 3072
-    num_heads: int = 12
+    mlp_dim: int = 3072  # hidden width of each block's MLP
+    num_heads: int = 12  # attention heads; width must divide by it
     num_classes: int = 1000  # 0: no classifier, forward returns the representation
-    classifier: Classifier = "token"
+    classifier: Classifier = "token"  # "token": the class token's output; "gap": the mean of the patch tokens
     representation_size: int | None = None  # `pre_logits` Dense + tanh before the head
-    pos_embed: PosEmbedKind = "learned"
+    pos_embed: PosEmbedKind = "learned"  # "learned" (the paper's 1-D), "2d", "relative" or "none" (Appendix D.4)
     gelu: GeluKind = "exact"  # "tanh" for official JAX checkpoints
-    ln_eps: float = 1e-6
-    qkv_bias: bool = True
-    in_chans: int = 3
-    dropout: float = 0.0
-    attn_dropout: float = 0.0
+    ln_eps: float = 1e-6  # LayerNorm epsilon (official checkpoints: 1e-6)
+    qkv_bias: bool = True  # bias on the query, key and value projections
+    in_chans: int = 3  # input channels
+    dropout: float = 0.0  # dropout after the embedding and in each MLP
+    attn_dropout: float = 0.0  # dropout on the attention weights
     drop_path_rate: float = 0.0  # stochastic depth of the last block; linear from 0 at the first (timm, DeiT)
     resnet: ResNetConfig | None = None  # hybrid stem
     # After the paper (timm's options of the same meaning; the defaults are the paper's ViT):
@@ -126,8 +126,8 @@ class ViTConfig:
     layer_scale: float | None = None  # LayerScale on both residual branches, initialised to this (timm init_values)
     dynamic_img_pad: bool = False  # inputs not divisible by the patch size are zero-padded right and bottom (timm's)
     mean: tuple[float, float, float] = OFFICIAL_MEAN  # input normalisation the weights expect
-    std: tuple[float, float, float] = OFFICIAL_STD
-    name: str = ""
+    std: tuple[float, float, float] = OFFICIAL_STD  # with mean: x_normalised = (x - mean) / std
+    name: str = ""  # the variant's name ("ViT-B/16"), or "" for a custom architecture
 
     def __post_init__(self) -> None:
         _normalize_common_fields(self)

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from vitlab.errors import closest
+from vitlab.errors import by_surface, closest
 from vitlab.models.config import BiTConfig, ModelConfig, ResNetConfig, ViTConfig
 from vitlab.models.limits import check_blocks
 
@@ -70,7 +70,8 @@ def unknown_model(name: str, also: Iterable[str] = ()) -> str:
     and `also`, the other names the caller accepts, e.g. timm's)."""
     guess = closest(name, [*variant_names(), *also])
     hint = f"did you mean {guess!r}? " if guess else ""
-    return f"unknown model {name!r}; {hint}`vitlab models` lists the names" + ("" if guess else " (e.g. 'ViT-B/16')")
+    lists = by_surface("`vitlab models`", "vitlab.list_models()")
+    return f"unknown model {name!r}; {hint}{lists} lists the names" + ("" if guess else " (e.g. 'ViT-B/16')")
 
 
 def model_config(name: str, /, **overrides: Any) -> ModelConfig:

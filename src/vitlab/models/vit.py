@@ -310,6 +310,10 @@ class VisionTransformer(ViTTimmMixin, nn.Module):
         return pooled if pre_logits else self.head(pooled)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (N, num_classes) of images x, float (N, in_chans, H, W) normalised as `config.mean`/`config.std`
+        say (`vitlab.transforms(model)` makes them); with num_classes=0, the representation (N, num_features). H, W
+        are the model's input size (any multiple of the patch size with `dynamic_img_size=True`). Equal to
+        `forward_head(forward_features(x))`, as in timm: every block and the final norm see every token."""
         return self.forward_head(self.forward_features(x))
 
     def forward_unobserved(self, x: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,8 @@ import platform
 import torch
 import torch.distributed as dist
 
+from vitlab.errors import setting
+
 
 def pick_device(name: str, local_rank: int = 0) -> torch.device:
     """`--device` (auto, cpu, cuda, cuda:N) as a torch.device; ValueError naming the choices otherwise.
@@ -17,12 +19,13 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, not {name!r}") from None
+        raise ValueError(f"{setting('device')} must be auto, cpu, cuda or cuda:N, not {name!r}") from None
     if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, not {name!r}")
+        raise ValueError(f"{setting('device')} must be auto, cpu, cuda or cuda:N, not {name!r}")
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError("--device cuda but no CUDA device is available; use --device cpu")
+            raise ValueError(f"{setting('device', value='cuda')} but no CUDA device is available; use "
+                             f"{setting('device', value='cpu')}")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ValueError(f"no {device}: torch sees {torch.cuda.device_count()} CUDA device(s); use cuda:0")
         if device.index is None:

@@ -128,7 +128,8 @@ def resolve_precision(requested: str, device: torch.device, *, use: str, width: 
     device = torch.device(device)
     if requested == "int8":
         if device.type != "cpu":
-            raise ValueError(f"--precision int8 runs on the CPU only (dynamic int8 Linear layers), not {device}")
+            raise ValueError(f"{setting('precision', value='int8')} runs on the CPU only (dynamic int8 "
+                             f"Linear layers), not {device}")
         return Precision("int8", "requested: dynamic int8 Linear layers")
     if requested == "fp32":
         return Precision("fp32", "requested: float32 (exact)")

@@ -31,6 +31,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from vitlab.errors import setting
+
 with warnings.catch_warnings():  # torch.ao.nn.quantized warns that it is deprecated: vitlab's concern
     warnings.simplefilter("ignore")
     try:
@@ -57,7 +59,7 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     params = list(model.parameters())
     if params and params[0].device.type != "cpu":
         raise ValueError(f"int8 inference runs on the CPU only, and the model is on {params[0].device}; use "
-                         "--device cpu, or --precision bf16 on a GPU")
+                         f"{setting('device', value='cpu')}, or {setting('precision', value='bf16')} on a GPU")
     quantize_dynamic, qconfig = _torch_dynamic_quantization()
     head = getattr(model, "head", None)
     targets = {name for name, m in model.named_modules() if isinstance(m, nn.Linear) and m is not head}
@@ -114,8 +116,9 @@ def _torch_dynamic_quantization():
         try:
             from torch.ao.quantization import PerChannelMinMaxObserver, PlaceholderObserver, QConfig, quantize_dynamic
         except ImportError as err:
-            raise ValueError(f"--precision int8 needs torch's dynamic quantization, which this torch "
-                             f"{torch.__version__} lacks ({err}); use --precision fp32") from None
+            raise ValueError(f"{setting('precision', value='int8')} needs torch's dynamic quantization, "
+                             "which this torch "
+                             f"{torch.__version__} lacks ({err}); use {setting('precision', value='fp32')}") from None
     qconfig = QConfig(
         activation=PlaceholderObserver.with_args(dtype=torch.quint8, quant_min=0, quant_max=255, is_dynamic=True),
         weight=PerChannelMinMaxObserver.with_args(dtype=torch.qint8, qscheme=torch.per_channel_symmetric,

@@ -39,7 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from vitlab.data.errors import describe_paths
-from vitlab.errors import DataError, WeightsError
+from vitlab.errors import DataError, WeightsError, by_surface, setting
 from vitlab.files.digest import sha256_file
 from vitlab.files.outputs import storage_error
 from vitlab.files.reading import read_text_regular, resolved
@@ -318,7 +318,7 @@ def _without_checkpoint(run_dir: Path, record: dict[str, Any], objective: Any, c
                 else f"its {CHECKPOINTS}/ holds no checkpoint")
         raise ValueError(f"{run_dir}: {what} and it has no final weights, but its {METRICS} goes to step "
                          f"{logged}: training again from step 0 would replace the run's history and weights; restore "
-                         "its checkpoints, or start a new run with another --out")
+                         f"its checkpoints, or start a new run with another {setting('out', value='DIR')}")
     if is_main:
         log.info("no checkpoint in %s: starting from step 0", run_dir)
     return None
@@ -355,7 +355,9 @@ def _never_checkpointed(run_dir: Path, record: dict[str, Any], logged: int) -> b
 def _from_final_weights(run_dir: Path, record: dict[str, Any], objective: Any, class_names: list[str], logged: int,
                         is_main: bool) -> ResumePoint:
     path = run_dir / WEIGHTS
-    new_run = "start a new run with another --out (`vitlab finetune --init` starts one from these weights)"
+    new_run = (f"start a new run with another {setting('out', value='DIR')} ("
+               + by_surface("`vitlab finetune --init`", "vitlab.fit('finetune', init=...)")
+               + " starts one from these weights)")
     try:
         weights = read_vitlab(path)
     except (WeightsError, ValueError, OSError) as err:
@@ -440,19 +442,21 @@ os.register_at_fork(after_in_child=_drop_inherited_locks)
 def check_out(out: Path, resume: bool) -> None:
     """ValueError (one line) unless `out` may receive this run."""
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file, not a folder; choose a new folder for the run")
+        raise ValueError(f"{setting('out', value=str(out))} is a file, not a folder; choose a new folder for the run")
     around = enclosing_run(out)  # a sweep's own runs sit right inside it
     if around is not None and not (is_sweep_dir(around) and resolved(out).parent == around):
-        raise ValueError(f"--out {out} lies inside the run or sweep {around}; choose a folder outside it")
+        raise ValueError(f"{setting('out', value=str(out))} lies inside the run or sweep {around}; choose a folder "
+                         "outside it")
     if not out.is_dir():
         return
     if holds_run(out):
         if not resume:
-            raise ValueError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+            raise ValueError(f"{out} already holds a run; pass {setting('resume', value=True)} to continue it or "
+                             f"choose another {setting('out', value='DIR')}")
         return
     foreign = sorted(p.name for p in out.iterdir() if p.name not in OWN_FILES)
     if foreign:
-        raise ValueError(f"--out {out} is not empty and not a vitlab run (it holds {foreign[0]!r}"
+        raise ValueError(f"{setting('out', value=str(out))} is not empty and not a vitlab run (it holds {foreign[0]!r}"
                          f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}); choose a new or empty "
                          "folder")
 
@@ -468,7 +472,8 @@ def probe_writable(folder: Path) -> None:
             os.fsync(f.fileno())
         probe.unlink()
     except OSError as err:
-        raise ValueError(f"cannot write to {folder} ({err.strerror or err}); choose a writable --out") from None
+        raise ValueError(f"cannot write to {folder} ({err.strerror or err}); "
+                         f"choose a writable {setting('out')}") from None
 
 
 class RunLock:
@@ -485,8 +490,9 @@ class RunLock:
             self.fd = None
             if err.errno in (errno.EAGAIN, errno.EACCES):
                 raise ValueError(f"{out} is in use by another vitlab run (process {holder}); wait for it to end or "
-                                 "choose another --out") from None
-            raise ValueError(f"cannot lock {self.path} ({err.strerror}); choose another --out") from None
+                                 f"choose another {setting('out', value='DIR')}") from None
+            raise ValueError(f"cannot lock {self.path} ({err.strerror}); choose another {setting('out', value='DIR')}"
+                             ) from None
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
         _HELD.add(self.fd)

@@ -33,7 +33,7 @@ def validate(cfg: TrainConfig, recorded_in: str | Path | None = None) -> TrainCo
     for message in _setting_problems(cfg, name) + _rule_problems(cfg, name):
         if recorded_in is not None:
             message = (f"{recorded_in}: {message}; the file was edited, or written by another vitlab: put the run's "
-                       "value back, or start a new run with another --out")
+                       f"value back, or start a new run with another {setting('out', value='DIR')}")
         raise ValueError(message)
     return cfg
 

@@ -53,9 +53,10 @@ def ema_warning(decay: float, warmup: bool, steps: int) -> str | None:
     horizon = 1.0 / (1.0 - decay) if decay < 1 else math.inf
     if warmup or steps >= horizon:
         return None
-    return (f"--ema-decay {decay:g} averages over about {horizon:,.0f} steps (1/(1 − decay)), more than this run's "
+    return (f"{setting('ema', 'ema_decay', decay)} averages over about {horizon:,.0f} steps "
+            f"(1/(1 − decay)), more than this run's "
             f"{steps:,}: the saved EMA weights are {100 * decay ** steps:.0f}% the initial ones ({decay:g}^{steps}); "
-            f"add --ema-warmup, lower the decay below {1 - 1 / steps:.3g}, or train longer")
+            f"add {setting('ema_warmup', value=True)}, lower the decay below {1 - 1 / steps:.3g}, or train longer")
 
 
 def _trained(model: nn.Module) -> list[nn.Parameter]:
@@ -129,7 +130,7 @@ def _peft() -> Any:
     try:
         import peft
     except ImportError:
-        raise ValueError("--lora needs the peft package: pip install 'vitlab[lora]'") from None
+        raise ValueError(f"{setting('lora_rank', 'lora')} needs the peft package: pip install 'vitlab[lora]'") from None
     return peft
 
 
@@ -150,8 +151,9 @@ class LoraAdapters:
     def __init__(self, model: nn.Module, rank: int, alpha: float, targets: tuple[str, ...]):
         peft = _peft()
         if not isinstance(getattr(model, "blocks", None), nn.ModuleList):
-            raise ValueError(f"--lora adapts a ViT's blocks, and {model.config.name or 'this model'} has none (a CNN); "
-                             "fine-tune it in full or with --freeze backbone")
+            name = model.config.name or "this model"
+            raise ValueError(f"{setting('lora_rank', 'lora')} adapts a ViT's blocks, and {name} has none (a CNN); "
+                             f"fine-tune it in full or with {setting('freeze', value='backbone')}")
         config = peft.LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_pattern(targets), lora_dropout=0.0,
                                  bias="none")
         self.rank, self.alpha, self.targets, self.version = rank, alpha, targets, peft.__version__
@@ -177,7 +179,8 @@ class LoraAdapters:
         expected = {k for k in model.state_dict() if _is_lora_key(k)}
         if set(saved) != expected:
             missing, extra = sorted(expected - set(saved)), sorted(set(saved) - expected)
-            raise ValueError(f"its LoRA adapters do not fit --lora {self.rank} on {','.join(self.targets)} "
+            raise ValueError(f"its LoRA adapters do not fit {setting('lora_rank', 'lora', self.rank)} on "
+                             f"{','.join(self.targets)} "
                              f"(missing {missing[:2]}, unexpected {extra[:2]})")
         model.load_state_dict(saved, strict=False)
 

@@ -54,6 +54,7 @@ from vitlab.train.config import (
     setting_problem,
     type_problem,
 )
+from vitlab.train.finetune import ema_warning
 from vitlab.train.resolve import InitWeights, Resolved, read_config_file, resolve
 from vitlab.train.runlog import append_to_console_log, check_trackers, result_line, schedule_lines, settings_lines
 from vitlab.train.settings import MODEL_FIELDS, SETTINGS, named_by_flag
@@ -96,9 +97,12 @@ def planned_record(resolved: Resolved) -> dict[str, Any]:
 
 def planned_lines(resolved: Resolved) -> list[str]:
     """`--print-config`: the first settings line, the schedule (steps, epochs, a warning when out of proportion),
-    then every value by source and the notes; `resolved` as `prepare` returns it."""
-    lines = settings_lines(resolved)
-    return lines[:1] + schedule_lines(resolved, len(resolved.data.train)) + lines[1:]
+    then every value by source and the notes; `resolved` as `prepare` returns it. The warnings the run prints
+    (an EMA horizon longer than the run) are printed here too."""
+    lines, cfg = settings_lines(resolved), resolved.config
+    warning = ema_warning(cfg.ema, cfg.ema_warmup, cfg.steps) if cfg.ema else None
+    warnings = [f"warning: {warning}"] if warning else []
+    return lines[:1] + schedule_lines(resolved, len(resolved.data.train)) + warnings + lines[1:]
 
 
 def _model_config(resolved: Resolved) -> dict[str, Any]:
@@ -208,7 +212,7 @@ def _check_object_run(resolved: Resolved, val_fraction: float | None) -> None:
 PATHS = {"data": "a path or dataset name", "init": "a path or weights name", "out": "a path"}
 # Objects a keyword takes besides a path (module doc).
 OBJECTS = {"data": "a map-style dataset of (image, label) (torchvision ImageFolder, datasets.Dataset, …) or a "
-                   "(train, val) pair of them",
+                   "(train, val) pair of them, or a datasets.DatasetDict (its train and validation splits)",
            "init": "a model (vitlab's, or a timm ViT)"}
 _KEYWORDS = frozenset(SETTINGS)
 # What a model's config has that a run sets through model_args (the run sets its size and classes itself).
@@ -280,7 +284,7 @@ def _unknown_keyword(key: str) -> str:
         return f"vitlab.fit has no keyword {key!r}; did you mean the model setting model_args={{{close!r}: …}}?"
     if close:
         return f"vitlab.fit has no keyword {key!r}; did you mean {close}?"
-    return (f"vitlab.fit has no keyword {key!r}: its keywords are vitlab train's flags (vitlab train --help), a "
+    return (f"vitlab.fit has no keyword {key!r}: its keywords are vitlab train's settings (help(vitlab.fit)), a "
             "model's own settings go in model_args")
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitlab.errors import setting
 from vitlab.eval.classify import per_image_loss
 from vitlab.models.config import BiTConfig
 from vitlab.models.timm_compat import MATCH_PREVIOUS
@@ -50,9 +51,11 @@ def layer_ids(model: nn.Module) -> dict[str, int]:
     config = getattr(model, "config", None)
     name = getattr(config, "name", None) or type(model).__name__
     if matcher is None:
-        raise ValueError(f"--layer-decay groups a ViT's blocks, and {name} has none (a CNN); leave it unset")
+        raise ValueError(f"{setting('layer_decay')} groups a ViT's blocks, and {name} has none (a CNN); leave it "
+                         "unset")
     if isinstance(config, BiTConfig):
-        raise ValueError(f"--layer-decay groups a ViT's blocks, and {name} is a BiT ResNet, which the BiT-HyperRule "
+        raise ValueError(f"{setting('layer_decay')} groups a ViT's blocks, and {name} is a BiT ResNet, which the "
+                         "BiT-HyperRule "
                          "fine-tunes at one lr in every layer; leave it unset")
     rules = []
     for ordinal, spec in enumerate(matcher(coarse=False).values()):

@@ -27,7 +27,7 @@ from typing import Any
 from vitlab.constants import canonical_setting
 from vitlab.data import build_datasets
 from vitlab.data.objects import is_object_description
-from vitlab.errors import closest
+from vitlab.errors import by_surface, closest, setting
 from vitlab.files.rundir import CONFIG, MANIFEST, checkpoint_settings, list_checkpoints, run_dir_of
 from vitlab.models.config import BiTConfig, ViTConfig
 from vitlab.models.registry import architecture_differences, describe_architecture, model_config
@@ -80,12 +80,18 @@ from vitlab.weights.locate import locate
 
 # model_args keys the command line sets, by their flags
 FLAGS = {s.model_field: s.option for s in FLAG_ONLY if s.model_field}
+_MODEL_SETTING = {s.model_field: s.name for s in FLAG_ONLY if s.model_field}  # embed_dim: width
+
+
+def _arg(field: str) -> str:
+    """A model field as the caller spells it: its flag (`--width`) or vitlab.fit keyword (`width`)."""
+    return setting(_MODEL_SETTING[field]) if field in _MODEL_SETTING else field
 # Fields the run sets itself (from --image-size, the data's classes, --dropout …), never through model_args.
 _RUN_FIELDS = ("image_size", "num_classes", "name")
 
 
 def _named(keys: list[str]) -> str:
-    return ", ".join(FLAGS.get(k, k) for k in sorted(keys))
+    return ", ".join(_arg(k) for k in sorted(keys))
 
 
 def check_model_args(model: str, model_args: Mapping[str, Any]) -> None:
@@ -94,14 +100,15 @@ def check_model_args(model: str, model_args: Mapping[str, Any]) -> None:
     fields = {f.name for f in dataclasses.fields(base)} - set(_RUN_FIELDS)
     run_set = [k for k in model_args if k in _RUN_FIELDS]
     if run_set:
-        raise ValueError(f"model_args {_named(run_set)}: set by the run itself (--image-size, the data's classes), "
+        raise ValueError(f"model_args {_named(run_set)}: set by the run itself ({setting('image_size')}, the data's "
+                         "classes), "
                          "not by model_args; remove it there")
     unknown = [k for k in model_args if k not in fields]
     if unknown:
         kind = ("a BiT ResNetV2, whose settings are layers and width_factor" if isinstance(base, BiTConfig) else
                 "a ViT, whose settings include depth, width, num_heads, mlp_dim, patch_size, classifier, pos_embed")
         raise ValueError(f"{_named(unknown)} does not apply to {model} ({kind}); leave it out or choose another "
-                         "--model")
+                         f"{setting('model')}")
     try:
         model_config(model, **model_args)
     except (TypeError, ValueError) as err:
@@ -125,10 +132,11 @@ def check_against_init(values: Mapping[str, Any], sources: Mapping[str, str], ch
     differences = architecture_differences(named, config) if named is not None else ["not a listed variant"]
     if not differences:
         return
-    said = ([f"--model {model} ({sources['model']})"] if model_given else []) + (
-        [", ".join(f"{FLAGS.get(k, k)} {v}" for k, v in sorted(model_args.items())) + f" ({sources['model_args']})"]
+    said = ([f"{setting('model', value=model)} ({sources['model']})"] if model_given else []) + (
+        [", ".join(f"{_arg(k)} {v}" for k, v in sorted(model_args.items())) + f" ({sources['model_args']})"]
         if args_given else [])
-    raise ValueError(f"{' and '.join(said)} contradict{'s' if len(said) == 1 else ''} --init {values.get('init')}: "
+    raise ValueError(f"{' and '.join(said)} contradict{'s' if len(said) == 1 else ''} "
+                     f"{setting('init', value=values.get('init'))}: "
                      f"its weights are {own} ({'; '.join(differences[:3])}); fine-tuning keeps the weights' "
                      "architecture, so leave them out")
 
@@ -321,7 +329,7 @@ def _recorded_preprocessing(weights: Path | None, meta: Mapping[str, Any]) -> di
     try:
         stored = config_from_json(recorded)
     except (OSError, ValueError, TypeError) as err:  # TypeError: a list where a value belongs
-        raise ValueError(f"--init {weights}: cannot read the settings of the run that wrote it "
+        raise ValueError(f"{setting('init', value=str(weights))}: cannot read the settings of the run that wrote it "
                          f"({str(err).splitlines()[0]})") from None
     values = {k: getattr(stored, k) for k in PREPROCESSING}
     check_types(values, f"--init {weights}: {recorded}")
@@ -362,8 +370,10 @@ def _check_model(layers: _Layers, checkpoint: Any) -> None:
     else:
         check_model_args(layers.values["model"], layers.values["model_args"])
     if layers.sources["dev_fraction"] == "flag" and not layers.values["lr_sweep"]:
-        raise ValueError("--dev-fraction holds out the dev split of a learning-rate sweep, and this run has none: "
-                         "add --lr-sweep LR,LR,… (or a --preset with one), or leave --dev-fraction out")
+        raise ValueError(f"{setting('dev_fraction')} holds out the dev split of a learning-rate sweep, and this run "
+                         f"has none: add {setting('lr_sweep', value='LR,LR,…')} (or a {setting('preset')} with one), "
+                         "or "
+                         f"leave {setting('dev_fraction')} out")
 
 
 def _flag_layer(layers: _Layers, flags: Mapping[str, Any]) -> None:
@@ -425,8 +435,9 @@ def _warmup_rule(layers: _Layers, recipe: str) -> None:
     v, s = layers.values, layers.sources
     warmup, steps = v["warmup"], v["steps"]
     if s["warmup"] == "flag" and warmup >= steps > 1:
-        raise ValueError(f"--warmup {warmup} is not below --steps {steps}: the learning rate would still be "
-                         f"rising when the run ends; lower --warmup (e.g. {steps // 10})")
+        raise ValueError(f"{setting('warmup', value=warmup)} is not below {setting('steps', value=steps)}: the "
+                         f"learning rate would still be rising when the run ends; lower {setting('warmup')} "
+                         f"(e.g. {steps // 10})")
     chosen_steps = s["steps"].startswith(("flag", "preset ", "config "))  # "flag --epochs 30 (…)" too
     if s["warmup"] in (s["steps"], "flag") or not warmup or not chosen_steps:
         return
@@ -489,13 +500,14 @@ def _resume(out: Path, flags: Mapping[str, Any], recipe: str | None, epochs: flo
     if epochs is not None:
         flags = {**flags, "steps": steps_on_resume(record, epochs, path)}
     if recipe is not None and recipe != stored.recipe:
-        raise ValueError(f"--recipe {recipe} contradicts the run in {out} (recipe {stored.recipe}); resume without "
-                         "it, or start a new run with another --out")
+        raise ValueError(f"{setting('recipe', value=recipe)} contradicts the run in {out} (recipe {stored.recipe}); "
+                         f"resume without it, or start a new run with another {setting('out', value='DIR')}")
     changes: dict[str, list[Any]] = {}
     for key, value in flags.get("model_args", {}).items():  # --depth/--width/--heads/--mlp-dim, one by one
         if stored.model_args.get(key) != value:
-            raise ValueError(f"{FLAGS.get(key, key)} {value} contradicts the run in {out} (stored: "
-                             f"{stored.model_args.get(key)}); resume without it, or start a new run with another --out")
+            raise ValueError(f"{_arg(key)} {value} contradicts the run in {out} (stored: "
+                             f"{stored.model_args.get(key)}); resume without it, or start a new run with another "
+                             f"{setting('out', value='DIR')}")
     for key, value in flags.items():
         if key == "model_args":
             continue
@@ -507,14 +519,17 @@ def _resume(out: Path, flags: Mapping[str, Any], recipe: str | None, epochs: flo
         if key in ("data", "init") and (is_object_description(now) or is_object_description(str(before))):
             raise ValueError(f"{key} {str(now)[:300]} is not what the run in {out} was started with "
                              f"({str(before)[:300]}); pass the same {'dataset' if key == 'data' else 'model'} to "
-                             "resume it, or start a new run with another out")
+                             f"resume it, or start a new run with another {setting('out', value='DIR')}")
         if key not in SAFE_ON_RESUME:
             raise ValueError(f"{flag_text(key, now)} contradicts the run in {out} (stored: "
-                             f"{value_text(key, before)}); resume without it, or start a new run with another --out")
+                             f"{value_text(key, before)}); resume without it, or start a new run with another "
+                             f"{setting('out', value='DIR')}")
         if key == "steps" and now < before:
-            asked = f"--epochs {setting_text(epochs)} ({now} steps)" if epochs is not None else f"--steps {now}"
+            asked = (f"{setting('epochs', value=setting_text(epochs))} ({now} steps)" if epochs is not None
+                     else setting("steps", value=now))
             raise ValueError(f"{asked} is below the run's {before} steps: a resumed run continues to its end or "
-                             "further; evaluate a checkpoint with `vitlab eval` instead")
+                             "further; evaluate a checkpoint with "
+                             + by_surface("`vitlab eval`", "vitlab.load and your own loop") + " instead")
         changes[key] = [before, now]
         sources[key] = "flag (on resume)"
     # The folder the user names is the run: a copied or moved run continues where it is now, never at the path
@@ -589,7 +604,7 @@ def recorded_settings(out: Path, record: dict[str, Any]) -> tuple[dict[str, Any]
         was = json_excerpt(before)
         raise ValueError(f"{path} says {key} {json_excerpt(now)} but checkpoint {checkpoint} was trained with {key} "
                          f"{was}: config.json was edited after the run started; put {was} back, or start a new run "
-                         "with another --out")
+                         f"with another {setting('out', value='DIR')}")
     if lacking:
         check_types(lacking, f"checkpoint {checkpoint} ({MANIFEST})")
         log.warning("%s lacks %s: continuing with what checkpoint %s recorded (%s)", path, ", ".join(lacking),

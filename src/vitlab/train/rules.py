@@ -144,7 +144,9 @@ def follow_data(layers: Any, recipe: str, data: Any) -> Any:
 # data.
 #
 # - `--epochs N` sets the steps from the training set and the global batch: ceil(N × images / batch), the
-#   training images counted after `--val-fraction` holds its share out. The recipe's warm-up keeps its share of the
+#   training images counted after `--val-fraction` holds its share out. Every step is a whole batch (the loader
+#   draws batches from a reshuffled stream: no step sees fewer images, no image is skipped): 1 epoch of 80 images
+#   at batch 32 is 3 steps, 1.2 epochs, and the source line says so. The recipe's warm-up keeps its share of the
 #   schedule (vitlab.train.resolve's warm-up rule), so DeiT's 5 warm-up epochs of 300 stay 1/60 of the run.
 #   `--epochs` and `--steps` both set the length: given together they are refused.
 # - A recipe's step count stands for epochs of the dataset it was written for (DeiT: 300 epochs of ImageNet-1k's
@@ -192,7 +194,9 @@ def apply_epochs(layers: Any, epochs: float | None, data: Any) -> Any:
     data = data or build_datasets(v["data"], v["val_fraction"], v["strict"])
     images, batch = len(data.train), v["batch_size"]
     steps = steps_for(epochs, images, batch)
-    layers.apply({"steps": steps}, f"{FLAG} {epochs:g}: {images:,} training images / batch {batch:,}")
+    whole = steps * batch / images
+    rounded = "" if math.isclose(whole, epochs) else f", rounded up to whole batches: {whole:.3g} epochs"
+    layers.apply({"steps": steps}, f"{FLAG} {epochs:g}: {images:,} training images / batch {batch:,}{rounded}")
     return data
 
 

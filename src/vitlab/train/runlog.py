@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vitlab.errors import setting
 from vitlab.files.outputs import atomic_write
 from vitlab.files.rundir import CONFIG, CONSOLE_LOG, METRICS, TENSORBOARD, WANDB
 from vitlab.models.flops import count_macs
@@ -49,12 +50,12 @@ def check_trackers(tensorboard: bool = False, wandb_project: str | None = None) 
         try:
             from torch.utils.tensorboard import SummaryWriter  # noqa: F401
         except ImportError:
-            raise ValueError("--tb needs the tensorboard package: pip install 'vitlab[tb]'") from None
+            raise ValueError(f"{setting('tb')} needs the tensorboard package: pip install 'vitlab[tb]'") from None
     if wandb_project:
         try:
             import wandb  # noqa: F401
         except ImportError:
-            raise ValueError("--wandb needs the wandb package: pip install 'vitlab[wandb]'") from None
+            raise ValueError(f"{setting('wandb')} needs the wandb package: pip install 'vitlab[wandb]'") from None
 
 
 def enable_wandb(project: str | None = None) -> None:
@@ -217,7 +218,8 @@ FEW_POINTS = 50  # logged steps up to which curves.png marks each point
 
 
 def plot_curves(metrics_path: Path, out: Path) -> Path | None:
-    """curves.png: loss (train and val), accuracy (val top-1 and top-5) and learning rate against step."""
+    """curves.png: loss (train and val), accuracy (val top-1, and top-5 above 5 classes) and learning rate against
+    step."""
     records = read_metrics(metrics_path) if metrics_path.exists() else []
     train = [r for r in records if r["split"] == "train"]
     val = [r for r in records if r["split"] == "val"]
@@ -233,7 +235,9 @@ def plot_curves(metrics_path: Path, out: Path) -> Path | None:
     ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train", lw=1, marker=dots, ms=3)
     ax_loss.plot([r["step"] for r in val], [r["loss"] for r in val], "o-", label="val")
     ax_loss.set_yscale("log")
-    for key in ("top1", "top5"):
+    for key in ("top1", "top5"):  # top-5 only where the run logged it: more than 5 classes (informative_metrics)
+        if any(key not in r for r in val):
+            continue
         ax_acc.plot([r["step"] for r in val], [r[key] for r in val], "o-", label=f"val {key}")
     fewshot = [r for r in records if r["split"] == "fewshot"]
     if fewshot:  # the paper's progress signal during pre-training

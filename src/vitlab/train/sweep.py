@@ -22,7 +22,7 @@ from typing import Any
 
 from vitlab.data import is_embedded
 from vitlab.data.datasets import has_val_split
-from vitlab.errors import DataError
+from vitlab.errors import DataError, setting
 from vitlab.eval.classify import evaluate_weights
 from vitlab.files.outputs import WRITTEN_BY, atomic_write, check_replaceable, mark, write_json
 from vitlab.files.rundir import CONFIG, REFIT_RUN, SWEEP_PLOT, SWEEP_RECORD, enclosing_run, is_run_dir, sweep_run_name
@@ -61,19 +61,22 @@ class SweepResult:
 def check_sweep(cfg: TrainConfig) -> None:
     """Settings a sweep cannot run with, before any run starts."""
     if len(cfg.lr_sweep) < 1 or any(lr <= 0 for lr in cfg.lr_sweep):
-        raise ValueError(f"--lr-sweep needs positive learning rates, got {cfg.lr_sweep}")
+        raise ValueError(f"{setting('lr_sweep')} needs positive learning rates, got {cfg.lr_sweep}")
     if len(set(cfg.lr_sweep)) != len(cfg.lr_sweep):
-        raise ValueError(f"--lr-sweep lists a learning rate twice: {cfg.lr_sweep}")
+        raise ValueError(f"{setting('lr_sweep')} lists a learning rate twice: {cfg.lr_sweep}")
     if cfg.dev_fraction is None or not 0.0 < cfg.dev_fraction < 1.0:
         raise ValueError(
-            f"--lr-sweep needs --dev-fraction in (0, 1) (the paper: 0.02 for CIFAR), got {cfg.dev_fraction}"
+            f"{setting('lr_sweep')} needs {setting('dev_fraction')} in (0, 1) (the paper: 0.02 for CIFAR), "
+            f"got {cfg.dev_fraction}"
         )
     if cfg.val_fraction:
-        raise ValueError("--val-fraction with --lr-sweep: the sweep holds out --dev-fraction itself; drop it")
+        raise ValueError(f"{setting('val_fraction')} with {setting('lr_sweep')}: the sweep holds out "
+                         f"{setting('dev_fraction')} itself; drop it")
     out = Path(cfg.out)
     if is_run_dir(out) or (around := enclosing_run(out)) is not None:
-        raise ValueError(f"--out {out} {'holds a run' if is_run_dir(out) else f'lies inside the run or sweep {around}'}"
-                         "; a sweep writes its runs into a folder of its own: choose a new --out")
+        raise ValueError(f"{setting('out', value=str(out))} "
+                         f"{'holds a run' if is_run_dir(out) else f'lies inside the run or sweep {around}'}; a sweep "
+                         f"writes its runs into a folder of its own: choose a new {setting('out')}")
     if not is_embedded(cfg.data):
         if not has_val_split(cfg.data):  # a folder's val/ or val shards
             raise DataError(
@@ -119,7 +122,7 @@ def _fine_tune(resolved: Resolved) -> tuple[float, float]:
     if result.status != "completed":
         sweep = Path(cfg.out).parent
         raise Preempted(f"the sweep was preempted in {cfg.out} at step {result.step}; continue it with the same "
-                        f"command and --resume (--out {sweep})")
+                        f"command and {setting('resume', value=True)} ({setting('out', value=str(sweep))})")
     test = evaluate_weights(result.weights, cfg.data, split="val", batch_size=cfg.eval_batch_size, workers=0,
                             device=cfg.device, strict=cfg.strict, precision=cfg.precision)
     return float(result.metrics["top1"]), float(test.metrics["top1"])

@@ -32,7 +32,7 @@ from vitlab.data.errors import describe_paths
 from vitlab.data.loader import PartsLoader, UnreadableImages
 from vitlab.data.mixup import MixUp, draw_mixup
 from vitlab.data.stream import training_order
-from vitlab.errors import DataError, OutputError, TrainingDiverged
+from vitlab.errors import DataError, OutputError, TrainingDiverged, setting
 from vitlab.eval.classify import evaluate, per_image_loss
 from vitlab.eval.fewshot_data import fewshot_weights
 from vitlab.eval.metrics import ClassificationMeter, informative_metrics
@@ -71,13 +71,16 @@ from vitlab.weights.load import model_from_checkpoint
 def check_classes(cfg: TrainConfig, data: Datasets) -> None:
     if cfg.num_classes is not None and cfg.num_classes != data.num_classes:
         raise DataError(
-            f"num_classes mismatch: --num-classes {cfg.num_classes} but {data.source} has {data.num_classes} "
+            f"num_classes mismatch: {setting('num_classes', value=cfg.num_classes)} but {data.source} has "
+            f"{data.num_classes} "
             f"classes ({describe_paths(data.class_names, 5)})"
         )
     if len(data.train) == 0:
-        raise DataError(f"the training split of {data.source} is empty; add images or lower --val-fraction")
+        raise DataError(f"the training split of {data.source} is empty; add images or lower "
+                        f"{setting('val_fraction')}")
     if len(data.val) == 0:
-        raise DataError(f"the validation split of {data.source} is empty; add images or raise --val-fraction")
+        raise DataError(f"the validation split of {data.source} is empty; add images or raise "
+                        f"{setting('val_fraction')}")
 
 
 def _with_config(model: nn.Module, config: Any) -> nn.Module:
@@ -96,7 +99,8 @@ def _setting_changes(cfg: TrainConfig, config: Any) -> dict[str, Any]:
     if cfg.drop_path_rate is not None:
         if not any(f.name == "drop_path_rate" for f in dataclasses.fields(config)):
             if cfg.drop_path_rate:
-                raise ValueError(f"--drop-path-rate: {config.name or type(config).__name__} has no stochastic "
+                raise ValueError(f"{setting('drop_path_rate')}: {config.name or type(config).__name__} has no "
+                                 "stochastic "
                                  "depth (ViTs and hybrids do); leave it unset")
         else:
             changes["drop_path_rate"] = cfg.drop_path_rate
@@ -113,7 +117,7 @@ def _representation(cfg: TrainConfig, config: Any) -> dict[str, Any]:
     if cfg.representation_size is None:
         return {}
     if not isinstance(config, ViTConfig):
-        raise ValueError(f"--representation-size applies to ViTs; {cfg.model} has no representation layer")
+        raise ValueError(f"{setting('representation_size')} applies to ViTs; {cfg.model} has no representation layer")
     return {"representation_size": cfg.representation_size or None}
 
 
@@ -126,7 +130,8 @@ def build_run_model(cfg: TrainConfig, class_names: list[str], with_head: bool = 
     k = len(class_names) if with_head else 0
     if cfg.init:
         if cfg.representation_size or cfg.head_bias_init:
-            raise ValueError("--representation-size and --head-bias-init shape a model trained from scratch; "
+            raise ValueError(f"{setting('representation_size')} and {setting('head_bias_init')} shape a model "
+                             "trained from scratch; "
                              "fine-tuning replaces the head with a zero one (paper Section 3.2): leave them unset")
         init = init or read_init(cfg.init)
         model = model_from_checkpoint(init.checkpoint, init.path or cfg.init, image_size=cfg.image_size)

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vitlab.errors import WeightsError
+from vitlab.errors import WeightsError, by_surface
 from vitlab.files.reading import open_regular
 from vitlab.files.rundir import is_sharded_checkpoint
 from vitlab.hub import imagenet_classes, published_info
@@ -56,9 +56,22 @@ def detect_format(path: str | Path) -> str:
         return "timm"
     if is_onnx_path(path):
         raise WeightsError(path, "an ONNX file holds a graph to run, not weights to build a model from",
-                           "serve it with `vitlab predict --weights FILE` or `vitlab eval --weights FILE`, or in "
-                           "Python with onnxruntime (docs/deployment.md); load the .safetensors it was exported from")
+                           by_surface("serve it with `vitlab predict --weights FILE` or `vitlab eval --weights FILE`",
+                                      "serve it with onnxruntime.InferenceSession (docs/deployment.md)")
+                           + "; load the .safetensors it was exported from")
+    if _is_image(magic):
+        raise WeightsError(path, "an image, not weights", by_surface(
+            "pass it to `vitlab predict --weights WEIGHTS`", "load weights, then vitlab.transforms(model)(path)"))
     return "vitlab" if is_vitlab_file(path) else "timm"  # a bare safetensors state dict
+
+
+# The first bytes of the image files a user may pass by mistake (JPEG, PNG, GIF, WebP's RIFF): none can begin a
+# safetensors file, whose first 8 bytes are its header's length (these would claim a header of 16 MB or more).
+_IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG", b"GIF8", b"RIFF")
+
+
+def _is_image(magic: bytes) -> bool:
+    return magic.startswith(_IMAGE_MAGIC)
 
 
 def _folder_format(path: Path) -> str:
