@@ -93,8 +93,9 @@ def print_configs(tmp: Path) -> dict[str, dict]:
     for name, argv in invocations(tmp).items():
         code, text = run([*argv, "--print-config", "json"])
         config = json.loads(text.replace(str(tmp), TMP)) if code == 0 else text
-        if code == 0 and config["sources"]["precision"].startswith("auto:"):  # the reason names this machine's CPU
-            config["sources"]["precision"] = "auto"
+        for decided in ("precision", "attention"):  # an auto choice's reason names this machine's CPU
+            if code == 0 and config["sources"].get(decided, "").startswith("auto:"):
+                config["sources"][decided] = "auto"
         out[name] = {"code": code, "config": config}
     return out
 

@@ -143,7 +143,7 @@ def _train_losses(run_dir: Path) -> list[tuple[int, float]]:
 
 def test_sigterm_leaves_a_loadable_checkpoint(tmp_path):
     done = _start_and_signal(tmp_path / "run", signal.SIGTERM, after_step=20)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr  # preempted, not finished: a scheduler requeues it
     assert "preempted at step" in done.stdout and "--resume" in done.stdout
     newest = list_checkpoints(tmp_path / "run")[0]
     assert verify_checkpoint(newest) is None

@@ -137,7 +137,7 @@ def test_an_earlier_start_of_the_job_leaves_nothing_a_restart_reads(tmp_path):
         "import os, time\nimport torch.distributed as dist\nfrom vitlab.train.distributed import setup\n"
         "start, rank = int(os.environ['TORCHELASTIC_RESTART_COUNT']), int(os.environ['RANK'])\n"
         "if start == 1 and rank == 1:\n    time.sleep(2)\n"
-        "setup('cpu')\ndist.barrier()\nprint('start', start, 'rank', rank, 'connected', flush=True)\n"
+        "setup('cpu')\ndist.barrier()\nos.write(1, f'start {start} rank {rank} connected\\n'.encode())\n"
         "if start == 0 and rank == 1:\n    os._exit(9)\n"
         "time.sleep(3 if start == 0 else 0)\ndist.destroy_process_group()\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VITLAB_DIST_TIMEOUT": "60",

@@ -148,14 +148,17 @@ def flags_help() -> dict[str, str]:
 
 def train_settings_markdown() -> str:
     """TrainConfig field by field, each with the flag that sets it on the command line (`vitlab.fit` takes the
-    same names as keywords)."""
-    from vitlab.train.config import FLAG_NAMES, TrainConfig
+    same names as keywords), from the settings' one declaration (vitlab.train.settings)."""
+    from vitlab.train.settings import SETTINGS, TrainConfig
 
     flags = _train_flags()
-    by_field = {field: flags.get(FLAG_NAMES.get(field, field)) or flags.get(field) for field in
-                (f.name for f in dataclasses.fields(TrainConfig))}
-    by_field |= {field: flags[dest] for field, dest in FLAG_NAMES.items() if dest in flags}
-    return fields_markdown(TrainConfig, {k: v for k, v in by_field.items() if v})
+    by_field = {}
+    for field in (f.name for f in dataclasses.fields(TrainConfig)):
+        declared = SETTINGS.get(field)
+        option = declared.option if declared is not None else None
+        if option is not None and option in flags.values():
+            by_field[field] = option
+    return fields_markdown(TrainConfig, by_field)
 
 
 def _train_flags() -> dict[str, str]:

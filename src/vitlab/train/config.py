@@ -208,7 +208,7 @@ def parse_settings(path: str) -> Any:
     except OSError as err:
         raise ValueError(f"{where}: cannot read it ({err.strerror or err})") from None
     if len(raw) > MAX_BYTES:
-        raise ValueError(f"{where}: more than {MAX_BYTES:,} bytes, more than a settings file holds; pass a run's "
+        raise ValueError(f"{where}: more bytes than a settings file holds (limit {MAX_BYTES:,}); pass a run's "
                          "config.json or a short JSON / YAML file")
     try:
         text = raw.decode("utf-8")

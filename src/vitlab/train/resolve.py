@@ -31,6 +31,7 @@ from vitlab.errors import by_surface, closest, setting
 from vitlab.files.rundir import CONFIG, MANIFEST, checkpoint_settings, list_checkpoints, run_dir_of
 from vitlab.models.config import BiTConfig, ViTConfig
 from vitlab.models.registry import architecture_differences, describe_architecture, model_config
+from vitlab.runtime.attention import config_attention
 from vitlab.runtime.precision import device_kind, training_precision
 from vitlab.train.config import (
     TrainConfig,
@@ -236,6 +237,7 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
     for key, (value, source) in frozen_backbone_settings(layers.values, layers.sources).items():
         layers.apply({key: value}, source)
     _precision_rule(layers, checkpoint)
+    _attention_rule(layers, checkpoint)
     if checkpoint is not None:
         _note_resolution_change(layers, checkpoint)
     config = validate(TrainConfig(**layers.values))
@@ -454,16 +456,31 @@ def _precision_rule(layers: _Layers, checkpoint: Any) -> None:
     """--precision auto decided once, by vitlab.runtime.precision's measured rule: config.json records the choice with
     the rule's reason as its source, and a resumed run keeps it on any machine."""
     v = layers.values
-    if v["precision"] == "auto":  # the model as the run builds it: at the run's image size (its token count)
-        size = {"image_size": v["image_size"]} if v.get("image_size") else {}
-        if checkpoint is None:
-            config = model_config(v["model"], **size, **v["model_args"])
-        elif isinstance(checkpoint.config, ViTConfig):
-            config = checkpoint.config.replace(**size)
-        else:
-            config = checkpoint.config
-        chosen = training_precision(config, v["device"])
+    if v["precision"] == "auto":
+        chosen = training_precision(_run_model_config(v, checkpoint), v["device"])
         layers.apply({"precision": chosen.name}, chosen.reason)
+
+
+def _attention_rule(layers: _Layers, checkpoint: Any) -> None:
+    """--attention auto decided once the precision is, by vitlab.runtime.attention's measured rule for the model,
+    the device and the micro-batch each process computes (torchrun's WORLD_SIZE); config.json records the choice
+    with the rule's reason as its source."""
+    v = layers.values
+    if v["attention"] == "auto":
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        batch = max(1, v["batch_size"] // (max(v["accum"], 1) * max(world, 1)))
+        chosen = config_attention("auto", _run_model_config(v, checkpoint), v["device"], v["precision"], batch)
+        layers.apply({"attention": chosen.name}, chosen.reason)
+
+
+def _run_model_config(v: Mapping[str, Any], checkpoint: Any) -> Any:
+    """The model as the run builds it, at the run's image size (its token count): what the measured rules read."""
+    size = {"image_size": v["image_size"]} if v.get("image_size") else {}
+    if checkpoint is None:
+        return model_config(v["model"], **size, **v["model_args"])
+    if isinstance(checkpoint.config, ViTConfig):
+        return checkpoint.config.replace(**size)
+    return checkpoint.config
 
 
 def _steps_of(layers: _Layers, source: str, recipe: str) -> int | None:
