@@ -16,7 +16,7 @@ from vitlab.constants import MATMUL_ATTENTION_GAINS, SETTING_CHOICES
 from vitlab.models.registry import model_config
 from vitlab.runtime.attention import config_attention, training_attention
 from vitlab.runtime.precision import cpu_flags
-from vitlab.train import resolve_config, run
+from vitlab.train import resolve, run
 from vitlab.train.trainer import Trainer
 
 EPYC_GENOA = "model name\t: AMD EPYC 9654 96-Core Processor\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n"
@@ -93,8 +93,9 @@ def test_a_config_is_decided_by_its_tokens_and_head_dim(monkeypatch):
 
 # --- the setting recorded, applied and kept ----------------------------------------------------------------------
 def tiny(out, **overrides):
+    """The resolved settings of a tiny run, with where each came from (the rule's reason for an auto choice)."""
     base = {**TINY_TRAIN, "out": str(out), "steps": 2, "eval_every": 0, "save_every": 2}
-    return resolve_config("demo", **{**base, **overrides})
+    return resolve("demo", {**base, **overrides})
 
 
 def forms_of(model: torch.nn.Module) -> set[str]:
