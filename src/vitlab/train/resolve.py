@@ -66,7 +66,7 @@ from vitlab.train.rules import (
     steps_on_resume,
     user_set,
 )
-from vitlab.train.settings import FIELDS, FLAG_ONLY
+from vitlab.train.settings import FIELDS, FLAG_ONLY, spelled
 from vitlab.train.start import Start, decide_start
 from vitlab.weights.load import read_weights
 from vitlab.weights.locate import locate
@@ -79,14 +79,13 @@ from vitlab.weights.locate import locate
 # (banner, config.json, weights' name) while the weights' own was trained, so it is refused; one naming the same
 # network is kept as the run's label.
 
-# model_args keys the command line sets, by their flags
-FLAGS = {s.model_field: s.option for s in FLAG_ONLY if s.model_field}
-_MODEL_SETTING = {s.model_field: s.name for s in FLAG_ONLY if s.model_field}  # embed_dim: width
+# The declared settings that set a model_args field (--width sets embed_dim)
+_MODEL_SETTING = {s.model_field: s.name for s in FLAG_ONLY if s.model_field}
 
 
 def _arg(field: str) -> str:
     """A model field as the caller spells it: its flag (`--width`) or vitlab.fit keyword (`width`)."""
-    return setting(_MODEL_SETTING[field]) if field in _MODEL_SETTING else field
+    return spelled(_MODEL_SETTING[field]) if field in _MODEL_SETTING else field
 # Fields the run sets itself (from --image-size, the data's classes, --dropout …), never through model_args.
 _RUN_FIELDS = ("image_size", "num_classes", "name")
 
