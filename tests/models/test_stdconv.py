@@ -17,7 +17,7 @@ from torch.overrides import TorchFunctionMode
 
 from vitlab.models import BiTConfig, ResNetConfig, ViTConfig, bit, build_model, resnet
 
-STD_CONVS = (resnet.StdConv2d, bit.StdConv2d)
+STD_CONVS = (resnet.StdConv2dSame, bit.StdConv2d)
 
 CASES = {  # (config, input size): an R26-style stem cut to two stages at half width, a two-stage BiT
     "hybrid": (ViTConfig(image_size=32, patch_size=1, width=32, depth=1, mlp_dim=64, num_heads=2, num_classes=3,

@@ -90,10 +90,10 @@ def test_hybrid_features_differ_from_timm_by_the_weight_standardisation_eps(monk
     assert not torch.allclose(official, expected, rtol=1e-3, atol=1e-4)
     assert torch.allclose(official, expected, rtol=1e-2, atol=1e-3)
 
-    def timm_standardisation(conv: resnet.StdConv2d) -> torch.Tensor:
+    def timm_standardisation(conv: resnet.StdConv2dSame) -> torch.Tensor:
         var, mean = torch.var_mean(conv.weight, dim=(1, 2, 3), keepdim=True, unbiased=False)
         return (conv.weight - mean) / torch.sqrt(var + 1e-8)
 
-    monkeypatch.setattr(resnet.StdConv2d, "standardized_weight", timm_standardisation)
+    monkeypatch.setattr(resnet.StdConv2dSame, "standardized_weight", timm_standardisation)
     monkeypatch.setattr(resnet, "GN_EPS", 1e-5)
     torch.testing.assert_close(features(), expected, rtol=1e-3, atol=1e-4)

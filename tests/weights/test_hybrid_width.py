@@ -15,7 +15,7 @@ from torch import nn
 import vitlab
 from vitlab.errors import WeightsError
 from vitlab.models import ResNetConfig, VisionTransformer, ViTConfig
-from vitlab.models.resnet import StdConv2d
+from vitlab.models.resnet import StdConv2dSame
 from vitlab.weights.jax_npz import write_jax_npz
 
 
@@ -28,7 +28,7 @@ def randomized(model: nn.Module) -> nn.Module:
         for module in model.modules():
             for name, p in module.named_parameters(recurse=False):
                 r = torch.randn(p.shape, generator=g)
-                if isinstance(module, StdConv2d):
+                if isinstance(module, StdConv2dSame):
                     p.copy_(1000 * r)
                 elif isinstance(module, nn.Linear | nn.Conv2d) and name == "weight":
                     p.copy_(r / math.sqrt(p[0].numel()))

@@ -16,7 +16,7 @@ from torch import nn
 
 from vitlab.errors import WeightsError
 from vitlab.models import ResNetConfig, VisionTransformer, ViTConfig, model_config
-from vitlab.models.resnet import StdConv2d
+from vitlab.models.resnet import StdConv2dSame
 from vitlab.weights.jax_npz import read_jax_npz, write_jax_npz
 
 torch.set_num_threads(1)
@@ -36,7 +36,7 @@ def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
         for module in model.modules():
             for name, p in module.named_parameters(recurse=False):
                 r = torch.randn(p.shape, generator=g)
-                if isinstance(module, StdConv2d):
+                if isinstance(module, StdConv2dSame):
                     p.copy_(r * 1000)
                 elif isinstance(module, (nn.Linear, nn.Conv2d)) and name == "weight":
                     p.copy_(r / math.sqrt(p[0].numel()))  # fan-in scaling

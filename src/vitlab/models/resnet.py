@@ -27,7 +27,7 @@ def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
     return total // 2, total - total // 2
 
 
-class StdConv2d(StandardizedConv2d):
+class StdConv2dSame(StandardizedConv2d):
     """Conv with weight standardisation w <- (w - mean) / (std + 1e-5) per output filter, JAX "SAME" padding."""
 
     def __init__(self, in_ch: int, out_ch: int, kernel: int, stride: int = 1):
@@ -68,10 +68,10 @@ class Bottleneck(nn.Module):
         out_ch = 4 * mid_ch
         self.downsample = None
         if in_ch != out_ch or stride != 1:
-            self.downsample = nn.Sequential(StdConv2d(in_ch, out_ch, 1, stride), group_norm(out_ch))
-        self.conv1, self.norm1 = StdConv2d(in_ch, mid_ch, 1), group_norm(mid_ch)
-        self.conv2, self.norm2 = StdConv2d(mid_ch, mid_ch, 3, stride), group_norm(mid_ch)
-        self.conv3, self.norm3 = StdConv2d(mid_ch, out_ch, 1), group_norm(out_ch)
+            self.downsample = nn.Sequential(StdConv2dSame(in_ch, out_ch, 1, stride), group_norm(out_ch))
+        self.conv1, self.norm1 = StdConv2dSame(in_ch, mid_ch, 1), group_norm(mid_ch)
+        self.conv2, self.norm2 = StdConv2dSame(mid_ch, mid_ch, 3, stride), group_norm(mid_ch)
+        self.conv3, self.norm3 = StdConv2dSame(mid_ch, out_ch, 1), group_norm(out_ch)
         nn.init.zeros_(self.norm3.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -88,7 +88,7 @@ class ResNetStem(nn.Module):
     def __init__(self, cfg: ResNetConfig, in_chans: int = 3):
         super().__init__()
         width = cfg.root_width
-        self.conv = StdConv2d(in_chans, width, 7, 2)
+        self.conv = StdConv2dSame(in_chans, width, 7, 2)
         self.norm = group_norm(width)
         stages, in_ch = [], width
         for i, units in enumerate(cfg.layers):
@@ -101,7 +101,7 @@ class ResNetStem(nn.Module):
         self.out_channels = cfg.out_channels
         self.reduction = cfg.reduction
         for m in self.modules():
-            if isinstance(m, StdConv2d):
+            if isinstance(m, StdConv2dSame):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
