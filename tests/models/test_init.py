@@ -18,9 +18,9 @@ import torch
 from scipy import stats
 
 from tests.conftest import TINY_VIT_ARGS
+from vitlab.losses import classification_loss
 from vitlab.models import VisionTransformer, ViTConfig
 from vitlab.train import resolve_config
-from vitlab.train.optim import classification_loss
 from vitlab.train.trainer import build_run_model
 
 

@@ -121,7 +121,7 @@ def big_vision_sigmoid_xent(logits: np.ndarray, labels: np.ndarray) -> float:
 
 @pytest.mark.parametrize("scale, shift", [(1.0, 0.0), (3.0, -10.0), (0.1, -10.0)])
 def test_sigmoid_loss_is_big_vision_sigmoid_xent(scale, shift):
-    from vitlab.train.optim import classification_loss
+    from vitlab.losses import classification_loss
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(8, 21_843, generator=g) * scale + shift  # around the −10 head bias of pre-training

@@ -14,8 +14,9 @@ import vitlab
 from tests.conftest import TINY_TRAIN, TINY_VIT_ARGS
 from vitlab.data import DataError
 from vitlab.files.rundir import list_checkpoints, verify_checkpoint
+from vitlab.losses import classification_loss
 from vitlab.train import RECIPES, TrainingDiverged, resolve_config, run
-from vitlab.train.optim import Ema, Schedule, classification_loss, param_groups
+from vitlab.train.optim import Ema, Schedule, param_groups
 
 
 def tiny(tmp_path, name="run", **overrides):
@@ -86,7 +87,7 @@ def test_validation_sigmoid_loss_is_the_training_loss_at_the_pretraining_head_bi
     """At logits of -10 (the -10 head bias of pre-training) the validation's per-image sigmoid loss matches the
     float64 closed form -Σ[t·log σ(x) + (1 − t)·log σ(−x)] as the training loss does; binary_cross_entropy_with_logits
     in float32 is 3.8e-5 off here."""
-    from vitlab.eval.classify import per_image_loss
+    from vitlab.losses import per_image_loss
 
     logits, labels = torch.full((2, 1000), -10.0), torch.tensor([3, 7])
     t = torch.nn.functional.one_hot(labels, 1000).double()

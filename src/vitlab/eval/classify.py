@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vitlab.data import EvalTransform, ShardSampler, TransformedSplit, load_split, make_loader, normalize
@@ -18,26 +17,12 @@ from vitlab.data.loader import UnreadableImages
 from vitlab.data.sources import ImageSplit
 from vitlab.errors import DataError
 from vitlab.eval.metrics import ClassificationMeter, plot_confusion_matrix, require_finite
+from vitlab.losses import per_image_loss
 from vitlab.models.timm_compat import eval_resize_of
 from vitlab.progress import progress as progress_bar
 from vitlab.runtime.device import all_reduce
 from vitlab.runtime.precision import Precision, autocast_for
 from vitlab.runtime.session import InferenceSession, open_session
-
-
-def per_image_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str = "softmax",
-                   smoothing: float = 0.0) -> torch.Tensor:
-    """(N,) losses in float32. `softmax`: cross-entropy; `sigmoid`: per-class binary cross-entropy summed over
-    classes, as big_vision's `sigmoid_xent`: −Σ_c [t·log σ(x) + (1 − t)·log σ(−x)], the upstream loss of the
-    paper's JFT and ImageNet-21k models. (log σ, not torch's binary_cross_entropy_with_logits: at a logit of
-    −10, the −10 head bias of pre-training, the latter rounds log(1 + e^−10) through 1 + e^−10 in float32 and
-    is 0.8% too large per class.)"""
-    logits = logits.float()
-    if kind == "softmax":
-        return F.cross_entropy(logits, labels, label_smoothing=smoothing, reduction="none")
-    k = logits.shape[-1]
-    targets = F.one_hot(labels, k).float() * (1.0 - smoothing) + smoothing / k
-    return -(targets * F.logsigmoid(logits) + (1.0 - targets) * F.logsigmoid(-logits)).sum(-1)
 
 
 @torch.no_grad()

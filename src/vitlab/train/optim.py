@@ -1,4 +1,4 @@
-"""Optimisers, the learning-rate schedule and the losses (paper Appendix B.1, Tables 3-4); EMA weights are
+"""Optimisers and the learning-rate schedule (paper Appendix B.1, Tables 3-4); EMA weights are
 vitlab.train.finetune's (re-exported here).
 """
 
@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 from vitlab.errors import setting
-from vitlab.eval.classify import per_image_loss
 from vitlab.models.config import BiTConfig
 from vitlab.models.timm_compat import MATCH_PREVIOUS
 from vitlab.train.config import TrainConfig
@@ -199,8 +198,3 @@ def replan_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, steps: int) ->
         group["lr"] = lr
     scheduler._last_lr = lrs  # what get_last_lr() reports for the next step
     return old
-
-
-def classification_loss(logits: torch.Tensor, labels: torch.Tensor, kind: str, smoothing: float) -> torch.Tensor:
-    """The training loss: the validation's `per_image_loss` averaged over the batch (float32 under autocast)."""
-    return per_image_loss(logits, labels, kind, smoothing).mean()

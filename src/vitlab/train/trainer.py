@@ -33,11 +33,12 @@ from vitlab.data.loader import PartsLoader, UnreadableImages
 from vitlab.data.mixup import MixUp, draw_mixup
 from vitlab.data.stream import training_order
 from vitlab.errors import DataError, OutputError, TrainingDiverged, setting
-from vitlab.eval.classify import evaluate, per_image_loss
+from vitlab.eval.classify import evaluate
 from vitlab.eval.fewshot_data import fewshot_weights
 from vitlab.eval.metrics import ClassificationMeter, informative_metrics
 from vitlab.files.outputs import atomic_write
 from vitlab.files.rundir import BEST, CONFIG, CURVES, METRICS, WEIGHTS
+from vitlab.losses import classification_loss, per_image_loss
 from vitlab.models.attention import set_attention_form
 from vitlab.models.config import ViTConfig
 from vitlab.models.registry import build_model as build_from_config
@@ -61,7 +62,7 @@ from vitlab.train.distributed import (
     wrap_model,
 )
 from vitlab.train.finetune import Ema, Tuning, ema_warning
-from vitlab.train.optim import build_optimizer, build_scheduler, classification_loss, describe_optimizer
+from vitlab.train.optim import build_optimizer, build_scheduler, describe_optimizer
 from vitlab.train.optim import describe as describe_layer_decay
 from vitlab.train.resolve import InitWeights, Resolved, read_init
 from vitlab.train.runlog import ConsoleLog, RunLog, StepWindow, banner_lines, log, plot_curves, to_float
