@@ -47,7 +47,7 @@ def test_epochs_in_whole_batches_say_when_they_round_up(capsys, tmp_path, batch,
 def test_curves_plot_top5_only_above_5_classes(tmp_path, monkeypatch, classes, top5):
     import matplotlib.axes
 
-    from vitlab.train.runlog import plot_curves
+    from vitlab.train.metrics import plot_curves
 
     val = {"split": "val", "loss": 1.0, "top1": 0.5, "count": 10} | ({"top5": 0.9} if top5 else {})
     records = [{"split": "train", "step": s, "loss": 1.0, "lr": 0.1} for s in (1, 2)] + [{**val, "step": 2}]

@@ -94,8 +94,8 @@ def _folder(root, size_hw, per_class):
 
 
 def test_train_on_a_folder_takes_resolution_model_and_schedule_from_it(tmp_path):
+    from vitlab.train.banner import settings_lines
     from vitlab.train.resolve import resolve
-    from vitlab.train.runlog import settings_lines
 
     photos = _folder(tmp_path / "photos", (150, 200), per_class=20)
     r = resolve(None, {"data": photos, "out": str(tmp_path / "r")}, verb="train")

@@ -205,7 +205,7 @@ def test_tensorboard_events_and_progress_bar(tmp_path, monkeypatch):
     replaces the log lines."""
     import sys
 
-    import vitlab.train.runlog as runlog
+    import vitlab.train.trackers as trackers
 
     scalars = []
 
@@ -216,8 +216,8 @@ def test_tensorboard_events_and_progress_bar(tmp_path, monkeypatch):
         def close(self):
             scalars.append(("closed", -1))
 
-    monkeypatch.setattr(runlog, "_tensorboard", lambda run_dir: Writer())
-    monkeypatch.setitem(runlog._TENSORBOARD, "enabled", True)  # `--tb`
+    monkeypatch.setattr(trackers, "_tensorboard", lambda run_dir: Writer())
+    monkeypatch.setitem(trackers._TENSORBOARD, "enabled", True)  # `--tb`
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     run(tiny(tmp_path, steps=2, eval_every=0))
     assert {("train/loss", 1), ("train/data_images_per_s", 2), ("val/top1", 2), ("closed", -1)} <= set(scalars)
@@ -249,7 +249,7 @@ def test_classification_metrics():
 
 
 def test_top5_is_shown_only_above_five_classes_and_always_recorded():
-    from vitlab.train.runlog import result_line
+    from vitlab.train.banner import result_line
     from vitlab.train.trainer import Classification, RunResult
 
     metrics = {"loss": 0.5, "top1": 0.75, "top5": 1.0, "count": 8}

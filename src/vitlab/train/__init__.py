@@ -12,7 +12,7 @@ _LAZY = {
     "TrainConfig": "settings", "config_from_json": "config", "Resolved": "resolve", "resolve": "resolve",
     "resolve_config": "resolve", "RunResult": "trainer", "TrainingDiverged": "trainer", "run": "trainer",
     "build_run_model": "trainer", "objective_for": "trainer", "FitResult": "fit", "fit": "fit",
-    "read_metrics": "runlog", "received_stops": "distributed", "build_optimizer": "optim",
+    "read_metrics": "metrics", "received_stops": "distributed", "build_optimizer": "optim",
 }
 
 

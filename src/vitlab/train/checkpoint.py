@@ -65,11 +65,11 @@ from vitlab.files.rundir import (
 from vitlab.models.config import ModelConfig, config_from_dict
 from vitlab.models.registry import build_model as build_from_config
 from vitlab.train.config import TrainConfig
+from vitlab.train.console import log
 from vitlab.train.distributed import Dist, all_gather_objects, barrier
 from vitlab.train.finetune import Ema
 from vitlab.train.optim import replan_schedule
 from vitlab.train.resolve import json_excerpt
-from vitlab.train.runlog import log
 from vitlab.weights.vitlab_format import read_vitlab, save
 
 _FILES = (WEIGHTS, STATE)

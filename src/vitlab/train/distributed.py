@@ -26,7 +26,7 @@ from torch import nn
 
 from vitlab.errors import PeerLost
 from vitlab.runtime.device import all_reduce, pick_device
-from vitlab.train.runlog import log
+from vitlab.train.console import log
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -48,17 +48,19 @@ from vitlab.files.rundir import CONFIG
 from vitlab.models.config import BiTConfig, ViTConfig
 from vitlab.models.registry import describe_architecture
 from vitlab.runtime.allocator import tune_for_compute
+from vitlab.train.banner import result_line, schedule_lines, settings_lines
 from vitlab.train.config import (
     model_args_problem,
     read_record,
     setting_problem,
     type_problem,
 )
+from vitlab.train.console import append_to_console_log
 from vitlab.train.finetune import ema_warning
 from vitlab.train.resolve import InitWeights, Resolved, read_config_file, resolve
-from vitlab.train.runlog import append_to_console_log, check_trackers, result_line, schedule_lines, settings_lines
 from vitlab.train.settings import MODEL_FIELDS, SETTINGS, named_by_flag
 from vitlab.train.start import Start, decide_start
+from vitlab.train.trackers import check_trackers
 from vitlab.train.trainer import RunResult, build_run_model, check_classes, objective_for, run, run_record
 from vitlab.weights.load import is_model_object, load, read_module
 

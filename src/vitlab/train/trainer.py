@@ -48,8 +48,10 @@ from vitlab.runtime.device import all_reduce
 from vitlab.runtime.precision import autocast_for, training_precision
 from vitlab.selfsup import MaskedPatchPredictor, MPPConfig
 from vitlab.selfsup.mpp import validation_summary
+from vitlab.train.banner import banner_lines
 from vitlab.train.checkpoint import Checkpointer, find_resume_point, prepare_run_dir
 from vitlab.train.config import TrainConfig
+from vitlab.train.console import ConsoleLog, log
 from vitlab.train.distributed import (
     Dist,
     StopDuringEvaluation,
@@ -62,10 +64,11 @@ from vitlab.train.distributed import (
     wrap_model,
 )
 from vitlab.train.finetune import Ema, Tuning, ema_warning
+from vitlab.train.metrics import plot_curves
 from vitlab.train.optim import build_optimizer, build_scheduler, describe_optimizer
 from vitlab.train.optim import describe as describe_layer_decay
 from vitlab.train.resolve import InitWeights, Resolved, read_init
-from vitlab.train.runlog import ConsoleLog, RunLog, StepWindow, banner_lines, log, plot_curves, to_float
+from vitlab.train.runlog import RunLog, StepWindow, to_float
 from vitlab.weights.load import model_from_checkpoint
 
 

@@ -10,8 +10,9 @@ import types
 
 import pytest
 
-from vitlab.train import runlog
-from vitlab.train.runlog import RunLog, enable_wandb
+from vitlab.train import trackers
+from vitlab.train.runlog import RunLog
+from vitlab.train.trackers import enable_wandb
 
 RECORDS = [{"step": 1, "split": "train", "loss": 2.5, "lr": 1e-3},
            {"step": 2, "split": "val", "loss": 2.0, "top1": 0.25, "count": 8, "ema": False}]
@@ -36,7 +37,7 @@ def fake_tensorboard(monkeypatch):
     module = types.ModuleType("torch.utils.tensorboard")
     module.SummaryWriter = lambda log_dir: made.append(FakeWriter(log_dir)) or made[-1]
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", module)
-    monkeypatch.setitem(runlog._TENSORBOARD, "enabled", True)  # as `vitlab train --tb` sets it
+    monkeypatch.setitem(trackers._TENSORBOARD, "enabled", True)  # as `vitlab train --tb` sets it
     return made
 
 
@@ -54,8 +55,8 @@ def fake_wandb(monkeypatch):
     module = types.ModuleType("wandb")
     module.init = lambda **kw: calls["init"].append(kw) or Run()
     monkeypatch.setitem(sys.modules, "wandb", module)
-    monkeypatch.setitem(runlog._WANDB, "enabled", False)
-    monkeypatch.setitem(runlog._WANDB, "project", None)
+    monkeypatch.setitem(trackers._WANDB, "enabled", False)
+    monkeypatch.setitem(trackers._WANDB, "project", None)
     return calls
 
 
@@ -76,7 +77,7 @@ def test_tensorboard_writer_gets_every_numeric_value(tmp_path, fake_tensorboard)
 
 
 def test_tensorboard_only_when_asked_even_when_installed(tmp_path, fake_tensorboard, monkeypatch):
-    monkeypatch.setitem(runlog._TENSORBOARD, "enabled", False)  # installed (the fake), not asked for
+    monkeypatch.setitem(trackers._TENSORBOARD, "enabled", False)  # installed (the fake), not asked for
     log = run_log(tmp_path)
     assert fake_tensorboard == [] and log.writers == [] and not (tmp_path / "tensorboard").exists()
 
@@ -84,12 +85,12 @@ def test_tensorboard_only_when_asked_even_when_installed(tmp_path, fake_tensorbo
 def test_tb_flag_without_tensorboard_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails: not installed
     with pytest.raises(ValueError, match=r"^--tb needs the tensorboard package: pip install 'vitlab\[tb\]'$"):
-        runlog.enable_tensorboard()
+        trackers.enable_tensorboard()
 
 
 def test_without_tensorboard_the_run_logs_as_before(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails: not installed
-    monkeypatch.setitem(runlog._TENSORBOARD, "enabled", True)
+    monkeypatch.setitem(trackers._TENSORBOARD, "enabled", True)
     log = run_log(tmp_path)
     assert log.writers == [] and len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
 
@@ -127,10 +128,10 @@ def test_wandb_mode_from_the_environment_wins(tmp_path, fake_wandb, fake_tensorb
 
 def test_wandb_is_never_required(tmp_path, fake_tensorboard, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # not installed
-    monkeypatch.setitem(runlog._WANDB, "enabled", False)
+    monkeypatch.setitem(trackers._WANDB, "enabled", False)
     with pytest.raises(ValueError, match=r"pip install 'vitlab\[wandb\]'"):
         enable_wandb()
-    assert not runlog._WANDB["enabled"]
+    assert not trackers._WANDB["enabled"]
     run_log(tmp_path)  # a run without it works as before
 
 
