@@ -16,7 +16,8 @@ import vitlab
 from vitlab.cli import main
 from vitlab.errors import WeightsError
 from vitlab.models import BiT, BiTConfig, VisionTransformer, ViTConfig
-from vitlab.weights.bit_npz import bit_name, read_bit_npz, write_bit_npz
+from vitlab.models.registry import bit_name
+from vitlab.weights.bit_npz import read_bit_npz, write_bit_npz
 from vitlab.weights.convert import convert, write
 from vitlab.weights.jax_npz import read_jax_npz, write_jax_npz
 from vitlab.weights.load import detect_format

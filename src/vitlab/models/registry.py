@@ -113,6 +113,26 @@ def describe_architecture(config: ModelConfig) -> str:
     return f"BiT ResNetV2 (units per stage {list(config.layers)}, width ×{config.width_factor})"
 
 
+def vitlab_name(config: ViTConfig) -> str:
+    """The registry name ("ViT-B/16", "R50+ViT-B/16") when the architecture is one, else ""."""
+    size = next((s for s, dims in VIT_SIZES.items()
+                 if dims == (config.depth, config.width, config.mlp_dim, config.num_heads)), None)  # fmt: skip
+    if size is None:
+        return ""
+    if config.resnet is None:
+        return f"ViT-{size}/{config.patch_size}" + ("-gap" if config.classifier == "gap" else "")
+    hybrid = (size, config.resnet.layers, config.patch_size)
+    match = [n for n, spec in HYBRIDS.items() if spec == hybrid and config.resnet.width_factor == 1]
+    return match[0] if match and config.classifier == "token" else ""
+
+
+def bit_name(config: BiTConfig) -> str:
+    """The registry name ("BiT-R50x1") of a BiT config whose stages and width are a listed variant, else ""."""
+    depth = next((d for d, layers in RESNET_DEPTHS.items() if layers == config.layers), None)
+    name = f"BiT-R{depth}x{config.width_factor}"
+    return name if depth is not None and name in variant_names() and config.in_chans == 3 else ""
+
+
 # What a variant's name fixes about its weights' shapes and computation; representation layer, GELU form,
 # LayerNorm epsilon, head size, resolution and regularisation are not in the name.
 _NAMED_FIELDS = {ViTConfig: ("patch_size", "width", "depth", "mlp_dim", "num_heads", "classifier", "pos_embed",

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import os
 import re
-import warnings
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -32,12 +30,12 @@ from torch import nn
 
 from vitlab.errors import WeightsError
 from vitlab.models.config import BiTConfig
-from vitlab.models.registry import RESNET_DEPTHS, variant_names
+from vitlab.models.registry import bit_name
 from vitlab.weights.record import WeightsRecord
 from vitlab.weights.tensors import atomic_savez, check_npz_tensor, read_npz_arrays, units_per_stage
-from vitlab.weights.validate import expected_shapes
+from vitlab.weights.validate import expected_shapes, warn_numerics
 
-__all__ = ["BIG_TRANSFER_WS_EPS", "bit_name", "is_bit_npz", "read_bit_npz", "warn_numerics", "write_bit_npz"]
+__all__ = ["BIG_TRANSFER_WS_EPS", "is_bit_npz", "read_bit_npz", "write_bit_npz"]
 
 BIG_TRANSFER_WS_EPS = 1e-10  # bit_jax / bit_pytorch StdConv: (w − mean) / sqrt(var + 1e-10)
 BIG_TRANSFER_GN_EPS = 1e-5  # Flax / torch GroupNorm default, which big_transfer keeps
@@ -147,13 +145,6 @@ def _infer_config(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> BiT
     return config.replace(name=bit_name(config))
 
 
-def bit_name(config: BiTConfig) -> str:
-    """The registry name ("BiT-R50x1") of a BiT config whose stages and width are a listed variant, else ""."""
-    depth = next((d for d, layers in RESNET_DEPTHS.items() if layers == config.layers), None)
-    name = f"BiT-R{depth}x{config.width_factor}"
-    return name if depth is not None and name in variant_names() and config.in_chans == 3 else ""
-
-
 def _describe(config: BiTConfig) -> str:
     return config.name or f"BiT ResNetV2 (units {config.layers}, width factor {config.width_factor})"
 
@@ -175,23 +166,3 @@ def write_bit_npz(model: nn.Module, path: str | os.PathLike, gn_4d: bool = False
             t = _to_npz(t.detach().cpu(), kind, gn_4d)
             arrays[name] = np.ascontiguousarray((t.float() if t.dtype == torch.bfloat16 else t).numpy())
     atomic_savez(Path(path), arrays)
-
-
-def warn_numerics(model: nn.Module, target: str, ws_eps: float, gn_eps: float, stacklevel: int = 3) -> None:
-    """Warn when `target` computes GroupNorm or weight standardisation with other epsilons than the model. The
-    weights are written as they are (rescaling them to compensate would change how they fine-tune), so the
-    target's outputs differ; a WS eps mismatch too small to move a float32 filter by 1e-6 is not reported."""
-    config: Any = model.config
-    if config.gn_eps != gn_eps:
-        warnings.warn(f"the model uses GroupNorm eps {config.gn_eps:g} and {target} {gn_eps:g}: its outputs will "
-                      "differ slightly", stacklevel=stacklevel)  # fmt: skip
-    if config.ws_eps == ws_eps:
-        return
-    # sqrt(var + eps) changes by a relative |Δeps| / (2·var): largest for the conv with the smallest variance.
-    var = min(float(m.weight.detach().float().var(dim=(1, 2, 3), unbiased=False).min())
-              for m in model.modules() if isinstance(m, nn.Conv2d))  # fmt: skip
-    bound = abs(config.ws_eps - ws_eps) / (2 * var) if var > 0 else float("inf")
-    if bound > 1e-6:
-        warnings.warn(f"the model standardises conv weights with eps {config.ws_eps:g} and {target} with "
-                      f"{ws_eps:g}: its outputs will differ (filters rescaled by up to {bound:.1e} relative)",
-                      stacklevel=stacklevel)  # fmt: skip

@@ -15,9 +15,8 @@ from torch import nn
 from vitlab.constants import resize_before_crop, timm_resize
 from vitlab.files.outputs import atomic_write, mark_text
 from vitlab.models.config import BiTConfig, ModelConfig, ViTConfig
+from vitlab.models.registry import bit_name, vitlab_name
 from vitlab.models.timm_compat import eval_resize_of
-from vitlab.weights.bit_npz import bit_name
-from vitlab.weights.timm_arch import vitlab_name
 
 CARD = "README.md"
 _FORMAT_WORDS = {

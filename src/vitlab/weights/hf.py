@@ -17,6 +17,7 @@ from torch import nn
 from vitlab.constants import OFFICIAL_MEAN, OFFICIAL_STD
 from vitlab.errors import WeightsError
 from vitlab.models.config import BiTConfig, ModelConfig, ViTConfig
+from vitlab.models.registry import vitlab_name
 from vitlab.models.timm_compat import eval_resize_of
 from vitlab.weights.card import model_card
 from vitlab.weights.hf_bit import read_hf_bit, write_hf_bit
@@ -32,7 +33,6 @@ from vitlab.weights.hf_folder import (
 )
 from vitlab.weights.record import WeightsRecord
 from vitlab.weights.tensors import read_json, read_weights_folder
-from vitlab.weights.timm_arch import vitlab_name
 from vitlab.weights.validate import check_against, expected_shapes
 
 __all__ = ["config_from_hf", "hf_config", "read_hf", "to_hf_state_dict", "write_hf"]

@@ -20,8 +20,8 @@ from torch import nn
 from vitlab.constants import CLIP_MEAN, CLIP_STD
 from vitlab.errors import WeightsError
 from vitlab.models.config import BiTConfig
+from vitlab.models.registry import bit_name
 from vitlab.models.timm_compat import eval_resize_of
-from vitlab.weights.bit_npz import bit_name, warn_numerics
 from vitlab.weights.card import model_card
 from vitlab.weights.hf_folder import (
     PREPROCESSOR,
@@ -35,7 +35,7 @@ from vitlab.weights.hf_folder import (
 )
 from vitlab.weights.record import WeightsRecord
 from vitlab.weights.tensors import read_json, read_weights_folder
-from vitlab.weights.validate import check_against, expected_shapes
+from vitlab.weights.validate import check_against, expected_shapes, warn_numerics
 
 __all__ = ["HF_GN_EPS", "HF_WS_EPS", "config_from_hf_bit", "hf_bit_config", "read_hf_bit", "write_hf_bit"]
 

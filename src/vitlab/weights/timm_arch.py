@@ -15,7 +15,7 @@ import torch
 from vitlab.constants import CLIP_MEAN, CLIP_STD, IMAGENET_MEAN, IMAGENET_STD, OFFICIAL_MEAN, OFFICIAL_STD
 from vitlab.errors import WeightsError
 from vitlab.models.config import ResNetConfig, ViTConfig
-from vitlab.models.registry import HYBRIDS, VIT_SIZES, model_config
+from vitlab.models.registry import VIT_SIZES, model_config, vitlab_name
 from vitlab.models.timm_compat import crop_pct_for, timm_eval_crop  # noqa: F401  (re-exported: timm.py, timm_bit.py)
 from vitlab.weights.tensors import units_per_stage
 
@@ -298,19 +298,6 @@ def _image_size(opts: dict[str, Any], pos_embed: torch.Tensor | None, has_cls: b
         path, f"'pos_embed' has {n} entries, not {prefix} prefix + a square grid",
         "for non-square inputs read a hub folder whose config.json has model_args.img_size",
     )  # fmt: skip
-
-
-def vitlab_name(config: ViTConfig) -> str:
-    """The registry name ("ViT-B/16", "R50+ViT-B/16") when the architecture is one, else ""."""
-    size = next((s for s, dims in VIT_SIZES.items()
-                 if dims == (config.depth, config.width, config.mlp_dim, config.num_heads)), None)  # fmt: skip
-    if size is None:
-        return ""
-    if config.resnet is None:
-        return f"ViT-{size}/{config.patch_size}" + ("-gap" if config.classifier == "gap" else "")
-    hybrid = (size, config.resnet.layers, config.patch_size)
-    match = [n for n, spec in HYBRIDS.items() if spec == hybrid and config.resnet.width_factor == 1]
-    return match[0] if match and config.classifier == "token" else ""
 
 
 def timm_config(name: str, **options: Any) -> ViTConfig:

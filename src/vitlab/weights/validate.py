@@ -1,12 +1,16 @@
 """The strict check every reader ends with: the file's tensors against the model's, by name and shape; the shapes
-an architecture needs (built on the meta device, after its declared size is bounded); finite values."""
+an architecture needs (built on the meta device, after its declared size is bounded); finite values. And the
+warning every BiT writer gives when its format computes with other epsilons than the model."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 
 from vitlab.errors import WeightsError
 from vitlab.models.config import ModelConfig
@@ -104,3 +108,23 @@ def check_against(
         check_state_dict(path, expected, got)
     except WeightsError as e:
         raise WeightsError(e.path, f"{e.problem} (expected by {arch})", e.fix) from None
+
+
+def warn_numerics(model: nn.Module, target: str, ws_eps: float, gn_eps: float, stacklevel: int = 3) -> None:
+    """Warn when `target` computes GroupNorm or weight standardisation with other epsilons than the model. The
+    weights are written as they are (rescaling them to compensate would change how they fine-tune), so the
+    target's outputs differ; a WS eps mismatch too small to move a float32 filter by 1e-6 is not reported."""
+    config: Any = model.config
+    if config.gn_eps != gn_eps:
+        warnings.warn(f"the model uses GroupNorm eps {config.gn_eps:g} and {target} {gn_eps:g}: its outputs will "
+                      "differ slightly", stacklevel=stacklevel)  # fmt: skip
+    if config.ws_eps == ws_eps:
+        return
+    # sqrt(var + eps) changes by a relative |Δeps| / (2·var): largest for the conv with the smallest variance.
+    var = min(float(m.weight.detach().float().var(dim=(1, 2, 3), unbiased=False).min())
+              for m in model.modules() if isinstance(m, nn.Conv2d))  # fmt: skip
+    bound = abs(config.ws_eps - ws_eps) / (2 * var) if var > 0 else float("inf")
+    if bound > 1e-6:
+        warnings.warn(f"the model standardises conv weights with eps {config.ws_eps:g} and {target} with "
+                      f"{ws_eps:g}: its outputs will differ (filters rescaled by up to {bound:.1e} relative)",
+                      stacklevel=stacklevel)  # fmt: skip
