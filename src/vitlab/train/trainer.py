@@ -34,7 +34,6 @@ from vitlab.data.mixup import MixUp, draw_mixup
 from vitlab.data.stream import training_order
 from vitlab.errors import DataError, OutputError, TrainingDiverged, setting
 from vitlab.eval.classify import evaluate
-from vitlab.eval.fewshot_data import fewshot_weights
 from vitlab.eval.metrics import ClassificationMeter, informative_metrics
 from vitlab.files.outputs import atomic_write
 from vitlab.files.rundir import BEST, CONFIG, CURVES, METRICS, WEIGHTS
@@ -46,8 +45,6 @@ from vitlab.models.registry import describe_architecture, model_config
 from vitlab.runtime.attention import config_attention
 from vitlab.runtime.device import all_reduce
 from vitlab.runtime.precision import autocast_for, training_precision
-from vitlab.selfsup import MaskedPatchPredictor, MPPConfig
-from vitlab.selfsup.mpp import validation_summary
 from vitlab.train.banner import banner_lines
 from vitlab.train.checkpoint import Checkpointer, find_resume_point, prepare_run_dir
 from vitlab.train.config import TrainConfig
@@ -278,6 +275,8 @@ class MaskedPatches(Classification):
         self.target = target
 
     def wrap(self, model: nn.Module) -> nn.Module:
+        from vitlab.selfsup import MaskedPatchPredictor, MPPConfig  # imported by the runs that use it
+
         return MaskedPatchPredictor(model, MPPConfig(target=self.target))
 
     def loss(self, module: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
@@ -321,6 +320,8 @@ class MaskedPatches(Classification):
         return metrics  # colour predictions: hundreds of classes whatever the dataset's count
 
     def summary(self, metrics: dict[str, float], num_classes: int) -> str:
+        from vitlab.selfsup.mpp import validation_summary
+
         return validation_summary(metrics, self.target)
 
     def split_state(self, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -627,6 +628,8 @@ class Trainer:
         """The paper's progress signal during pre-training: 5-shot linear accuracy (3 seeds) of the frozen
         representation, few-shot sets from the train split, accuracy on the validation split. Rank 0 only."""
         if self.d.is_main:
+            from vitlab.eval.fewshot_data import fewshot_weights  # imported by the runs that probe
+
             encoder = getattr(self.model, "encoder", self.model)  # self-supervision: the ViT inside
             with self.ema.applied(self.model) if self.ema is not None else nullcontext():
                 accuracy = fewshot_weights(encoder, self.cfg.data, shots=(5,), seeds=3,

@@ -26,14 +26,9 @@ from vitlab.models.posembed import resample_1d, resample_pos_embed, resample_rel
 from vitlab.models.registry import architecture_differences, build_model, describe_architecture, model_config
 from vitlab.models.timm_compat import eval_resize_of
 from vitlab.weights.arguments import check_load_sizes, check_source
-from vitlab.weights.bit_npz import is_bit_npz, read_bit_npz
-from vitlab.weights.hf import read_hf
-from vitlab.weights.jax_npz import read_jax_npz
 from vitlab.weights.locate import locate_published, weights_path
 from vitlab.weights.record import WeightsRecord
-from vitlab.weights.sharded import read_sharded_checkpoint
 from vitlab.weights.tensors import PICKLE_SUFFIXES, check_weights_file, is_onnx_path, read_json
-from vitlab.weights.timm import read_timm, read_timm_module
 from vitlab.weights.validate import check_state_dict, check_values
 from vitlab.weights.vitlab_format import is_vitlab_file, read_vitlab
 
@@ -94,6 +89,8 @@ def _zip_format(path: Path) -> str:
     except (zipfile.BadZipFile, OSError):
         raise WeightsError(path, "corrupt or truncated zip archive", "re-download or re-export the file") from None
     if any(n.endswith(".npy") for n in names):
+        from vitlab.weights.bit_npz import is_bit_npz
+
         return "bit-npz" if is_bit_npz(names) else "jax-npz"  # big_transfer names everything resnet/…
     if any(n.endswith("data.pkl") for n in names):
         return "timm"  # torch.save's zip format: a state dict, read with weights_only=True
@@ -137,6 +134,8 @@ def read_module(model: nn.Module) -> WeightsRecord:
                                "int8 weights, not float tensors)", "pass the float model it was quantized from, and "
                                "quantize after training (--precision int8)")
         return WeightsRecord(config, {k: v.detach() for k, v in state.items()}, "vitlab", meta)
+    from vitlab.weights.timm import read_timm_module
+
     return read_timm_module(model)
 
 
@@ -156,14 +155,31 @@ def check_published(ck: WeightsRecord, path: str | Path, model: str, name: str) 
 
 def _read_format(path: Path, arch: str | None, use_ema: bool = False) -> WeightsRecord:
     if is_sharded_checkpoint(path) and not use_ema:
+        from vitlab.weights.sharded import read_sharded_checkpoint
+
         return read_sharded_checkpoint(path)
     fmt = detect_format(path)
     if fmt == "timm":
+        from vitlab.weights.timm import read_timm
+
         return read_timm(path, arch=arch, use_ema=use_ema)
     if use_ema:
         raise WeightsError(path, f"holds no EMA weights ({fmt} weights are one set)",
                            "leave out use_ema / --use-ema (it picks a training checkpoint's EMA weights)")
-    return {"vitlab": read_vitlab, "jax-npz": read_jax_npz, "bit-npz": read_bit_npz, "hf": read_hf}[fmt](path)
+    # A foreign format's reader is imported when a file of it is read: a run reading its own files needs none.
+    if fmt == "jax-npz":
+        from vitlab.weights.jax_npz import read_jax_npz
+
+        return read_jax_npz(path)
+    if fmt == "bit-npz":
+        from vitlab.weights.bit_npz import read_bit_npz
+
+        return read_bit_npz(path)
+    if fmt == "hf":
+        from vitlab.weights.hf import read_hf
+
+        return read_hf(path)
+    return read_vitlab(path)
 
 
 def load(
