@@ -24,13 +24,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from vitlab.bench.peaks import precision_peak
-from vitlab.models.attention import attend, set_attention_form
-from vitlab.models.registry import build_model, model_config
-from vitlab.runtime.allocator import tune_for_compute
-from vitlab.runtime.attention import training_attention
-from vitlab.runtime.device import cpu_name
-from vitlab.runtime.precision import autocast_for, config_shape, cpu_flags
+from vitlab.bench import precision_peak
+from vitlab.models import attend, build_model, model_config, set_attention_form
+from vitlab.runtime import autocast_for, config_shape, cpu_flags, cpu_name, training_attention, tune_for_compute
 
 # (label, batch, heads, tokens, head dim): the catalogue's training shapes at 224 px and the demo's
 OPS = [

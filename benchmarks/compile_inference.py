@@ -46,10 +46,8 @@ def main() -> None:
 
     import torch
 
-    from vitlab.models.registry import build_model, model_config
-    from vitlab.runtime.allocator import allocator_name, tune_for_compute
-    from vitlab.runtime.device import cpu_name
-    from vitlab.runtime.session import compile_for_inference, open_session
+    from vitlab.models import build_model, model_config
+    from vitlab.runtime import allocator_name, compile_for_inference, cpu_name, open_session, tune_for_compute
 
     tune_for_compute()
     if args.threads:

@@ -16,8 +16,7 @@ import time
 import torch
 
 from reproduction.families import MODELS
-from vitlab.models.config import ViTConfig
-from vitlab.models.registry import build_model, model_config
+from vitlab.models import ViTConfig, build_model, model_config
 
 
 def model_m(family: str) -> torch.nn.Module:

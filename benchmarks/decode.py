@@ -203,7 +203,7 @@ def torch_methods(boxes: list[list[float]]) -> dict[str, Method]:
 
 def fixed_boxes(files: list[str], seed: int = 0) -> list[list]:
     """Per image a TF inception-crop box as fractions of the image, and a flip, drawn as TrainTransform draws."""
-    from vitlab.data.transforms import tf_inception_box
+    from vitlab.data import tf_inception_box
 
     out = []
     for i, f in enumerate(files):

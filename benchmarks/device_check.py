@@ -111,7 +111,7 @@ class Report:
     def write(self) -> None:
         from device_check_report import markdown
 
-        from vitlab.files.outputs import atomic_write
+        from vitlab.files import atomic_write
 
         text = json.dumps(self.data, indent=1, default=str)
         atomic_write(self.out / "device_check.json", lambda tmp: Path(tmp).write_text(text))

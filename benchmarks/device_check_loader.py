@@ -29,7 +29,7 @@ def _dist(device: torch.device) -> Any:
 
 def time_loader(root: Path, resize: str, plan: Any, device: torch.device) -> dict[str, Any]:
     from vitlab.data import build_datasets
-    from vitlab.train.config import TrainConfig
+    from vitlab.train import TrainConfig
     from vitlab.train.trainer import make_loaders
 
     threads = torch.get_num_threads()  # make_loaders sets the CPU compute threads; this process's are restored

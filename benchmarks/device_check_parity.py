@@ -97,8 +97,8 @@ def _rows(prefix: str, ref: torch.Tensor, ref64: torch.Tensor, dev32: torch.Tens
 def timm_bit_bf16_error(model: nn.Module, x: torch.Tensor, device: torch.device) -> float | None:
     """timm's ResNetV2 with `model`'s weights: its bf16 autocast error against its own fp32 CPU output."""
     try:
-        from vitlab.bench.compare import timm_equivalent
-        from vitlab.weights.timm_bit import to_timm_bit_state_dict
+        from vitlab.bench import timm_equivalent
+        from vitlab.weights import to_timm_bit_state_dict
 
         _, theirs = timm_equivalent(model.config.name, model.config.num_classes)
     except (ImportError, ValueError):
@@ -116,7 +116,7 @@ def model_parity(name: str, overrides: dict[str, int], size: int, batch: int,
                  device: torch.device) -> list[dict[str, Any]]:
     model = _build(name, overrides, size)
     x = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(1))
-    from vitlab.models.config import ViTConfig
+    from vitlab.models import ViTConfig
 
     attention = isinstance(model.config, ViTConfig) and _inspect(model) is not None  # BiT has no attention
     ref, ref_attn = _outputs(model, x, attention)
@@ -141,8 +141,8 @@ def model_parity(name: str, overrides: dict[str, int], size: int, batch: int,
 
 def fused_adamw_parity(device: torch.device, steps: int = 20) -> dict[str, Any]:
     """`vitlab train`'s optimizer (fused where torch has it) against foreach AdamW, both fed the same gradients."""
-    from vitlab.train.config import TrainConfig
-    from vitlab.train.optim import build_optimizer, param_groups
+    from vitlab.train import TrainConfig, build_optimizer
+    from vitlab.train.optim import param_groups
 
     model = _build("ViT-B/16", {"depth": 1, "width": 64, "num_heads": 2, "mlp_dim": 128}, 32).to(device).train()
     twin = copy.deepcopy(model)
@@ -165,7 +165,7 @@ def fused_adamw_parity(device: torch.device, steps: int = 20) -> dict[str, Any]:
 
 def frozen_compile_parity(device: torch.device, batch: int) -> list[dict[str, Any]]:
     """The inference verbs' compiled form (Inductor freezing) against the same prepared model run eagerly."""
-    from vitlab.runtime.session import open_session
+    from vitlab.runtime import open_session
 
     name, overrides, size = FROZEN_MODEL
     x = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(1)).to(device)

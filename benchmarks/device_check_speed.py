@@ -39,15 +39,14 @@ def datasheet_peak(device: torch.device) -> tuple[float | None, str]:
 
 
 def model_flops_per_image(model: str, image_size: int, mode: str) -> float:
-    from vitlab.models.flops import count_macs
+    from vitlab.models import count_macs
 
     macs = count_macs(model, image_size).total
     return 2.0 * macs * (3 if mode == "train" else 1)
 
 
 def _bench(plan: Any, device: torch.device, compiled: bool) -> Any:
-    from vitlab.bench import BenchSettings
-    from vitlab.bench.measure import run_benchmark
+    from vitlab.bench import BenchSettings, run_benchmark
 
     settings = BenchSettings(model=plan.speed_model, batch_size=plan.speed_batch, image_size=plan.speed_image,
                              repeats=plan.speed_repeats, warmup=plan.speed_warmup, min_time=plan.speed_min_time,

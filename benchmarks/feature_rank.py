@@ -36,10 +36,9 @@ def main() -> None:
     parser.add_argument("--data", default="digits", help="whose training images to embed (default digits)")
     args = parser.parse_args()
 
-    from vitlab.data.datasets import evaluation_splits
-    from vitlab.data.transforms import FEWSHOT_RESIZE
-    from vitlab.eval.fewshot_data import features_of
-    from vitlab.runtime.session import open_session
+    from vitlab.data import FEWSHOT_RESIZE, evaluation_splits
+    from vitlab.eval import features_of
+    from vitlab.runtime import open_session
 
     # by label (the part after the key), so a family's runs sit together
     dirs = sorted({Path(d) for pattern in args.runs for d in glob.glob(pattern)}, key=lambda d: d.name.split("-", 1)[1])

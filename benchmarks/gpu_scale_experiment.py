@@ -49,10 +49,8 @@ from reproduction.measures import slope
 from reproduction.preconditions import LEARNS_TOP1
 from reproduction.report.audit import PLATEAU_POINTS
 from vitlab import __version__
-from vitlab.eval.fewshot_lsr import fewshot_on_features, representations
-from vitlab.models.config import ViTConfig
-from vitlab.models.flops import count_macs
-from vitlab.models.registry import build_model, model_config
+from vitlab.eval import fewshot_on_features, representations
+from vitlab.models import ViTConfig, build_model, count_macs, model_config
 
 NAME = "gpu-scale"
 FAMILIES = ("ViT", "BiT")

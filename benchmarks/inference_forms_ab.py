@@ -16,7 +16,7 @@ import time
 import torch
 
 import vitlab
-from vitlab.runtime.quantize import quantize_int8
+from vitlab.runtime import quantize_int8
 
 
 def build(form: str, model: torch.nn.Module) -> torch.nn.Module:

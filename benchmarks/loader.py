@@ -177,10 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     table2 = versus_timm([(few.name, few, 1), (few.name, few, 2), (many.name, many, 1)], args.images, args.repeats,
                          results)
     done = time.perf_counter()
-    import vitlab.bench.machine as machine
-    from vitlab.bench import BenchSettings
+    from vitlab.bench import BenchSettings, environment
 
-    env = machine.environment(BenchSettings(compare="timm"))
+    env = environment(BenchSettings(compare="timm"))
     print(f"## Data loading: {args.count} JPEGs 500x375 ({env['cpu']}, {os.cpu_count()} CPUs, torch {env['torch']}, "
           f"timm {env['timm']}, {env['date'][:10]})\n")
     print("Images (train split, from make_jpegs.py):\n\n```\n" + sizes.strip() + "\n```\n")

@@ -19,14 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from vitlab.bench.peaks import precision_peak
-from vitlab.models.attention import set_attention_form
-from vitlab.models.flops import count_macs
-from vitlab.models.registry import build_model, model_config
-from vitlab.runtime.allocator import tune_for_compute
-from vitlab.runtime.device import cpu_name
-from vitlab.runtime.precision import autocast_for
-from vitlab.runtime.session import compile_for_inference, open_session
+from vitlab.bench import precision_peak
+from vitlab.models import build_model, count_macs, model_config, set_attention_form
+from vitlab.runtime import autocast_for, compile_for_inference, cpu_name, open_session, tune_for_compute
 
 GEMM_WORDS = ("addmm", "mm", "bmm", "matmul", "linear", "_linear_pointwise", "mkldnn_rnn", "convolution",
               "flash_attention", "scaled_dot_product", "onednn", "mkl_linear", "baddbmm")

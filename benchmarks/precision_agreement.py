@@ -18,8 +18,8 @@ import time
 import torch
 
 from vitlab.data import EvalTransform, ShardSampler, TransformedSplit, load_split, make_loader, normalize
-from vitlab.models.timm_compat import eval_resize_of
-from vitlab.runtime.session import open_session
+from vitlab.models import eval_resize_of
+from vitlab.runtime import open_session
 
 CPU = torch.device("cpu")
 

@@ -39,17 +39,17 @@ import torch
 
 from reproduction.families import MODELS
 from vitlab.constants import BF16_GAINS
-from vitlab.models.registry import build_model, model_config
-from vitlab.runtime.allocator import tune_for_compute
-from vitlab.runtime.device import cpu_name
-from vitlab.runtime.precision import (
+from vitlab.models import build_model, model_config
+from vitlab.runtime import (
     NATIVE_BF16_FLAGS,
     autocast_for,
     config_shape,
     cpu_flags,
+    cpu_name,
     native_bf16,
     prepare_for_inference,
     resolve_precision,
+    tune_for_compute,
 )
 from vitlab.train.optim import fused_adamw_fits
 

@@ -12,8 +12,7 @@ import time
 import torch  # noqa: F401  (as in a loader worker)
 from PIL import Image
 
-from vitlab.data.sources import decode_rgb
-from vitlab.data.transforms import TrainTransform
+from vitlab.data import TrainTransform, decode_rgb
 
 files = sorted(glob.glob(sys.argv[1] + "/**/*.jpg", recursive=True))[:150]
 blobs = [open(f, "rb").read() for f in files]

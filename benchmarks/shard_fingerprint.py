@@ -16,8 +16,8 @@ import os
 import time
 from pathlib import Path
 
-from vitlab.data.shardindex import fingerprint
-from vitlab.files.digest import sha256_file
+from vitlab.data import fingerprint
+from vitlab.files import sha256_file
 
 
 def _write(root: Path, shards: int, size: int) -> list[Path]:

@@ -26,8 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_jpegs import QUALITY, make_image  # noqa: E402
 
-from vitlab.data.sources import decode_rgb  # noqa: E402
-from vitlab.data.transforms import TrainTransform  # noqa: E402
+from vitlab.data import TrainTransform, decode_rgb  # noqa: E402
 
 
 def jpegs(count: int, size: tuple[int, int] = (500, 375)) -> list[bytes]:

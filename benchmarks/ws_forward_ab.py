@@ -23,8 +23,7 @@ import timm
 import torch
 
 import vitlab
-from vitlab.weights.timm import to_timm_state_dict
-from vitlab.weights.timm_bit import to_timm_bit_state_dict
+from vitlab.weights import to_timm_bit_state_dict, to_timm_state_dict
 
 MODELS = ["vit_tiny_r_s16_p8_224", "vit_small_r26_s32_224", "vit_base_r50_s16_224", "resnetv2_50x1_bit"]
 

@@ -10,10 +10,11 @@ analytically (`vitlab.models.flops`), and is set against this machine's measured
 from vitlab.bench.compare import TIMM_NAMES, timm_equivalent
 from vitlab.bench.machine import environment
 from vitlab.bench.measure import build_models, gemm_peak_gflops, make_step, run_benchmark, time_steps
+from vitlab.bench.peaks import precision_peak
 from vitlab.bench.result import MODES, BenchResult, BenchSettings, Measurement
 from vitlab.runtime.allocator import tune_malloc
 
 __all__ = [
     "MODES", "TIMM_NAMES", "BenchResult", "BenchSettings", "Measurement", "build_models", "environment",
-    "gemm_peak_gflops", "make_step", "run_benchmark", "time_steps", "timm_equivalent", "tune_malloc",
+    "gemm_peak_gflops", "make_step", "precision_peak", "run_benchmark", "time_steps", "timm_equivalent", "tune_malloc",
 ]

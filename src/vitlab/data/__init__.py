@@ -2,17 +2,27 @@
 pre-processing (inception crop as TF draws it, the named evaluation resizes, big_vision's few-shot resize) and
 deterministic loaders."""
 
-from vitlab.data.datasets import Datasets, DrawnSource, build_datasets, describe_drawn, load_split
+from vitlab.data.datasets import Datasets, DrawnSource, build_datasets, describe_drawn, evaluation_splits, load_split
 from vitlab.data.embedded import EMBEDDED, is_embedded
 from vitlab.data.fractal import fractal_splits
 from vitlab.data.loader import ShardSampler, StepSampler, TransformedSplit, make_loader
+from vitlab.data.shardindex import fingerprint
 from vitlab.data.shards import ShardSplit
-from vitlab.data.sources import ImageSplit
-from vitlab.data.transforms import EVAL_RESIZES, FEWSHOT_RESIZE, TRAIN_CROPS, EvalTransform, TrainTransform, normalize
+from vitlab.data.sources import ImageSplit, decode_rgb
+from vitlab.data.transforms import (
+    EVAL_RESIZES,
+    FEWSHOT_RESIZE,
+    TRAIN_CROPS,
+    EvalTransform,
+    TrainTransform,
+    normalize,
+    tf_inception_box,
+)
 from vitlab.errors import DataError
 
 __all__ = [
     "EMBEDDED", "EVAL_RESIZES", "FEWSHOT_RESIZE", "TRAIN_CROPS", "DataError", "Datasets", "DrawnSource",
     "EvalTransform", "ImageSplit", "ShardSampler", "ShardSplit", "StepSampler", "TrainTransform", "TransformedSplit",
-    "build_datasets", "describe_drawn", "fractal_splits", "is_embedded", "load_split", "make_loader", "normalize",
+    "build_datasets", "decode_rgb", "describe_drawn", "evaluation_splits", "fingerprint", "fractal_splits",
+    "is_embedded", "load_split", "make_loader", "normalize", "tf_inception_box",
 ]

@@ -7,7 +7,7 @@ from typing import Any
 # prediction nor, unless it probes few-shot accuracy, the few-shot solver.
 _LAZY = {
     "EvalResult": "classify", "evaluate_weights": "classify", "fewshot_from_weights": "fewshot_data",
-    "fewshot_weights": "fewshot_data", "FewshotResult": "fewshot_lsr",
+    "fewshot_weights": "fewshot_data", "features_of": "fewshot_data", "FewshotResult": "fewshot_lsr",
     "fewshot": "fewshot_lsr",
     "fewshot_from_features": "fewshot_lsr", "fewshot_on_features": "fewshot_lsr", "representations": "fewshot_lsr",
     "predict": "prediction",
@@ -24,5 +24,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["EvalResult", "FewshotResult", "evaluate_weights", "fewshot", "fewshot_from_features",
+__all__ = ["EvalResult", "FewshotResult", "evaluate_weights", "features_of", "fewshot", "fewshot_from_features",
            "fewshot_from_weights", "fewshot_on_features", "fewshot_weights", "predict", "representations"]

@@ -8,7 +8,8 @@ from vitlab.models.config import BiTConfig, ResNetConfig, ViTConfig, config_from
 from vitlab.models.flops import count_macs, count_parameters
 from vitlab.models.registry import build_model, describe_architecture, model_config, variant_names
 
-_LAZY = {"BiT": "bit", "VisionTransformer": "vit"}
+_LAZY = {"BiT": "bit", "VisionTransformer": "vit", "attend": "attention", "set_attention_form": "attention",
+         "eval_resize_of": "timm_compat"}
 
 
 def __getattr__(name: str) -> Any:
@@ -21,5 +22,6 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "BiT", "BiTConfig", "ResNetConfig", "ViTConfig", "VisionTransformer", "build_model", "config_from_dict",
-    "count_macs", "count_parameters", "describe_architecture", "model_config", "variant_names",
+    "attend", "count_macs", "count_parameters", "describe_architecture", "eval_resize_of", "model_config",
+    "set_attention_form", "variant_names",
 ]

@@ -1,8 +1,33 @@
-"""How a model runs: the device, the precision it computes in (and int8 quantization), and the one inference
-set-up every verb uses (`open_session`)."""
+"""How a model runs: the device, the precision it computes in (and int8 quantization), the attention form and the
+allocator tuning a run chooses, and the one inference set-up every verb uses (`open_session`)."""
 
+from typing import Any
+
+from vitlab.runtime.allocator import allocator_name, tune_for_compute
+from vitlab.runtime.attention import training_attention
 from vitlab.runtime.device import cpu_name, pick_device
-from vitlab.runtime.precision import autocast_for, resolve_precision
-from vitlab.runtime.session import InferenceSession, open_session
+from vitlab.runtime.precision import (
+    NATIVE_BF16_FLAGS,
+    autocast_for,
+    config_shape,
+    cpu_flags,
+    native_bf16,
+    prepare_for_inference,
+    resolve_precision,
+)
+from vitlab.runtime.session import InferenceSession, compile_for_inference, open_session
 
-__all__ = ["InferenceSession", "autocast_for", "cpu_name", "open_session", "pick_device", "resolve_precision"]
+_LAZY = {"quantize_int8": "quantize"}  # read on first use: only int8 inference needs torch's quantization
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"vitlab.runtime.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["NATIVE_BF16_FLAGS", "InferenceSession", "allocator_name", "autocast_for", "compile_for_inference",
+           "config_shape", "cpu_flags", "cpu_name", "native_bf16", "open_session", "pick_device",
+           "prepare_for_inference", "quantize_int8", "resolve_precision", "training_attention", "tune_for_compute"]

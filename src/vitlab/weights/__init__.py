@@ -7,7 +7,8 @@ from typing import Any
 from vitlab.errors import WeightsError
 
 # read on first use: a format reader imports the package, so the package may not import the readers eagerly
-_LAZY = {"read_weights": "load", "detect_format": "load", "WeightsRecord": "record"}
+_LAZY = {"read_weights": "load", "detect_format": "load", "WeightsRecord": "record",
+         "to_timm_state_dict": "timm", "to_timm_bit_state_dict": "timm_bit"}
 
 
 def __getattr__(name: str) -> Any:
@@ -18,4 +19,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["WeightsError", "WeightsRecord", "detect_format", "read_weights"]
+__all__ = ["WeightsError", "WeightsRecord", "detect_format", "read_weights", "to_timm_bit_state_dict",
+           "to_timm_state_dict"]
