@@ -2,30 +2,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vitlab.data import fontglyphs, fractal, strokes, synthetic
+from vitlab.data import synthetic
 from vitlab.data.embedded import embedded_splits, is_embedded
 from vitlab.data.folder import check_same_classes, class_folders, folder_layout, scan_split
-from vitlab.data.fontglyphs import fonts_splits, is_fonts_source
-from vitlab.data.fractal import fractal_splits, is_fractal_source
-from vitlab.data.hf_split import HFSplit, hf_split, hf_train_val, is_hf_source, open_hf
 from vitlab.data.objects import is_dataset_object, is_object_description, object_datasets
-from vitlab.data.shards import is_shard_source, open_shard_set, shard_split
 from vitlab.data.sources import ImageSplit
-from vitlab.data.strokes import is_strokes_source, strokes_splits
 from vitlab.errors import DataError, setting
 
-# Sources drawn by a formula (KIND:C:N[:SEED]): each gives its (train, val) pair, rendered or from the cache.
-_DRAWN = ((is_fractal_source, fractal_splits), (is_strokes_source, strokes_splits), (is_fonts_source, fonts_splits))
+# The source families beyond the embedded sets and image folders (drawn, Hugging Face, tar shards) are imported by
+# the functions below when a source is not an embedded set: a run on the digits imports none of their readers.
+
+
+def _drawn() -> list[tuple[str, Any, Callable[[str], tuple[ImageSplit, ImageSplit]]]]:
+    """Sources drawn by a formula (KIND:C:N[:SEED]): (kind, module, its (train, val) pair, rendered or cached)."""
+    from vitlab.data import fontglyphs, fractal, strokes
+
+    return [("fractal", fractal, fractal.fractal_splits), ("strokes", strokes, strokes.strokes_splits),
+            ("fonts", fontglyphs, fontglyphs.fonts_splits)]
 
 
 def is_drawn_source(data: str) -> bool:
-    return any(is_kind(data) for is_kind, _ in _DRAWN)
+    return any(synthetic.is_source(data, module.PREFIX) for _, module, _ in _drawn())
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,7 @@ class DrawnSource:
 
 def describe_drawn(data: str) -> DrawnSource | None:
     """The sizes of a drawn source and whether it is rendered yet; None for any other source."""
-    for kind, module in (("fractal", fractal), ("strokes", strokes), ("fonts", fontglyphs)):
+    for kind, module, _ in _drawn():
         if synthetic.is_source(data, module.PREFIX):
             spec = module.parse_spec(data)
             return DrawnSource(kind, spec.classes, spec.classes * spec.count("train"),
@@ -51,7 +55,7 @@ def describe_drawn(data: str) -> DrawnSource | None:
 
 def drawn_splits(data: str) -> tuple[ImageSplit, ImageSplit]:
     """(train, val) of a drawn source (`is_drawn_source`)."""
-    return next(splits for is_kind, splits in _DRAWN if is_kind(data))(data)
+    return next(splits for _, module, splits in _drawn() if synthetic.is_source(data, module.PREFIX))(data)
 
 
 @dataclass
@@ -94,6 +98,9 @@ def _named_datasets(data: str, val_fraction: float | None, strict: bool) -> Data
     if is_drawn_source(data):  # fractal:C:N[:SEED] (Kataoka et al. 2020), strokes:C:N[:SEED], fonts:C:N[:SEED]
         train, val = drawn_splits(data)
         return Datasets(train, val, train.class_names, data)
+    from vitlab.data.hf_split import hf_train_val, is_hf_source
+    from vitlab.data.shards import is_shard_source
+
     if is_hf_source(data):  # before shards: a brace pattern of .parquet files is not a tar pattern
         train, val = hf_train_val(data, val_fraction, strict)
         return Datasets(train, val, train.class_names, data)
@@ -156,6 +163,8 @@ def _missing_val(root: Path, train_dir: Path) -> str:
 
 
 def _shard_datasets(data: str, val_fraction: float | None, strict: bool) -> Datasets:
+    from vitlab.data.shards import open_shard_set, shard_split
+
     shards = open_shard_set(data)
     if "val" not in shards.splits and not val_fraction:
         raise DataError(f"missing split: the shards {data} have no val split; pack one (vitlab shards SRC OUT "
@@ -210,6 +219,9 @@ def load_split(
     if is_drawn_source(data):
         train, val = drawn_splits(data)
         return train if split == "train" else val
+    from vitlab.data.hf_split import hf_split, is_hf_source, open_hf
+    from vitlab.data.shards import is_shard_source, open_shard_set, shard_split
+
     if is_hf_source(data):
         return hf_split(open_hf(data), split, class_names, strict, lenient=True)
     if is_shard_source(data):
@@ -243,6 +255,9 @@ def has_val_split(data: str) -> bool:
     check_data_named(data)
     if is_embedded(data) or is_drawn_source(data):
         return True
+    from vitlab.data.hf_split import is_hf_source, open_hf
+    from vitlab.data.shards import is_shard_source, open_shard_set
+
     if is_hf_source(data):
         return open_hf(data).has_val
     if is_shard_source(data):
@@ -280,6 +295,8 @@ def evaluation_splits(
         source = f"the {data} test split" if is_embedded(data) else f"{Path(data) / 'val'}"
         if is_drawn_source(data):
             source = f"the {data} val split"
+        from vitlab.data.hf_split import HFSplit
+
         if isinstance(test, HFSplit):
             source = f"the {test.split_name} split of {test.source}"
         return EvaluationSplits(train, test, source, None)
