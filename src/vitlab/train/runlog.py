@@ -22,7 +22,7 @@ from vitlab.files.outputs import atomic_write
 from vitlab.files.rundir import CONFIG, CONSOLE_LOG, METRICS, TENSORBOARD, WANDB
 from vitlab.models.flops import count_macs
 from vitlab.progress import bars_enabled, duration
-from vitlab.train.resolve import Resolved
+from vitlab.train.resolution import Resolved
 from vitlab.train.rules import proportion_warning, schedule_line
 
 log = logging.getLogger("vitlab.train")

@@ -12,7 +12,7 @@ trained model with the run's result.
 A thin layer over the command line's path: the settings are the flags as keywords (TrainConfig fields, plus
 `epochs` and the architecture flags `depth`, `width`, `heads`, `mlp_dim`, which set `model_args` as their flags
 do), each checked as its flag is (`fit_flags`), resolved by `vitlab.train.resolve`, checked by
-`vitlab.train.fit.prepare` as the run would, trained by `vitlab.train.run` (or `run_sweep` with `lr_sweep`). The
+`vitlab.train.fitting.prepare` as the run would, trained by `vitlab.train.run` (or `run_sweep` with `lr_sweep`). The
 console shows what the command line shows (the banner, the time estimate, step and validation lines, a progress bar
 on a terminal, the final `done:` line) unless `progress=False` or the program has set up logging itself.
 
@@ -55,7 +55,7 @@ from vitlab.train.config import (
     type_problem,
 )
 from vitlab.train.finetune import ema_warning
-from vitlab.train.resolve import InitWeights, Resolved, read_config_file, resolve
+from vitlab.train.resolution import InitWeights, Resolved, read_config_file, resolve
 from vitlab.train.runlog import append_to_console_log, check_trackers, result_line, schedule_lines, settings_lines
 from vitlab.train.settings import MODEL_FIELDS, SETTINGS, named_by_flag
 from vitlab.train.start import Start, decide_start
