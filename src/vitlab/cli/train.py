@@ -130,7 +130,7 @@ def build_config(args: argparse.Namespace) -> Any:
         raise UserError("--resume needs --out RUN_DIR: the run to continue")
     if not args.out and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UserError("pass --out with torchrun: every process must write to the same run directory")
-    start = decide_start(flags)
+    start = decide_start(flags, config_file=args.config, recipe=args.recipe, verb=args.verb)
     resuming = start.case == "continue"
     if args.verb == "finetune" and not resuming and "init" not in flags:
         hint = (f"; to start from {flags['model']}'s published weights: --init {flags['model']} (`vitlab models "
