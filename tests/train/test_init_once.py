@@ -119,5 +119,5 @@ def test_a_resumed_sweep_reads_its_initial_weights_once_for_all_its_runs(tmp_pat
         if path.is_file():
             path.unlink()
     calls.clear()
-    assert main(["finetune", "--out", str(sweep), "--resume"]) == 0, capsys.readouterr().err
+    assert main([*argv, "--resume"]) == 0, capsys.readouterr().err  # the same command continues it
     assert len(calls) == 1, calls

@@ -134,6 +134,7 @@ SAFE_ON_RESUME = frozenset({"steps", "workers", "log_every", "eval_every", "save
 # Pre-processing a vitlab run records, which fine-tuning from its weights keeps (the data is usually alike).
 PREPROCESSING = ("train_crop", "crop_scale", "crop_ratio", "flip", "eval_resize")
 
+
 @dataclass(frozen=True)
 class InitWeights:
     """`--init` located once (a published name: its cached file; a run: its newest intact checkpoint, whose
