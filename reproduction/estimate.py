@@ -89,16 +89,15 @@ def _measure(spec: RunSpec, workers: int | None) -> StepTime:
     """A few optimiser steps of the model, loss, clipping and optimiser the run will build (the resolution step
     and the trainer's own builders), on random images; and one forward pass of the representation."""
     # the trainer's builders bring the data augmentations (torchvision) with them: not imported by `vitlab --help`
-    from vitlab.train import build_optimizer, build_run_model, objective_for
+    from vitlab.train import step_parts
 
     flags = {k: v for k, v in spec.settings.items() if k not in ("init", "resume")}
     # a fine-tuning run's config, trained from scratch here
     cfg = training.resolve(spec.recipe, {**flags, "out": "unused"}, verb="train").config
     device = pick_device(cfg.device)
-    objective = objective_for(cfg)
     classes = [str(i) for i in range(_classes(cfg.data))]
-    model = objective.wrap(build_run_model(cfg, classes, objective.has_head)).to(device).train()
-    optimizer = build_optimizer(model, cfg)
+    parts = step_parts(cfg, classes, device)
+    model, optimizer = parts.model, parts.optimizer
     x = torch.rand(cfg.batch_size, 3, cfg.image_size, cfg.image_size, device=device) * 2 - 1
     y = torch.randint(0, len(classes), (cfg.batch_size,), device=device)
     threads = torch.get_num_threads()
@@ -108,7 +107,7 @@ def _measure(spec: RunSpec, workers: int | None) -> StepTime:
         torch.set_num_threads(max(1, cpus - loaders))
     try:
         def step() -> None:
-            objective.loss(model, x, y, cfg).backward()
+            parts.loss(x, y).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

@@ -37,7 +37,7 @@ from vitlab.weights.vitlab_format import save as save_weights
 
 if TYPE_CHECKING:  # the return types, named in the signatures (their modules import onnx / the trainer on use)
     from vitlab.deploy.onnx_export import ExportReport
-    from vitlab.train.fit import FitResult
+    from vitlab.train.fitting import FitResult
 
 # timm keyword -> vitlab config field (global_pool and class_token choose `classifier`, mlp_ratio `mlp_dim`)
 TIMM_KEYWORDS = {"img_size": "image_size", "drop_rate": "dropout", "attn_drop_rate": "attn_dropout",
@@ -583,7 +583,7 @@ def fit(recipe: str | None = None, **settings: Any) -> FitResult:
         result.metrics["top1"], result.out_dir, result.model
         ```
     """
-    from vitlab.train.fit import fit as fit_run
+    from vitlab.train.fitting import fit as fit_run
 
     return fit_run(recipe, **settings)
 

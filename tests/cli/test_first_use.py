@@ -95,7 +95,7 @@ def _folder(root, size_hw, per_class):
 
 def test_train_on_a_folder_takes_resolution_model_and_schedule_from_it(tmp_path):
     from vitlab.train.banner import settings_lines
-    from vitlab.train.resolve import resolve
+    from vitlab.train.resolution import resolve
 
     photos = _folder(tmp_path / "photos", (150, 200), per_class=20)
     r = resolve(None, {"data": photos, "out": str(tmp_path / "r")}, verb="train")
@@ -125,7 +125,7 @@ def test_train_on_a_folder_takes_resolution_model_and_schedule_from_it(tmp_path)
 
 
 def test_finetune_schedule_follows_the_size_of_the_data(tmp_path):
-    from vitlab.train.resolve import resolve
+    from vitlab.train.resolution import resolve
 
     photos = _folder(tmp_path / "photos", (40, 40), per_class=150)  # 300 training images
     c = resolve("finetune", {"data": photos, "out": str(tmp_path / "f")}, verb="finetune").config

@@ -31,7 +31,7 @@ from vitlab.runtime.precision import (
     training_precision,
 )
 from vitlab.train import resolve_config, run
-from vitlab.train.resolve import resolve
+from vitlab.train.resolution import resolve
 
 CPU = torch.device("cpu")
 # /proc/cpuinfo excerpts of the three kinds of CPU (flags abridged to what matters and a few neighbours)

@@ -17,7 +17,7 @@ from tests.conftest import TINY_VIT_FLAGS
 from vitlab.cli import main
 from vitlab.errors import keyword_errors
 from vitlab.train.finetune import ema_warning
-from vitlab.train.resolve import resolve
+from vitlab.train.resolution import resolve
 
 
 @pytest.fixture(scope="module")

@@ -93,7 +93,7 @@ def test_resume_with_more_steps_extends_the_schedule(tmp_path, decay):
 
 
 def _notes(out: Path, steps: int) -> tuple[str, ...]:
-    from vitlab.train.resolve import resolve
+    from vitlab.train.resolution import resolve
 
     return resolve("demo", {"out": str(out), "resume": True, "steps": steps}).notes
 

@@ -6,7 +6,7 @@ import json
 from vitlab.cli import build_parser
 from vitlab.train import resolve
 from vitlab.train.config import config_from_json
-from vitlab.train.fit import fit_flags
+from vitlab.train.fitting import fit_flags
 
 
 def test_adamw_is_adam_from_a_flag_a_keyword_and_a_config_file(tmp_path):

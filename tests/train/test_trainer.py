@@ -262,3 +262,28 @@ def test_top5_is_shown_only_above_five_classes_and_always_recorded():
     assert "top-1 75.00%, loss 0.5000 (8 images)" in line and "top-5" not in line
     line = result_line(RunResult(Path("run"), "completed", 10, metrics, 0.75, None, 100.0), "train")
     assert "top-1 75.00%, top-5 100.00%, loss 0.5000" in line
+
+
+def test_step_parts_are_the_model_optimizer_and_loss_the_run_trains_with():
+    from vitlab.train import step_parts
+    from vitlab.train.trainer import build_run_model
+
+    cfg = resolve_config("demo", **TINY_TRAIN, out="unused", label_smoothing=0.1)
+    classes = [str(i) for i in range(10)]
+    torch.manual_seed(0)
+    parts = step_parts(cfg, classes)
+    torch.manual_seed(0)
+    model = build_run_model(cfg, classes)
+    assert parts.model.training and parts.model.config == model.config
+    assert all(torch.equal(a, b) for a, b in zip(parts.model.state_dict().values(), model.state_dict().values(),
+                                                   strict=True))
+    x, y = torch.rand(4, 3, 8, 8) * 2 - 1, torch.tensor([0, 3, 5, 9])
+    torch.manual_seed(1)
+    loss = parts.loss(x, y)
+    torch.manual_seed(1)
+    expected = classification_loss(model(x), y, cfg.loss, 0.1)
+    assert torch.allclose(loss, expected, rtol=1e-6)
+    assert type(parts.optimizer).__name__ == {"adam": "AdamW", "sgd": "SGD"}[cfg.optimizer]
+    assert all(g["lr"] == cfg.lr for g in parts.optimizer.param_groups)
+    assert {id(p) for g in parts.optimizer.param_groups for p in g["params"]} == {id(p) for p in
+                                                                                  parts.model.parameters()}

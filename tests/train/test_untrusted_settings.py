@@ -48,7 +48,7 @@ def test_model_flags_the_model_lacks_are_refused_at_resolution(capsys, argv, say
 
 
 def test_a_config_model_builds_what_the_same_flag_builds(tmp_path):
-    from vitlab.train.resolve import resolve
+    from vitlab.train.resolution import resolve
 
     config = tmp_path / "settings.yaml"
     config.write_text("model: ViT-Ti/16\n")
@@ -92,7 +92,7 @@ def test_finetune_model_contradicting_init_is_refused(tmp_path, capsys):
 
 
 def test_finetune_model_naming_the_same_network_is_kept(tmp_path, capsys):
-    from vitlab.train.resolve import resolve
+    from vitlab.train.resolution import resolve
 
     model = vitlab.create_model("ViT-Ti/16", image_size=16, num_classes=3)
     weights = tmp_path / "ti16.safetensors"
@@ -107,7 +107,7 @@ def test_dev_fraction_without_a_sweep_is_refused(tmp_path, capsys):
     run = _fake_run(tmp_path)
     one_line_error(capsys, ["finetune", "--init", str(run), "--data", "digits", "--dev-fraction", "0.1",
                             "--print-config"], "--dev-fraction holds out the dev split of a learning-rate sweep")
-    from vitlab.train.resolve import resolve
+    from vitlab.train.resolution import resolve
 
     swept = resolve("finetune", {"lr_sweep": (0.01, 0.03), "dev_fraction": 0.1}).config
     assert swept.dev_fraction == 0.1 and swept.lr_sweep == (0.01, 0.03)

@@ -157,7 +157,7 @@ def test_every_reader_takes_a_timm_checkpoint(timm_run, tmp_path, capsys):
     converted = vitlab.load(tmp_path / "ema.safetensors")
     assert converted.eval_resize == "timm:bicubic:0.9" and converted.config.mean == (0.5, 0.5, 0.5)
     assert all(torch.equal(converted.state_dict()[k], v) for k, v in raw.items())
-    from vitlab.train.resolve import read_init
+    from vitlab.train.resolution import read_init
 
     assert read_init(path).checkpoint.config.depth == 2
 

@@ -257,7 +257,7 @@ def _fake_run(tmp_path: Path) -> Path:
     run.mkdir()
     tiny_file(run, "model.safetensors")
     (run / "metrics.jsonl").write_text("")
-    from vitlab.train.resolve import resolve
+    from vitlab.train.resolution import resolve
 
     (run / "config.json").write_text(json.dumps(resolve("demo", {"out": str(run)}).config.to_dict()))
     return run

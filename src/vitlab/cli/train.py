@@ -122,7 +122,7 @@ def _resume_mode(text: str) -> str:
 def build_config(args: argparse.Namespace) -> Any:
     """The run's settings resolved in one step (vitlab.train.resolve): recipe, initial weights, preset,
     --config file and the flags typed here, or the stored run with --resume."""
-    from vitlab.train.resolve import resolve
+    from vitlab.train.resolution import resolve
     from vitlab.train.start import decide_start
 
     flags = training_overrides(args)
@@ -130,7 +130,7 @@ def build_config(args: argparse.Namespace) -> Any:
         raise UserError("--resume needs --out RUN_DIR: the run to continue")
     if not args.out and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UserError("pass --out with torchrun: every process must write to the same run directory")
-    start = decide_start(flags)
+    start = decide_start(flags, config_file=args.config, recipe=args.recipe, verb=args.verb)
     resuming = start.case == "continue"
     if args.verb == "finetune" and not resuming and "init" not in flags:
         hint = (f"; to start from {flags['model']}'s published weights: --init {flags['model']} (`vitlab models "
@@ -146,7 +146,7 @@ def _train(args: argparse.Namespace) -> int:
 
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
-    from vitlab.train.fit import planned_lines, planned_record, prepare, train_resolved
+    from vitlab.train.fitting import planned_lines, planned_record, prepare, train_resolved
 
     resolved = prepare(build_config(args))  # the run's checks on the settings and data, before anything starts
     if args.print_config == "json":

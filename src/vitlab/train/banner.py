@@ -8,7 +8,7 @@ import textwrap
 from typing import Any
 
 from vitlab.models.flops import count_macs
-from vitlab.train.resolve import Resolved
+from vitlab.train.resolution import Resolved
 from vitlab.train.rules import proportion_warning, schedule_line
 
 # The start banner, from the resolved settings: model (name, parameters, multiply-adds), data (source, classes,

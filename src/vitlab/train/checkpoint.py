@@ -69,7 +69,7 @@ from vitlab.train.console import log
 from vitlab.train.distributed import Dist, all_gather_objects, barrier
 from vitlab.train.finetune import Ema
 from vitlab.train.optim import replan_schedule
-from vitlab.train.resolve import json_excerpt
+from vitlab.train.resolution import json_excerpt
 from vitlab.weights.vitlab_format import read_vitlab, save
 
 _FILES = (WEIGHTS, STATE)
@@ -232,7 +232,7 @@ def prune_checkpoints(run_dir: Path, keep_last: int) -> None:
 # 1. the newest intact checkpoint (vitlab.files.rundir verifies manifests; damaged ones are skipped with a warning), its
 #    contents checked against the run: a training state vitlab wrote, weights of the run's architecture and
 #    classes (the run's settings were held to those its checkpoints recorded when they were resolved:
-#    vitlab.train.resolve.recorded_settings);
+#    vitlab.train.resolution.recorded_settings);
 # 2. else the run's final weights (`model.safetensors`, whose metadata records the step they were trained to): a
 #    finished run whose checkpoints were deleted to save space continues from them with a fresh optimizer state
 #    (Adam's moments and SGD's momentum start at zero; the schedule is placed at their step), as the log says;

@@ -3,7 +3,7 @@ vitlab.train.settings), every value checked against its declaration however it a
 values over it, are vitlab.train.recipes.
 
 How a run's values are decided from defaults, recipe, initial weights, preset, config file and flags is
-vitlab.train.resolve; the resolved config is what the run directory records (config.json) and what `--resume`
+vitlab.train.resolution; the resolved config is what the run directory records (config.json) and what `--resume`
 restores.
 """
 
@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from vitlab.constants import SETTING_CHOICES, TIMM_RESIZE_PREFIX, setting_words, timm_resize
-from vitlab.errors import setting
+from vitlab.constants import SETTING_CHOICES, TIMM_RESIZE_PREFIX, canonical_setting, setting_words, timm_resize
+from vitlab.errors import closest, setting
 from vitlab.files.reading import NotRegularFile, open_regular, read_text_regular
 from vitlab.runtime.precision import check_precision
 from vitlab.train.finetune import tuning_problems
@@ -353,3 +353,31 @@ def _is_number_text(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+# Keys of a run's config.json besides the TrainConfig fields (accepted, and ignored, by --config).
+RUN_RECORD_KEYS = frozenset({"model_config", "class_names", "train_images", "val_images", "world_size", "torch",
+                             "sources", "notes", "resumed"})
+
+
+def check_known(values: Mapping[str, Any], what: str, extra: frozenset[str] = frozenset()) -> None:
+    """ValueError naming the keys of `values` that are no setting (with the closest setting's name)."""
+    known = set(FIELDS) | extra
+    unknown = sorted(set(values) - known)
+    if unknown:
+        guess = closest(unknown[0], sorted(known))
+        raise ValueError(f"unknown {what}: {', '.join(unknown)}" + (f"; did you mean {guess}?" if guess else ""))
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """A run's config.json, or a JSON/YAML file of TrainConfig fields (`vitlab train --config`)."""
+    values = parse_settings(path)  # bounded: size, nesting, no YAML aliases
+    if not isinstance(values, dict):
+        raise ValueError(f"--config {path}: expected a mapping of settings, got {type(values).__name__}")
+    check_known(values, f"settings in --config {path}", RUN_RECORD_KEYS)
+    values = {k: v for k, v in values.items() if k not in RUN_RECORD_KEYS and k not in ("resume", "auto")}
+    check_types(values, f"--config {path}")
+    values = {k: canonical_setting(k, v) for k, v in values.items()}
+    if "model_args" in values:
+        check_model_args_type(values["model_args"], f"--config {path}")
+    return values

@@ -22,18 +22,30 @@ banner says what it chose and from what.
 from __future__ import annotations
 
 import math
+import os
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from vitlab.data import DataError, build_datasets
 from vitlab.errors import setting
+from vitlab.models.config import ViTConfig
+from vitlab.models.registry import model_config
+from vitlab.runtime.attention import config_attention
+from vitlab.runtime.precision import training_precision
+from vitlab.train.finetune import frozen_backbone_settings
 from vitlab.train.recipes import (
+    BIT_DATA_FIELDS,
     EPOCHS,
     FINETUNE_PRESETS,
     LARGE_DATASET,
+    MODEL_ROWS,
     RECIPES,
     SMALL_DATASET,
     SMALL_IMAGES,
+    finetune_dropout,
+    hyperrule_from_data,
     typical_image_size,
 )
 
@@ -239,6 +251,144 @@ def mark_given(layers: Any, epochs: float | None) -> None:
     warm-up and evaluation interval a rule derives)."""
     if epochs is not None:
         layers.sources["steps"] = FLAG
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The rules, applied once the layers are merged (vitlab.train.resolution), in this order: the run folder; the
+# settings a recipe leaves to the model (a Table 3 row, a `pre_logits` as wide as the model, the official fine-tuning
+# dropout); the data (a recipe written for other data, --epochs, BiT-HyperRule); the warm-up; the intervals; a frozen
+# backbone's settings; the precision and attention `auto` choices. A value a layer after the recipe chose is never
+# replaced; each rule's value is recorded with the rule as its source.
+
+def apply_rules(layers: Any, recipe: str, epochs: float | None, data: Any, checkpoint: Any) -> Any:
+    """Apply the rules (above) to the merged `layers` of a run of `recipe`; `checkpoint`: the initial weights' record
+    (None from scratch). Returns the Datasets when a rule needed them (`data`: built already, or None)."""
+    auto = tuple(RECIPES[recipe].get("auto", ()))
+    mark_given(layers, epochs)
+    if "out" not in layers.values or layers.sources["out"] == "default":
+        layers.apply({"out": f"runs/{recipe}-{time.strftime('%Y%m%d-%H%M%S')}"}, "default (recipe and time)")
+    _model_rules(layers, recipe, auto, checkpoint)
+    data = follow_data(layers, recipe, data)  # a recipe written for other data: steps, size from it
+    data = apply_epochs(layers, epochs, data)  # after the batch is decided, before BiT-HyperRule's warm-up
+    data = _data_rules(layers, recipe, auto, data)
+    _warmup_rule(layers, recipe)
+    interval_rules(layers, epochs, data)
+    for key, (value, source) in frozen_backbone_settings(layers.values, layers.sources).items():
+        layers.apply({key: value}, source)
+    _precision_rule(layers, checkpoint)
+    _attention_rule(layers, checkpoint)
+    if checkpoint is not None:
+        _note_resolution_change(layers, checkpoint)
+    return data
+
+
+def _note_resolution_change(layers: Any, checkpoint: Any) -> None:
+    native, size = checkpoint.config.image_size, layers.values["image_size"]
+    if native != (size, size):
+        how = ("the position embedding is resampled (bilinear, corners aligned, paper Section 3.2)"
+               if isinstance(checkpoint.config, ViTConfig) else "a CNN takes any size")
+        layers.notes.append(f"fine-tuning at {size}×{size} px ({layers.sources['image_size']}); the weights were "
+                            f"trained at {native[0]}×{native[1]}: {how}")
+
+
+def _model_rules(layers: Any, recipe: str, auto: tuple[str, ...], checkpoint: Any) -> None:
+    """A recipe's settings that depend on the model, unless a later layer set them."""
+    todo = [k for k in auto if not layers.given_after(k, recipe)]
+    name = str(layers.values["model"]).removesuffix("-gap")
+    row = MODEL_ROWS.get(recipe, {}).get(name, {})
+    for key in todo:
+        if key in row:
+            layers.apply({key: row[key]}, f"recipe {recipe}, paper Table 3 row {name}")
+    if "representation_size" in todo:
+        width = None if checkpoint is not None else _width(layers.values)
+        layers.apply({"representation_size": width}, f"recipe {recipe}: as wide as the model")
+    if "dropout" in todo and _is_vit(layers.values, checkpoint):
+        layers.apply({"dropout": finetune_dropout(name)}, f"recipe {recipe}: official config of {name}")
+
+
+def _is_vit(values: Mapping[str, Any], checkpoint: Any) -> bool:
+    return isinstance(checkpoint.config, ViTConfig) if checkpoint is not None else _width(values) is not None
+
+
+def _width(values: Mapping[str, Any]) -> int | None:
+    config = model_config(values["model"], **values.get("model_args", {}))
+    return config.width if isinstance(config, ViTConfig) else None  # a BiT has no representation layer
+
+
+def _data_rules(layers: Any, recipe: str, auto: tuple[str, ...], data: Any) -> Any:
+    """BiT-HyperRule: steps, warm-up, decay points, MixUp and resolution from the training set; the datasets
+    are returned for the loop to reuse."""
+    by_model = {k for row in MODEL_ROWS.get(recipe, {}).values() for k in row}  # a model rule's fields
+    todo = tuple(k for k in auto if k in BIT_DATA_FIELDS and k not in by_model and not layers.given_after(k, recipe))
+    if not todo:
+        return data
+    v = layers.values
+    data = data or build_datasets(v["data"], v["val_fraction"], v["strict"])
+    chosen, message = hyperrule_from_data(data, todo, v)
+    layers.apply(chosen, f"recipe {recipe}: BiT-HyperRule on {len(data.train):,} training images")
+    layers.notes.append(f"{recipe}: {message}")
+    return data
+
+
+def _warmup_rule(layers: Any, recipe: str) -> None:
+    """A warm-up must end before the run does. One the recipe (or preset) chose for its own step count keeps
+    its share of the steps when --steps changes them; one typed as a flag is refused if it does not fit."""
+    v, s = layers.values, layers.sources
+    warmup, steps = v["warmup"], v["steps"]
+    if s["warmup"] == "flag" and warmup >= steps > 1:
+        raise ValueError(f"{setting('warmup', value=warmup)} is not below {setting('steps', value=steps)}: the "
+                         f"learning rate would still be rising when the run ends; lower {setting('warmup')} "
+                         f"(e.g. {steps // 10})")
+    chosen_steps = s["steps"].startswith(("flag", "preset ", "config "))  # "flag --epochs 30 (…)" too
+    if s["warmup"] in (s["steps"], "flag") or not warmup or not chosen_steps:
+        return
+    reference = _steps_of(layers, s["warmup"], recipe)
+    if reference is None or reference == steps:
+        return
+    scaled = round(warmup * steps / reference)
+    layers.notes.append(f"warm-up {warmup:,} of {reference:,} steps ({s['warmup']}) scaled to {scaled:,} of "
+                        f"{steps:,} (the same {100 * warmup / reference:.3g}%); pass --warmup to set it")
+    layers.apply({"warmup": scaled}, f"{s['warmup']}, scaled to the steps")
+
+
+def _precision_rule(layers: Any, checkpoint: Any) -> None:
+    """--precision auto decided once, by vitlab.runtime.precision's measured rule: config.json records the choice with
+    the rule's reason as its source, and a resumed run keeps it on any machine."""
+    v = layers.values
+    if v["precision"] == "auto":
+        chosen = training_precision(_run_model_config(v, checkpoint), v["device"])
+        layers.apply({"precision": chosen.name}, chosen.reason)
+
+
+def _attention_rule(layers: Any, checkpoint: Any) -> None:
+    """--attention auto decided once the precision is, by vitlab.runtime.attention's measured rule for the model,
+    the device and the micro-batch each process computes (torchrun's WORLD_SIZE); config.json records the choice
+    with the rule's reason as its source."""
+    v = layers.values
+    if v["attention"] == "auto":
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        batch = max(1, v["batch_size"] // (max(v["accum"], 1) * max(world, 1)))
+        chosen = config_attention("auto", _run_model_config(v, checkpoint), v["device"], v["precision"], batch)
+        layers.apply({"attention": chosen.name}, chosen.reason)
+
+
+def _run_model_config(v: Mapping[str, Any], checkpoint: Any) -> Any:
+    """The model as the run builds it, at the run's image size (its token count): what the measured rules read."""
+    size = {"image_size": v["image_size"]} if v.get("image_size") else {}
+    if checkpoint is None:
+        return model_config(v["model"], **size, **v["model_args"])
+    if isinstance(checkpoint.config, ViTConfig):
+        return checkpoint.config.replace(**size)
+    return checkpoint.config
+
+
+def _steps_of(layers: Any, source: str, recipe: str) -> int | None:
+    """The step count of the layer that chose the warm-up."""
+    if source.startswith("preset "):
+        return FINETUNE_PRESETS[source.removeprefix("preset ")].values.get("steps")
+    if source == f"recipe {recipe}":  # not a rule's value ("recipe X: BiT-HyperRule …"): that one fits already
+        return RECIPES[recipe].get("steps")
+    return None
 
 
 def steps_on_resume(record: dict[str, Any], epochs: float, path: Path) -> int:

@@ -28,7 +28,7 @@ from vitlab.files.outputs import WRITTEN_BY, atomic_write, check_replaceable, ma
 from vitlab.files.rundir import CONFIG, REFIT_RUN, SWEEP_PLOT, SWEEP_RECORD, enclosing_run, is_run_dir, sweep_run_name
 from vitlab.train.config import TrainConfig
 from vitlab.train.distributed import Preempted
-from vitlab.train.resolve import Resolved, resume_sweep_run
+from vitlab.train.resolution import Resolved, resume_sweep_run
 from vitlab.train.trainer import run
 
 log = logging.getLogger("vitlab.train")

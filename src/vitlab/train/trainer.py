@@ -64,7 +64,7 @@ from vitlab.train.finetune import Ema, Tuning, ema_warning
 from vitlab.train.metrics import plot_curves
 from vitlab.train.optim import build_optimizer, build_scheduler, describe_optimizer
 from vitlab.train.optim import describe as describe_layer_decay
-from vitlab.train.resolve import InitWeights, Resolved, read_init
+from vitlab.train.resolution import InitWeights, Resolved, read_init
 from vitlab.train.runlog import RunLog, StepWindow, to_float
 from vitlab.weights.load import model_from_checkpoint
 
@@ -339,6 +339,25 @@ def objective_for(cfg: TrainConfig) -> Classification:
     if cfg.objective == "mpp":
         return MaskedPatches(cfg.mpp_target)
     raise ValueError(f"unknown objective {cfg.objective!r}; use classify or mpp")
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """What one optimiser step of a run computes with, before any data or checkpoint: the model as the run builds it
+    (wrapped by its objective; `.encoder` is the ViT under self-supervision), its optimizer, and `loss(images,
+    labels)`, the run's loss of one batch."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    loss: Any  # (images, labels) -> the scalar loss the run back-propagates
+
+
+def step_parts(cfg: TrainConfig, class_names: list[str], device: torch.device | str = "cpu") -> StepParts:
+    """The model (on `device`), optimizer and loss a run of `cfg` trains with, built as the trainer builds them, so
+    that a cost estimate times the step the run will take."""
+    objective = objective_for(cfg)
+    model = objective.wrap(build_run_model(cfg, class_names, objective.has_head)).to(device).train()
+    return StepParts(model, build_optimizer(model, cfg), lambda x, y: objective.loss(model, x, y, cfg))
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ trained model with the run's result.
 A thin layer over the command line's path: the settings are the flags as keywords (TrainConfig fields, plus
 `epochs` and the architecture flags `depth`, `width`, `heads`, `mlp_dim`, which set `model_args` as their flags
 do), each checked as its flag is (`fit_flags`), resolved by `vitlab.train.resolve`, checked by
-`vitlab.train.fit.prepare` as the run would, trained by `vitlab.train.run` (or `run_sweep` with `lr_sweep`). The
+`vitlab.train.fitting.prepare` as the run would, trained by `vitlab.train.run` (or `run_sweep` with `lr_sweep`). The
 console shows what the command line shows (the banner, the time estimate, step and validation lines, a progress bar
 on a terminal, the final `done:` line) unless `progress=False` or the program has set up logging itself.
 
@@ -57,7 +57,7 @@ from vitlab.train.config import (
 )
 from vitlab.train.console import append_to_console_log
 from vitlab.train.finetune import ema_warning
-from vitlab.train.resolve import InitWeights, Resolved, read_config_file, resolve
+from vitlab.train.resolution import InitWeights, Resolved, resolve
 from vitlab.train.settings import MODEL_FIELDS, SETTINGS, named_by_flag
 from vitlab.train.start import Start, decide_start
 from vitlab.train.trackers import check_trackers
@@ -145,9 +145,10 @@ def fit(recipe: str | None = None, *, config_file: str | os.PathLike | None = No
     verb = "finetune" if flags.get("init") is not None else "train"
     config_file = os.fspath(config_file) if config_file is not None else None
     with _console(progress):
-        start = decide_start(flags)
-        held_out = _val_fraction(flags, config_file, start)
-        data, init_weights = _objects(flags, held_out)
+        init_weights = _init_object(flags)
+        start = decide_start(flags, config_file=config_file, recipe=recipe, verb=verb)
+        held_out = _val_fraction(flags, start)
+        data = _data_object(flags, held_out)
         resolved = resolve(recipe, flags, config_file=config_file, verb=verb, data=data, init_weights=init_weights,
                            start=start)
         if data is not None:
@@ -163,30 +164,35 @@ def fit(recipe: str | None = None, *, config_file: str | os.PathLike | None = No
     return FitResult(**{f.name: getattr(outcome, f.name) for f in fields(RunResult)}, model=model)
 
 
-def _objects(flags: dict[str, Any], val_fraction: float | None) -> tuple[Datasets | None, InitWeights | None]:
-    """A dataset object given as `data` built into the run's Datasets (`val_fraction` held out), a model object given
-    as `init` read as weights; in `flags` each is replaced by its description (module doc)."""
-    data = init_weights = None
-    if not isinstance(flags.get("data", ""), str):
-        data = build_datasets(flags["data"], val_fraction, bool(flags.get("strict")))
-        flags["data"] = data.source
-    if flags.get("init") is not None and not isinstance(flags["init"], str):
-        record = read_module(flags["init"])
-        init_weights = InitWeights(None, record)
-        kind = type(flags["init"]).__name__
-        flags["init"] = (f"{OBJECT_PREFIX}{kind}({record.config.name or describe_architecture(record.config)}, "
-                         f"tensors sha256 {tensors_fingerprint(record.state_dict)})")
-    return data, init_weights
+def _init_object(flags: dict[str, Any]) -> InitWeights | None:
+    """A model object given as `init`, read as weights; in `flags` it is replaced by its description (module doc)."""
+    if flags.get("init") is None or isinstance(flags["init"], str):
+        return None
+    record = read_module(flags["init"])
+    kind = type(flags["init"]).__name__
+    flags["init"] = (f"{OBJECT_PREFIX}{kind}({record.config.name or describe_architecture(record.config)}, "
+                     f"tensors sha256 {tensors_fingerprint(record.state_dict)})")
+    return InitWeights(None, record)
 
 
-def _val_fraction(flags: Mapping[str, Any], config_file: str | None, start: Start) -> float | None:
+def _data_object(flags: dict[str, Any], val_fraction: float | None) -> Datasets | None:
+    """A dataset object given as `data` built into the run's Datasets (`val_fraction` held out); in `flags` it is
+    replaced by its description (module doc)."""
+    if isinstance(flags.get("data", ""), str):
+        return None
+    data = build_datasets(flags["data"], val_fraction, bool(flags.get("strict")))
+    flags["data"] = data.source
+    return data
+
+
+def _val_fraction(flags: Mapping[str, Any], start: Start) -> float | None:
     """The held-out share a dataset object is split with, found before the run is resolved because the split
     comes first: the keyword's, else on resume the stored run's, else the config file's (no recipe sets it)."""
     if "val_fraction" in flags:
         return flags["val_fraction"]
     if start.case == "continue":
         return read_record(start.record).get("val_fraction")
-    return read_config_file(config_file).get("val_fraction") if config_file else None
+    return start.file_values.get("val_fraction")
 
 
 def _check_object_run(resolved: Resolved, val_fraction: float | None) -> None:

@@ -1,15 +1,20 @@
-"""How a run's settings are decided: one resolution step, each value remembering where it came from.
+"""How a run's settings are decided: one pass, each value remembering where it came from.
 
-Layers, later ones winning:
+1. The start (vitlab.train.start): a recorded run continues with its stored settings, accepting only the flags that
+   are safe to change mid-run and refusing the others; otherwise the --config file is read and the recipe named.
+2. The initial weights, when the run starts from some, are read once.
+3. The layers are gathered and merged, later ones winning:
 
-    defaults < recipe < initial weights < preset < --config file < flags
+       defaults < recipe < initial weights < preset < --config file < flags
 
-then the values a recipe leaves to the model (a Table 3 row, a `pre_logits` as wide as the model, the official
-fine-tuning dropout) or to the data (BiT-HyperRule), then the warm-up rule. A resumed run starts from the run it
-stored instead, accepts only the flags that are safe to change mid-run and refuses the others.
+4. The rules (vitlab.train.rules.apply_rules) fill in what a recipe leaves to the model (a Table 3 row, a
+   `pre_logits` as wide as the model, the official fine-tuning dropout) or to the data (BiT-HyperRule), the warm-up,
+   the intervals and the `auto` choices.
+5. The result is validated (vitlab.train.config.validate).
 
-The result, `Resolved`, is what the start banner prints, what `--print-config` shows, what config.json records
-(values and sources) and what the loop runs: nothing after this step changes a setting.
+No step goes back to an earlier one. The result, `Resolved`, is what the start banner prints, what `--print-config`
+shows, what config.json records (values and sources) and what the loop runs: nothing after this step changes a
+setting.
 """
 
 from __future__ import annotations
@@ -18,55 +23,35 @@ import dataclasses
 import json
 import logging
 import os
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vitlab.constants import canonical_setting
-from vitlab.data import build_datasets
 from vitlab.data.objects import is_object_description
-from vitlab.errors import by_surface, closest, setting
+from vitlab.errors import by_surface, setting
 from vitlab.files.rundir import CONFIG, MANIFEST, checkpoint_settings, list_checkpoints, run_dir_of
-from vitlab.models.config import BiTConfig, ViTConfig
+from vitlab.models.config import BiTConfig
 from vitlab.models.registry import architecture_differences, describe_architecture, model_config
-from vitlab.runtime.attention import config_attention
-from vitlab.runtime.precision import device_kind, training_precision
+from vitlab.runtime.precision import device_kind
 from vitlab.train.config import (
+    RUN_RECORD_KEYS,
     TrainConfig,
-    check_model_args_type,
+    check_known,
     check_record,
     check_types,
     config_from_json,
     config_from_record,
     flag_text,
-    parse_settings,
     read_record,
     setting_text,
     validate,
     value_text,
 )
-from vitlab.train.finetune import frozen_backbone_settings
-from vitlab.train.recipes import (
-    BIT_DATA_FIELDS,
-    DEFAULT_RECIPE,
-    FINETUNE_PRESETS,
-    MODEL_ROWS,
-    RECIPES,
-    finetune_dropout,
-    hyperrule_from_data,
-)
-from vitlab.train.rules import (
-    apply_epochs,
-    check_epochs,
-    follow_data,
-    interval_rules,
-    mark_given,
-    steps_on_resume,
-    user_set,
-)
-from vitlab.train.settings import FIELDS, FLAG_ONLY, spelled
+from vitlab.train.recipes import FINETUNE_PRESETS, RECIPES
+from vitlab.train.rules import apply_rules, check_epochs, steps_on_resume, user_set
+from vitlab.train.settings import FLAG_ONLY, spelled
 from vitlab.train.start import Start, decide_start
 from vitlab.weights.load import read_weights
 from vitlab.weights.locate import locate
@@ -148,9 +133,6 @@ SAFE_ON_RESUME = frozenset({"steps", "workers", "log_every", "eval_every", "save
                             "tensorboard", "wandb_project", "attention"})
 # Pre-processing a vitlab run records, which fine-tuning from its weights keeps (the data is usually alike).
 PREPROCESSING = ("train_crop", "crop_scale", "crop_ratio", "flip", "eval_resize")
-# Keys of a run's config.json besides the TrainConfig fields (accepted, and ignored, by --config).
-RUN_RECORD_KEYS = frozenset({"model_config", "class_names", "train_images", "val_images", "world_size", "torch",
-                             "sources", "notes", "resumed"})
 
 
 @dataclass(frozen=True)
@@ -191,56 +173,82 @@ def resolve_config(recipe: str = "demo", **overrides: Any) -> TrainConfig:
 def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *, config_file: str | None = None,
             verb: str = "train", data: Any = None, init_weights: InitWeights | None = None,
             start: Start | None = None) -> Resolved:
-    """Resolve a run's settings; `flags` are the TrainConfig fields given explicitly (None = not given).
-    `data`: the Datasets, if already built (otherwise built here when a rule needs them); `init_weights`: the
-    initial weights already read (a model object: `flags["init"]` is then its description); `start`: how the run
-    starts, when the caller has decided it already (vitlab.train.start.decide_start of these flags)."""
+    """Resolve a run's settings in one pass (module doc); `flags` are the TrainConfig fields given explicitly (None =
+    not given). `data`: the Datasets, if already built (otherwise built here when a rule needs them);
+    `init_weights`: the initial weights already read (a model object: `flags["init"]` is then its description);
+    `start`: how the run starts, when the caller has decided it already (vitlab.train.start.decide_start of these
+    flags, this config file, recipe and verb)."""
     flags = {k: canonical_setting(k, v) for k, v in (flags or {}).items() if v is not None}
     epochs = check_epochs(flags)  # --epochs N: the steps once the data and batch are known (train/rules.py)
-    _check_known(flags, "training settings")
-    start = start or decide_start(flags)  # how the run starts (vitlab.train.start): cases 1 and 2 from the flags
-    if start.case == "continue":
+    check_known(flags, "training settings")
+    start = start or decide_start(flags, config_file=config_file, recipe=recipe, verb=verb)
+    if start.case == "continue":  # 1. the stored run, with the flags a resume may change
         return _resume(Path(flags["out"]), flags, recipe, epochs)
     if flags.get("resume"):
         flags["resume"] = start.case == "sweep"  # resume auto with nothing there: a new run
-    layers = _Layers()
-    file_values = read_config_file(config_file) if config_file else {}
-    name = recipe or file_values.get("recipe") or DEFAULT_RECIPE.get(verb, "demo")
-    if name not in RECIPES:
-        raise ValueError(f"unknown recipe {name!r}; choose one of {', '.join(RECIPES)}")
-    recipe_values = dict(RECIPES[name])
-    auto = tuple(recipe_values.pop("auto", ()))
-    layers.apply(recipe_values, f"recipe {name}")
-    layers.apply({"recipe": name}, "flag" if recipe else f"recipe {name}")
-    init = flags.get("init", file_values.get("init", layers.values.get("init")))
-    init_weights = _init_layer(layers, init, init_weights) if init else None  # case 3, read once; else 4
+    if start.init and init_weights is None:  # 3. the initial weights, read once
+        init_weights = read_init(start.init)
     checkpoint = init_weights.checkpoint if init_weights else None
-    preset = flags.get("preset", file_values.get("preset"))
-    if preset is not None:
-        _preset_layer(layers, preset)
-    if file_values:
-        _file_layer(layers, file_values, f"config {config_file}")
-    _flag_layer(layers, flags)
-    if flags.get("resume"):  # only an interrupted sweep gets here: its runs resume one by one (train/sweep.py)
-        layers.apply({"resume": True}, "flag")
-    mark_given(layers, epochs)
+    layers = _merge(_gather(start, flags, recipe, init_weights))  # 2.-4.
     _check_model(layers, checkpoint)
-    if "out" not in layers.values or layers.sources["out"] == "default":
-        layers.apply({"out": f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S')}"}, "default (recipe and time)")
-    _model_rules(layers, name, auto, checkpoint)
-    data = follow_data(layers, name, data)  # a recipe written for other data: steps, size from it
-    data = apply_epochs(layers, epochs, data)  # after the batch is decided, before BiT-HyperRule's warm-up
-    data = _data_rules(layers, name, auto, data)
-    _warmup_rule(layers, name)
-    interval_rules(layers, epochs, data)
-    for key, (value, source) in frozen_backbone_settings(layers.values, layers.sources).items():
-        layers.apply({key: value}, source)
-    _precision_rule(layers, checkpoint)
-    _attention_rule(layers, checkpoint)
-    if checkpoint is not None:
-        _note_resolution_change(layers, checkpoint)
+    data = apply_rules(layers, start.recipe, epochs, data, checkpoint)
     config = validate(TrainConfig(**layers.values))
     return Resolved(config, dict(layers.sources), tuple(layers.notes), data=data, init=init_weights)
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """One layer's values, with their source; `kind` says which merge rules it follows (`_merge`)."""
+
+    kind: str  # "recipe", "weights", "preset", "file" or "flags"
+    values: Mapping[str, Any]
+    source: str
+
+
+def _gather(start: Start, flags: Mapping[str, Any], recipe: str | None,
+            init_weights: InitWeights | None) -> list[_Layer]:
+    """The layers over the defaults, in the order they win: recipe < initial weights < preset < config file <
+    flags (an interrupted sweep's `resume` among the flags: its runs resume one by one, train/sweep.py)."""
+    name, file_values = start.recipe, start.file_values
+    layers = [_Layer("recipe", {k: v for k, v in RECIPES[name].items() if k != "auto"}, f"recipe {name}"),
+              _Layer("recipe", {"recipe": name}, "flag" if recipe else f"recipe {name}")]
+    if init_weights is not None:
+        layers.append(_Layer("weights", _weights_values(init_weights), f"weights {start.init}"))
+    preset = flags.get("preset", file_values.get("preset"))
+    if preset is not None:
+        if preset not in FINETUNE_PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(FINETUNE_PRESETS)}")
+        layers.append(_Layer("preset", {**FINETUNE_PRESETS[preset].settings(), "preset": preset}, f"preset {preset}"))
+    if file_values:
+        layers.append(_Layer("file", file_values, f"config {start.config_file}"))
+    layers.append(_Layer("flags", {k: v for k, v in flags.items() if k != "resume"}, "flag"))
+    if flags.get("resume"):
+        layers.append(_Layer("flags", {"resume": True}, "flag"))
+    return layers
+
+
+def _merge(layers: list[_Layer]) -> _Layers:
+    """The defaults with each layer applied in turn, remembering each value's source. A `model` given without
+    `model_args` (config file, flag) is that model as named: the model arguments before it shaped another model;
+    flags' model arguments without `model` change the model so far; `--lr` without `--lr-sweep` is one run."""
+    merged = _Layers()
+    for layer in layers:
+        values = dict(layer.values)
+        if layer.kind in ("file", "flags") and "model" in values and "model_args" not in values and \
+                merged.values["model_args"]:
+            what = f"model {values['model']} ({layer.source})" if layer.kind == "file" else f"--model {values['model']}"
+            merged.notes.append(f"{what}: recipe {merged.values['recipe']}'s model arguments "
+                                f"({', '.join(sorted(merged.values['model_args']))}) not applied")
+            if layer.kind == "file":
+                values["model_args"] = {}
+            else:
+                merged.apply({"model_args": {}}, "flag --model")
+        if layer.kind == "flags" and "model_args" in values and "model" not in values:
+            values["model_args"] = {**merged.values["model_args"], **values["model_args"]}
+        merged.apply(values, layer.source)
+        if layer.kind == "flags" and "lr" in values and "lr_sweep" not in values and merged.values["lr_sweep"]:
+            merged.apply({"lr_sweep": ()}, "flag --lr (one run, no sweep)")
+    return merged
 
 
 class _Layers:
@@ -282,42 +290,17 @@ def _lists_to_tuples(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
-def _check_known(values: Mapping[str, Any], what: str, extra: frozenset[str] = frozenset()) -> None:
-    known = set(FIELDS) | extra
-    unknown = sorted(set(values) - known)
-    if unknown:
-        guess = closest(unknown[0], sorted(known))
-        raise ValueError(f"unknown {what}: {', '.join(unknown)}" + (f"; did you mean {guess}?" if guess else ""))
-
-
-def read_config_file(path: str) -> dict[str, Any]:
-    """A run's config.json, or a JSON/YAML file of TrainConfig fields (`vitlab train --config`)."""
-    values = parse_settings(path)  # bounded: size, nesting, no YAML aliases
-    if not isinstance(values, dict):
-        raise ValueError(f"--config {path}: expected a mapping of settings, got {type(values).__name__}")
-    _check_known(values, f"settings in --config {path}", RUN_RECORD_KEYS)
-    values = {k: v for k, v in values.items() if k not in RUN_RECORD_KEYS and k not in ("resume", "auto")}
-    check_types(values, f"--config {path}")
-    values = {k: canonical_setting(k, v) for k, v in values.items()}
-    if "model_args" in values:
-        check_model_args_type(values["model_args"], f"--config {path}")
-    return values
-
-
-def _init_layer(layers: _Layers, init: str, init_weights: InitWeights | None = None) -> InitWeights:
-    """What fine-tuning takes from its initial weights (read here unless given): their resolution, architecture
-    name and, for weights a vitlab run wrote, that run's pre-processing (for other weights, the evaluation resize
-    they carry: timm's for the weights of a timm name)."""
-    init_weights = init_weights or read_init(init)
-    checkpoint = init_weights.checkpoint
-    config, source = checkpoint.config, f"weights {init}"
+def _weights_values(init_weights: InitWeights) -> dict[str, Any]:
+    """What fine-tuning takes from its initial weights: their resolution, architecture name and, for weights a vitlab
+    run wrote, that run's pre-processing (for other weights, the evaluation resize they carry: timm's for the
+    weights of a timm name)."""
+    config = init_weights.checkpoint.config
     values: dict[str, Any] = {"model": config.name or describe_architecture(config), "model_args": {}}
     h, w = config.image_size
     if h == w:
         values["image_size"] = h
-    values.update(_recorded_preprocessing(init_weights.path, checkpoint.meta))
-    layers.apply(values, source)
-    return init_weights
+    values.update(_recorded_preprocessing(init_weights.path, init_weights.checkpoint.meta))
+    return values
 
 
 def _recorded_preprocessing(weights: Path | None, meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -337,32 +320,6 @@ def _recorded_preprocessing(weights: Path | None, meta: Mapping[str, Any]) -> di
     return values
 
 
-def _note_resolution_change(layers: _Layers, checkpoint: Any) -> None:
-    native, size = checkpoint.config.image_size, layers.values["image_size"]
-    if native != (size, size):
-        how = ("the position embedding is resampled (bilinear, corners aligned, paper Section 3.2)"
-               if isinstance(checkpoint.config, ViTConfig) else "a CNN takes any size")
-        layers.notes.append(f"fine-tuning at {size}×{size} px ({layers.sources['image_size']}); the weights were "
-                            f"trained at {native[0]}×{native[1]}: {how}")
-
-
-def _preset_layer(layers: _Layers, preset: str) -> None:
-    if preset not in FINETUNE_PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(FINETUNE_PRESETS)}")
-    layers.apply(FINETUNE_PRESETS[preset].settings(), f"preset {preset}")
-    layers.apply({"preset": preset}, f"preset {preset}")
-
-
-def _file_layer(layers: _Layers, values: Mapping[str, Any], source: str) -> None:
-    """A --config file's values; a `model` without `model_args` is that model as named (the recipe's model
-    arguments shaped the recipe's own model), as `--model` is."""
-    if "model" in values and "model_args" not in values and layers.values["model_args"]:
-        layers.notes.append(f"model {values['model']} ({source}): recipe {layers.values['recipe']}'s model "
-                            f"arguments ({', '.join(sorted(layers.values['model_args']))}) not applied")
-        values = {**values, "model_args": {}}
-    layers.apply(values, source)
-
-
 def _check_model(layers: _Layers, checkpoint: Any) -> None:
     """The model settings against the model (model_args it has) or the initial weights (the same network), and
     --dev-fraction against the sweep it splits for: refused here, so that --print-config refuses them too."""
@@ -375,120 +332,6 @@ def _check_model(layers: _Layers, checkpoint: Any) -> None:
                          f"has none: add {setting('lr_sweep', value='LR,LR,…')} (or a {setting('preset')} with one), "
                          "or "
                          f"leave {setting('dev_fraction')} out")
-
-
-def _flag_layer(layers: _Layers, flags: Mapping[str, Any]) -> None:
-    recipe = layers.values["recipe"]
-    if "model" in flags and "model_args" not in flags and layers.values["model_args"]:
-        # A recipe's model arguments shape the recipe's own model; another model starts from its own values.
-        layers.notes.append(f"--model {flags['model']}: recipe {recipe}'s model arguments "
-                            f"({', '.join(sorted(layers.values['model_args']))}) not applied")
-        layers.apply({"model_args": {}}, "flag --model")
-    if "model_args" in flags and "model" not in flags:  # --width 64 changes the recipe's model, not replaces it
-        flags = {**flags, "model_args": {**layers.values["model_args"], **flags["model_args"]}}
-    layers.apply({k: v for k, v in flags.items() if k != "resume"}, "flag")
-    if "lr" in flags and "lr_sweep" not in flags and layers.values["lr_sweep"]:
-        layers.apply({"lr_sweep": ()}, "flag --lr (one run, no sweep)")
-
-
-def _model_rules(layers: _Layers, recipe: str, auto: tuple[str, ...], checkpoint: Any) -> None:
-    """A recipe's settings that depend on the model, unless a later layer set them."""
-    todo = [k for k in auto if not layers.given_after(k, recipe)]
-    name = str(layers.values["model"]).removesuffix("-gap")
-    row = MODEL_ROWS.get(recipe, {}).get(name, {})
-    for key in todo:
-        if key in row:
-            layers.apply({key: row[key]}, f"recipe {recipe}, paper Table 3 row {name}")
-    if "representation_size" in todo:
-        width = None if checkpoint is not None else _width(layers.values)
-        layers.apply({"representation_size": width}, f"recipe {recipe}: as wide as the model")
-    if "dropout" in todo and _is_vit(layers.values, checkpoint):
-        layers.apply({"dropout": finetune_dropout(name)}, f"recipe {recipe}: official config of {name}")
-
-
-def _is_vit(values: Mapping[str, Any], checkpoint: Any) -> bool:
-    return isinstance(checkpoint.config, ViTConfig) if checkpoint is not None else _width(values) is not None
-
-
-def _width(values: Mapping[str, Any]) -> int | None:
-    config = model_config(values["model"], **values.get("model_args", {}))
-    return config.width if isinstance(config, ViTConfig) else None  # a BiT has no representation layer
-
-
-def _data_rules(layers: _Layers, recipe: str, auto: tuple[str, ...], data: Any) -> Any:
-    """BiT-HyperRule: steps, warm-up, decay points, MixUp and resolution from the training set; the datasets
-    are returned for the loop to reuse."""
-    by_model = {k for row in MODEL_ROWS.get(recipe, {}).values() for k in row}  # a model rule's fields
-    todo = tuple(k for k in auto if k in BIT_DATA_FIELDS and k not in by_model and not layers.given_after(k, recipe))
-    if not todo:
-        return data
-    v = layers.values
-    data = data or build_datasets(v["data"], v["val_fraction"], v["strict"])
-    chosen, message = hyperrule_from_data(data, todo, v)
-    layers.apply(chosen, f"recipe {recipe}: BiT-HyperRule on {len(data.train):,} training images")
-    layers.notes.append(f"{recipe}: {message}")
-    return data
-
-
-def _warmup_rule(layers: _Layers, recipe: str) -> None:
-    """A warm-up must end before the run does. One the recipe (or preset) chose for its own step count keeps
-    its share of the steps when --steps changes them; one typed as a flag is refused if it does not fit."""
-    v, s = layers.values, layers.sources
-    warmup, steps = v["warmup"], v["steps"]
-    if s["warmup"] == "flag" and warmup >= steps > 1:
-        raise ValueError(f"{setting('warmup', value=warmup)} is not below {setting('steps', value=steps)}: the "
-                         f"learning rate would still be rising when the run ends; lower {setting('warmup')} "
-                         f"(e.g. {steps // 10})")
-    chosen_steps = s["steps"].startswith(("flag", "preset ", "config "))  # "flag --epochs 30 (…)" too
-    if s["warmup"] in (s["steps"], "flag") or not warmup or not chosen_steps:
-        return
-    reference = _steps_of(layers, s["warmup"], recipe)
-    if reference is None or reference == steps:
-        return
-    scaled = round(warmup * steps / reference)
-    layers.notes.append(f"warm-up {warmup:,} of {reference:,} steps ({s['warmup']}) scaled to {scaled:,} of "
-                        f"{steps:,} (the same {100 * warmup / reference:.3g}%); pass --warmup to set it")
-    layers.apply({"warmup": scaled}, f"{s['warmup']}, scaled to the steps")
-
-
-def _precision_rule(layers: _Layers, checkpoint: Any) -> None:
-    """--precision auto decided once, by vitlab.runtime.precision's measured rule: config.json records the choice with
-    the rule's reason as its source, and a resumed run keeps it on any machine."""
-    v = layers.values
-    if v["precision"] == "auto":
-        chosen = training_precision(_run_model_config(v, checkpoint), v["device"])
-        layers.apply({"precision": chosen.name}, chosen.reason)
-
-
-def _attention_rule(layers: _Layers, checkpoint: Any) -> None:
-    """--attention auto decided once the precision is, by vitlab.runtime.attention's measured rule for the model,
-    the device and the micro-batch each process computes (torchrun's WORLD_SIZE); config.json records the choice
-    with the rule's reason as its source."""
-    v = layers.values
-    if v["attention"] == "auto":
-        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-        batch = max(1, v["batch_size"] // (max(v["accum"], 1) * max(world, 1)))
-        chosen = config_attention("auto", _run_model_config(v, checkpoint), v["device"], v["precision"], batch)
-        layers.apply({"attention": chosen.name}, chosen.reason)
-
-
-def _run_model_config(v: Mapping[str, Any], checkpoint: Any) -> Any:
-    """The model as the run builds it, at the run's image size (its token count): what the measured rules read."""
-    size = {"image_size": v["image_size"]} if v.get("image_size") else {}
-    if checkpoint is None:
-        return model_config(v["model"], **size, **v["model_args"])
-    if isinstance(checkpoint.config, ViTConfig):
-        return checkpoint.config.replace(**size)
-    return checkpoint.config
-
-
-def _steps_of(layers: _Layers, source: str, recipe: str) -> int | None:
-    """The step count of the layer that chose the warm-up."""
-    if source.startswith("preset "):
-        return FINETUNE_PRESETS[source.removeprefix("preset ")].values.get("steps")
-    if source == f"recipe {recipe}":  # not a rule's value ("recipe X: BiT-HyperRule …"): that one fits already
-        return RECIPES[recipe].get("steps")
-    return None
 
 
 def _resume(out: Path, flags: Mapping[str, Any], recipe: str | None, epochs: float | None) -> Resolved:
@@ -567,7 +410,8 @@ def resume_sweep_run(sweep: Resolved, out: Path, lr: float) -> Resolved:
     the run, a change a resume may make applied), so no run continues with settings it was not trained with."""
     cfg = sweep.config
     given = {k: getattr(cfg, k) for k, source in sweep.sources.items() if user_set(source) and k not in SWEEP_OWN}
-    return _resume(out, {**given, "lr": lr, "resume": True, "out": str(out)}, cfg.recipe, None)
+    resumed = _resume(out, {**given, "lr": lr, "resume": True, "out": str(out)}, cfg.recipe, None)
+    return dataclasses.replace(resumed, init=sweep.init)  # a run without a checkpoint starts from the sweep's read
 
 
 # --------------------------------------------------------------------------------------------------------------
