@@ -40,7 +40,7 @@ def test_gflops_arithmetic(result: bench.BenchResult) -> None:
     fast = count_macs("ViT-Ti/16", 32, class_token_last_block=True)
     for m in result.measurements:
         assert m.macs_per_image == (full.total if m.mode == "infer" else full.training)
-        executed = fast if m.impl == "vitlab" and m.mode == "infer" else full
+        executed = fast if m.impl == "vitlab" else full  # the session and the trainer's step: class token alone
         assert m.executed_macs_per_image == (executed.total if m.mode == "infer" else executed.training)
         assert m.gflops == pytest.approx(2 * m.macs_per_image * m.median / 1e9)
         assert m.pct_peak == pytest.approx(100 * m.gflops / result.gemm_peak_gflops)
@@ -67,6 +67,24 @@ def test_report_and_json(result: bench.BenchResult) -> None:
     assert len(d["measurements"]) == 4 and d["ratios"]["infer"]["median"] > 0
     assert d["environment"]["malloc"] == allocator_name()  # tuned by the module's run: the process's allocator
     assert f"malloc: {allocator_name()}" in table
+
+
+def test_training_step_is_the_trainers(monkeypatch) -> None:
+    """vitlab's training step computes the last block for the class token alone, as the trainer's does while
+    nothing observes it; timm's computes every token."""
+    from vitlab.models.vit import VisionTransformer
+
+    calls: list[str] = []
+    original = VisionTransformer.forward_unobserved
+    monkeypatch.setattr(VisionTransformer, "forward_unobserved",
+                        lambda self, x: (calls.append("vitlab"), original(self, x))[1])
+    settings = BenchSettings(**{**TINY, "modes": ("train",)}, compare="timm")
+    models = bench.build_models(settings)
+    x, y = torch.randn(2, 3, 32, 32), torch.tensor([0, 1])
+    for impl, _, m in models:
+        bench.make_step(m, "train", x, y)()
+        assert calls == ["vitlab"], impl
+    assert "forward" not in vars(models[0][2])
 
 
 def test_single_mode_without_comparison_restores_threads() -> None:

@@ -23,6 +23,7 @@ from vitlab.models.attention import set_attention_form
 from vitlab.models.config import BiTConfig, ViTConfig
 from vitlab.models.flops import count_macs
 from vitlab.models.registry import build_model, model_config
+from vitlab.models.unobserved import unread_tokens_skipped
 from vitlab.runtime.allocator import allocator_name, tune_for_compute
 from vitlab.runtime.attention import config_attention
 from vitlab.runtime.precision import autocast_for
@@ -69,10 +70,13 @@ def build_models(settings: BenchSettings) -> list[tuple[str, str, nn.Module]]:
 
 
 def make_step(model: nn.Module, mode: str, x: torch.Tensor, y: torch.Tensor,
-              autocast: AbstractContextManager | None = None) -> Callable[[], None]:
+              autocast: AbstractContextManager | None = None, plain: nn.Module | None = None) -> Callable[[], None]:
     """One inference pass or one training step (forward, cross-entropy, backward, AdamW) as a closure, under
-    `autocast` (default: nothing, float32)."""
+    `autocast` (default: nothing, float32). The training forward is the trainer's: a vitlab ViT's last block on the
+    class token alone while nothing observes it (`vitlab.models.unobserved`); `plain` is the module `model`
+    compiles, whose forward the call runs (default: `model` itself)."""
     autocast = nullcontext() if autocast is None else autocast
+    plain = model if plain is None else plain
     if mode == "infer":
         model.eval()
 
@@ -86,7 +90,7 @@ def make_step(model: nn.Module, mode: str, x: torch.Tensor, y: torch.Tensor,
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, fused=True)
 
     def train() -> None:
-        with autocast:
+        with autocast, unread_tokens_skipped(plain):
             loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
@@ -141,9 +145,10 @@ def run_benchmark(settings: BenchSettings, progress: Callable[[str], None] | Non
             steps = {}
             for impl, _, m in models:
                 m = forms.inference_model(impl, m, chosen) if mode == "infer" else m
+                plain = m
                 if settings.compile:  # inference: weights frozen into the graph; training: the plain form
                     m = compile_for_inference(m) if mode == "infer" else torch.compile(m)
-                steps[impl] = make_step(m, mode, x, y, autocast_for(device, chosen))
+                steps[impl] = make_step(m, mode, x, y, autocast_for(device, chosen), plain)
             times = _interleaved(steps, settings, device, mode, progress)
             for impl, name, _ in models:
                 n_steps, seconds = times[impl]
@@ -196,9 +201,9 @@ def _measurement(
 ) -> Measurement:
     cfg = model_config(settings.model, num_classes=settings.num_classes, image_size=settings.image_size)
     full = count_macs(cfg)
-    # vitlab's inference session computes only the class token in the last block; its training forward, and timm,
-    # compute every token.
-    fast = impl == "vitlab" and mode == "infer" and isinstance(cfg, ViTConfig)
+    # vitlab's inference session and training step compute only the class token in the last block; timm computes
+    # every token.
+    fast = impl == "vitlab" and isinstance(cfg, ViTConfig)
     executed = count_macs(cfg, class_token_last_block=fast)
     pick = (lambda c: c.total) if mode == "infer" else (lambda c: c.training)
     return Measurement(impl, name, mode, ips, pick(full), pick(executed), peak, steps)

@@ -46,8 +46,8 @@ def count_macs(
 ) -> MacCount:
     """Multiply-adds per image of `model` (a config or a registry name) at `image_size` (default: native).
 
-    class_token_last_block=True counts what vitlab's inference session executes for a token classifier
-    (`forward_unobserved`; `forward` computes the full model, as timm's does): the last block
+    class_token_last_block=True counts what vitlab's inference session and training step execute for a token
+    classifier (`forward_unobserved`; `forward` computes the full model, as timm's does): the last block
     computes keys and values for all tokens but queries, attention output and MLP for the class token only.
     The default counts the full model, as the paper (and timm) does.
     """

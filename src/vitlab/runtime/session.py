@@ -90,8 +90,9 @@ def open_session(
 def skip_unread_tokens(model: nn.Module) -> nn.Module:
     """`model` whose `forward` computes only what the logits read, where the model can (a ViT's
     `forward_unobserved`: the last block on the class token alone; in its prepared precision, if prepared); returned
-    for chaining. Only a session's model runs so: a hook or trace on its last block or final norm would see the
-    class token alone, where the model as built (and timm's) gives every token."""
+    for chaining. Only a session's model runs so for good: a hook or trace on its last block or final norm would see
+    the class token alone, where the model as built (and timm's) gives every token. (The training step does the same
+    for one call at a time, while nothing observes: `vitlab.models.unobserved`.)"""
     if hasattr(type(model), "forward_unobserved"):
         model.forward = model.forward_unobserved  # the instance's: the precision's wrapper where one was installed
     return model

@@ -42,6 +42,7 @@ from vitlab.models.attention import set_attention_form
 from vitlab.models.config import ViTConfig
 from vitlab.models.registry import build_model as build_from_config
 from vitlab.models.registry import describe_architecture, model_config
+from vitlab.models.unobserved import unread_tokens_skipped
 from vitlab.runtime.attention import config_attention
 from vitlab.runtime.device import all_reduce
 from vitlab.runtime.precision import autocast_for, training_precision
@@ -570,7 +571,9 @@ class Trainer:
             mix = draw_mixup(cfg.mixup, len(y), cfg.seed, self.step, j, d.rank, cutmix=cfg.cutmix,
                              size=tuple(x.shape[-2:]))  # None without MixUp or CutMix
             with grad_sync(self.train_module, j == cfg.accum - 1):
-                with autocast_for(d.device, cfg.precision):  # bf16: float32 master weights and optimizer state
+                # bf16: float32 master weights and optimizer state. A ViT's last block computes the class token
+                # alone while nothing observes it: the same loss and gradients, less compute (models.unobserved).
+                with autocast_for(d.device, cfg.precision), unread_tokens_skipped(self.model):
                     loss = self.objective.loss(self.train_module, x, y, cfg, mix) / cfg.accum
                 loss.backward()
             loss_sum += loss.detach()
