@@ -28,7 +28,7 @@ from vitlab.constants import canonical_setting
 from vitlab.data import build_datasets
 from vitlab.data.objects import is_object_description
 from vitlab.errors import by_surface, closest, setting
-from vitlab.files.rundir import CONFIG, MANIFEST, checkpoint_settings, list_checkpoints, run_dir_of
+from vitlab.files.rundir import CONFIG, MANIFEST, checkpoint_settings, list_checkpoints, run_dir_of, special_run_file
 from vitlab.models.config import BiTConfig, ViTConfig
 from vitlab.models.registry import architecture_differences, describe_architecture, model_config
 from vitlab.runtime.attention import config_attention
@@ -239,7 +239,7 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
     _attention_rule(layers, checkpoint)
     if checkpoint is not None:
         _note_resolution_change(layers, checkpoint)
-    config = validate(TrainConfig(**layers.values))
+    config = validate(TrainConfig(**layers.values), sources=layers.sources)
     return Resolved(config, dict(layers.sources), tuple(layers.notes), data=data, init=init_weights)
 
 
@@ -494,6 +494,8 @@ def _steps_of(layers: _Layers, source: str, recipe: str) -> int | None:
 def _resume(out: Path, flags: Mapping[str, Any], recipe: str | None, epochs: float | None) -> Resolved:
     """The stored run, with the flags that are safe to change; any other flag must equal the stored value."""
     path = out / CONFIG
+    if (special := special_run_file(out)) is not None:
+        raise ValueError(f"cannot resume the run in {out}: {special}; a run's files are regular files (move it aside)")
     try:
         record = read_record(path)
     except (OSError, ValueError) as err:
