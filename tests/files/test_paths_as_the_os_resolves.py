@@ -184,3 +184,23 @@ def test_a_fifo_among_a_runs_files_is_refused_on_resume_never_waited_on(run, tmp
     assert proc.stderr.strip().splitlines() == [
         f"vitlab train: error: cannot resume the run in {copy}: {copy / name} is a FIFO, not a regular file; a "
         "run's files are regular files (move it aside)"]
+
+
+READS = {  # a record read from a place a user controls: (the FIFO's name, what reads it)
+    "hub cache record": ("w.npz.vitlab.json",
+                         "from vitlab.hub.cache import read_meta; print(read_meta(folder / 'w.npz'))"),
+    "metrics.jsonl": ("metrics.jsonl", "from vitlab.train.runlog import read_metrics; read_metrics(fifo)"),
+    "checkpoint digest": ("state.pt", "from vitlab.files.digest import sha256_file; sha256_file(fifo)"),
+    "saved dataset state": ("state.json", "from vitlab.data.hf_files import _state_split; print(_state_split(folder))"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(READS))
+def test_a_fifo_in_place_of_a_record_is_never_waited_on(tmp_path, case):
+    """Hub cache records, run logs, checkpoint files being hashed and a saved dataset's state.json are read
+    through the one reader: a FIFO there is refused (or read as no record), within the timeout."""
+    name, code = READS[case]
+    os.mkfifo(tmp_path / name)
+    script = f"from pathlib import Path; folder = Path({str(tmp_path)!r}); fifo = folder / {name!r}\n{code}"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 or "a FIFO, not a regular file" in proc.stderr, proc.stderr[-1500:]

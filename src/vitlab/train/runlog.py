@@ -19,6 +19,7 @@ from typing import Any
 
 from vitlab.errors import setting
 from vitlab.files.outputs import atomic_write
+from vitlab.files.reading import read_text_regular
 from vitlab.files.rundir import CONFIG, CONSOLE_LOG, METRICS, TENSORBOARD, WANDB
 from vitlab.models.flops import count_macs
 from vitlab.progress import bars_enabled, duration
@@ -123,7 +124,7 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     last checkpoint, and the file must describe one run, not two overlapping ones."""
     if not path.exists():
         return
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in read_text_regular(path).splitlines() if line.strip()]
     records = []
     for i, line in enumerate(lines):
         try:
@@ -211,7 +212,7 @@ class RunLog:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in read_text_regular(path).splitlines() if line.strip()]
 
 
 FEW_POINTS = 50  # logged steps up to which curves.png marks each point
