@@ -77,7 +77,8 @@ def strip_png(path: Path, width: int, height: int) -> Path:
 def test_every_resize_of_a_one_pixel_strip_stays_in_bounded_memory(tmp_path):
     """10000 x 1, 20000 x 1 and their transposes through every eval resize (`vitlab.transforms`), `vitlab predict`
     with weights evaluated as timm evaluates them, `vitlab eval` (with --eval-resize and with the weights' own timm
-    resize) and `vitlab fewshot`: the process's peak stays under 1.5 GB and grows by less than 256 MiB (the short side resized first materialised 2.6 GB for 10000 x 1)."""
+    resize) and `vitlab fewshot`: the process's peak stays under 1.5 GB and grows by less than 256 MiB (the short
+    side resized first materialised 2.6 GB for 10000 x 1)."""
     for width, height in STRIPS:
         strip_png(tmp_path / "val" / "strip" / f"s{width}x{height}.png", width, height)
     assert (tmp_path / "val" / "strip" / "s10000x1.png").stat().st_size < 1000
