@@ -204,3 +204,16 @@ def test_a_fifo_in_place_of_a_record_is_never_waited_on(tmp_path, case):
     script = f"from pathlib import Path; folder = Path({str(tmp_path)!r}); fifo = folder / {name!r}\n{code}"
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 or "a FIFO, not a regular file" in proc.stderr, proc.stderr[-1500:]
+
+
+@pytest.mark.parametrize("name", ["state.pt", "model.safetensors"])
+def test_a_fifo_in_a_checkpoint_is_named_never_waited_on(run, tmp_path, name):
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    step = copy / "checkpoints" / "step_00000002"
+    (step / name).unlink()
+    os.mkfifo(step / name)
+    proc = subprocess.run([sys.executable, "-m", "vitlab", "-q", "info", str(step)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2, proc.stderr[-1500:]
+    assert f"damaged checkpoint ({name} is a FIFO, not a regular file)" in proc.stderr

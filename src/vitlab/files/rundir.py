@@ -31,7 +31,7 @@ import re
 from pathlib import Path
 
 from vitlab.files.digest import sha256_file
-from vitlab.files.reading import not_regular, read_text_regular, resolved
+from vitlab.files.reading import not_regular, read_text_regular, resolved, special_kind
 
 CHECKPOINTS = "checkpoints"
 WEIGHTS = "model.safetensors"  # the final weights of a run, and the weights of each checkpoint
@@ -145,7 +145,8 @@ def verify_checkpoint(path: Path) -> str | None:
     for name, expect in files.items():
         f = path / name
         if not f.is_file():
-            return f"{name} is missing"
+            return f"{name} is {special_kind(f.stat().st_mode)}, not a regular file" if f.exists() else \
+                f"{name} is missing"
         if f.stat().st_size != expect["size"]:
             return f"{name} has {f.stat().st_size} bytes, expected {expect['size']} (truncated?)"
         if sha256_file(f) != expect["sha256"]:
