@@ -34,7 +34,7 @@ def validate(cfg: TrainConfig, recorded_in: str | Path | None = None,
     after the file's name, for the same reason."""
     name = _flag if recorded_in is None else _recorded
     files = {key: source.removeprefix(_FILE_SOURCE) for key, source in (sources or {}).items()
-             if recorded_in is None and source.startswith(_FILE_SOURCE)}
+             if recorded_in is None and source.startswith(_FILE_SOURCE) and (key in _DEFAULTS or key == "model_args")}
     for key in files:
         problem = _one_setting_problem(cfg, key, _recorded)
         if problem:
