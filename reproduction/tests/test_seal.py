@@ -29,3 +29,10 @@ def test_a_checksum_that_is_not_a_string_is_a_malformed_record(tmp_path, capsys)
     assert capsys.readouterr().err == (f"reproduction.seal: {record} is malformed (its checksum is a JSON int, not "
                                        "a string): restore it from its commit, or delete it to train the run again\n")
     assert json.loads(record.read_text()) == {"spec": {}, "checksum": 12345}
+
+
+def test_a_missing_file_is_named_as_missing(tmp_path, capsys):
+    missing = tmp_path / "missing.json"
+    assert seal([str(missing)]) == 2
+    assert capsys.readouterr().err == (f"reproduction.seal: {missing}: no such file; name a record or results file "
+                                       "to seal\n")

@@ -144,6 +144,10 @@ FIFO_CASES = {
     "info": lambda fifo, d: ["-m", "vitlab", "info", str(fifo)],
     "predict": lambda fifo, d: ["-m", "vitlab", "predict", "--weights", str(fifo), str(d)],
     "convert": lambda fifo, d: ["-m", "vitlab", "convert", str(fifo), str(d / "o.safetensors")],
+    "eval": lambda fifo, d: ["-m", "vitlab", "eval", "--weights", str(fifo), "--data", "digits"],
+    "fewshot": lambda fifo, d: ["-m", "vitlab", "fewshot", "--weights", str(fifo), "--data", "digits"],
+    "finetune_init": lambda fifo, d: ["-m", "vitlab", "finetune", "--init", str(fifo), "--data", "digits", "--out",
+                                      str(d / "r"), "--steps", "1"],
     "load": lambda fifo, d: ["-c", f"import vitlab; vitlab.load({str(fifo)!r})"],
     "config": lambda fifo, d: ["-m", "vitlab", "train", "--config", str(fifo), "--out", str(d / "r")],
     "config_file": lambda fifo, d: ["-c", f"import vitlab; vitlab.fit(config_file={str(fifo)!r}, out={str(d)!r})"],
@@ -164,3 +168,52 @@ def test_a_fifo_is_refused_in_one_line_never_waited_on(tmp_path, case):
     assert "a FIFO, not a regular file" in proc.stderr, proc.stderr[-1500:]
     if "-m" in FIFO_CASES[case](fifo, tmp_path)[:1]:
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "console.log"])
+def test_a_fifo_among_a_runs_files_is_refused_on_resume_never_waited_on(run, tmp_path, name):
+    """Resuming reads metrics.jsonl and appends to it and to console.log: a FIFO in either's place is one line
+    naming it, before anything is opened."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    (copy / name).unlink()
+    os.mkfifo(copy / name)
+    argv = [sys.executable, "-m", "vitlab", "-q", "train", "--out", str(copy), "--resume", "--steps", "3"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2, proc.stderr[-1500:]
+    assert proc.stderr.strip().splitlines() == [
+        f"vitlab train: error: cannot resume the run in {copy}: {copy / name} is a FIFO, not a regular file; a "
+        "run's files are regular files (move it aside)"]
+
+
+READS = {  # a record read from a place a user controls: (the FIFO's name, what reads it)
+    "hub cache record": ("w.npz.vitlab.json",
+                         "from vitlab.hub.cache import read_meta; print(read_meta(folder / 'w.npz'))"),
+    "metrics.jsonl": ("metrics.jsonl", "from vitlab.train.runlog import read_metrics; read_metrics(fifo)"),
+    "checkpoint digest": ("state.pt", "from vitlab.files.digest import sha256_file; sha256_file(fifo)"),
+    "saved dataset state": ("state.json", "from vitlab.data.hf_files import _state_split; print(_state_split(folder))"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(READS))
+def test_a_fifo_in_place_of_a_record_is_never_waited_on(tmp_path, case):
+    """Hub cache records, run logs, checkpoint files being hashed and a saved dataset's state.json are read
+    through the one reader: a FIFO there is refused (or read as no record), within the timeout."""
+    name, code = READS[case]
+    os.mkfifo(tmp_path / name)
+    script = f"from pathlib import Path; folder = Path({str(tmp_path)!r}); fifo = folder / {name!r}\n{code}"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 or "a FIFO, not a regular file" in proc.stderr, proc.stderr[-1500:]
+
+
+@pytest.mark.parametrize("name", ["state.pt", "model.safetensors"])
+def test_a_fifo_in_a_checkpoint_is_named_never_waited_on(run, tmp_path, name):
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    step = copy / "checkpoints" / "step_00000002"
+    (step / name).unlink()
+    os.mkfifo(step / name)
+    proc = subprocess.run([sys.executable, "-m", "vitlab", "-q", "info", str(step)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2, proc.stderr[-1500:]
+    assert f"damaged checkpoint ({name} is a FIFO, not a regular file)" in proc.stderr

@@ -4,6 +4,11 @@ chosen on dev, the test accuracy of that run reported; sweep.json, sweep.png and
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 from PIL import Image
@@ -156,3 +161,33 @@ def test_an_interrupted_sweep_resumes_each_run_held_to_its_settings(tmp_path, ca
         assert any(r.get("split") == "resume" and r.get("changed") == {"steps": [3, 4]} for r in rows)
         assert max(r["step"] for r in rows if r.get("split") == "train") == 4
         assert json.loads((run_dir / "config.json").read_text())["steps"] == 4
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_a_sweep_exits_with_the_stop_code_and_says_how_to_continue(tmp_path, signum, code):
+    """As a scheduler stops it: exit code 128 + the signal (a preempted sweep is not a finished one), one line on
+    stderr and no traceback, the resume command named, the stopped run's checkpoint kept and no sweep record or
+    figure (nor a temporary of one) written for the unfinished sweep."""
+    init = tmp_path / "init.safetensors"
+    vitlab.save(vitlab.create_model("ViT-Ti/4", image_size=8, num_classes=5, depth=1, width=32, num_heads=2,
+                                    mlp_dim=64), init)
+    out = tmp_path / "sweep"
+    args = [sys.executable, "-m", "vitlab", "finetune", "--init", str(init), "--data", str(folder(tmp_path / "data")),
+            "--out", str(out), "--lr-sweep", "0.3,0.01", "--dev-fraction", "0.2", "--steps", "100000", "--warmup",
+            "1", "--image-size", "8", "--batch-size", "8", "--workers", "0", "--eval-every", "0", "--log-every", "1"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    log = out / "lr_0.3" / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while not (log.exists() and '"split": "train"' in log.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
+        time.sleep(0.05)
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == code, stderr[-2000:]
+    assert "Traceback" not in stderr
+    last = stderr.strip().splitlines()[-1]
+    assert "the sweep was preempted in" in last and "--resume" in last and str(out) in last, stderr[-2000:]
+    assert list((out / "lr_0.3" / "checkpoints").glob("step_*"))
+    assert not (out / "lr_0.01").exists()
+    assert sorted(p.name for p in out.iterdir()) == ["lr_0.3"]  # no sweep.json, sweep.png nor temporary of them

@@ -38,6 +38,20 @@ def test_config_values_are_type_checked_at_resolution(tmp_path, capsys, text, sa
     assert sha256(config) == before
 
 
+@pytest.mark.parametrize("text, says", [
+    ("precision: int8", "precision int8 is for the inference verbs only"),
+    ("lr: -1", "lr must be a number (finite, >= 0 and <= 100), got -1"),
+    ("device: tpu", "unknown device 'tpu'"),
+])
+def test_a_config_files_value_is_named_as_its_key_in_that_file(tmp_path, capsys, text, says):
+    """A value a --config file set, refused by its range or choices, is the file's key after the file's name, not a
+    flag nobody passed."""
+    config = tmp_path / "settings.yaml"
+    config.write_text(text + "\n")
+    err = one_line_error(capsys, ["train", "--config", str(config), "--print-config"], f"{config}: {says}")
+    assert "--" not in err
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--model", "BiT-R50x1", "--depth", "1"], "--depth does not apply to BiT-R50x1"),
     (["--model", "BiT-R50x1", "--heads", "2"], "--heads does not apply to BiT-R50x1"),

@@ -23,6 +23,7 @@ from vitlab.data.errors import log
 from vitlab.data.shards import expand_braces
 from vitlab.data.untrusted import contained, parse_json
 from vitlab.errors import DataError, setting
+from vitlab.files.reading import read_text_regular
 from vitlab.progress import bars_enabled
 
 NEEDS_DATASETS = "reading Hugging Face datasets needs the datasets package: pip install 'vitlab[hf]'"
@@ -111,7 +112,7 @@ def _split_of(file: Path, root: Path) -> str:
 def _state_split(root: Path) -> str:
     """The split a single saved Dataset was (`_split` of its state.json, 'train[:10%]' -> 'train'), else train."""
     try:
-        name = parse_json((root / "state.json").read_text(), str(root / "state.json")).get("_split") or "train"
+        name = parse_json(read_text_regular(root / "state.json"), str(root / "state.json")).get("_split") or "train"
     except (OSError, ValueError, AttributeError):  # ValueError: not JSON, or nested too deeply
         name = "train"
     return re.match(r"[A-Za-z0-9_]*", str(name)).group(0) or "train"
@@ -173,7 +174,7 @@ def open_hf(data: str) -> HFSet:
     root = Path(path)
     if root.is_dir() and (root / "dataset_dict.json").is_file():
         try:
-            names = parse_json((root / "dataset_dict.json").read_text(), str(root / "dataset_dict.json"))["splits"]
+            names = parse_json(read_text_regular(root / "dataset_dict.json"), str(root / "dataset_dict.json"))["splits"]
             if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
                 raise TypeError("'splits' is not a list of split names")
             if any(contained(n, root) is None for n in names):

@@ -185,7 +185,7 @@ def _read_info(out: Path, settings: dict) -> dict:
     if not path.is_file():
         return {"format": "vitlab-shards", "version": 1, **settings, "splits": {}, "index": {}}
     try:
-        info = parse_json(path.read_text(), str(path))
+        info = parse_json(read_regular(path).decode(), str(path))
         if not isinstance(info, dict) or not isinstance(info.get("splits"), dict):
             raise TypeError("not a mapping with 'splits'")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError) as err:
@@ -327,7 +327,7 @@ def _adopt_pending(out: Path, info: dict, split_names: list[str]) -> None:
         while True:
             filename = f"{name}-{len(split['filenames']):06d}.tar"
             try:
-                record = parse_json((out / PENDING / f"{filename}.json").read_text(), filename)
+                record = parse_json(read_regular(out / PENDING / f"{filename}.json").decode(), filename)
                 complete = _intact(out / filename, record["entry"])
             except (OSError, ValueError, KeyError, TypeError):  # ValueError: not JSON, or too deep
                 complete = False

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from pathlib import Path
 
 from vitlab.files.digest import sha256_file
-from vitlab.files.reading import read_text_regular, resolved
+from vitlab.files.reading import not_regular, read_text_regular, resolved, special_kind
 
 CHECKPOINTS = "checkpoints"
 WEIGHTS = "model.safetensors"  # the final weights of a run, and the weights of each checkpoint
@@ -144,7 +145,8 @@ def verify_checkpoint(path: Path) -> str | None:
     for name, expect in files.items():
         f = path / name
         if not f.is_file():
-            return f"{name} is missing"
+            return f"{name} is {special_kind(f.stat().st_mode)}, not a regular file" if f.exists() else \
+                f"{name} is missing"
         if f.stat().st_size != expect["size"]:
             return f"{name} has {f.stat().st_size} bytes, expected {expect['size']} (truncated?)"
         if sha256_file(f) != expect["sha256"]:
@@ -176,6 +178,22 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 def checkpoint_step(path: Path) -> int:
     """The step of a checkpoint folder `step_<digits>`."""
     return int(Path(path).name.removeprefix("step_"))
+
+
+def special_run_file(run_dir: Path) -> str | None:
+    """Why one of the run's own top-level files cannot be read or appended to (a FIFO, a device, a socket, a
+    folder named like metrics.jsonl or console.log), or None: resuming reads metrics.jsonl and appends to both, and
+    opening a FIFO for either waits forever for the other end."""
+    for name in RUN_FILES:
+        path = Path(run_dir) / name
+        if name != LOCK and os.path.lexists(path):
+            try:
+                reason = not_regular(path)
+            except OSError:  # a broken link: the reader or writer reports it in its own words
+                continue
+            if reason is not None:
+                return reason
+    return None
 
 
 def stray_entries(run_dir: Path) -> list[str]:

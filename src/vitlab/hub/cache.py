@@ -20,6 +20,7 @@ from urllib.parse import unquote, urlsplit
 
 from vitlab.files.cache import cache_dir
 from vitlab.files.outputs import write_json
+from vitlab.files.reading import open_regular, read_text_regular
 from vitlab.hub.entry import Entry
 
 META_SUFFIX = ".vitlab.json"
@@ -50,7 +51,7 @@ def meta_path(path: Path) -> Path:
 
 def read_meta(path: Path) -> dict[str, Any] | None:
     try:
-        meta = json.loads(meta_path(path).read_text())
+        meta = json.loads(read_text_regular(meta_path(path)))
     except (OSError, ValueError):
         return None
     return meta if isinstance(meta, dict) else None
@@ -76,7 +77,7 @@ def problem(path: Path) -> str | None:
 
 def readable(path: Path, deep: bool) -> str | None:
     """A format check: zip archives (.npz, torch zip) open, and with `deep` every member's CRC-32 matches."""
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         magic = f.read(4)
     if magic[:2] != b"PK":
         return None if path.suffix != ".npz" else "not a zip archive"

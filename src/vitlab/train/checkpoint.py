@@ -42,7 +42,7 @@ from vitlab.data.errors import describe_paths
 from vitlab.errors import DataError, WeightsError, by_surface, setting
 from vitlab.files.digest import sha256_file
 from vitlab.files.outputs import storage_error
-from vitlab.files.reading import read_text_regular, resolved
+from vitlab.files.reading import check_regular, read_text_regular, resolved
 from vitlab.files.rundir import (
     CHECKPOINTS,
     CONFIG,
@@ -180,6 +180,7 @@ def read_training_checkpoint(path: Path) -> tuple[Any, dict[str, Any]]:
     try:
         with warnings.catch_warnings():  # torch warns about the pickle protocol of a file it then refuses
             warnings.simplefilter("ignore")
+            check_regular(path / STATE)
             state = torch.load(path / STATE, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         raise ValueError(f"checkpoint {path}: {STATE} is a pickle of more than tensors and plain values (refused "
@@ -328,7 +329,7 @@ def _last_logged_step(run_dir: Path) -> int:
     """The highest step metrics.jsonl records (0 without any; torn or foreign lines are skipped here)."""
     last = 0
     try:
-        lines = (run_dir / METRICS).read_text().splitlines()
+        lines = read_text_regular(run_dir / METRICS).splitlines()
     except (OSError, UnicodeDecodeError):
         return 0
     for line in lines:
@@ -396,7 +397,7 @@ def _best(run_dir: Path, objective: Any) -> dict[str, Any] | None:
     """The best validation of the run's history, as a checkpoint records it (best.safetensors is not replaced by
     a worse evaluation of the continued run)."""
     best = None
-    for line in (run_dir / METRICS).read_text().splitlines() if (run_dir / METRICS).is_file() else []:
+    for line in read_text_regular(run_dir / METRICS).splitlines() if (run_dir / METRICS).is_file() else []:
         try:
             r = json.loads(line)
             if r.get("split") != "val":

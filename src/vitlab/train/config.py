@@ -25,11 +25,20 @@ from vitlab.train.finetune import tuning_problems
 from vitlab.train.settings import FIELDS, MODEL_FIELDS, SETTINGS, TrainConfig, spelled
 
 
-def validate(cfg: TrainConfig, recorded_in: str | Path | None = None) -> TrainConfig:
+def validate(cfg: TrainConfig, recorded_in: str | Path | None = None,
+             sources: Mapping[str, str] | None = None) -> TrainConfig:
     """Every setting against its allowed range, before anything runs: a bad value is one line naming the flag,
     the value and the range, never a traceback minutes into a run. `recorded_in`: the file the values were read
-    from (a stored run's config.json), which the line then names with the setting, not a flag no one passed."""
+    from (a stored run's config.json), which the line then names with the setting, not a flag no one passed;
+    `sources` (each setting's, as resolve records them): a value a --config file set is named as that file's key,
+    after the file's name, for the same reason."""
     name = _flag if recorded_in is None else _recorded
+    files = {key: source.removeprefix(_FILE_SOURCE) for key, source in (sources or {}).items()
+             if recorded_in is None and source.startswith(_FILE_SOURCE) and (key in _DEFAULTS or key == "model_args")}
+    for key in files:
+        problem = _one_setting_problem(cfg, key, _recorded)
+        if problem:
+            raise ValueError(f"{files[key]}: {problem}")
     for message in _setting_problems(cfg, name) + _rule_problems(cfg, name):
         if recorded_in is not None:
             message = (f"{recorded_in}: {message}; the file was edited, or written by another vitlab: put the run's "
@@ -51,6 +60,7 @@ def _recorded(name: str) -> str:
 
 
 _DEFAULTS = {name: SETTINGS[name].default for name in FIELDS}
+_FILE_SOURCE = "config "  # the source resolve records for a value a --config file set: "config FILE"
 
 
 def setting_problem(key: str, value: Any, label: str) -> str | None:
@@ -94,10 +104,16 @@ def setting_problem(key: str, value: Any, label: str) -> str | None:
 def _setting_problems(cfg: TrainConfig, name: Callable[[str], str]) -> list[str]:
     """Each setting on its own (setting_problem), so that a value from a --config file, a vitlab.fit keyword or a
     recorded run is held to what the flag accepts."""
-    problems = [setting_problem(key, getattr(cfg, key), name(key)) for key in _DEFAULTS]
-    problems += [setting_problem(MODEL_FIELDS[key], value, name(MODEL_FIELDS[key]))
-                 for key, value in cfg.model_args.items() if key in MODEL_FIELDS]
-    return [p for p in problems if p]
+    return [p for key in dict.fromkeys([*_DEFAULTS, "model_args"]) if (p := _one_setting_problem(cfg, key, name))]
+
+
+def _one_setting_problem(cfg: TrainConfig, key: str, name: Callable[[str], str]) -> str | None:
+    """`setting_problem` of one TrainConfig field (model_args: each architecture value in it)."""
+    if key != "model_args":
+        return setting_problem(key, getattr(cfg, key), name(key))
+    problems = [setting_problem(MODEL_FIELDS[k], v, name(MODEL_FIELDS[k]))
+                for k, v in cfg.model_args.items() if k in MODEL_FIELDS]
+    return next((p for p in problems if p), None)
 
 
 def flag_text(name: str, value: Any) -> str:

@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.files.outputs import atomic_write
+from vitlab.files.reading import read_text_regular
 from vitlab.train.console import log
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in read_text_regular(path).splitlines() if line.strip()]
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:
@@ -19,7 +20,7 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     last checkpoint, and the file must describe one run, not two overlapping ones."""
     if not path.exists():
         return
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in read_text_regular(path).splitlines() if line.strip()]
     records = []
     for i, line in enumerate(lines):
         try:

@@ -31,7 +31,7 @@ from typing import Any
 from vitlab.constants import canonical_setting
 from vitlab.data.objects import is_object_description
 from vitlab.errors import by_surface, setting
-from vitlab.files.rundir import CONFIG, MANIFEST, checkpoint_settings, list_checkpoints, run_dir_of
+from vitlab.files.rundir import CONFIG, MANIFEST, checkpoint_settings, list_checkpoints, run_dir_of, special_run_file
 from vitlab.models.config import BiTConfig
 from vitlab.models.registry import architecture_differences, describe_architecture, model_config
 from vitlab.runtime.precision import device_kind
@@ -192,7 +192,7 @@ def resolve(recipe: str | None = None, flags: Mapping[str, Any] | None = None, *
     layers = _merge(_gather(start, flags, recipe, init_weights))  # 2.-4.
     _check_model(layers, checkpoint)
     data = apply_rules(layers, start.recipe, epochs, data, checkpoint)
-    config = validate(TrainConfig(**layers.values))
+    config = validate(TrainConfig(**layers.values), sources=layers.sources)
     return Resolved(config, dict(layers.sources), tuple(layers.notes), data=data, init=init_weights)
 
 
@@ -337,6 +337,8 @@ def _check_model(layers: _Layers, checkpoint: Any) -> None:
 def _resume(out: Path, flags: Mapping[str, Any], recipe: str | None, epochs: float | None) -> Resolved:
     """The stored run, with the flags that are safe to change; any other flag must equal the stored value."""
     path = out / CONFIG
+    if (special := special_run_file(out)) is not None:
+        raise ValueError(f"cannot resume the run in {out}: {special}; a run's files are regular files (move it aside)")
     try:
         record = read_record(path)
     except (OSError, ValueError) as err:

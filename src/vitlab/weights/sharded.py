@@ -12,6 +12,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from vitlab.errors import WeightsError
+from vitlab.files.reading import check_regular
 from vitlab.files.rundir import SHARDS, STATE
 from vitlab.models.config import config_from_dict
 from vitlab.models.registry import build_model
@@ -27,6 +28,7 @@ def read_sharded_checkpoint(path: str | Path) -> WeightsRecord:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            check_regular(path / STATE)
             state = torch.load(path / STATE, map_location="cpu", weights_only=True)
         config = config_from_dict(state["model_config"])
         meta = dict(state.get("weights_meta") or {})
