@@ -100,3 +100,24 @@ def test_a_gathered_checkpoint_resumes_on_two_fsdp_processes(tmp_path):
     torchrun(run, "--fsdp", "--resume")
     assert is_sharded_checkpoint(run / "checkpoints" / "step_00000020")
     assert losses(run) == pytest.approx(losses(tmp_path / "one"), rel=1e-5)
+
+
+def test_async_save_writes_the_same_checkpoints_and_they_resume_bit_for_bit(sharded_run, tmp_path):
+    """--async-save: the shards are written while training goes on, yet each step folder appears only sealed (its
+    manifest verifies), holds what the in-place write holds, keep_last applies, no temporary folder stays, and a
+    resume from it continues bit for bit."""
+    out = tmp_path / "async"
+    torchrun(out, "--fsdp", "--async-save", "--keep-last", "1")
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step_00000020"]  # keep_last after the write
+    ckpt = out / "checkpoints" / "step_00000020"
+    assert is_sharded_checkpoint(ckpt) and verify_checkpoint(ckpt) is None
+    assert main(["convert", str(ckpt), str(tmp_path / "async.safetensors")]) == 0
+    assert same_weights(tmp_path / "async.safetensors", sharded_run / WEIGHTS)
+    assert same_weights(out / WEIGHTS, sharded_run / WEIGHTS)
+    assert losses(out) == losses(sharded_run)
+    run = tmp_path / "resumed"
+    shutil.copytree(sharded_run, run)
+    shutil.rmtree(run / "checkpoints" / "step_00000020")
+    (run / WEIGHTS).unlink()
+    torchrun(run, "--fsdp", "--async-save", "--resume")
+    assert same_weights(run / WEIGHTS, sharded_run / WEIGHTS)

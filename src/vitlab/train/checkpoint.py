@@ -13,6 +13,7 @@ resuming falls back to the previous checkpoint.
 
 from __future__ import annotations
 
+import copy
 import errno
 import fcntl
 import json
@@ -22,6 +23,7 @@ import random
 import shutil
 import warnings
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -66,7 +68,7 @@ from vitlab.models.config import ModelConfig, config_from_dict
 from vitlab.models.registry import build_model as build_from_config
 from vitlab.train.config import TrainConfig
 from vitlab.train.console import log
-from vitlab.train.distributed import Dist, all_gather_objects, barrier
+from vitlab.train.distributed import Dist, all_gather_objects, barrier, collective_timeout
 from vitlab.train.finetune import Ema
 from vitlab.train.optim import replan_schedule
 from vitlab.train.resolution import json_excerpt
@@ -526,12 +528,25 @@ def prepare_run_dir(out: Path, resume: bool, is_main: bool) -> RunLock | None:
 # The trainer's checkpointer, a component the trainer asks (as torchtitan's trainer asks its CheckpointManager):
 # on resume it finds the newest intact checkpoint and puts its state back; during the run it writes a step's
 # checkpoint (weights, optimizer, scheduler, EMA, the RNG of every process) and keeps the last k, and it writes the
-# evaluated weights (best.safetensors, model.safetensors). Sharded (FSDP) states are gathered to full ones first;
-# rank 0 writes, every process takes part in the gathering.
+# evaluated weights (best.safetensors, model.safetensors). DDP and one-process states are gathered whole and rank 0
+# writes them; an FSDP run of several processes writes shards, each process its own, optionally in the background
+# (--async-save: the step folder appears, sealed, once every shard is on disk).
 
 __all__ = ["Checkpointer", "ResumePoint", "find_resume_point"]
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+@dataclass
+class PendingSave:
+    """A sharded checkpoint being written in the background: the write's future, the folder it assembles and
+    where it goes, and (rank 0) the training state sealed beside the shards once they are all written."""
+
+    future: Any
+    tmp: Path
+    final: Path
+    step: int
+    state: dict[str, Any] | None
 
 
 class Checkpointer:
@@ -549,6 +564,14 @@ class Checkpointer:
         self.class_names = self.data_class_names if model.config.num_classes else None
         self.last = last
         self.tuning = tuning  # vitlab.train.finetune: LoRA's weights are saved merged, its adapters kept for resume
+        self.pending: PendingSave | None = None
+        # Background writes talk over a gloo group of their own: torch's async save needs a CPU backend, and its
+        # collectives then never interleave with the training step's on the default group.
+        self.writers = (torch.distributed.new_group(backend="gloo", timeout=timedelta(seconds=collective_timeout()))
+                        if cfg.async_save and self.sharded else None)
+        if cfg.async_save and not self.sharded and d.is_main:
+            log.info("%s: this run's checkpoints are whole, written in place (shards are written in the background:"
+                     " %s with several processes)", setting("async_save"), setting("fsdp"))
 
     def restore(self, state: dict[str, Any]) -> None:
         """Optimizer, schedule, EMA and this process's random streams as `state` saved them; a state without an
@@ -616,7 +639,9 @@ class Checkpointer:
         return bool(self.cfg.fsdp) and self.d.world > 1
 
     def save(self, step: int, training: dict[str, Any]) -> Path:
-        """The checkpoint of `step`; `training`: the trainer's own state to resume (best, logged-loss window)."""
+        """The checkpoint of `step`; `training`: the trainer's own state to resume (best, logged-loss window). A
+        background write still under way is completed first: one checkpoint is in flight at a time."""
+        self.wait()
         if self.sharded:
             return self._save_shards(step, training)
         full = get_model_state_dict(self.model, options=_FULL)
@@ -658,27 +683,75 @@ class Checkpointer:
         barrier()
         try:
             parts = self._shard_parts(["ema"])  # the EMA's weights too, when the run keeps one
-            dcp.save(parts, checkpoint_id=str(tmp / SHARDS))
             rngs = all_gather_objects(rng_state())
+            state = None
             if self.d.is_main:
                 meta = {**weights_meta(self.cfg), **({"class_names": self.class_names} if self.class_names else {})}
-                state = {
+                state = copy.deepcopy({  # this step's: training goes on while a background write runs
                     "step": step, "samples_seen": step * self.cfg.batch_size,
                     "optimizer": {},  # in the shards, as are the weights and the EMA
                     "sharded": sorted(parts), "model_config": self.model.config.to_dict(), "weights_meta": meta,
                     "scheduler": self.scheduler.state_dict(), "rng": rngs, "class_names": self.data_class_names,
                     "world_size": self.d.world, **training,
-                }
-                _save_state(state, tmp / STATE)
-                seal_checkpoint(tmp, final, step, [STATE, *shard_files(tmp)], self.cfg.to_dict())
-                prune_checkpoints(self.run_dir, self.cfg.keep_last)
+                })
+            if self.writers is not None:  # copied here (staged), written by a thread of torch's
+                future = dcp.async_save(parts, checkpoint_id=str(tmp / SHARDS), process_group=self.writers)
+                self.pending = PendingSave(future, tmp, final, step, state)
+                return final
+            dcp.save(parts, checkpoint_id=str(tmp / SHARDS))
+            self._seal(PendingSave(None, tmp, final, step, state))
         except BaseException:
             if self.d.is_main:
                 shutil.rmtree(tmp, ignore_errors=True)
             raise
         barrier()
-        self.last = final
         return final
+
+    def _seal(self, save: PendingSave) -> None:
+        """Rank 0, once every shard is written: the training state, the manifest of all the files, the rename,
+        `keep_last`. Every process then knows the checkpoint as the last one."""
+        if self.d.is_main:
+            _save_state(save.state, save.tmp / STATE)
+            seal_checkpoint(save.tmp, save.final, save.step, [STATE, *shard_files(save.tmp)], self.cfg.to_dict())
+            prune_checkpoints(self.run_dir, self.cfg.keep_last)
+        self.last = save.final
+
+    def poll(self) -> None:
+        """Seal a background write that has finished (no collective: each process looks at its own future; rank
+        0's completes only once every process's shards and the checkpoint's metadata are written)."""
+        if self.pending is not None and self.pending.future.done():
+            self._complete()
+
+    def wait(self) -> None:
+        """Complete a background write (a preemption's or the run's last checkpoint, the next save): every process
+        waits for its part, rank 0 seals the folder."""
+        if self.pending is not None:
+            self._complete()
+            barrier()
+
+    def _complete(self) -> None:
+        save, self.pending = self.pending, None
+        try:
+            save.future.result()
+            self._seal(save)
+        except BaseException:
+            if self.d.is_main:
+                shutil.rmtree(save.tmp, ignore_errors=True)
+            raise
+
+    def abandon(self) -> None:
+        """After a failure (a peer gone, an error elsewhere): let a background write end by itself, without a
+        collective of ours, and leave no folder behind it; the last sealed checkpoint stays the one to resume.
+        A write whose peer died fails as soon as gloo sees the closed connection."""
+        save, self.pending = self.pending, None
+        if save is None:
+            return
+        try:
+            save.future.result(timeout=collective_timeout())
+        except BaseException:  # its error is not this failure's: the caller's is reported
+            pass
+        if self.d.is_main:
+            shutil.rmtree(save.tmp, ignore_errors=True)
 
     def save_weights(self, path: Path, step: int | None = None) -> None:
         """The weights as currently loaded in the model (EMA inside `ema.applied`), gathered from shards; `step`

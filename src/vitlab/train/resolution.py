@@ -130,7 +130,7 @@ def check_against_init(values: Mapping[str, Any], sources: Mapping[str, str], ch
 # computes. Everything else must equal the stored run.
 SAFE_ON_RESUME = frozenset({"steps", "workers", "log_every", "eval_every", "save_every", "keep_last",
                             "eval_batch_size", "fewshot_every", "device", "compile", "strict", "resume", "out",
-                            "tensorboard", "wandb_project", "attention"})
+                            "tensorboard", "wandb_project", "attention", "async_save"})
 # Pre-processing a vitlab run records, which fine-tuning from its weights keeps (the data is usually alike).
 PREPROCESSING = ("train_crop", "crop_scale", "crop_ratio", "flip", "eval_resize")
 

@@ -314,6 +314,8 @@ class TrainConfig:
              "bf16 on CPUs and shapes where it was measured faster, else flash; see BENCHMARKS.md, 'Training "
              "attention'). Inference always uses flash. Recorded in config.json")
     fsdp: bool = setting(False, group="run", help="shard parameters (FSDP2) instead of DDP")
+    async_save: bool = setting(False, group="run", help="write sharded checkpoints (--fsdp, several processes) "
+                               "in the background while training goes on; other runs write them in place")
     eval_every: int = setting(0, range=int_range(0, MAX_COUNT, note="0: at the end"), group="run",
                               help="evaluate every N steps (0: at the end)")
     eval_batch_size: int = setting(256, range=BATCH_SIZE, group="run",

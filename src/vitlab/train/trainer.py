@@ -550,6 +550,7 @@ class Trainer:
                                  f"{self.step} and stopping")
                 self.save_checkpoint()
                 status = "preempted"
+            self.checkpoints.wait()  # a checkpoint written in the background is sealed before the run ends
         return self._finish(status, totals, time.perf_counter() - start_time)
 
     def _train_step(self, batches: Any) -> dict[str, float]:
@@ -601,6 +602,7 @@ class Trainer:
 
     def _after_step(self, window: StepWindow) -> None:
         cfg, step = self.cfg, self.step
+        self.checkpoints.poll()
         show = step % cfg.log_every == 0 or step == cfg.steps
         stats = window.summary(self.workers, self.d.world)
         self.log.estimate(step, window.last, self.workers, cfg.log_every)  # once, before the first step line
@@ -686,6 +688,7 @@ class Trainer:
         )
 
     def close(self) -> None:
+        self.checkpoints.abandon()  # after a failure: a background write ends without leaving a folder
         self.log.close()
         self._release()
 
