@@ -256,5 +256,4 @@ def _predict(args: argparse.Namespace) -> int:
             tops = ", ".join(f"{printable(t['class'])} {100 * t['probability']:.1f}%" for t in r["top"])
             print(f"{printable(r['image'])}: {tops}")
     print(run.summary() + "".join(f"; written to {printable(str(path))}" for path in written), file=sys.stderr)
-    say_compiled(run.compiled)
     return 0
