@@ -42,10 +42,11 @@ def test_eval_compile_gives_eager_metrics_and_says_so(weights, compiles, capsys)
     argv = ["eval", "--weights", weights, "--data", "digits", "--json", "--precision", "fp32"]
     assert main(argv) == 0
     eager = json.loads(capsys.readouterr().out.splitlines()[-1])
-    assert compiles == [] and eager["compile"] is False
+    assert compiles == [] and eager["compile"]["name"] == "off"  # auto: 359 images of a tiny float32 model
+    assert eager["compile"]["reason"].startswith("auto: ")
     assert main(argv + ["--compile"]) == 0
     compiled = json.loads(capsys.readouterr().out.splitlines()[-1])
-    assert len(compiles) == 1 and compiled["compile"] is True
+    assert len(compiles) == 1 and compiled["compile"] == {"name": "on", "reason": "requested"}
     assert 0.05 < eager["top1"] < 0.95  # random weights: neither all right nor all wrong, so equality means something
     for key in ("top1", "top5", "count", "per_class"):
         assert compiled[key] == eager[key], key

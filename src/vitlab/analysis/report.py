@@ -36,7 +36,7 @@ from vitlab.files.outputs import WRITTEN_BY, atomic_write, check_replaceable, ma
 from vitlab.models import VisionTransformer
 from vitlab.progress import progress
 from vitlab.runtime.precision import Precision
-from vitlab.runtime.session import compile_for_inference, open_session
+from vitlab.runtime.session import compile_session, open_session
 
 CHUNK = 16  # images per forward pass: bounds the (L, N, H, T, T) attention tensor held at once
 
@@ -244,14 +244,14 @@ def analyze_weights(
     weights: str | Path, out_dir: str | Path, *, images: Sequence[str] | None = None, data: str = "digits",
     image_size: tuple[int, int] | None = None, num_images: int = 8, head_fusion: str = "mean",
     discard_ratio: float = 0.0, components: int = 28, device: str = "auto", precision: str = "auto",
-    compile: bool = False,
+    compile: bool | str = "auto",
 ) -> tuple[dict[str, Any], Precision]:
     """`vitlab analyze`: `analyze` of saved weights (a ViT or hybrid) on image files, or on `num_images` held-out
     images of `data` (an image file there: that image), at `image_size` (default: the model's native size).
-    `compile`: the path the analysis reads (`forward_inspect`: tokens and attention weights) compiled with frozen
-    weights (`compile_for_inference`).
+    `compile`: auto, on or off (True / False): the path the analysis reads (`forward_inspect`: tokens and
+    attention weights) compiled with frozen weights, auto deciding from the number of images (`compile_session`).
     Returns (the summary, the precision it computed in: bf16 under autocast, float32 weights)."""
-    session = open_session(weights, device=device, precision=precision, cast_weights=False)
+    session = open_session(weights, device=device, precision=precision, cast_weights=False, compile="auto")
     model = session.model
     if not isinstance(model, VisionTransformer):
         raise ValueError(f"{weights} holds a {type(model).__name__}; analyze needs a ViT or hybrid (attention)")
@@ -261,8 +261,6 @@ def analyze_weights(
     if size[0] % stride or size[1] % stride:
         raise ValueError(f"image size {size[0]}x{size[1]} is not a multiple of the effective patch size {stride}")
     model.dynamic_img_size = size != tuple(cfg.image_size)  # asked for: the position embedding resampled
-    if compile:
-        compile_for_inference(model, method="forward_inspect")
     class_names = getattr(model, "class_names", None)
     if images:
         picked = image_file_inputs(images, cfg, size, class_names or ())
@@ -270,6 +268,7 @@ def analyze_weights(
         picked = image_file_inputs([data], cfg, size, class_names or ())
     else:
         picked = dataset_inputs(data, cfg, size, num_images)
+    session = compile_session(session, compile, len(picked.x), method="forward_inspect")
     with session.autocast():
         summary = analyze(model, picked.x, out_dir, head_fusion=head_fusion, discard_ratio=discard_ratio,
                           components=components, source=picked.source, images=picked.images, class_names=class_names,

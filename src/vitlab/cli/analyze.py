@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 
 from vitlab.cli.types import (
-    COMPILE_HELP,
     DATA_SOURCES,
     PRECISION_HELP,
+    add_compile_flags,
     device_name,
     float_range,
     image_size,
@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", type=device_name, default="auto",
                    help="cpu, cuda or cuda:N (default auto: CUDA when available)")
     p.add_argument("--precision", type=precision_name(int8=False), default="auto", help=PRECISION_HELP)
-    p.add_argument("--compile", action="store_true", help=COMPILE_HELP)
+    add_compile_flags(p)
     p.set_defaults(func=run_analyze)
 
 

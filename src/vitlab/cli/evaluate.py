@@ -9,14 +9,15 @@ import sys
 from pathlib import Path
 
 from vitlab.cli.types import (
-    COMPILE_HELP,
     DATA_SOURCES,
     PRECISION_HELP,
+    add_compile_flags,
     batch_size,
     class_count,
     device_name,
     force_help,
     precision_name,
+    say_compiled,
     workers,
 )
 from vitlab.constants import EVAL_RESIZE_HELP
@@ -53,7 +54,7 @@ def _register_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", type=device_name, default="auto",
                    help="cpu, cuda or cuda:N (default auto: CUDA when available)")
     p.add_argument("--precision", type=precision_name(int8=True), default="auto", help=INFER_PRECISION_HELP)
-    p.add_argument("--compile", action="store_true", help=COMPILE_HELP)
+    add_compile_flags(p)
     p.add_argument("--confusion", metavar="PATH",
                    help="write the confusion-matrix PNG here (default: confusion-DATA-SPLIT.png beside metrics.json "
                         "in --out, else no figure)")
@@ -104,7 +105,8 @@ def _eval(args: argparse.Namespace) -> int:
                          errors=bool(args.errors), session=_session(args))
     m = informative_metrics(r.metrics, len(r.class_names))  # top-5 only where it is not 100% by construction
     record = {**m, "eval_resize": r.eval_resize, "weights": str(args.weights), "data": args.data,
-              "split": args.split, "precision": r.precision.to_dict(), "compile": args.compile,
+              "split": args.split, "precision": r.precision.to_dict(),
+              "compile": r.compiled.to_dict() if r.compiled else None,
               "per_class": per_class_metrics(r.confusion, r.class_names)}
     if not args.json:
         top5 = f"  top-5 {100 * m['top5']:.2f}%" if "top5" in m else ""
@@ -112,6 +114,7 @@ def _eval(args: argparse.Namespace) -> int:
               f"({m['count']} images)  eval resize: {r.eval_resize}  precision {r.precision.name} "
               f"({r.precision.reason})", flush=True)
         print("\n".join(per_class_lines(record["per_class"])), flush=True)
+    say_compiled(r.compiled)
     failures = _write_outputs(args, r, record, png)
     if args.json:
         print(json.dumps({**record, "confusion_png": None if r.confusion_png is None else str(r.confusion_png)}))
@@ -213,7 +216,7 @@ def _register_predict(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", type=device_name, default="auto",
                    help="cpu, cuda or cuda:N (default auto: CUDA when available)")
     p.add_argument("--precision", type=precision_name(int8=True), default="auto", help=INFER_PRECISION_HELP)
-    p.add_argument("--compile", action="store_true", help=COMPILE_HELP)
+    add_compile_flags(p)
     p.add_argument("--json", action="store_true",
                    help="one JSON document with every image's predictions (probabilities as fractions in [0, 1])")
     _register_predict_serving(p)

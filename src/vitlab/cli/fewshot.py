@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 
 from vitlab.cli.types import (
-    COMPILE_HELP,
     DATA_SOURCES,
     PRECISION_HELP,
+    add_compile_flags,
     batch_size,
     device_name,
     float_range,
@@ -16,6 +16,7 @@ from vitlab.cli.types import (
     int_range,
     new_file,
     precision_name,
+    say_compiled,
 )
 from vitlab.constants import EVAL_RESIZE_HELP
 
@@ -72,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="cpu, cuda or cuda:N (default auto: CUDA when available)")
     p.add_argument("--precision", type=precision_name(int8=False), default="auto",
                    help=PRECISION_HELP + " of the features (the ridge regression is float64)")
-    p.add_argument("--compile", action="store_true", help=COMPILE_HELP)
+    add_compile_flags(p)
     p.add_argument("--val-fraction", type=fraction, metavar="F",
                    help="test on this stratified share of each class of the train split (seed 0), shots drawn "
                         "from the rest (default: the folder's val/ or the embedded test split; a folder without "
@@ -96,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
                                   device=args.device, precision=args.precision, random_init=args.random_init,
                                   progress=True, compile=args.compile)
     chosen = result.precision
+    say_compiled(result.compiled)
     label = "random init of " if args.random_init else ""
     print(f"few-shot linear accuracy, {label}{args.weights} on {args.data} ({args.eval_resize} pre-processing, "
           f"precision {chosen.name}: {chosen.reason})")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
@@ -99,10 +100,25 @@ def precision_name(int8: bool) -> Callable[[str], str]:
     return parse
 
 
-COMPILE_HELP = ("torch.compile the model with its weights frozen into the graph (Inductor freezing); the first batch "
-                "of each shape compiles and the time is shown. Off by default: on a CPU the compilation costs more "
-                "than the faster inference saves until about a thousand images of a ViT-B/16; figures in "
-                "BENCHMARKS.md")
+def say_compiled(choice: object) -> None:
+    """One line on stderr: whether the model was compiled and why (a `CompileChoice`; nothing for None)."""
+    if choice is not None:
+        print(f"compile {choice.name} ({choice.reason})", file=sys.stderr, flush=True)
+
+
+def add_compile_flags(p: argparse.ArgumentParser) -> None:
+    """--compile / --no-compile of an inference verb: the model compiled with its weights frozen into the graph, or
+    not; neither: auto (vitlab.runtime.compiling decides from the images the run will process)."""
+    from vitlab.constants import COMPILE_PAYS_OFF
+
+    least = ", ".join(f"{r['precision']} models of width >= {r['width']} from {r['images']:,} images"
+                      for r in COMPILE_PAYS_OFF)
+    p.add_argument("--compile", dest="compile", action="store_const", const="on", default="auto",
+                   help="torch.compile the model with its weights frozen into the graph (Inductor freezing); the "
+                        "first batch of each shape compiles and the time is shown. Default: compiled on a CPU only "
+                        f"where the run's images repay the compile seconds ({least}; BENCHMARKS.md)")
+    p.add_argument("--no-compile", dest="compile", action="store_const", const="off",
+                   help="never compile, whatever the number of images")
 
 
 def new_or_folder(text: str) -> str:

@@ -30,6 +30,7 @@ from vitlab.constants import check_eval_resize
 from vitlab.deploy.onnx_check import graph_precision, require_onnxruntime, session
 from vitlab.models import config_from_dict
 from vitlab.models.config import ModelConfig
+from vitlab.runtime.compiling import CompileChoice, compile_request
 from vitlab.runtime.precision import Precision
 from vitlab.runtime.session import InferenceSession
 
@@ -68,7 +69,7 @@ class OnnxModel(nn.Module):
 
 
 def open_onnx_session(path: str | os.PathLike, *, device: str = "auto", precision: str = "auto",
-                      compile: bool = False) -> InferenceSession:
+                      compile: bool | str = "auto") -> InferenceSession:
     """An inference session on the vitlab-exported ONNX file at `path` (see the module docstring). The file runs
     as exported: on the CPU, in the precision it was exported in; a `device`, `precision` or `compile` that asks
     for something else is refused in one line (they apply to PyTorch weights). ValueError (one line) for a missing
@@ -94,7 +95,8 @@ def open_onnx_session(path: str | os.PathLike, *, device: str = "auto", precisio
     model = OnnxModel(path, sess, config, names, resize, one_at_a_time).eval()
     reason = f"{read_from}, ONNX Runtime {require_onnxruntime().__version__} (CPU)"
     return InferenceSession(model, torch.device("cpu"), Precision(exported, reason),
-                            tuple(names or (str(i) for i in range(config.num_classes))))
+                            tuple(names or (str(i) for i in range(config.num_classes))),
+                            CompileChoice(False, "ONNX Runtime optimises the graph itself"))
 
 
 def _read_metadata(path: Path, meta: dict[str, str]) -> tuple[ModelConfig, list[str] | None, str, str]:
@@ -163,7 +165,7 @@ def _shape(shape: list) -> str:
     return "(" + ", ".join(str(d) if isinstance(d, int) else str(d or "?") for d in shape) + ")"
 
 
-def _check_settings(path: Path, exported: str, device: str, precision: str, compile: bool) -> None:
+def _check_settings(path: Path, exported: str, device: str, precision: str, compile: bool | str) -> None:
     """The settings of PyTorch inference that an ONNX file cannot take: each refused in one line."""
     if str(device) not in ("auto", "cpu"):
         raise ValueError(f"--device {device}: {path.name} runs on ONNX Runtime's CPU provider; pass --device cpu "
@@ -171,6 +173,6 @@ def _check_settings(path: Path, exported: str, device: str, precision: str, comp
     if precision not in ("auto", exported):
         raise ValueError(f"--precision {precision}: {path.name} computes in {exported}, as it was exported; pass "
                          "--precision auto, or export the precision you want (vitlab export --precision)")
-    if compile:
+    if compile_request(compile) == "on":
         raise ValueError("--compile applies to PyTorch weights; ONNX Runtime optimises the graph itself, so "
                          f"serve {path.name} without it")

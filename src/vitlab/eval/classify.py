@@ -20,9 +20,10 @@ from vitlab.eval.metrics import ClassificationMeter, plot_confusion_matrix, requ
 from vitlab.losses import per_image_loss
 from vitlab.models.timm_compat import eval_resize_of
 from vitlab.progress import progress as progress_bar
+from vitlab.runtime.compiling import CompileChoice
 from vitlab.runtime.device import all_reduce
 from vitlab.runtime.precision import Precision, autocast_for
-from vitlab.runtime.session import InferenceSession, open_session
+from vitlab.runtime.session import InferenceSession, compile_session, open_session
 
 
 @torch.no_grad()
@@ -69,6 +70,7 @@ class EvalResult:
     confusion_png: Path | None
     eval_resize: str = "official"  # the pre-processing used (data.transforms.EVAL_RESIZES)
     precision: Precision | None = None  # what it computed in, and why
+    compiled: CompileChoice | None = None  # whether the model was compiled, and why
     misclassified: list[dict[str, Any]] | None = None  # with errors=True: image, true, predicted, confidence
 
 
@@ -160,13 +162,15 @@ def write_confusion(result: EvalResult, path: str | Path, title: str = "Confusio
 def evaluate_weights(
     weights: str | Path, data: str, split: str = "val", batch_size: int = 256, workers: int = 0,
     device: str = "auto", confusion_png: str | Path | None = None, strict: bool = False,
-    eval_resize: str | None = None, progress: bool = True, precision: str = "auto", compile: bool = False,
+    eval_resize: str | None = None, progress: bool = True, precision: str = "auto", compile: bool | str = "auto",
     errors: bool = False, session: InferenceSession | None = None,
 ) -> EvalResult:
     """`vitlab eval`: top-1/top-5/loss of saved weights on a dataset split, and (with `confusion_png`) a
     confusion-matrix PNG. `eval_resize` None: the resize the weights were evaluated with in training (recorded
     in vitlab weights), else "official". `progress`: a bar on a terminal. `precision`: auto, fp32, bf16 or int8
-    (vitlab.runtime.precision; the choice is in the result). `compile`: torch.compile the model (`open_session`).
+    (vitlab.runtime.precision; the choice is in the result). `compile`: auto, on or off (True / False): the
+    model compiled with frozen weights, auto deciding from the split's image count (`compile_session`; the choice
+    is in the result).
     `errors`: list the misclassified images in the result. `session`: one already open on `weights` (an ONNX
     file's, `deploy.onnx_serve`), used instead of opening one; `weights` then only names it."""
     session = session or open_session(weights, device=device, precision=precision, compile=compile)
@@ -186,6 +190,8 @@ def evaluate_weights(
         )
     if has_names and list(data_split.class_names) != names:
         raise DataError(f"class names of {data} differ from the weights' ({', '.join(names[:5])}, …)")
+    session = compile_session(session, compile, len(data_split))
+    model = session.model
     resize = eval_resize or eval_resize_of(model)
     transform = EvalTransform(model.config.image_size, resize)
     loader = make_loader(TransformedSplit(data_split, transform), ShardSampler(len(data_split), batch_size),
@@ -195,7 +201,7 @@ def evaluate_weights(
                      confusion=True, progress_desc=f"eval {split}" if progress else None, precision=chosen,
                      predictions=predictions)
     metrics = require_finite(meter.result(), f"evaluation of {weights} on {data} {split}")
-    result = EvalResult(metrics, meter.confusion.cpu(), names, None, resize, chosen)
+    result = EvalResult(metrics, meter.confusion.cpu(), names, None, resize, chosen, session.compiled)
     if predictions is not None:
         result.misclassified = misclassified(data_split, torch.cat(predictions), names)
     if confusion_png:

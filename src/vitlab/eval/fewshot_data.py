@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from vitlab.data import EvalTransform, ImageSplit, ShardSampler, TransformedSplit, load_split, make_loader, normalize
-from vitlab.data.datasets import evaluation_splits
+from vitlab.data.datasets import EvaluationSplits, evaluation_splits
 from vitlab.data.loader import UnreadableImages
 from vitlab.data.transforms import FEWSHOT_RESIZE, as_size
 from vitlab.errors import DataError
@@ -24,7 +24,7 @@ from vitlab.files.outputs import JSON, WRITTEN_BY, Kind
 from vitlab.files.outputs import write_json as write_json_file
 from vitlab.models import build_model
 from vitlab.progress import progress as progress_bar
-from vitlab.runtime.session import compile_for_inference, open_session
+from vitlab.runtime.session import compile_session, open_session
 
 FEWSHOT_KIND = Kind("vitlab fewshot", JSON)  # the accuracy table: replaced by the next few-shot run
 
@@ -80,11 +80,13 @@ def fewshot_weights(
     progress: bool = False,
     val_fraction: float | None = None,
     representation: str = "pre_logits",
+    splits: EvaluationSplits | None = None,
 ) -> FewshotResult:
     """Few-shot draws from the train split, accuracy on a test split that shares no image with it (see
     `vitlab.data.evaluation_splits`: embedded sets' test split, a folder's val/, else a stratified held-out
-    share of train, `val_fraction` or 20%). `progress`: a bar while features are computed (on a terminal)."""
-    splits = evaluation_splits(data, val_fraction)
+    share of train, `val_fraction` or 20%). `progress`: a bar while features are computed (on a terminal).
+    `splits`: `data`'s, already read."""
+    splits = splits or evaluation_splits(data, val_fraction)
     train = features_of(model, splits.train, batch_size, workers, resize, progress, representation)
     test = features_of(model, splits.test, batch_size, workers, resize, progress, representation)
     result = fewshot_on_features(train, test, shots, seeds, l2_reg, l2_sweep)
@@ -96,24 +98,25 @@ def fewshot_from_weights(
     weights: str | Path, data: str, shots: tuple[int | str, ...] = (1, 5, 10, 25), seeds: int = 3,
     l2_reg: float = DEFAULT_L2, l2_sweep: list[float] | None = None, batch_size: int = 256, *,
     resize: str = FEWSHOT_RESIZE, val_fraction: float | None = None, device: str = "auto", precision: str = "auto",
-    random_init: bool = False, progress: bool = False, compile: bool = False,
+    random_init: bool = False, progress: bool = False, compile: bool | str = "auto",
 ) -> FewshotResult:
     """`vitlab fewshot`: `fewshot_weights` of saved weights (anything `vitlab.load` reads), the features computed in
     `precision` (the result's `.precision`) under autocast with float32 weights. `random_init`: a freshly
     initialised model of the weights' architecture instead (seed 0), the baseline the representation is set
-    against. `compile`: the features' path (`forward_features`) compiled with frozen weights
-    (`compile_for_inference`)."""
-    session = open_session(weights, device=device, precision=precision, cast_weights=False)
+    against. `compile`: auto, on or off (True / False): the features' path (`forward_features`) compiled with
+    frozen weights, auto deciding from the number of images embedded (`compile_session`; the choice in the result's
+    `.compiled`)."""
+    session = open_session(weights, device=device, precision=precision, cast_weights=False, compile="auto")
     if random_init:
         torch.manual_seed(0)
         session = open_session(build_model(session.model.config), device=session.device, precision=precision,
-                               cast_weights=False)
-    if compile:
-        compile_for_inference(session.model, method="forward_features")
+                               cast_weights=False, compile="auto")
+    splits = evaluation_splits(data, val_fraction)
+    session = compile_session(session, compile, len(splits.train) + len(splits.test), method="forward_features")
     with session.autocast():
         result = fewshot_weights(session.model, data, shots, seeds, l2_reg, l2_sweep, batch_size, resize=resize,
-                                 progress=progress, val_fraction=val_fraction)
-    result.precision = session.precision
+                                 progress=progress, val_fraction=val_fraction, splits=splits)
+    result.precision, result.compiled = session.precision, session.compiled
     return result
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from vitlab.runtime.compiling import CompileChoice
 from vitlab.runtime.precision import Precision
 
 BIAS_CONSTANT = 100.0
@@ -149,6 +150,7 @@ class FewshotResult:
     sweep: dict[str, dict] | None = None  # shots -> {"l2": best value, "mean": acc}; chosen on the test set
     splits: dict | None = None  # where the train and test images came from (EvaluationSplits.record())
     precision: Precision | None = None  # what the features were computed in, where known (not in to_dict)
+    compiled: CompileChoice | None = None  # whether the features' path was compiled, and why (not in to_dict)
 
     def to_dict(self) -> dict:
         out = {**(self.splits or {}), "l2_reg": self.l2_reg, "accuracy": self.table}

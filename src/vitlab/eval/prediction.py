@@ -27,8 +27,9 @@ from vitlab.files.reading import special_kind
 from vitlab.models.timm_compat import eval_resize_of
 from vitlab.progress import printable
 from vitlab.progress import progress as progress_bar
+from vitlab.runtime.compiling import CompileChoice
 from vitlab.runtime.precision import Precision
-from vitlab.runtime.session import InferenceSession, open_session
+from vitlab.runtime.session import InferenceSession, compile_session, open_session
 
 NOT_AN_IMAGE = f"not an image file name ({', '.join(IMAGE_EXTENSIONS)})"
 
@@ -97,6 +98,7 @@ class Predictions:
     left_out: int = 0  # the first entries of `skipped`: what a folder holds besides image files
     seconds: float = 0.0
     precision: Precision | None = None
+    compiled: CompileChoice | None = None  # whether the model was compiled, and why
 
     @property
     def images_per_second(self) -> float:
@@ -113,7 +115,7 @@ class Predictions:
 
 
 def predict(weights: str | Path, images: list[str], top_k: int | None = None, device: str = "auto",
-            precision: str = "auto", batch_size: int = 32, compile: bool = False,
+            precision: str = "auto", batch_size: int = 32, compile: bool | str = "auto",
             session: InferenceSession | None = None) -> list[dict[str, Any]]:
     """`vitlab predict`'s results: for each image read (a folder: every image under it), the top-k classes with
     softmax probabilities. See `predict_images` for the rules; this returns its `results`."""
@@ -122,26 +124,30 @@ def predict(weights: str | Path, images: list[str], top_k: int | None = None, de
 
 @torch.no_grad()
 def predict_images(weights: str | Path, images: list[str], top_k: int | None = None, device: str = "auto",
-                   precision: str = "auto", batch_size: int = 32, compile: bool = False,
+                   precision: str = "auto", batch_size: int = 32, compile: bool | str = "auto",
                    session: InferenceSession | None = None) -> Predictions:
     """For each image (a folder: every image under it), the top-k classes with softmax probabilities, computed
     `batch_size` images at a time. `top_k` None: 5, or all classes of a model with fewer; a given `top_k` above
-    the class count shows all of them, with a warning. `precision`: auto, fp32, bf16 or int8 (vitlab.runtime.precision;
-    the choice is logged). `compile`: torch.compile the model (`open_session`). A named file that cannot be read
-    is a DataError; an unreadable file under a folder is skipped with a warning (DataError if nothing could be
-    read). `session`: one already open on `weights` (an ONNX file's, `deploy.onnx_serve`), used instead of opening
-    one."""
+    the class count shows all of them, with a warning. `precision`: auto, fp32, bf16 or int8
+    (vitlab.runtime.precision; the choice is logged). `compile`: auto, on or off (True / False): the model compiled
+    with frozen weights, auto deciding from the number of images (`compile_session`; the choice is logged and in
+    the result). A named file that cannot be read is a DataError; an unreadable file under a folder is skipped with
+    a warning (DataError if nothing could be read). `session`: one already open on `weights` (an ONNX file's,
+    `deploy.onnx_serve`), used instead of opening one."""
     session = session or open_session(weights, device=device, precision=precision, compile=compile)
     model, dev, chosen, names = session.model, session.device, session.precision, list(session.class_names)
     log.info("precision %s (%s)", chosen.name, chosen.reason)
     named = {str(p) for p in images if not Path(p).is_dir()}
     paths, left_out = expand_images(images)
+    session = compile_session(session, compile, len(paths))
+    model = session.model
+    log.info("compile %s (%s)", session.compiled.name, session.compiled.reason)
     if top_k is None:
         top_k = min(5, len(names))
     elif top_k > len(names):
         log.warning("top-k %d is more than the model's %d classes: showing all %d", top_k, len(names), len(names))
     transform = EvalTransform(model.config.image_size, eval_resize_of(model))
-    out = Predictions([], precision=chosen)
+    out = Predictions([], precision=chosen, compiled=session.compiled)
     _report_left_out(left_out)
     out.skipped, out.left_out = list(left_out), len(left_out)
     start = time.perf_counter()

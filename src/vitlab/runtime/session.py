@@ -9,6 +9,7 @@ compiled, with the autocast of that precision. `vitlab.load(precision=)`, `vitla
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import sys
@@ -20,11 +21,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from vitlab.runtime.compiling import CompileChoice, compile_request, resolve_compile
 from vitlab.runtime.device import pick_device
 from vitlab.runtime.precision import (
     Precision,
     autocast_for,
     computed_precision,
+    config_width,
     model_shape,
     prepare_for_inference,
     resolve_precision,
@@ -36,12 +39,14 @@ from vitlab.weights.load import load
 class InferenceSession:
     """A model ready for inference: on `device`, in eval mode, in the form `precision` computes in fastest, and
     its class names (the weights' own, else the class indices as text; none for a model without a vitlab
-    config)."""
+    config). `compiled`: whether the model was compiled and why; None while `compile auto` waits for the run's
+    image count (`compile_session`)."""
 
     model: nn.Module
     device: torch.device
     precision: Precision
     class_names: tuple[str, ...]
+    compiled: CompileChoice | None = None
 
     def autocast(self) -> AbstractContextManager:
         """What the model's computations run under: bf16 autocast for bf16, nothing otherwise."""
@@ -50,8 +55,8 @@ class InferenceSession:
 
 def open_session(
     weights: nn.Module | str | os.PathLike, *, device: str | torch.device = "auto",
-    precision: str | Precision = "auto", compile: bool = False, image_size: int | tuple[int, int] | None = None,
-    num_classes: int | None = None, cast_weights: bool = True,
+    precision: str | Precision = "auto", compile: bool | str = False, image_size: int | tuple[int, int] | None = None,
+    num_classes: int | None = None, cast_weights: bool = True, images: int | None = None,
 ) -> InferenceSession:
     """A session for `weights`: a model, or anything `vitlab.load` reads (a file or folder, a run or checkpoint
     directory, a published name) with `image_size` / `num_classes` as `load` takes them.
@@ -61,8 +66,11 @@ def open_session(
     session's `precision` is what the prepared model computes in (`computed_precision`: a BiT asked for int8 says
     fp32). `cast_weights`: prepare the model in the precision's fastest form (`prepare_for_inference`: every public
     forward path computes in it, float32 in and out); False keeps the float32 model as it is, computing bf16 only
-    under `autocast()`. `compile`: the prepared model compiled with frozen weights (`compile_for_inference`; the
-    wrapper still exposes `config` and `class_names`; compiling costs seconds, see BENCHMARKS.md)."""
+    under `autocast()`. `compile`: on / True compiles the prepared model with frozen weights
+    (`compile_for_inference`; the wrapper still exposes `config` and `class_names`; compiling costs seconds, see
+    BENCHMARKS.md), off / False does not, auto decides by `resolve_compile` from `images`, the number the caller
+    will process; without it the session stays eager and undecided, for `compile_session` once the count is known.
+    """
     dev = pick_device(str(device))  # before the weights are read: a device that is not there is refused at once
     if isinstance(weights, nn.Module):
         if image_size is not None or num_classes is not None:
@@ -82,9 +90,26 @@ def open_session(
         raise ValueError("int8 computes in int8 Linear layers, which replace the float32 weights: it needs "
                          "cast_weights; use auto, fp32 or bf16 here")
     model = skip_unread_tokens(model)
-    if compile:
-        model = compile_for_inference(model)
-    return InferenceSession(model, dev, chosen, tuple(names))
+    session = InferenceSession(model, dev, chosen, tuple(names))
+    if compile_request(compile) == "auto" and images is None:
+        return session
+    return compile_session(session, compile, images)
+
+
+def compile_session(session: InferenceSession, requested: bool | str, images: int | None,
+                    method: str = "forward") -> InferenceSession:
+    """`session` with `requested` (auto, on, off; True / False) applied for a run of `images` images
+    (`resolve_compile`), the choice in its `compiled`; a session already decided (compiled or not, or one that
+    cannot compile: an ONNX file's) is returned as it is. `method`: the forward path to compile
+    (`compile_for_inference`; another than "forward" is compiled in place on the model)."""
+    if session.compiled is not None:
+        return session
+    choice = resolve_compile(requested, images=images, device=session.device, precision=session.precision.name,
+                             width=config_width(getattr(session.model, "config", None)))
+    model = session.model
+    if choice.on:
+        model = compile_for_inference(model, method=method)
+    return dataclasses.replace(session, model=model, compiled=choice)
 
 
 def skip_unread_tokens(model: nn.Module) -> nn.Module:
