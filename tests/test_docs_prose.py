@@ -18,7 +18,7 @@ RECORDS = {"benchmarks.md", "reproduction.md"}  # pages of measurements, read as
 CODE_COLUMN_CHARS = 80
 PAGES = sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in RECORDS)
 # Pages still to be rewritten in short paragraphs: expected to fail until they are (strict: then remove the name).
-NOT_YET_SHORT = {"coming-from-timm.md", "layout.md", "promises.md", "training.md"}
+NOT_YET_SHORT = {"layout.md", "promises.md", "training.md"}
 
 
 def paragraphs(markdown: str) -> list[str]:
