@@ -84,6 +84,22 @@ def test_the_public_api_is_typed_and_documents_every_argument():
     assert vitlab.ViTConfig is vitlab.models.ViTConfig
 
 
+def test_help_names_the_return_types_and_the_objects_fit_takes():
+    """help(vitlab.fit) and help(vitlab.export_onnx) name what they return, and fit's says that `data` may be a
+    dataset object and `init` a model, not only paths."""
+    import pydoc
+
+    import vitlab
+
+    for fn, returned in ((vitlab.fit, "FitResult"), (vitlab.export_onnx, "ExportReport")):
+        text = pydoc.render_doc(fn, renderer=pydoc.plaintext)
+        assert f"-> '{returned}'" in text or f"-> {returned}" in text, text.splitlines()[2]
+        assert f"A `{returned}`" in text  # the Returns section describes its fields
+    text = pydoc.render_doc(vitlab.fit, renderer=pydoc.plaintext)
+    for said in ("dataset object", "ImageFolder", "datasets.DatasetDict", "`init` may be a model"):
+        assert said in text, said
+
+
 def test_readme_is_a_landing_page_whose_example_runs(tmp_path, monkeypatch):
     import numpy as np
     from PIL import Image
