@@ -94,7 +94,7 @@ def test_help_names_the_return_types_and_the_objects_fit_takes():
     for fn, returned in ((vitlab.fit, "FitResult"), (vitlab.export_onnx, "ExportReport")):
         text = pydoc.render_doc(fn, renderer=pydoc.plaintext)
         assert f"-> '{returned}'" in text or f"-> {returned}" in text, text.splitlines()[2]
-        assert f"A `{returned}`" in text  # the Returns section describes its fields
+        assert f"A `{returned}`" in text or f"An `{returned}`" in text  # the Returns section says its fields
     text = pydoc.render_doc(vitlab.fit, renderer=pydoc.plaintext)
     for said in ("dataset object", "ImageFolder", "datasets.DatasetDict", "`init` may be a model"):
         assert said in text, said
