@@ -84,6 +84,22 @@ def test_the_public_api_is_typed_and_documents_every_argument():
     assert vitlab.ViTConfig is vitlab.models.ViTConfig
 
 
+def test_help_names_the_return_types_and_the_objects_fit_takes():
+    """help(vitlab.fit) and help(vitlab.export_onnx) name what they return, and fit's says that `data` may be a
+    dataset object and `init` a model, not only paths."""
+    import pydoc
+
+    import vitlab
+
+    for fn, returned in ((vitlab.fit, "FitResult"), (vitlab.export_onnx, "ExportReport")):
+        text = pydoc.render_doc(fn, renderer=pydoc.plaintext)
+        assert f"-> '{returned}'" in text or f"-> {returned}" in text, text.splitlines()[2]
+        assert f"A `{returned}`" in text or f"An `{returned}`" in text  # the Returns section says its fields
+    text = pydoc.render_doc(vitlab.fit, renderer=pydoc.plaintext)
+    for said in ("dataset object", "ImageFolder", "datasets.DatasetDict", "`init` may be a model"):
+        assert said in text, said
+
+
 def test_readme_is_a_landing_page_whose_example_runs(tmp_path, monkeypatch):
     import numpy as np
     from PIL import Image
@@ -136,13 +152,13 @@ def test_every_help_prints_percent_once_and_export_offers_only_what_it_writes(ca
 
 
 def test_the_readme_states_the_auto_precision_rule_not_one_machine_outcome():
-    """README's bf16 row gives `auto`'s rule (the CPU flags and every bound of the regions runtime/precision.py
+    """README's bf16 rows give `auto`'s rule (the CPU flags and every bound of the regions runtime/precision.py
     reads), so a reader on a CPU with native bf16 is not told float32 is kept for every model."""
     from vitlab.constants import BF16_GAINS
     from vitlab.runtime.precision import NATIVE_BF16_FLAGS
 
-    row = next(line for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
-               if line.startswith("| bf16 |"))
+    row = " ".join(line for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+                   if line.startswith("| bf16"))  # the rule over rows, each cell short
     assert all(flag in row for flag in NATIVE_BF16_FLAGS)
     for use, words in (("infer", "inference"), ("train", "training")):
         said = row[row.index(f"in {words}"):]

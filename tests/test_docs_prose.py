@@ -17,9 +17,6 @@ RECORDS = {"benchmarks.md", "reproduction.md"}  # pages of measurements, read as
 # about 8.2 px a character; the column between the two sidebars is about 650 px of code).
 CODE_COLUMN_CHARS = 80
 PAGES = sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in RECORDS)
-# Pages still to be rewritten in short paragraphs: expected to fail until they are (strict: then remove the name).
-NOT_YET_SHORT = {"coming-from-timm.md", "deployment.md", "evaluation.md", "layout.md", "models.md", "promises.md",
-                 "training.md", "tutorial.md"}
 
 
 def paragraphs(markdown: str) -> list[str]:
@@ -65,15 +62,13 @@ def test_the_paragraph_reader_splits_paragraphs_and_items_and_skips_code():
     assert paragraphs(page) == ["One two three. four five.", "- an item", "- another continued"]
 
 
-@pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="not yet rewritten"))
-                                  if p.name in NOT_YET_SHORT else p for p in PAGES], ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_no_paragraph_runs_over_60_words(page):
     text = page.read_text(encoding="utf-8")
     long = [(len(b.split()), b[:70]) for b in paragraphs(text) if len(b.split()) > MAX_WORDS]
     assert not long, f"{page.name}: paragraphs over {MAX_WORDS} words (split them, or make a table): {long}"
 
 
-@pytest.mark.xfail(strict=True, reason="the README's long cells are not yet split")
 def test_the_readme_table_cells_stay_short():
     long = []
     for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines():

@@ -108,6 +108,17 @@ def test_the_tutorial_runs_from_photos_to_an_onnx_file(walked):
     assert printed[0][0] in ("astronaut", "cat", "coffee", "flower")
 
 
+def test_the_page_lists_every_metadata_key_the_exported_file_carries(walked):
+    """The page's metadata row names each key `vitlab export` wrote into the tutorial's ONNX file."""
+    import onnx
+
+    cwd, _ = walked
+    keys = {entry.key for entry in onnx.load(str(cwd / "model.onnx")).metadata_props}
+    row = next(line for line in PAGE.read_text(encoding="utf-8").splitlines() if line.startswith("| metadata |"))
+    listed = set(re.findall(r"`(\w+)`", row))
+    assert "eval_resize" in keys and keys <= listed, (keys - listed, row)
+
+
 def test_the_command_line_serves_the_onnx_file(walked):
     cwd, outputs = walked
     (step,) = [s for s in tutorial.steps() if SERVING in s.code]

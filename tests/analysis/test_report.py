@@ -1,6 +1,7 @@
 """`vitlab analyze` end to end on tiny saved models: files written, summary numbers, image loading, hybrids,
 non-square inputs and one-line user errors."""
 
+import html
 import json
 
 import numpy as np
@@ -61,6 +62,7 @@ def test_analyze_on_embedded_digits(tmp_path, capsys):
     assert [im["true_class"] for im in summary["input"]["images"]] == ["0", "1", "2"]  # one per class in turn
     page = (out / "index.html").read_text()
     assert all(f"src='{name}'" in page for name in FIGURES)
+    assert page.count(html.escape(summary["notes"][0])) == 1  # in the filters' caption, not repeated under Notes
 
 
 def test_analyze_compile_traces_the_inspection_path_frozen_with_the_eager_numbers(tmp_path, capsys, compiles):

@@ -148,7 +148,8 @@ def _attention_figures(model: nn.Module, x: torch.Tensor, stats: AttentionStats,
 
 
 def write_index(out: Path, summary: dict, entries: list[tuple[str, str]]) -> Path:
-    """A self-contained page: the figures with captions, the notes, a link to the numbers."""
+    """A self-contained page: the figures with captions, the notes, a link to the numbers. A note a caption
+    already carries (the embedding filters' diagnosis) is not listed again: each says its point once."""
     m = summary["model"]
     title = f"vitlab analyze: {m['name'] or 'model'}"
     parts = [f"<!doctype html>{mark_text('vitlab analyze')}<meta charset='utf-8'><title>{html.escape(title)}</title>",
@@ -159,8 +160,9 @@ def write_index(out: Path, summary: dict, entries: list[tuple[str, str]]) -> Pat
     for name, caption in entries:
         parts.append(f"<figure><img src='{name}' alt='{name}'><figcaption>{html.escape(caption)}</figcaption>"
                      "</figure>")
-    if summary["notes"]:
-        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in summary["notes"]) + "</ul>")
+    notes = [n for n in summary["notes"] if not any(n in caption for _, caption in entries)]
+    if notes:
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
     path = out / "index.html"
     text = "\n".join(parts) + "\n"
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
