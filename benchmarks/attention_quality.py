@@ -162,9 +162,9 @@ def report(args: argparse.Namespace) -> dict:
             print(f"\n{part}: final validation ({next(iter(rows.values()))['count']} images)")
             print("| form | val loss (per seed) | mean | top-1 (per seed) | mean |\n|---|---|---:|---|---:|")
             for form, r in rows.items():
-                losses = " / ".join(f"{v:.3f}" for v in r["loss"])
+                losses = " / ".join(f"{v:.4f}" for v in r["loss"])
                 tops = " / ".join(f"{100 * v:.1f}" for v in r["top1"])
-                print(f"| {form} | {losses} | {statistics.mean(r['loss']):.3f} | {tops} % | "
+                print(f"| {form} | {losses} | {statistics.mean(r['loss']):.4f} | {tops} % | "
                       f"{100 * statistics.mean(r['top1']):.1f} % |")
     curves = {(form, s): train_losses(run_dir(args.out, "curve", form, s)) for form in FORMS for s in args.seeds}
     curves = {k: v for k, v in curves.items() if v}

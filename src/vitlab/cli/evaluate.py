@@ -17,7 +17,6 @@ from vitlab.cli.types import (
     device_name,
     force_help,
     precision_name,
-    say_compiled,
     workers,
 )
 from vitlab.constants import EVAL_RESIZE_HELP
@@ -114,7 +113,6 @@ def _eval(args: argparse.Namespace) -> int:
               f"({m['count']} images)  eval resize: {r.eval_resize}  precision {r.precision.name} "
               f"({r.precision.reason})", flush=True)
         print("\n".join(per_class_lines(record["per_class"])), flush=True)
-    say_compiled(r.compiled)
     failures = _write_outputs(args, r, record, png)
     if args.json:
         print(json.dumps({**record, "confusion_png": None if r.confusion_png is None else str(r.confusion_png)}))

@@ -16,7 +16,6 @@ from vitlab.cli.types import (
     int_range,
     new_file,
     precision_name,
-    say_compiled,
 )
 from vitlab.constants import EVAL_RESIZE_HELP
 
@@ -97,7 +96,6 @@ def run(args: argparse.Namespace) -> int:
                                   device=args.device, precision=args.precision, random_init=args.random_init,
                                   progress=True, compile=args.compile)
     chosen = result.precision
-    say_compiled(result.compiled)
     label = "random init of " if args.random_init else ""
     print(f"few-shot linear accuracy, {label}{args.weights} on {args.data} ({args.eval_resize} pre-processing, "
           f"precision {chosen.name}: {chosen.reason})")

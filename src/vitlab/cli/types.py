@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
@@ -98,12 +97,6 @@ def precision_name(int8: bool) -> Callable[[str], str]:
         return text
 
     return parse
-
-
-def say_compiled(choice: object) -> None:
-    """One line on stderr: whether the model was compiled and why (a `CompileChoice`; nothing for None)."""
-    if choice is not None:
-        print(f"compile {choice.name} ({choice.reason})", file=sys.stderr, flush=True)
 
 
 def add_compile_flags(p: argparse.ArgumentParser) -> None:
