@@ -41,9 +41,8 @@ def main() -> None:
 
     import torch
 
-    from vitlab.bench.peaks import precision_peak
-    from vitlab.runtime.allocator import tune_for_compute
-    from vitlab.runtime.device import cpu_name
+    from vitlab.bench import precision_peak
+    from vitlab.runtime import cpu_name, tune_for_compute
 
     tune_for_compute()
     peak, _ = precision_peak("bf16")
@@ -69,9 +68,8 @@ def main() -> None:
 def infer_forms(name: str, batch: int, only: list[str] | None) -> tuple[dict, float]:
     import torch
 
-    from vitlab.models.flops import count_macs
-    from vitlab.models.registry import build_model, model_config
-    from vitlab.runtime.session import compile_for_inference, frozen_call, open_session
+    from vitlab.models import build_model, count_macs, model_config
+    from vitlab.runtime import compile_for_inference, frozen_call, open_session
 
     torch.manual_seed(0)
     cfg = model_config(name, image_size=224)
@@ -121,10 +119,8 @@ def train_forms(name: str, batch: int, only: list[str] | None, attention: str) -
     import torch
     import torch.nn.functional as F
 
-    from vitlab.models.attention import set_attention_form
-    from vitlab.models.flops import count_macs
-    from vitlab.models.registry import build_model, model_config
-    from vitlab.runtime.precision import autocast_for
+    from vitlab.models import build_model, count_macs, model_config, set_attention_form
+    from vitlab.runtime import autocast_for
 
     torch.manual_seed(0)
     cfg = model_config(name, num_classes=1000, image_size=224)

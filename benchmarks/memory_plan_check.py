@@ -12,7 +12,7 @@ import argparse
 import torch
 
 import vitlab
-from vitlab.models.memory import memory_plan
+from vitlab.models import memory_plan
 
 
 def status(key: str) -> int:

@@ -9,7 +9,7 @@ from vitlab.models.flops import count_macs, count_parameters
 from vitlab.models.registry import build_model, describe_architecture, model_config, variant_names
 
 _LAZY = {"BiT": "bit", "VisionTransformer": "vit", "attend": "attention", "set_attention_form": "attention",
-         "eval_resize_of": "timm_compat"}
+         "eval_resize_of": "timm_compat", "memory_plan": "memory"}
 
 
 def __getattr__(name: str) -> Any:
@@ -22,6 +22,6 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "BiT", "BiTConfig", "ResNetConfig", "ViTConfig", "VisionTransformer", "build_model", "config_from_dict",
-    "attend", "count_macs", "count_parameters", "describe_architecture", "eval_resize_of", "model_config",
-    "set_attention_form", "variant_names",
+    "attend", "count_macs", "count_parameters", "describe_architecture", "eval_resize_of", "memory_plan",
+    "model_config", "set_attention_form", "variant_names",
 ]

@@ -15,7 +15,7 @@ from vitlab.runtime.precision import (
     prepare_for_inference,
     resolve_precision,
 )
-from vitlab.runtime.session import InferenceSession, compile_for_inference, open_session
+from vitlab.runtime.session import InferenceSession, compile_for_inference, frozen_call, open_session
 
 _LAZY = {"quantize_int8": "quantize"}  # read on first use: only int8 inference needs torch's quantization
 
@@ -29,5 +29,5 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["NATIVE_BF16_FLAGS", "InferenceSession", "allocator_name", "autocast_for", "compile_for_inference",
-           "config_shape", "cpu_flags", "cpu_name", "native_bf16", "open_session", "pick_device",
+           "config_shape", "cpu_flags", "cpu_name", "frozen_call", "native_bf16", "open_session", "pick_device",
            "prepare_for_inference", "quantize_int8", "resolve_precision", "training_attention", "tune_for_compute"]
