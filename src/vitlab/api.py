@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from vitlab.data.transforms import model_transform
-from vitlab.errors import keyword_errors
+from vitlab.errors import WeightsError, keyword_errors
 from vitlab.hub.catalogue import HF_PREFIX, timm_models, timm_name
 from vitlab.hub.entry import Entry
 from vitlab.hub.fetch import fetch as fetch_entry
@@ -31,6 +31,7 @@ from vitlab.models.timm_compat import FeatureExtractor
 from vitlab.ranges import check_choice
 from vitlab.weights.load import load as load_weights
 from vitlab.weights.load import preprocessing
+from vitlab.weights.tensors import read_tensor_file
 from vitlab.weights.timm_arch import LAYER_SCALE_NAMES, timm_config, timm_normalisation, timm_preprocessing
 from vitlab.weights.timm_bit import TIMM_WS_EPS
 from vitlab.weights.vitlab_format import save as save_weights
@@ -114,7 +115,7 @@ def create_model(
             if unpooled:  # timm's global_pool "": forward returns every token (the new head, if any, on each)
                 model.reset_classifier(model.num_classes, "")
         if checkpoint_path:
-            read_into(model, checkpoint_path, arch=_timm_arch(name))
+            _read_checkpoint_path(model, checkpoint_path, _timm_arch(name))
     data_cfg = {k: v for k, v in overlay.items() if k not in (*WEIGHT_SOURCES, "num_classes")}
     if data_cfg:
         model.pretrained_cfg = data_cfg
@@ -222,6 +223,19 @@ def read_into(model: nn.Module, source: dict[str, Any] | str | os.PathLike, arch
         image_size = getattr(model.config, "image_size", None)
         state = load_weights(source, image_size=image_size, num_classes=num_classes, arch=arch).state_dict()
     model.load_state_dict(state)
+
+
+def _read_checkpoint_path(model: nn.Module, path: str | os.PathLike, arch: str | None) -> None:
+    """timm's `load_checkpoint(model, checkpoint_path)`: a state dict's tensors (timm's or vitlab's names, training
+    wrappers removed) into the model as built, so that a file of a model made with architecture keywords (depth=2)
+    needs no architecture told by the file; a file that does not fit so (another input size, an official .npz)
+    is read by `read_into`, which says in one line what does not match."""
+    try:
+        model.load_state_dict(read_tensor_file(path))
+        return
+    except (WeightsError, RuntimeError):  # not a state-dict file, or not this model's tensors as they are
+        pass
+    read_into(model, path, arch=arch)
 
 
 def vitlab_overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
