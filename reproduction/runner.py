@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+import vitlab
 from reproduction.estimate import CostModel, render_seconds
 from reproduction.evals import evaluate
 from reproduction.records import read_record, seal, write_sealed_json
@@ -244,12 +245,15 @@ def machine() -> dict[str, Any]:
 def keep_curve_weights(run_dir: Path) -> None:
     """The weights of every kept checkpoint copied to <run>/curve/step_N.safetensors, for a transfer curve
     computed when an experiment asks for it (without the optimiser state, a third of a checkpoint's size). Copied,
-    not moved: until result.json is written the checkpoints must stay intact for a resume."""
+    not moved: until result.json is written the checkpoints must stay intact for a resume. A sharded checkpoint
+    (an FSDP run of several processes) has no weights file: its shards are read into one (`vitlab.load`)."""
     folder = run_dir / CURVE
     folder.mkdir(exist_ok=True)
     for ckpt in list_checkpoints(run_dir):
         if (ckpt / WEIGHTS).is_file():
             shutil.copyfile(ckpt / WEIGHTS, folder / f"{ckpt.name}.safetensors")
+        else:
+            vitlab.save(vitlab.load(ckpt), folder / f"{ckpt.name}.safetensors", force=True)
 
 
 def _read_result(path: Path, key: str) -> dict[str, Any]:

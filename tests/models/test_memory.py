@@ -69,3 +69,17 @@ def test_states_per_process_follow_the_parallelism():
     assert memory_plan(config, precision="bf16").autocast == 2 * p
     with pytest.raises(ValueError, match="plain ViTs"):
         memory_plan(model_config("BiT-R50x1"))
+
+
+def test_the_command_prints_the_plan_and_refuses_what_it_cannot_count(capsys):
+    import json
+
+    from vitlab.cli import main
+
+    assert main(["models", "ViT-B/16", "--memory", "--world", "8", "64", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["world"], r["strategy"]) for r in rows] == [(8, "ddp"), (8, "fsdp"), (64, "ddp"), (64, "fsdp")]
+    plan = memory_plan(model_config("ViT-B/16", num_classes=1000), 64, "fsdp", "bf16", "adam")
+    assert rows[3]["total"] == plan.total(4096 // 64)
+    assert main(["models", "BiT-R50x1", "--memory"]) != 0
+    assert "plain ViTs" in capsys.readouterr().err
