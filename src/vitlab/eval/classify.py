@@ -7,7 +7,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -20,10 +20,12 @@ from vitlab.eval.metrics import ClassificationMeter, plot_confusion_matrix, requ
 from vitlab.losses import per_image_loss
 from vitlab.models.timm_compat import eval_resize_of
 from vitlab.progress import progress as progress_bar
-from vitlab.runtime.compiling import CompileChoice
 from vitlab.runtime.device import all_reduce
 from vitlab.runtime.precision import Precision, autocast_for
 from vitlab.runtime.session import InferenceSession, compile_session, open_session
+
+if TYPE_CHECKING:
+    from vitlab.runtime.compiling import CompileChoice
 
 
 @torch.no_grad()

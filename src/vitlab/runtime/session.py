@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from vitlab.runtime.compiling import CompileChoice, compile_request, resolve_compile
 from vitlab.runtime.device import pick_device
 from vitlab.runtime.precision import (
     Precision,
@@ -33,6 +33,9 @@ from vitlab.runtime.precision import (
     resolve_precision,
 )
 from vitlab.weights.load import load
+
+if TYPE_CHECKING:  # the compile rule is read when a session is compiled: training never imports it
+    from vitlab.runtime.compiling import CompileChoice
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,8 @@ def open_session(
                          "cast_weights; use auto, fp32 or bf16 here")
     model = skip_unread_tokens(model)
     session = InferenceSession(model, dev, chosen, tuple(names))
+    from vitlab.runtime.compiling import compile_request
+
     if compile_request(compile) == "auto" and images is None:
         return session
     return compile_session(session, compile, images)
@@ -104,6 +109,8 @@ def compile_session(session: InferenceSession, requested: bool | str, images: in
     (`compile_for_inference`; another than "forward" is compiled in place on the model)."""
     if session.compiled is not None:
         return session
+    from vitlab.runtime.compiling import resolve_compile
+
     choice = resolve_compile(requested, images=images, device=session.device, precision=session.precision.name,
                              width=config_width(getattr(session.model, "config", None)))
     model = session.model
