@@ -1,7 +1,7 @@
 """A training run imports what it uses: the modules the trainer, the weights entry and the data package need on
 the embedded digits, and none of the foreign weights formats, the drawn/Hugging Face/shard data sources, few-shot
-evaluation, prediction, self-supervision or the inference compile rule, which the runs that use them import (checked in a fresh interpreter,
-since this test process has imported them already)."""
+evaluation, prediction, self-supervision or the inference compile rule, which the runs that use them import
+(checked in a fresh interpreter, since this test process has imported them already)."""
 
 from __future__ import annotations
 
