@@ -1,7 +1,8 @@
 """The GPU path proven by one command (issue 23): CUDA parity, bf16 training MFU and inference against timm,
-DDP/FSDP2 under torchrun, an exact CUDA resume, and the training loader against what the GPU consumes.
+DDP/FSDP2 under torchrun (on every GPU: sharded FSDP2 checkpoints, resumed on another world size), an exact CUDA
+resume, and the training loader against what the GPU consumes.
 
-    python benchmarks/device_check.py --out DIR             # on a GPU: the full check, about 6 minutes on an H200
+    python benchmarks/device_check.py --out DIR             # on a GPU: the full check, about 7 minutes on an H200
     python benchmarks/device_check.py --dry-run --out DIR   # anywhere: tiny models, few steps (the test suite's)
 
 On the device tool's machine (torch and timm preinstalled, no network), from the repository root:
@@ -74,13 +75,13 @@ def _run_args(steps: int, batch: int, workers: int) -> tuple[str, ...]:
 
 
 FULL = Plan(
-    name="full", budget_s=480,
+    name="full", budget_s=540,
     parity_models=(("ViT-B/16", {}, 224), ("R50+ViT-B/16", {}, 224), ("BiT-R50x1", {}, 224)), parity_batch=8,
     speed_model="ViT-B/16", speed_image=224, speed_batch=256, speed_repeats=3, speed_min_time=2.0, speed_warmup=3,
     compile=True, gemm_size=None, threads=None, run_args=_run_args(20, 64, 2),
     run_steps=20, torchrun=True, in_process=False,
     loader_images=2000, loader_batch=256, loader_steps=16,
-    estimates={"parity": 60, "speed_eager": 60, "speed_compiled": 240, "runs": 120, "loader": 60},
+    estimates={"parity": 60, "speed_eager": 60, "speed_compiled": 240, "runs": 120, "multi": 120, "loader": 60},
 )
 DRY_RUN = Plan(
     name="dry-run", budget_s=120,
@@ -89,7 +90,7 @@ DRY_RUN = Plan(
     compile=False, gemm_size=256, threads=1, run_args=_run_args(6, 16, 0),
     run_steps=6, torchrun=False, in_process=True,
     loader_images=24, loader_batch=8, loader_steps=4,
-    estimates={"parity": 20, "speed_eager": 20, "speed_compiled": 0, "runs": 40, "loader": 30},
+    estimates={"parity": 20, "speed_eager": 20, "speed_compiled": 0, "runs": 40, "multi": 0, "loader": 30},
 )
 
 
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="folder for device_check.json and device_check.md")
     p.add_argument("--dry-run", action="store_true", help="tiny models and few steps: the CPU check of the script")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
-    p.add_argument("--budget", type=float, help="seconds for the whole script (default: 480, dry run 120)")
+    p.add_argument("--budget", type=float, help="seconds for the whole script (default: 540, dry run 120)")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8"], default="auto",
                    help="what the speed section computes in, as vitlab bench --precision (default auto: bf16 on CUDA)")
     args = p.parse_args(argv)
@@ -208,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_all(plan: Plan, device: torch.device, out: Path) -> int:
     import device_check_loader
+    import device_check_multi
     import device_check_parity
     import device_check_runs
     import device_check_speed
@@ -218,6 +220,7 @@ def run_all(plan: Plan, device: torch.device, out: Path) -> int:
     # Correctness first; the compiled speed part, the longest, takes what is left after the loader's share.
     run_section(report, plan, "parity", lambda: device_check_parity.run(plan, device))
     run_section(report, plan, "runs", lambda: device_check_runs.run(plan, device))
+    run_section(report, plan, "multi", lambda: device_check_multi.run(plan, device))
     run_section(report, plan, "speed", lambda: device_check_speed.run(plan, device, report), estimate="speed_eager")
     consumed = device_check_speed.training_images_per_s(report.data["sections"].get("speed", {}))
     run_section(report, plan, "loader", lambda: device_check_loader.run(plan, device, consumed))

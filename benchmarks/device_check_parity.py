@@ -141,8 +141,8 @@ def model_parity(name: str, overrides: dict[str, int], size: int, batch: int,
 
 def fused_adamw_parity(device: torch.device, steps: int = 20) -> dict[str, Any]:
     """`vitlab train`'s optimizer (fused where torch has it) against foreach AdamW, both fed the same gradients."""
-    from vitlab.train import TrainConfig, build_optimizer
-    from vitlab.train.optim import param_groups
+    from vitlab.train import TrainConfig
+    from vitlab.train.optim import build_optimizer, param_groups
 
     model = _build("ViT-B/16", {"depth": 1, "width": 64, "num_heads": 2, "mlp_dim": 128}, 32).to(device).train()
     twin = copy.deepcopy(model)

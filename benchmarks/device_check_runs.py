@@ -35,7 +35,7 @@ def train_losses(run_dir: Path) -> list[float]:
 
 
 def _train(out: Path, args: list[str], device: torch.device, torchrun: bool = False,
-           in_process: bool = False) -> None:
+           in_process: bool = False, nproc: int = 1) -> None:
     if in_process and not torchrun:
         from vitlab.cli import main
 
@@ -43,8 +43,8 @@ def _train(out: Path, args: list[str], device: torch.device, torchrun: bool = Fa
         if main(argv) != 0:
             raise RuntimeError(f"vitlab {' '.join(argv)} failed (its error is printed above)")
         return
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"] if torchrun \
-        else [sys.executable]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)] \
+        if torchrun else [sys.executable]
     cmd = [*launcher, "-m", "vitlab", "train", "--out", str(out), *args, "--device", device.type]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)

@@ -16,6 +16,7 @@ SCRIPT = BENCHMARKS / "device_check.py"
 sys.path.insert(0, str(BENCHMARKS))
 
 import device_check  # noqa: E402
+import device_check_multi  # noqa: E402
 import device_check_parity  # noqa: E402
 import device_check_speed  # noqa: E402
 
@@ -33,10 +34,10 @@ def test_dry_run_passes_and_writes_every_section(dry_run):
     done, data, md = dry_run
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert data["plan"]["name"] == "dry-run" and data["environment"]["device"] == "cpu"
-    assert list(data["sections"]) == ["parity", "runs", "speed", "loader"]
+    assert list(data["sections"]) == ["parity", "runs", "multi", "speed", "loader"]
     for name, section in data["sections"].items():
         assert section["status"] == "ok", (name, section)
-        assert section["seconds"] > 0
+        assert section["seconds"] > 0 or name == "multi"  # the dry run skips it whole (its own test runs it)
         assert f"### {name} (ok, " in md
     assert 0 < data["total_seconds"] < 900
 
@@ -47,6 +48,8 @@ def test_dry_run_prints_why_the_cuda_parts_are_skipped(dry_run):
     assert "skipped torch.compile: not in the dry run" in done.stdout
     assert "skipped torchrun DDP/FSDP2: not in the dry run" in done.stdout
     assert "skipped: torch.compile" in md and "skipped: torchrun DDP/FSDP2" in md
+    assert "skipped torchrun FSDP2 sharded save, resume on another world size and DDP: not in the dry run" \
+        in done.stdout
 
 
 def test_parity_on_cpu_is_within_bounds(dry_run):
@@ -156,6 +159,37 @@ def test_the_gpu_plan_code_paths_on_cpu(tmp_path):
     runs = {c["name"]: c for c in sections["runs"]["checks"]}
     for name in ("DDP (gloo)", "FSDP2"):
         assert runs[f"torchrun --nproc-per-node 1 {name} vs 1 process: train losses"]["passed"]
+
+
+def test_the_multi_process_section_on_two_gloo_processes(tmp_path):
+    """The section the dry run leaves out, at dry-run sizes on CPU: 2 gloo processes of FSDP2 write one shard file
+    each per checkpoint, the run resumes on 1 process, its last checkpoint converts to its final weights and a
+    2-process DDP run trains the same losses."""
+    plan = device_check.Plan(**{**device_check.asdict(device_check.DRY_RUN), "torchrun": True, "in_process": False})
+    result = device_check_multi.run(plan, torch.device("cpu"))
+    assert result["nproc"] == 2 and result["backend"] == "gloo" and result["skipped"] == []
+    checks = {c["name"]: c for c in result["checks"]}
+    assert all(c["passed"] for c in checks.values()), checks
+    assert len(result["fsdp_losses"]) == plan.run_steps
+    for step in (3, 6):
+        shards = checks[f"FSDP2 step_{step:08d}: one shard file per process"]
+        assert shards["files"] == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert checks["vitlab convert checkpoints/step_00000006 equals the run's gathered weights"]["value"] is True
+    resumed = checks["FSDP2 resumed from step 3 on 1 process (saved on 2): train losses"]
+    assert resumed["value"] <= device_check_multi.FSDP_REL
+    assert checks["DDP (gloo) vs FSDP2 on 2 process(es): train losses"]["value"] <= device_check_multi.FSDP_REL
+    report = device_check.Report(tmp_path, plan, torch.device("cpu"))
+    report.record("multi", {**result, "status": "ok", "seconds": 1.0})
+    md = (tmp_path / "device_check.md").read_text()
+    assert "### multi (ok, 1.0 s)" in md and "| FSDP2 step_00000006: one shard file per process | 3 | 3 | yes |" in md
+
+
+def test_one_gpu_runs_one_process_and_says_why_world_size_checks_are_skipped(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert device_check_multi.world_size(torch.device("cuda")) == 1
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    assert device_check_multi.world_size(torch.device("cuda")) == 8
+    assert device_check_multi.world_size(torch.device("cpu")) == 2
 
 
 def test_the_speed_section_computes_in_the_precision_asked_for(monkeypatch):
