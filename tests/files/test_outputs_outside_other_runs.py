@@ -59,7 +59,8 @@ def test_shards_never_land_inside_a_run(run, data, tmp_path, capsys, out):
     before = snapshot(run)
     assert main(["-q", "shards", str(data), str(tmp_path / out)]) == 2
     err = capsys.readouterr().err
-    assert f"lies inside the run in {run}" in err and "write the output outside the run" in err
+    assert err.startswith(f"vitlab shards: error: {tmp_path / out}: lies inside the run in {run}")
+    assert "write the output outside the run" in err
     assert len(err.strip().splitlines()) == 1 and "ENOENT" not in err
     assert snapshot(run) == before
 
@@ -76,7 +77,8 @@ def test_analyze_writes_into_a_run_only_from_its_weights(run, data, tmp_path, ca
     image = data / "a" / "0.png"
     assert main(["-q", "analyze", "--weights", str(tmp_path / "other.safetensors"), "--images", str(image),
                  "--out", str(tmp_path / "L" / "..")]) == 2
-    assert f"lies inside the run in {run}, which this command did not read" in capsys.readouterr().err
+    assert f"{tmp_path / 'L' / '..'}: lies inside the run in {run}, which this command did not read" in (
+        capsys.readouterr().err)
     assert snapshot(run) == before
     assert main(["-q", "analyze", "--weights", str(run / "model.safetensors"), "--images", str(image),
                  "--out", str(run / "analysis")]) == 0

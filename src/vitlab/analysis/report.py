@@ -218,7 +218,7 @@ def analyze(
     # before any work: a summary.json or index.html of the user's is never replaced
     check_replaceable(out, "summary.json", "vitlab analyze", ("index.html", *FIGURE_FILES), legacy_keys=SUMMARY_KEYS,
                       inputs=inputs)
-    refuse_other_run(out / "summary.json", inputs)  # a run's folder holds another run's analysis only from its weights
+    refuse_other_run(out / "summary.json", inputs, folder=out)  # into a run only from its own weights
     out.mkdir(parents=True, exist_ok=True)
     stats = collect_attention(vit, x, head_fusion, discard_ratio)
     records, labels = describe_images(vit, x, images, class_names or getattr(vit, "class_names", None))

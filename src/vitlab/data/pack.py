@@ -346,7 +346,7 @@ def pack_shards(src: str | Path, out: str | Path, shard_size: int = 10**9,
                         "dataset to pack and the folder the shards go to")
     src, out = Path(src), Path(out)
     refuse_input(out, (src,))  # shards inside the folder they pack would be read as its images next time
-    refuse_other_run(out / INFO_NAME)  # nor inside a run or sweep (its checkpoints/, or the run folder itself)
+    refuse_other_run(out / INFO_NAME, folder=out)  # nor inside a run or sweep (its checkpoints/, the run itself)
     if val_fraction is not None and not 0.0 < val_fraction < 1.0:
         raise DataError(f"{setting('val_fraction')} must be in (0, 1), got {val_fraction}")
     names, splits, bad = _source_splits(src, val_fraction)

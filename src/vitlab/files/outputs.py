@@ -426,11 +426,13 @@ def refuse_run_file(path: str | Path) -> None:
                             "replace them)")
 
 
-def refuse_other_run(path: str | Path, inputs: Iterable[str | os.PathLike] = ()) -> None:
-    """OutputRefused when the file `path` (or a folder's file: `OUT/_info.json`) would lie inside a run or sweep
-    folder, at any depth, that none of `inputs` belongs to (`rundir.run_dir_of`): it would be taken for one of
-    that run's files, and removing the run would remove it. A run's own weights exported beside them stay allowed.
-    Paths are compared as the OS resolves them (`reading.resolved`)."""
+def refuse_other_run(path: str | Path, inputs: Iterable[str | os.PathLike] = (), *,
+                     folder: str | Path | None = None) -> None:
+    """OutputRefused when the file `path` (for an output `folder`, one of its files: `OUT/_info.json`, the
+    message naming the folder) would lie inside a run or sweep folder, at any depth, that none of `inputs` belongs
+    to (`rundir.run_dir_of`): it would be taken for one of that run's files, and removing the run would remove it.
+    A run's own weights exported beside them stay allowed. Paths are compared as the OS resolves them
+    (`reading.resolved`)."""
     try:
         run = enclosing_run(path)
         if run is None:
@@ -440,7 +442,7 @@ def refuse_other_run(path: str | Path, inputs: Iterable[str | os.PathLike] = ())
         return
     if run not in own:
         owner = "sweep" if is_sweep_dir(run) else "run"
-        raise OutputRefused(path, f"lies inside the {owner} in {run}, which this command did not read",
+        raise OutputRefused(folder or path, f"lies inside the {owner} in {run}, which this command did not read",
                             f"write the output outside the {owner}")
 
 
