@@ -36,7 +36,7 @@ from vitlab.data.shards import INFO_NAME
 from vitlab.data.sources import DECODE_ERRORS, PIXELS_ENV, ImageSplit, decode_rgb, open_image, stratified_holdout
 from vitlab.data.untrusted import parse_json
 from vitlab.errors import DataError, setting
-from vitlab.files.outputs import atomic_write, refuse_input
+from vitlab.files.outputs import STORAGE_ERRNOS, atomic_write, refuse_input, refuse_other_run
 from vitlab.files.reading import read_regular
 from vitlab.progress import progress
 
@@ -346,14 +346,17 @@ def pack_shards(src: str | Path, out: str | Path, shard_size: int = 10**9,
                         "dataset to pack and the folder the shards go to")
     src, out = Path(src), Path(out)
     refuse_input(out, (src,))  # shards inside the folder they pack would be read as its images next time
+    refuse_other_run(out / INFO_NAME, folder=out)  # nor inside a run or sweep (its checkpoints/, the run itself)
     if val_fraction is not None and not 0.0 < val_fraction < 1.0:
         raise DataError(f"{setting('val_fraction')} must be in (0, 1), got {val_fraction}")
     names, splits, bad = _source_splits(src, val_fraction)
     try:
         return _pack(src, out, names, splits, bad, shard_size, val_fraction)
     except OSError as err:  # full disk, read-only or vanished target: every shard written so far is complete
-        raise DataError(f"cannot write the shards to {out}: {err.strerror or err} ({_errno_name(err)}); free space "
-                        "or choose another OUT, then re-run to resume after the last complete shard") from None
+        fix = STORAGE_ERRNOS.get(err.errno or 0, "check that OUT's folders exist (a folder removed or a link broken "
+                                 "on the way) or choose another OUT")
+        raise DataError(f"cannot write the shards to {out}: {err.strerror or err} ({_errno_name(err)}); {fix}, then "
+                        "re-run to resume after the last complete shard") from None
 
 
 def _errno_name(err: OSError) -> str:

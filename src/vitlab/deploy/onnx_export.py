@@ -47,7 +47,7 @@ from vitlab.deploy.onnx_check import (
     session,
 )
 from vitlab.errors import setting
-from vitlab.files.outputs import ONNX, Kind, atomic_write, check_output, mark_text
+from vitlab.files.outputs import ONNX, Kind, atomic_write, check_output, mark_text, refuse_other_run
 from vitlab.models.timm_compat import eval_resize_of
 from vitlab.ranges import EXPORT_BATCH, ONNX_OPSET, check_choice
 from vitlab.runtime.quantize import is_int8
@@ -81,12 +81,14 @@ def export_onnx(model: nn.Module, path: str | Path, *, precision: str = "fp32", 
                 ) -> ExportReport:
     """Write `model` (a vitlab model in float32) to `path` as ONNX, checked against ONNX Runtime first (see the
     module docstring). The output rule (outputs.check_output, kind `ONNX_KIND`): never one of `inputs` (the
-    weights the model came from) or a run's files, never over weights; `force`: replace a file vitlab did not write.
+    weights the model came from) or a run's files, never inside a run or sweep those weights are not from, never
+    over weights; `force`: replace a file vitlab did not write.
     ValueError in one line for a missing package, a precision ONNX Runtime cannot check, an export torch cannot
     make or a failed check; nothing is written then. A wrong argument is one line naming it (`check_arguments`)."""
     name = check_arguments(path, precision, batch_size, opset, force)
     onnx, _ = require_onnx()
     check_output(path, force, kind=ONNX_KIND, inputs=inputs)  # before the tracing; again before the rename
+    refuse_other_run(path, inputs)  # beside a run's weights only when they are what is exported
     check_onnx_name(path)
     model = _float32_cpu(model)
     size = sum(p.numel() * p.element_size() for p in model.parameters())

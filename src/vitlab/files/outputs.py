@@ -45,7 +45,7 @@ from vitlab.files.marks import mark_text as mark_text
 from vitlab.files.marks import mark_zip as mark_zip
 from vitlab.files.marks import written_by as written_by
 from vitlab.files.reading import read_text_regular, resolved
-from vitlab.files.rundir import is_run_dir, is_sweep_dir, run_owning
+from vitlab.files.rundir import enclosing_run, is_run_dir, is_sweep_dir, run_dir_of, run_owning
 
 _TAG = "vitlab-tmp"
 # Failures of the storage rather than of vitlab: what the user can fix, and how.
@@ -206,7 +206,7 @@ def atomic_write(path: str | Path, write: Callable[[str], object], *, user_named
         check_name_length(path)
         make_folder(path.parent)
         remove_stale_temporaries(path.parent)
-        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), dir=resolved(path).parent)  # not `L/..` as text
     except OSError as err:
         raise (storage_error(err, path) or err) from None
     os.close(fd)
@@ -251,7 +251,7 @@ def atomic_folder(folder: str | Path, write: Callable[[Path], None]) -> None:
         check_name_length(folder)
         make_folder(folder.parent)
         remove_stale_temporaries(folder.parent)
-        tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(folder), dir=folder.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(folder), dir=resolved(folder).parent))  # not `L/..` as text
     except OSError as err:
         raise (storage_error(err, folder) or err) from None
     old = tmp.with_name(tmp.name + "-old")
@@ -424,6 +424,26 @@ def refuse_run_file(path: str | Path) -> None:
         raise OutputRefused(path, f"is one of the files of the {owner} in {run}, which only its training writes",
                             f"write the output outside the {owner}'s files ({setting('force', value=True)} does not "
                             "replace them)")
+
+
+def refuse_other_run(path: str | Path, inputs: Iterable[str | os.PathLike] = (), *,
+                     folder: str | Path | None = None) -> None:
+    """OutputRefused when the file `path` (for an output `folder`, one of its files: `OUT/_info.json`, the
+    message naming the folder) would lie inside a run or sweep folder, at any depth, that none of `inputs` belongs
+    to (`rundir.run_dir_of`): it would be taken for one of that run's files, and removing the run would remove it.
+    A run's own weights exported beside them stay allowed. Paths are compared as the OS resolves them
+    (`reading.resolved`)."""
+    try:
+        run = enclosing_run(path)
+        if run is None:
+            return
+        own = {Path(os.path.realpath(r)) for r in map(run_dir_of, inputs) if r is not None}
+    except OSError:  # a path the system cannot look up (a name too long): the write itself reports it
+        return
+    if run not in own:
+        owner = "sweep" if is_sweep_dir(run) else "run"
+        raise OutputRefused(folder or path, f"lies inside the {owner} in {run}, which this command did not read",
+                            f"write the output outside the {owner}")
 
 
 def check_output_folder(folder: str | Path, names: tuple[str, ...], card: str, force: bool = False,
