@@ -189,7 +189,7 @@ def test_a_fifo_among_a_runs_files_is_refused_on_resume_never_waited_on(run, tmp
 READS = {  # a record read from a place a user controls: (the FIFO's name, what reads it)
     "hub cache record": ("w.npz.vitlab.json",
                          "from vitlab.hub.cache import read_meta; print(read_meta(folder / 'w.npz'))"),
-    "metrics.jsonl": ("metrics.jsonl", "from vitlab.train.runlog import read_metrics; read_metrics(fifo)"),
+    "metrics.jsonl": ("metrics.jsonl", "from vitlab.train.metrics import read_metrics; read_metrics(fifo)"),
     "checkpoint digest": ("state.pt", "from vitlab.files.digest import sha256_file; sha256_file(fifo)"),
     "saved dataset state": ("state.json", "from vitlab.data.hf_files import _state_split; print(_state_split(folder))"),
 }
