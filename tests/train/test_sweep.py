@@ -177,17 +177,26 @@ def test_a_signal_during_a_sweep_exits_with_the_stop_code_and_says_how_to_contin
             "1", "--image-size", "8", "--batch-size", "8", "--workers", "0", "--eval-every", "0", "--log-every", "1"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-    log = out / "lr_0.3" / "metrics.jsonl"
-    deadline = time.monotonic() + 180
-    while not (log.exists() and '"split": "train"' in log.read_text()):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
-        time.sleep(0.05)
-    proc.send_signal(signum)
-    stdout, stderr = proc.communicate(timeout=120)
+    try:
+        first = _first_run_training(out, proc, deadline=time.monotonic() + 180)
+        proc.send_signal(signum)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()  # never left running (100,000 steps) when an assertion above fails
     assert proc.returncode == code, stderr[-2000:]
     assert "Traceback" not in stderr
     last = stderr.strip().splitlines()[-1]
     assert "the sweep was preempted in" in last and "--resume" in last and str(out) in last, stderr[-2000:]
-    assert list((out / "lr_0.3" / "checkpoints").glob("step_*"))
-    assert not (out / "lr_0.01").exists()
-    assert sorted(p.name for p in out.iterdir()) == ["lr_0.3"]  # no sweep.json, sweep.png nor temporary of them
+    assert list((out / first / "checkpoints").glob("step_*"))
+    assert sorted(p.name for p in out.iterdir()) == [first]  # the other run not started; no sweep.json, sweep.png
+    # nor a temporary of them
+
+
+def _first_run_training(out, proc, deadline: float) -> str:
+    """The name of the sweep's run folder whose metrics.jsonl holds a training step (the sweep's first run)."""
+    while True:
+        for log in out.glob("lr_*/metrics.jsonl"):
+            if '"split": "train"' in log.read_text():
+                return log.parent.name
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
+        time.sleep(0.05)
