@@ -19,10 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
+from levers import interleaved  # a sibling script: each form timed in turns, the order reversed every repeat
 
 from vitlab.bench import precision_peak
 from vitlab.models import attend, build_model, model_config, set_attention_form
@@ -87,7 +87,7 @@ def _op_row(label: str, n: int, h: int, t: int, hd: int, precision: str, args) -
             q.grad = k.grad = v.grad = None
         return run
 
-    seconds = _interleaved({form: step(form) for form in ("flash", "matmul")}, args)
+    seconds = interleaved({form: step(form) for form in ("flash", "matmul")}, args.repeats, args.min_time)
     # forward + backward of the two products: 3 × the forward's 2 × 2·n·h·t²·hd
     flops = 3 * 4 * n * h * t * t * hd
     decided = training_attention("auto", "cpu", precision=precision, tokens=t, head_dim=hd, batch=n)
@@ -115,32 +115,13 @@ def _step_row(name: str, precision: str, args) -> dict:
             opt.zero_grad(set_to_none=True)
 
         steps[form] = run
-    seconds = _interleaved(steps, args)
+    seconds = interleaved(steps, args.repeats, args.min_time)
     shape = config_shape(cfg)
     decided = training_attention("auto", "cpu", precision=precision, tokens=shape["tokens"],
                                  head_dim=shape["head_dim"], batch=args.batch_size)
     return {"row": "step", "label": f"{name} b{args.batch_size}", "precision": precision, **_ratio(seconds),
             "flash_img_s": args.batch_size / statistics.median(seconds["flash"]),
             "matmul_img_s": args.batch_size / statistics.median(seconds["matmul"]), "auto": decided.name}
-
-
-def _interleaved(steps: dict, args) -> dict[str, list[float]]:
-    per_call = {}
-    for form, step in steps.items():
-        step()  # warm
-        t0 = time.perf_counter()
-        step()
-        per_call[form] = time.perf_counter() - t0
-    n = max(1, round(args.min_time / min(per_call.values())))
-    order = list(steps)
-    seconds: dict[str, list[float]] = {form: [] for form in steps}
-    for r in range(args.repeats):
-        for form in order if r % 2 == 0 else order[::-1]:
-            t0 = time.perf_counter()
-            for _ in range(n):
-                steps[form]()
-            seconds[form].append((time.perf_counter() - t0) / n)
-    return seconds
 
 
 def _ratio(seconds: dict[str, list[float]]) -> dict:

@@ -185,6 +185,8 @@ def train_forms(name: str, batch: int, only: list[str] | None, attention: str) -
 
 
 def interleaved(steps: dict, repeats: int, min_time: float) -> dict[str, list[float]]:
+    """Seconds per call of each step, `repeats` times: the forms take turns, in reversed order every other repeat,
+    each run often enough to last about `min_time`, so that a drift of the machine falls on every form alike."""
     per_call = {}
     for form, step in steps.items():
         step()  # warm

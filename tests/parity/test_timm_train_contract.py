@@ -11,30 +11,18 @@ from __future__ import annotations
 import argparse
 import json
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 import vitlab
+from tests.weights.test_training_checkpoints import colour_cast_images  # noisy photos, a colour cast per class
 from vitlab.cli import main
 
 timm = pytest.importorskip("timm")
 
-ARCH, CLASSES = "vit_tiny_patch16_224", ("ant", "bee", "cat", "dog")
+ARCH, CLASSES = "vit_tiny_patch16_224", ("ant", "bee", "cat", "dog")  # the classes colour_cast_images draws
 MODEL_KWARGS = {"depth": 2, "embed_dim": 64, "num_heads": 2}  # train.py's --model-kwargs: a small ViT, timm's name
 CPU = torch.device("cpu")
-
-
-def _images(root, per_class: int, seed: int) -> None:
-    """Noisy images of varied sizes whose class is a colour cast: learnable in a few steps, not trivially."""
-    rng = np.random.default_rng(seed)
-    for c, name in enumerate(CLASSES):
-        (root / name).mkdir(parents=True)
-        for i in range(per_class):
-            a = rng.normal(127, 60, (48 + 5 * i, 64 - 3 * i, 3))
-            a[..., c % 3] += 25 * (1 + c // 3)
-            Image.fromarray(a.clip(0, 255).astype(np.uint8)).save(root / name / f"{i}.png")
 
 
 def _train_args(root, out) -> argparse.Namespace:
@@ -161,8 +149,8 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("timm_train")
-    _images(root / "train", 6, seed=0)
-    _images(root / "val", 6, seed=1)
+    colour_cast_images(root / "train", 6, seed=0)
+    colour_cast_images(root / "val", 6, seed=1)
     torch.manual_seed(0)  # random initial weights under timm's name (timm's init: every tensor, the head too)
     torch.save(timm.create_model(ARCH, num_classes=len(CLASSES), **MODEL_KWARGS).state_dict(), root / "init.pth")
     out = {}

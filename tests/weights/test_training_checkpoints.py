@@ -27,7 +27,7 @@ ARCH, CLASSES = "vit_tiny_patch16_224", ("ant", "bee", "cat", "dog")
 KWARGS = {"depth": 2, "embed_dim": 64, "num_heads": 2}  # timm model_kwargs: a small ViT under a timm name
 
 
-def _images(root, per_class: int, seed: int) -> None:
+def colour_cast_images(root, per_class: int, seed: int) -> None:
     """Noisy images of varied sizes whose class is a colour cast: learnable in a few steps, not trivially."""
     rng = np.random.default_rng(seed)
     for c, name in enumerate(CLASSES):
@@ -66,8 +66,8 @@ def timm_run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("timm_run")
     random.seed(0)  # timm's training crop draws from Python's generator
-    _images(root / "train", 6, seed=0)
-    _images(root / "val", 6, seed=1)
+    colour_cast_images(root / "train", 6, seed=0)
+    colour_cast_images(root / "val", 6, seed=1)
     torch.manual_seed(0)
     model = timm.create_model(ARCH, num_classes=len(CLASSES), **KWARGS)
     args = argparse.Namespace(model=ARCH, num_classes=len(CLASSES), gp=None, in_chans=None, model_kwargs=KWARGS,
