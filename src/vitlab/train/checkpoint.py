@@ -687,13 +687,15 @@ class Checkpointer:
             state = None
             if self.d.is_main:
                 meta = {**weights_meta(self.cfg), **({"class_names": self.class_names} if self.class_names else {})}
-                state = copy.deepcopy({  # this step's: training goes on while a background write runs
+                state = {
                     "step": step, "samples_seen": step * self.cfg.batch_size,
                     "optimizer": {},  # in the shards, as are the weights and the EMA
                     "sharded": sorted(parts), "model_config": self.model.config.to_dict(), "weights_meta": meta,
                     "scheduler": self.scheduler.state_dict(), "rng": rngs, "class_names": self.data_class_names,
                     "world_size": self.d.world, **training,
-                })
+                }
+                if self.writers is not None:  # this step's: training goes on while the background write runs
+                    state = copy.deepcopy(state)
             if self.writers is not None:  # copied here (staged), written by a thread of torch's
                 future = dcp.async_save(parts, checkpoint_id=str(tmp / SHARDS), process_group=self.writers)
                 self.pending = PendingSave(future, tmp, final, step, state)
