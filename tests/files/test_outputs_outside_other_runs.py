@@ -109,3 +109,26 @@ def test_a_missing_folder_while_packing_is_named_without_advising_free_space(dat
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(tmp_path / "out") in err and "ENOENT" in err
     assert "free" not in err and "check that OUT's folders exist" in err
+
+
+@pytest.mark.parametrize("verb", [
+    ["predict", "--weights", "{w}", "{img}", "--csv", "{o}/p.csv"],
+    ["predict", "--weights", "{w}", "{img}", "--json-out", "{o}/p.json"],
+    ["eval", "--weights", "{w}", "--data", "{data}", "--out", "{o}/evaluation"],
+    ["eval", "--weights", "{w}", "--data", "{data}", "--confusion", "{o}/c.png"],
+    ["eval", "--weights", "{w}", "--data", "{data}", "--errors", "{o}/e.csv"],
+    ["convert", "{w}", "{o}/c.safetensors"],
+])
+def test_a_verb_writes_into_a_run_only_from_its_weights(run, data, tmp_path, capsys, verb):
+    """Every user-named output takes the rule (`check_output`, `check_replaceable`), not only shards, analyze and
+    export: another model's predictions or evaluation inside a run would be read as the run's own."""
+    before = snapshot(run)
+    fill = {"img": str(data / "a" / "0.png"), "data": "digits"}  # the run's own classes
+    other = [a.format(w=tmp_path / "other.safetensors", o=tmp_path / "L" / "..", **fill) for a in verb]
+    assert main(["-q", *other]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"lies inside the run in {run}, which this command did not read" in err and len(err.splitlines()) == 1
+    assert snapshot(run) == before
+    own = [a.format(w=run / "model.safetensors", o=run, **fill) for a in verb]
+    assert main(["-q", *own]) == 0
+    assert snapshot(run) != before

@@ -32,7 +32,7 @@ from vitlab.analysis.embeddings import (
 )
 from vitlab.analysis.images import dataset_inputs, image_file_inputs, is_grey, to_display
 from vitlab.data.hf_split import is_hf_source
-from vitlab.files.outputs import WRITTEN_BY, atomic_write, check_replaceable, mark_text, refuse_other_run
+from vitlab.files.outputs import WRITTEN_BY, atomic_write, check_replaceable, mark_text
 from vitlab.models import VisionTransformer
 from vitlab.progress import progress
 from vitlab.runtime.precision import Precision
@@ -218,7 +218,6 @@ def analyze(
     # before any work: a summary.json or index.html of the user's is never replaced
     check_replaceable(out, "summary.json", "vitlab analyze", ("index.html", *FIGURE_FILES), legacy_keys=SUMMARY_KEYS,
                       inputs=inputs)
-    refuse_other_run(out / "summary.json", inputs, folder=out)  # into a run only from its own weights
     out.mkdir(parents=True, exist_ok=True)
     stats = collect_attention(vit, x, head_fusion, discard_ratio)
     records, labels = describe_images(vit, x, images, class_names or getattr(vit, "class_names", None))

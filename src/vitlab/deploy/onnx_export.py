@@ -47,7 +47,7 @@ from vitlab.deploy.onnx_check import (
     session,
 )
 from vitlab.errors import setting
-from vitlab.files.outputs import ONNX, Kind, atomic_write, check_output, mark_text, refuse_other_run
+from vitlab.files.outputs import ONNX, Kind, atomic_write, check_output, mark_text
 from vitlab.models.timm_compat import eval_resize_of
 from vitlab.ranges import EXPORT_BATCH, ONNX_OPSET, check_choice
 from vitlab.runtime.quantize import is_int8
@@ -88,7 +88,6 @@ def export_onnx(model: nn.Module, path: str | Path, *, precision: str = "fp32", 
     name = check_arguments(path, precision, batch_size, opset, force)
     onnx, _ = require_onnx()
     check_output(path, force, kind=ONNX_KIND, inputs=inputs)  # before the tracing; again before the rename
-    refuse_other_run(path, inputs)  # beside a run's weights only when they are what is exported
     check_onnx_name(path)
     model = _float32_cpu(model)
     size = sum(p.numel() * p.element_size() for p in model.parameters())

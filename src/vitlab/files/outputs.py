@@ -284,14 +284,17 @@ def check_replaceable(folder: str | Path, record: str, verb: str, others: tuple[
     absent or its own: the record says `"written_by": verb` (or, from before the key existed, holds every one of
     `legacy_keys`), or each file present carries the verb's own mark (a run stopped before its record). A file
     that a user put there is never replaced; a device, FIFO, socket, link or folder there is refused, and so are
-    the verb's `inputs` and a run's own files (`check_output`'s first rules), --force or not; `owner`: the folder
-    is the verb's own (a sweep's records in its folder), whose files are its to write."""
+    the verb's `inputs`, a run's own files and a run none of `inputs` belongs to (`check_output`'s first rules),
+    --force or not; `owner`: the folder is the verb's own (a sweep's records in its folder), whose files are its to
+    write."""
     folder = Path(folder)  # a link to a folder is fine here: files are written into it, it is not replaced
     inputs = tuple(inputs)
     for name in (record, *others):
         refuse_input(folder / name, inputs)
         if not owner:
             refuse_run_file(folder / name)
+    if not owner:
+        refuse_other_run(folder / record, inputs, folder=folder)
     present = [name for name in (record, *others) if os.path.lexists(folder / name)]
     for name in present:
         refuse_special(folder / name)
@@ -365,6 +368,8 @@ def check_output(path: str | Path, force: bool = False, fix: str | None = None, 
       or sweep's folder is held by the next rule);
     - one of a run's own files (weights, best weights, checkpoints, config.json, records, a sweep's sweep.json and
       sweep.png: `rundir.run_owning`): only the run's training writes them;
+    - a path inside a run or sweep folder that none of `inputs` belongs to (`refuse_other_run`): it would be taken
+      for one of that run's files;
     Every comparison takes the path as the OS resolves it (`reading.resolved`: `link/..` is beside the link's
     target).
     - what is not a regular file (a character or block device, FIFO, socket, symbolic link, folder);
@@ -375,6 +380,7 @@ def check_output(path: str | Path, force: bool = False, fix: str | None = None, 
     fix = fix or force_fix()
     refuse_input(path, inputs)
     refuse_run_file(path)
+    refuse_other_run(path, inputs)
     refuse_special(path)
     if not os.path.lexists(path):
         return
