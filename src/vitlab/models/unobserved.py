@@ -1,12 +1,14 @@
-"""When a ViT's training step may compute its last block for the class token alone.
+"""When a ViT computes its last block for the class token alone: an inference session always, a training step while
+nothing observes.
 
 `VisionTransformer.forward` computes every token in every block, as timm's does, so that whatever reaches inside
 sees timm's tensors. A token classifier's logits read only token 0, and after the last attention no token mixes
 with another: the other tokens' outputs of the last block (its residual, `norm2`, MLP) and of the final norm reach
 neither the logits nor the loss, so the loss and the gradients are the same with or without them (with dropout,
 the same in distribution: the masks are drawn for the tokens computed), and `VisionTransformer.forward_unobserved`
-skips them. The trainer (and `vitlab bench`'s training step) takes that
-path only while nothing could see the difference: a forward or backward hook or pre-hook on the last block, any
+skips them. An inference session's model takes that path for good (`skip_unread_tokens`: nothing is meant to
+reach inside a session); the trainer (and `vitlab bench`'s training step) takes it one call at a time, and only
+while nothing could see the difference: a forward or backward hook or pre-hook on the last block, any
 of its submodules or the final norm, or a global module hook, would see (N, 1, D) where `forward` gives (N, T, D).
 What it is worth: BENCHMARKS.md, "The class-token-only last block".
 """
@@ -52,3 +54,12 @@ def unread_tokens_skipped(model: nn.Module) -> Iterator[bool]:
     finally:
         if skip:
             del model.forward
+
+
+def skip_unread_tokens(model: nn.Module) -> nn.Module:
+    """`model` whose `forward` is `forward_unobserved` for good, where the model has one (in its prepared
+    precision, if prepared: the instance's attribute is the precision's wrapper); returned for chaining. For an
+    inference session's model only: a hook on its last block or final norm would see the class token alone."""
+    if hasattr(type(model), "forward_unobserved"):
+        model.forward = model.forward_unobserved
+    return model

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from vitlab.models.unobserved import skip_unread_tokens
 from vitlab.runtime.device import pick_device
 from vitlab.runtime.precision import (
     Precision,
@@ -117,17 +118,6 @@ def compile_session(session: InferenceSession, requested: bool | str, images: in
     if choice.on:
         model = compile_for_inference(model, method=method)
     return dataclasses.replace(session, model=model, compiled=choice)
-
-
-def skip_unread_tokens(model: nn.Module) -> nn.Module:
-    """`model` whose `forward` computes only what the logits read, where the model can (a ViT's
-    `forward_unobserved`: the last block on the class token alone; in its prepared precision, if prepared); returned
-    for chaining. Only a session's model runs so for good: a hook or trace on its last block or final norm would see
-    the class token alone, where the model as built (and timm's) gives every token. (The training step does the same
-    for one call at a time, while nothing observes: `vitlab.models.unobserved`.)"""
-    if hasattr(type(model), "forward_unobserved"):
-        model.forward = model.forward_unobserved  # the instance's: the precision's wrapper where one was installed
-    return model
 
 
 def compile_for_inference(model: nn.Module, say: Callable[[str], None] | None = None,
