@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 
 from vitlab.errors import VitlabError, closest
+from vitlab.lazy import lazy_names
 
 # Each module defines `register(subparsers)`; its parsers set `func` to a callable taking the parsed args.
 VERB_MODULES = ["models", "bench", "weights", "train", "evaluate", "recipes", "fewshot", "analyze", "download",
@@ -163,15 +164,7 @@ def main(argv: list[str] | None = None, commands: Mapping[str, Register] | None 
 
 # Argument types for verbs registered from outside the package (the reproduction campaign's `experiment`), read on
 # first use so that importing the command line stays light.
-_ARGUMENT_TYPES = ("int_range", "jobs", "precision_name", "seed")
-
-
-def __getattr__(name: str):  # noqa: ANN202 - a module's attribute hook
-    if name in _ARGUMENT_TYPES:
-        from vitlab.cli import types
-
-        return getattr(types, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, dict.fromkeys(("int_range", "jobs", "precision_name", "seed"), "types"), globals())
 
 
 if __name__ == "__main__":

@@ -2,8 +2,6 @@
 pre-processing (inception crop as TF draws it, the named evaluation resizes, big_vision's few-shot resize) and
 deterministic loaders."""
 
-from typing import Any
-
 from vitlab.data.datasets import Datasets, DrawnSource, build_datasets, describe_drawn, evaluation_splits, load_split
 from vitlab.data.embedded import EMBEDDED, is_embedded
 from vitlab.data.loader import ShardSampler, StepSampler, TransformedSplit, make_loader
@@ -18,18 +16,14 @@ from vitlab.data.transforms import (
     tf_inception_box,
 )
 from vitlab.errors import DataError
+from vitlab.lazy import lazy_names
 
 # Names read on first use: a run on an embedded set or a folder imports neither the fractal renderer nor the
 # shard reader.
 _LAZY = {"fractal_splits": "fractal", "fingerprint": "shardindex", "ShardSplit": "shards"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f"vitlab.data.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY, globals())
 
 
 __all__ = [

@@ -1,7 +1,7 @@
 """Evaluation of trained weights: classification metrics (`vitlab eval`), prediction (`vitlab predict`) and the
 paper's few-shot linear evaluation (`vitlab fewshot`). Reads models, never the trainer."""
 
-from typing import Any
+from vitlab.lazy import lazy_names
 
 # Names read on first use, each from its module: a training run validates with classify and needs neither
 # prediction nor, unless it probes few-shot accuracy, the few-shot solver.
@@ -14,14 +14,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(f"vitlab.eval.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY, globals())
 
 
 __all__ = ["EvalResult", "FewshotResult", "evaluate_weights", "features_of", "fewshot", "fewshot_from_features",

@@ -2,8 +2,7 @@
 configs, the table and the cost are plain data, importable without torch; the model classes are read on first
 use, so that `vitlab --help` and `vitlab models` do not pay for torch."""
 
-from typing import Any
-
+from vitlab.lazy import lazy_names
 from vitlab.models.config import BiTConfig, ResNetConfig, ViTConfig, config_from_dict
 from vitlab.models.flops import count_macs, count_parameters
 from vitlab.models.registry import build_model, describe_architecture, model_config, variant_names
@@ -12,12 +11,7 @@ _LAZY = {"BiT": "bit", "VisionTransformer": "vit", "attend": "attention", "set_a
          "eval_resize_of": "timm_compat", "memory_plan": "memory"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f"vitlab.models.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY, globals())
 
 
 __all__ = [

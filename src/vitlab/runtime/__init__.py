@@ -1,8 +1,7 @@
 """How a model runs: the device, the precision it computes in (and int8 quantization), the attention form and the
 allocator tuning a run chooses, and the one inference set-up every verb uses (`open_session`)."""
 
-from typing import Any
-
+from vitlab.lazy import lazy_names
 from vitlab.runtime.allocator import allocator_name, tune_for_compute
 from vitlab.runtime.attention import training_attention
 from vitlab.runtime.device import cpu_name, pick_device
@@ -20,12 +19,7 @@ from vitlab.runtime.session import InferenceSession, compile_for_inference, froz
 _LAZY = {"quantize_int8": "quantize"}  # read on first use: only int8 inference needs torch's quantization
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f"vitlab.runtime.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY, globals())
 
 
 __all__ = ["NATIVE_BF16_FLAGS", "InferenceSession", "allocator_name", "autocast_for", "compile_for_inference",

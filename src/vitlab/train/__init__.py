@@ -1,7 +1,6 @@
 """Training and fine-tuning: `run(config) -> RunResult`, recipes as data, checkpoints that resume exactly."""
 
-from typing import Any
-
+from vitlab.lazy import lazy_names
 from vitlab.train.recipes import RECIPES
 
 # Names read on first use, each from its module: `vitlab --help` lists the recipes and never trains, so its start-up
@@ -14,14 +13,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(f"vitlab.train.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY, globals())
 
 
 # The second tier (docs/api.md): resolve settings, run them, read what a run wrote; what a supervisor of runs asks
