@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from device_check_runs import FSDP_REL, _compare, _same_weights, _train, train_losses
+from device_check_runs import FSDP_REL, compare_losses, same_weights, train_losses, train_run
 
 from vitlab.files import CHECKPOINTS, WEIGHTS
 
@@ -56,7 +56,7 @@ def _multi(plan: Any, device: torch.device, work: Path) -> dict[str, Any]:
     fsdp, last = work / "fsdp", f"step_{steps:08d}"
     checks: list[dict[str, Any]] = []
     skipped: list[str] = []
-    _train(fsdp, [*args, "--fsdp"], device, torchrun=True, nproc=nproc)
+    train_run(fsdp, [*args, "--fsdp"], device, torchrun=True, nproc=nproc)
     ref = train_losses(fsdp)
     checks.append({"name": f"FSDP2 ({backend}) on {nproc} process(es): the run finishes", "value": len(ref),
                    "passed": len(ref) == steps and (fsdp / WEIGHTS).is_file(), "note": "logged train steps"})
@@ -71,7 +71,7 @@ def _multi(plan: Any, device: torch.device, work: Path) -> dict[str, Any]:
                        "checkpoints")
     out = work / "converted.safetensors"
     converted = main(["-q", "convert", str(fsdp / CHECKPOINTS / last), str(out)]) == 0
-    same, worst = _same_weights(out, fsdp / WEIGHTS) if converted else (False, float("inf"))
+    same, worst = same_weights(out, fsdp / WEIGHTS) if converted else (False, float("inf"))
     checks.append({"name": f"vitlab convert {CHECKPOINTS}/{last} equals the run's gathered weights", "value": same,
                    "passed": same, "max_abs_difference": worst})
     if nproc > 1:
@@ -79,8 +79,8 @@ def _multi(plan: Any, device: torch.device, work: Path) -> dict[str, Any]:
         shutil.copytree(fsdp, resumed)
         shutil.rmtree(resumed / CHECKPOINTS / last)
         (resumed / WEIGHTS).unlink()
-        _train(resumed, [*args, "--fsdp", "--resume"], device, in_process=plan.in_process)
-        row = _compare(f"FSDP2 resumed from step {steps // 2} on 1 process (saved on {nproc}): train losses",
+        train_run(resumed, [*args, "--fsdp", "--resume"], device, in_process=plan.in_process)
+        row = compare_losses(f"FSDP2 resumed from step {steps // 2} on 1 process (saved on {nproc}): train losses",
                        train_losses(resumed), ref)
         row["passed"] = row["passed"] and (resumed / WEIGHTS).is_file() and (resumed / CHECKPOINTS / last).is_dir()
         checks.append(row)
@@ -88,8 +88,8 @@ def _multi(plan: Any, device: torch.device, work: Path) -> dict[str, Any]:
         skipped.append("resume on another world size: one GPU, so the run was saved on 1 process (1 -> 1 tests "
                        "nothing)")
     ddp = work / "ddp"
-    _train(ddp, args, device, torchrun=True, nproc=nproc)
-    row = _compare(f"DDP ({backend}) vs FSDP2 on {nproc} process(es): train losses", train_losses(ddp), ref)
+    train_run(ddp, args, device, torchrun=True, nproc=nproc)
+    row = compare_losses(f"DDP ({backend}) vs FSDP2 on {nproc} process(es): train losses", train_losses(ddp), ref)
     if nproc == 1:
         row["note"] = "one process: the process group and torchrun start-up; DDP wraps from 2"
     checks.append(row)

@@ -34,7 +34,7 @@ def train_losses(run_dir: Path) -> list[float]:
     return [r["loss"] for r in records if r["split"] == "train"]
 
 
-def _train(out: Path, args: list[str], device: torch.device, torchrun: bool = False,
+def train_run(out: Path, args: list[str], device: torch.device, torchrun: bool = False,
            in_process: bool = False, nproc: int = 1) -> None:
     if in_process and not torchrun:
         from vitlab.cli import main
@@ -53,7 +53,7 @@ def _train(out: Path, args: list[str], device: torch.device, torchrun: bool = Fa
         raise RuntimeError(f"{' '.join(cmd[:8])} ... exited {done.returncode}: {tail}")
 
 
-def _compare(name: str, losses: list[float], ref: list[float]) -> dict[str, Any]:
+def compare_losses(name: str, losses: list[float], ref: list[float]) -> dict[str, Any]:
     if len(losses) != len(ref):
         return {"name": name, "value": None, "bound": FSDP_REL, "passed": False,
                 "note": f"{len(losses)} logged steps, the single process {len(ref)}"}
@@ -61,7 +61,7 @@ def _compare(name: str, losses: list[float], ref: list[float]) -> dict[str, Any]
     return {"name": name, "value": rel, "bound": FSDP_REL, "passed": rel <= FSDP_REL, "bit_identical": losses == ref}
 
 
-def _same_weights(a: Path, b: Path) -> tuple[bool, float]:
+def same_weights(a: Path, b: Path) -> tuple[bool, float]:
     from safetensors.torch import load_file
 
     wa, wb = load_file(str(a)), load_file(str(b))
@@ -77,9 +77,9 @@ def resume_check(run_dir: Path, args: list[str], device: torch.device, steps: in
     ref_losses, ref_weights = train_losses(run_dir), run_dir.parent / "uninterrupted.safetensors"
     shutil.copyfile(run_dir / "model.safetensors", ref_weights)
     shutil.rmtree(run_dir / "checkpoints" / f"step_{steps:08d}")
-    _train(run_dir, [*args, "--resume"], device, in_process=in_process)
+    train_run(run_dir, [*args, "--resume"], device, in_process=in_process)
     losses = train_losses(run_dir)
-    same, worst = _same_weights(run_dir / "model.safetensors", ref_weights)
+    same, worst = same_weights(run_dir / "model.safetensors", ref_weights)
     return [
         {"name": f"resume at step {steps // 2} on {device.type}: train losses bit-identical",
          "value": losses == ref_losses, "passed": losses == ref_losses, "steps": len(losses)},
@@ -98,13 +98,13 @@ def run(plan: Any, device: torch.device) -> dict[str, Any]:
 
 def _runs(plan: Any, device: torch.device, work: Path) -> dict[str, Any]:
     args = list(plan.run_args)
-    _train(work / "single", args, device, in_process=plan.in_process)
+    train_run(work / "single", args, device, in_process=plan.in_process)
     ref = train_losses(work / "single")
     checks, skipped = [], []
     if plan.torchrun:  # NCCL on CUDA, gloo on CPU (tests/test_device_check.py's slow test)
         for name, extra in ((f"DDP ({'NCCL' if device.type == 'cuda' else 'gloo'})", []), ("FSDP2", ["--fsdp"])):
-            _train(work / name.split()[0].lower(), [*args, *extra], device, torchrun=True)
-            checks.append(_compare(f"torchrun --nproc-per-node 1 {name} vs 1 process: train losses",
+            train_run(work / name.split()[0].lower(), [*args, *extra], device, torchrun=True)
+            checks.append(compare_losses(f"torchrun --nproc-per-node 1 {name} vs 1 process: train losses",
                                    train_losses(work / name.split()[0].lower()), ref))
             if name.startswith("DDP"):
                 checks[-1]["note"] = "one process: the process group and torchrun start-up; DDP wraps from 2"
