@@ -217,3 +217,18 @@ def test_a_fifo_in_a_checkpoint_is_named_never_waited_on(run, tmp_path, name):
                           timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 2, proc.stderr[-1500:]
     assert f"damaged checkpoint ({name} is a FIFO, not a regular file)" in proc.stderr
+
+
+@pytest.mark.parametrize("verb", [["info", "{run}"], ["eval", "--weights", "{run}", "--data", "digits"]])
+def test_a_fifo_in_place_of_a_runs_weights_is_named_not_passed_over(run, tmp_path, verb):
+    """A run's weights are its model.safetensors: a FIFO there is one line naming it, never a silent fall-back to
+    the newest checkpoint's weights."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    (copy / "model.safetensors").unlink()
+    os.mkfifo(copy / "model.safetensors")
+    argv = [sys.executable, "-m", "vitlab", "-q", *(a.format(run=copy) for a in verb)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2, proc.stderr[-1500:]
+    assert proc.stderr.strip().splitlines() == [
+        f"vitlab {verb[0]}: error: {copy / 'model.safetensors'} is a FIFO, not a regular file"]

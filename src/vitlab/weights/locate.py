@@ -16,6 +16,7 @@ import logging
 from pathlib import Path
 
 from vitlab.errors import WeightsError
+from vitlab.files.reading import check_regular
 from vitlab.files.rundir import (
     WEIGHTS,
     is_checkpoint_dir,
@@ -62,6 +63,7 @@ def weights_path(path: str | Path) -> Path:
         path = chosen
     if not is_run_dir(path):
         return path
+    check_regular(path / WEIGHTS)  # a FIFO or folder in its place is named, not passed over for a checkpoint
     if (path / WEIGHTS).is_file():  # written when the run completed
         return path / WEIGHTS
     ckpt = latest_valid_checkpoint(path)
