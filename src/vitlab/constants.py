@@ -59,10 +59,12 @@ BF16_GAINS: dict[str, tuple[dict[str, int], ...]] = {
 SHAPE_WORDS = {"width": "width {}", "head_dim": "head dim {}", "tokens": "{} tokens per image"}  # as messages say them
 # Where `--attention auto` trains with explicit bf16 matmuls (vitlab.models.attention, "matmul") instead of torch's
 # flash kernel: a region names the CPU flag it needs and the least tokens per image, head dim and batch; bf16 only.
-# Empty: the matmul form is faster on every shape measured with avx512_bf16 from 17 tokens, head dim 32 and batch 8
-# (BENCHMARKS.md "Training attention"), but a region enters only once the form is shown to train as well as flash
-# at 224 px, which the shortened ViT-S/16 comparison did not show.
-MATMUL_ATTENTION_GAINS: tuple[dict[str, int | str], ...] = ()
+# The region: every shape measured with avx512_bf16 (which the AMX Xeons have too), from 17 tokens, head dim 32 and
+# batch 8, where the form trains as well as flash (BENCHMARKS.md "Training attention": the demo, a fine-tune and a
+# 1,000-step ViT-S/16 at 224 px).
+MATMUL_ATTENTION_GAINS: tuple[dict[str, int | str], ...] = (
+    {"cpu_flag": "avx512_bf16", "tokens": 17, "head_dim": 32, "batch": 8},
+)
 
 # Where `compile auto` compiles an inference run (vitlab.runtime.compiling): a region names the precision the session
 # computes in on a CPU, the least model width and the least number of images the run will process. The count is

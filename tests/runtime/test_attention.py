@@ -20,8 +20,8 @@ from vitlab.train import resolve, run
 from vitlab.train.trainer import Trainer
 
 EPYC_GENOA = "model name\t: AMD EPYC 9654 96-Core Processor\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n"
-# The region measured faster on an AVX512-BF16 EPYC (BENCHMARKS.md "Training attention"): the rule is tested on it
-# whatever the shipped table holds.
+# The region measured faster on an AVX512-BF16 EPYC (BENCHMARKS.md "Training attention"), written out here: the rule
+# is tested on it whatever the shipped table holds.
 MEASURED = ({"cpu_flag": "avx512_bf16", "tokens": 17, "head_dim": 32, "batch": 8},)
 
 
@@ -75,6 +75,15 @@ def test_a_form_asked_for_is_taken_anywhere():
 def test_the_table_bounds_what_the_rule_reads():
     assert SETTING_CHOICES["attention"] == ("auto", "flash", "matmul")
     assert all(set(region) == {"cpu_flag", "tokens", "head_dim", "batch"} for region in MATMUL_ATTENTION_GAINS)
+
+
+def test_the_shipped_table_takes_the_matmul_form_for_vit_s16_bf16_training_on_avx512_bf16(monkeypatch):
+    """The table as shipped (not the fixture's): ViT-S/16 bf16 training at batch 32 on an AMX Xeon and an
+    AVX512-BF16 EPYC computes the matmul form; float32, a CPU without native bf16 and a GPU keep flash."""
+    monkeypatch.undo()
+    assert decide(XEON_AMX).name == decide(EPYC_GENOA).name == "matmul"
+    assert decide(EPYC_GENOA, precision="fp32").name == decide(EPYC_MILAN).name == "flash"
+    assert decide(XEON_AMX, device="cuda").name == "flash"
 
 
 def test_an_empty_table_leaves_auto_at_flash(monkeypatch):

@@ -2,7 +2,7 @@
 once per run by a measured rule, as the precision is.
 
 The rule for `auto`: "matmul" (explicit bf16 matmuls, whose backward runs at the CPU's matmul speed) where a region
-of `MATMUL_ATTENTION_GAINS` holds (none at present: see there): training in bf16 on a CPU with the region's flag,
+of `MATMUL_ATTENTION_GAINS` holds: training in bf16 on a CPU with the region's flag,
 with at least its tokens per image, head dim and batch; "flash" (torch's fused kernel) everywhere else: on a GPU,
 in float32, on a CPU without the flag, and on shapes smaller than any measured. The measurements behind it:
 BENCHMARKS.md "Training attention", `benchmarks/attention_forms.py`.
