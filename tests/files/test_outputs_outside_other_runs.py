@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import TINY_TRAIN_FLAGS
 from vitlab.cli import main
 
 
@@ -25,19 +24,11 @@ def snapshot(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.name != ".vitlab.lock"}
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("other_runs") / "run"
-    assert main(["-q", "train", "--out", str(out), *TINY_TRAIN_FLAGS, "--steps", "2", "--save-every", "2",
-                 "--eval-every", "0"]) == 0
-    return out
-
-
 @pytest.fixture()
-def run(trained, tmp_path) -> Path:
+def run(trained_run, tmp_path) -> Path:
     """A copy of the trained run, with L a link to its checkpoints folder and other.safetensors beside it."""
     copy = tmp_path / "run"
-    shutil.copytree(trained, copy, symlinks=True)
+    shutil.copytree(trained_run, copy, symlinks=True)
     (tmp_path / "L").symlink_to(copy / "checkpoints")
     shutil.copy(copy / "model.safetensors", tmp_path / "other.safetensors")
     return copy

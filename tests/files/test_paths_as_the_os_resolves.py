@@ -32,11 +32,9 @@ def tree_sha(folder: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("paths") / "run"
-    assert main(["-q", "train", "--out", str(out), *TINY_TRAIN_FLAGS, "--steps", "2", "--save-every", "2",
-                 "--eval-every", "0"]) == 0
-    return out
+def run(trained_run) -> Path:
+    """The module's run (tests/files/conftest.py); a test that changes it works on a copy."""
+    return trained_run
 
 
 @pytest.fixture()
