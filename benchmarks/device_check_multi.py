@@ -40,11 +40,9 @@ def run(plan: Any, device: torch.device) -> dict[str, Any]:
         return {"checks": [], "skipped": [
             "torchrun FSDP2 sharded save, resume on another world size and DDP: not in the dry run (on CPU with 2 "
             "gloo processes in tests/test_device_check.py)"]}
-    work = Path(tempfile.mkdtemp(prefix="vitlab-device-multi-"))  # not under --out: checkpoints need not return
-    try:
-        return _multi(plan, device, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    # not under --out: checkpoints need not return
+    with tempfile.TemporaryDirectory(prefix="vitlab-device-multi-", ignore_cleanup_errors=True) as work:
+        return _multi(plan, device, Path(work))
 
 
 def _multi(plan: Any, device: torch.device, work: Path) -> dict[str, Any]:

@@ -89,11 +89,9 @@ def resume_check(run_dir: Path, args: list[str], device: torch.device, steps: in
 
 
 def run(plan: Any, device: torch.device) -> dict[str, Any]:
-    work = Path(tempfile.mkdtemp(prefix="vitlab-device-runs-"))  # not under --out: checkpoints need not return
-    try:
-        return _runs(plan, device, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    # not under --out: checkpoints need not return
+    with tempfile.TemporaryDirectory(prefix="vitlab-device-runs-", ignore_cleanup_errors=True) as work:
+        return _runs(plan, device, Path(work))
 
 
 def _runs(plan: Any, device: torch.device, work: Path) -> dict[str, Any]:
