@@ -18,19 +18,26 @@ from vitlab.train.checkpoint import write_checkpoint
 DIGITS = [str(i) for i in range(10)]
 
 
-def count_verifications(monkeypatch, original) -> list[Path]:
-    """Every call of the manifest check, whichever module calls it: each vitlab module that holds the function
-    (imported at its top or read at call time) gets a counting wrapper."""
+def count_calls(monkeypatch, name: str, original, wanted=lambda path: True) -> list[Path]:
+    """Every call of the function `original` (named `name`) on a path `wanted` accepts, whichever module calls it:
+    each vitlab module that holds the function (imported at its top or read at call time) gets a counting
+    wrapper."""
     calls: list[Path] = []
 
     def counting(path, *args, **kwargs):
-        calls.append(Path(path))
+        if wanted(Path(path)):
+            calls.append(Path(path))
         return original(path, *args, **kwargs)
 
-    for name, module in list(sys.modules.items()):
-        if name.startswith("vitlab") and getattr(module, "verify_checkpoint", None) is original:
-            monkeypatch.setattr(module, "verify_checkpoint", counting)
+    for module_name, module in list(sys.modules.items()):
+        if module_name.startswith("vitlab") and getattr(module, name, None) is original:
+            monkeypatch.setattr(module, name, counting)
     return calls
+
+
+def count_verifications(monkeypatch, original) -> list[Path]:
+    """Every call of the manifest check."""
+    return count_calls(monkeypatch, "verify_checkpoint", original)
 
 
 def test_finetune_from_a_run_directory_verifies_its_checkpoint_once(tmp_path, monkeypatch, capsys):
@@ -51,17 +58,8 @@ def count_weight_reads(monkeypatch, weights: Path) -> list[Path]:
     """Every read of the file `weights` through the weights reader, whichever vitlab module calls it."""
     from vitlab.weights import load as weights_load
 
-    original, calls = weights_load.read_weights, []
-
-    def counting(path, *args, **kwargs):
-        if Path(path).resolve() == weights.resolve():
-            calls.append(Path(path))
-        return original(path, *args, **kwargs)
-
-    for name, module in list(sys.modules.items()):
-        if name.startswith("vitlab") and getattr(module, "read_weights", None) is original:
-            monkeypatch.setattr(module, "read_weights", counting)
-    return calls
+    return count_calls(monkeypatch, "read_weights", weights_load.read_weights,
+                       lambda path: path.resolve() == weights.resolve())
 
 
 TINY_FINETUNE = ["--data", "digits", "--steps", "2", "--batch-size", "8", "--workers", "0", "--eval-every", "0"]
